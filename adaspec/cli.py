@@ -1,0 +1,63 @@
+"""`adaspec` command line: one dispatcher, each command group registered by its own module.
+
+Every group module exposes ``add_parser(subparsers)`` that registers its subcommand(s) with
+``set_defaults(func=callable(args) -> int)``. Group modules import heavy libraries (torch,
+the server) inside their handlers, so ``adaspec --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from adaspec.errors import AdaspecError
+
+# Order = order in `adaspec --help`.
+_GROUP_MODULES = [
+    "adaspec.commands.generate",
+    "adaspec.serve.cli",
+    "adaspec.bench.cli",
+    "adaspec.commands.demo",
+    "adaspec.commands.profile",
+    "adaspec.train.cli",
+    "adaspec.commands.eval",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adaspec",
+        description="LLM inference with confidence-scheduled speculative decoding, and its benchmark.",
+    )
+    from adaspec import __version__
+
+    parser.add_argument("--version", action="version", version=f"adaspec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _GROUP_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # group not built yet
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AdaspecError as e:
+        print(f"adaspec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

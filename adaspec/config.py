@@ -1,0 +1,56 @@
+"""Engine configuration, validated once at start (vLLM's engine-argument names)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from adaspec.errors import ConfigError
+
+
+@dataclass
+class EngineConfig:
+    model: str  # HF model directory or an embedded model name ("tiny")
+    tokenizer: str | None = None  # defaults to the model directory
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": bf16 on CUDA, f32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # explicit KV block count (overrides kv_cache_memory)
+    kv_cache_memory: int | None = None  # bytes for the KV cache; default: 1 GiB CPU, 30% of free on CUDA
+    attention_backend: str = "auto"  # auto | reference | varlen
+    enforce_eager: bool = True  # CUDA graphs arrive in a later issue
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    speculative_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, str):
+            try:
+                self.speculative_config = json.loads(self.speculative_config)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "reference", "varlen"):
+            raise ConfigError(
+                f"attention_backend must be one of auto, reference, varlen; got {self.attention_backend!r}"
+            )
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine argument(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(model=model, **kwargs)

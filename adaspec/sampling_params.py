@@ -1,0 +1,73 @@
+"""SamplingParams: vLLM's names and defaults, validated once at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from adaspec.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples. Temperature 0 means greedy.
+
+    Field names follow vLLM's ``SamplingParams`` so code can move between the two.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs to return per token (0: just the chosen)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(msg: str, param: str) -> InvalidRequestError:
+            return InvalidRequestError(msg, param=param)
+
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n != 1:
+            raise bad(f"n must be 1 (got {self.n!r}); adaspec returns one completion per request", "n")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise bad(f"{name} must be a number, got {v!r}", name)
+            if v != v:  # NaN
+                raise bad(f"{name} must be a number, got NaN", name)
+        if self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature}", "temperature")
+        if self.temperature > 100:
+            raise bad(f"temperature must be <= 100, got {self.temperature}", "temperature")
+        if not (0 < self.top_p <= 1):
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad(f"top_k must be a non-negative integer (0 or -1 disables it), got {self.top_k!r}", "top_k")
+        if self.max_tokens is not None:
+            if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+                raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad(f"seed must be an integer, got {self.seed!r}", "seed")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop must be a non-empty string or a list of non-empty strings", "stop")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids must be a list of non-negative integers", "stop_token_ids")
+        if self.logprobs is not None:
+            if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= 20):
+                raise bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}", "logprobs")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
