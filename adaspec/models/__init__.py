@@ -1,0 +1,1 @@
+"""Model definitions (target, drafter), checkpoint loading and tokenizers."""

@@ -1,0 +1,157 @@
+"""Paged attention over a packed variable-length batch.
+
+Every request in a step contributes its own number of query tokens (a prefill chunk, a
+1-token decode, or a last token plus drafts). Keys/values live in a paged cache: a flat
+slot array of `num_blocks * block_size` entries per layer, reached through each request's
+block table. The per-step metadata (where to write, what each query may see) is built ONCE
+per step by `build_attention_metadata` and shared by all layers.
+
+Visibility is expressed per query token as `kv_limit`: the query sees keys at sequence
+positions [0, kv_limit). Causal decoding uses kv_limit = position + 1; the drafter's
+bidirectional block uses the block's end. One rule serves both.
+
+Backends:
+- "reference": gather each request's keys into a padded [B, max_k] tensor and run SDPA with
+  a boolean mask. Works on any device; the CPU path.
+- "varlen": gather keys into a packed [sum_k] tensor and call torch's flash varlen kernel
+  (`torch.nn.attention.varlen.varlen_attn`, CUDA only, causal masks only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    backend: str
+    slot_mapping: torch.Tensor  # [T] flat cache slot where each query token's K/V is written
+    num_seqs: int
+    max_q: int
+    max_k: int
+    # reference backend
+    q_seq: torch.Tensor | None = None  # [T] request index of each query token
+    q_row: torch.Tensor | None = None  # [T] row of each query token inside its request
+    kv_gather: torch.Tensor | None = None  # [B, max_k] cache slots of each request's keys (padded)
+    mask: torch.Tensor | None = None  # [B, 1, max_q, max_k] bool, True = visible
+    # varlen backend
+    cu_q: torch.Tensor | None = None  # [B+1] int32
+    cu_k: torch.Tensor | None = None  # [B+1] int32
+    kv_gather_flat: torch.Tensor | None = None  # [sum_k] cache slots
+
+
+def build_attention_metadata(
+    backend: str,
+    block_tables: list[list[int]],
+    query_lens: list[int],
+    kv_lens: list[int],
+    kv_limits: list[list[int]] | None,
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Per-step attention metadata.
+
+    query_lens[b]: query tokens of request b this step, which are written at sequence
+    positions kv_lens[b] - query_lens[b] .. kv_lens[b] - 1. kv_limits[b][i] (optional, default
+    causal) is how many keys query i of request b may see.
+    """
+    import numpy as np
+
+    B = len(query_lens)
+    ql = np.asarray(query_lens, dtype=np.int64)
+    kl = np.asarray(kv_lens, dtype=np.int64)
+    max_q, max_k = int(ql.max()), int(kl.max())
+    max_blocks = max(len(bt) for bt in block_tables)
+    bt = np.zeros((B, max_blocks), dtype=np.int64)
+    for b, row in enumerate(block_tables):
+        bt[b, : len(row)] = row
+    # slot of every (request, key position) pair
+    kpos = np.arange(max_k)
+    slots = bt[:, np.minimum(kpos // block_size, max_blocks - 1)] * block_size + kpos % block_size  # [B, max_k]
+    q_seq = np.repeat(np.arange(B), ql)
+    starts = np.cumsum(ql) - ql
+    q_row = np.arange(int(ql.sum())) - np.repeat(starts, ql)
+    q_pos = np.repeat(kl - ql, ql) + q_row  # sequence position of each query token
+    slot_mapping = slots[q_seq, q_pos]
+    to = lambda a, dt=torch.long: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dt)
+    meta = AttentionMetadata(backend=backend, slot_mapping=to(slot_mapping), num_seqs=B, max_q=max_q, max_k=max_k)
+    if backend == "varlen":
+        if kv_limits is not None:
+            raise ValueError("the varlen backend supports causal masks only")
+        kvalid = kpos[None, :] < kl[:, None]
+        meta.kv_gather_flat = to(slots[kvalid])
+        meta.cu_q = to(np.concatenate([[0], np.cumsum(ql)]), torch.int32)
+        meta.cu_k = to(np.concatenate([[0], np.cumsum(kl)]), torch.int32)
+        return meta
+    if kv_limits is None:
+        limit = q_pos + 1
+    else:
+        limit = np.concatenate([np.asarray(x, dtype=np.int64) for x in kv_limits])
+    lim = np.ones((B, max_q), dtype=np.int64)  # padded query rows see key 0 (avoids all-masked NaN rows)
+    lim[q_seq, q_row] = limit
+    mask = kpos[None, None, :] < np.minimum(lim, kl[:, None])[:, :, None]
+    meta.q_seq, meta.q_row = to(q_seq), to(q_row)
+    meta.kv_gather = to(np.where(kpos[None, :] < kl[:, None], slots, 0))
+    meta.mask = to(mask[:, None], torch.bool)
+    return meta
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    """k_cache/v_cache: [num_slots, H_kv, D]; k/v: [T, H_kv, D]."""
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """q: [T, Hq, D] -> [T, Hq, D], over keys already written to the cache."""
+    if meta.backend == "varlen":
+        return _varlen(q, k_cache, v_cache, meta, scale)
+    B, max_q = meta.num_seqs, meta.max_q
+    T, Hq, D = q.shape
+    q_pad = q.new_zeros(B, max_q, Hq, D)
+    q_pad[meta.q_seq, meta.q_row] = q
+    keys = k_cache[meta.kv_gather]  # [B, max_k, Hkv, D]
+    values = v_cache[meta.kv_gather]
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2),
+        keys.transpose(1, 2).to(q.dtype),
+        values.transpose(1, 2).to(q.dtype),
+        attn_mask=meta.mask,
+        scale=scale,
+        enable_gqa=True,
+    )  # [B, Hq, max_q, D]
+    return out.transpose(1, 2)[meta.q_seq, meta.q_row]
+
+
+def _varlen(q, k_cache, v_cache, meta, scale):
+    from torch.nn.attention.varlen import varlen_attn
+
+    keys = k_cache[meta.kv_gather_flat].to(q.dtype)
+    values = v_cache[meta.kv_gather_flat].to(q.dtype)
+    # flash attention aligns the causal mask bottom-right when q is shorter than k: exactly
+    # "query i of a request sits at position kv_len - q_len + i"
+    return varlen_attn(
+        q, keys, values, meta.cu_q, meta.cu_k, meta.max_q, meta.max_k, scale=scale, window_size=(-1, 0)
+    )
+
+
+def varlen_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Training / feature-extraction path. q: [B, T, Hq, D], k/v: [B, T, Hkv, D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2)

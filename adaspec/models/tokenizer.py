@@ -1,0 +1,99 @@
+"""Tokenizer: a `tokenizers.Tokenizer` plus what tokenizer_config.json / generation_config.json add.
+
+EOS ids are the union of generation_config.json's and config.json's `eos_token_id` and the
+id of tokenizer_config.json's `eos_token`. The chat template comes from tokenizer_config.json;
+a model without one gets DEFAULT_CHAT_TEMPLATE (ChatML, documented in the README).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaspec.errors import InvalidRequestError, ModelLoadError
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _token_str(v):
+    return v.get("content") if isinstance(v, dict) else v
+
+
+def _read_optional_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path.name} is not valid JSON ({path}): {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+class Tokenizer:
+    def __init__(self, tok, tokenizer_config: dict, eos_ids: set[int]):
+        self._tok = tok
+        self.config = tokenizer_config
+        self.eos_token_ids = eos_ids
+        self.chat_template = tokenizer_config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._compiled_template = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path, model_config: dict | None = None) -> "Tokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        tj = path / "tokenizer.json"
+        if not tj.exists():
+            raise ModelLoadError(f"tokenizer.json not found in {path}")
+        try:
+            tok = HFTokenizer.from_file(str(tj))
+        except Exception as e:  # the Rust library raises a plain Exception on a bad file
+            raise ModelLoadError(f"corrupt tokenizer.json in {path}: {e}") from None
+        tcfg = _read_optional_json(path / "tokenizer_config.json")
+        gcfg = _read_optional_json(path / "generation_config.json")
+        eos: set[int] = set()
+        for src in (gcfg.get("eos_token_id"), (model_config or {}).get("eos_token_id")):
+            if isinstance(src, int):
+                eos.add(src)
+            elif isinstance(src, list):
+                eos.update(int(x) for x in src)
+        name = _token_str(tcfg.get("eos_token"))
+        if name is not None and tok.token_to_id(name) is not None:
+            eos.add(tok.token_to_id(name))
+        return cls(tok, tcfg, eos)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        import jinja2
+
+        if self._compiled_template is None:
+            env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=False)
+            env.globals["raise_exception"] = _raise
+            self._compiled_template = env.from_string(self.chat_template)
+        try:
+            return self._compiled_template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=_token_str(self.config.get("bos_token")) or "",
+                eos_token=_token_str(self.config.get("eos_token")) or "",
+            )
+        except jinja2.TemplateError as e:
+            raise InvalidRequestError(f"chat template failed on these messages: {e}", param="messages") from None
+
+
+def _raise(msg):
+    raise InvalidRequestError(str(msg), param="messages")
