@@ -1,0 +1,1 @@
+"""Training: corpus, tokenizer, target model, evaluation prompts (and, later, drafter and calibration)."""

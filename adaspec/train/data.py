@@ -1,0 +1,107 @@
+"""Token streams for training: each split tokenized once, documents joined by EOS, cached as npy.
+
+The cache lives in ``CORPUS/tokens/`` (``{split}.npy``, uint16 when the vocabulary fits, and
+``meta.json`` with the sha256 of the tokenizer.json that made it). A corpus folder that holds
+only ``tokens/`` (no jsonl) still trains, which keeps what travels to a GPU machine small.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from adaspec.errors import AdaspecError
+
+
+def tokenizer_sha(tokenizer_dir: Path) -> str:
+    return hashlib.sha256((Path(tokenizer_dir) / "tokenizer.json").read_bytes()).hexdigest()
+
+
+def tokenize_split(corpus: Path, split: str, tok, eos_id: int) -> np.ndarray:
+    """One flat array: doc0 EOS doc1 EOS ... (documents in the split file's order)."""
+    from adaspec.train.corpus import iter_split
+
+    texts = [r["text"] for r in iter_split(corpus, split)]
+    parts = []
+    for i in range(0, len(texts), 256):
+        for enc in tok.encode_batch(texts[i:i + 256], add_special_tokens=False):
+            parts.append(np.asarray(enc.ids, dtype=np.int64))
+            parts.append(np.asarray([eos_id], dtype=np.int64))
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    dtype = np.uint16 if tok.get_vocab_size() <= 65536 else np.int32
+    return flat.astype(dtype)
+
+
+def load_tokens(corpus: Path, tokenizer_dir: Path, splits=("train", "val")) -> dict[str, np.ndarray]:
+    """Token arrays of ``splits``, from the cache when it matches the tokenizer, else built and cached."""
+    from adaspec.train.tokenizer import EOS, load_raw
+
+    cache = Path(corpus) / "tokens"
+    sha = tokenizer_sha(tokenizer_dir)
+    meta_path = cache / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if meta.get("tokenizer_sha256") != sha:
+        meta = {"tokenizer_sha256": sha, "splits": {}}
+    out: dict[str, np.ndarray] = {}
+    tok = None
+    for split in splits:
+        path = cache / f"{split}.npy"
+        if split in meta["splits"] and path.is_file():
+            out[split] = np.load(path, mmap_mode="r")
+            continue
+        if not (Path(corpus) / f"{split}.jsonl").is_file():
+            raise AdaspecError(
+                f"{corpus}: no {split}.jsonl and no token cache made by this tokenizer; rebuild the corpus"
+            )
+        if tok is None:
+            tok = load_raw(tokenizer_dir)
+        arr = tokenize_split(corpus, split, tok, tok.token_to_id(EOS))
+        cache.mkdir(parents=True, exist_ok=True)
+        np.save(path, arr)
+        meta["splits"][split] = {"tokens": int(arr.size), "dtype": str(arr.dtype)}
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        out[split] = arr
+    return out
+
+
+class PackedSampler:
+    """Random windows of ``seq_len + 1`` tokens from a packed stream (inputs, shifted targets).
+
+    The generator's state is part of the checkpoint, so a resumed run draws the same batches.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0):
+        import torch
+
+        if tokens.size < seq_len + 2:
+            raise AdaspecError(f"training split has {tokens.size} tokens, fewer than --seq-len {seq_len} + 2")
+        self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next(self):
+        import torch
+
+        starts = torch.randint(0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen)
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
+        win = self.tokens[idx]
+        return win[:, :-1], win[:, 1:]
+
+
+def eval_windows(tokens: np.ndarray, seq_len: int, max_tokens: int):
+    """A fixed eval set: up to ``max_tokens // seq_len`` non-overlapping (inputs, targets) windows
+    spread evenly over the whole stream (all of it when it is short enough)."""
+    import torch
+
+    t = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    fit = (t.numel() - 1) // seq_len
+    n = min(fit, max(1, max_tokens // seq_len))
+    if n < 1:
+        raise AdaspecError(f"validation split has {t.numel()} tokens, fewer than --seq-len {seq_len} + 1")
+    starts = (torch.arange(n) * fit // n) * seq_len
+    idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
+    win = t[idx]
+    return win[:, :-1], win[:, 1:]
