@@ -1,0 +1,1 @@
+"""The serving engine: KV cache and block allocator, scheduler, model runner, sampler."""
