@@ -1,0 +1,226 @@
+"""Timed streaming requests against an OpenAI-compatible server (aiohttp), and their schedule.
+
+Times are `time.perf_counter()` seconds. A chunk is timed when the bytes that complete its SSE
+event arrive; only chunks that carry `choices` count (the usage-only chunk does not).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import aiohttp
+import numpy as np
+
+from adaspec.bench.sse import SSEParser
+
+
+@dataclass
+class RequestSpec:
+    prompt: str
+    max_tokens: int | None
+    temperature: float = 1.0
+    ignore_eos: bool = False
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    error: str = ""
+    status: int | None = None
+    prompt_tokens: int | None = None  # usage.prompt_tokens
+    output_tokens: int = 0  # usage.completion_tokens, or the chunk count when usage is missing
+    usage_missing: bool = False  # True: output_tokens counts chunks, not tokens (wrong under speculation)
+    send_time: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    # Tokens each chunk carried, when the server sends cumulative usage in every chunk
+    # (vLLM's continuous_usage_stats); None when unknown.
+    chunk_tokens: list[int] | None = None
+    end_time: float = 0.0
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.send_time if self.chunk_times else None
+
+    @property
+    def e2el(self) -> float | None:
+        return self.chunk_times[-1] - self.send_time if self.chunk_times else None
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+def build_payload(spec: RequestSpec, model: str, endpoint: str, continuous_usage: bool) -> dict:
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": spec.temperature,
+    }
+    if continuous_usage:
+        body["stream_options"]["continuous_usage_stats"] = True
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    if spec.max_tokens is not None:
+        body["max_tokens"] = spec.max_tokens
+    if spec.ignore_eos:
+        body["ignore_eos"] = True  # vLLM / adaspec extension; OpenAI itself would refuse it
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    body.update(spec.extra_body)
+    return body
+
+
+def _chunk_text(choice: dict, endpoint: str) -> str | None:
+    """The chunk's text; None for a chat chunk that only announces the role (no token in it)."""
+    if endpoint == "chat":
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        if content is None and delta.get("reasoning_content") is None:
+            return None if choice.get("finish_reason") is None else ""
+        if content == "" and "role" in delta and choice.get("finish_reason") is None:
+            return None  # vLLM's first chat chunk: {"role": "assistant", "content": ""}
+        return content or delta.get("reasoning_content") or ""
+    return choice.get("text") or ""
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: dict,
+    endpoint: str,
+    headers: dict[str, str] | None = None,
+) -> RequestResult:
+    r = RequestResult()
+    texts: list[str] = []
+    cum_tokens: list[int | None] = []  # cumulative completion_tokens seen with each choices chunk
+    usage: dict | None = None
+    done = False
+    r.send_time = time.perf_counter()
+    try:
+        async with session.post(url, json=payload, headers=headers) as resp:
+            r.status = resp.status
+            if resp.status != 200:
+                body = (await resp.text())[:300]
+                r.error = f"HTTP {resp.status}: {body}"
+                return r
+            parser = SSEParser()
+
+            def handle(events: list[str], now: float) -> None:
+                nonlocal usage, done
+                for ev in events:
+                    if ev.strip() == "[DONE]":
+                        done = True
+                        continue
+                    try:
+                        data = json.loads(ev)
+                    except json.JSONDecodeError:
+                        raise RuntimeError(f"malformed SSE data: {ev[:100]!r}") from None
+                    if "error" in data:
+                        err = data["error"]
+                        raise RuntimeError(f"server error in stream: {err.get('message', err) if isinstance(err, dict) else err}")
+                    if data.get("usage"):
+                        usage = data["usage"]
+                    choices = data.get("choices") or []
+                    if not choices:
+                        continue
+                    text = _chunk_text(choices[0], endpoint)
+                    if choices[0].get("finish_reason"):
+                        r.finish_reason = choices[0]["finish_reason"]
+                    if text is None:
+                        continue
+                    r.chunk_times.append(now)
+                    texts.append(text)
+                    u = data.get("usage") or {}
+                    cum_tokens.append(u.get("completion_tokens"))
+
+            async for data in resp.content.iter_any():
+                handle(parser.feed(data), time.perf_counter())
+            handle(parser.close(), time.perf_counter())
+    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ConnectionError) as e:
+        r.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        r.end_time = time.perf_counter()
+        return r
+    finally:
+        if not r.end_time:
+            r.end_time = time.perf_counter()
+    r.text = "".join(texts)
+    if not done:
+        r.error = "stream ended before data: [DONE]"
+        return r
+    if not r.chunk_times:
+        r.error = "stream carried no tokens"
+        return r
+    if usage and usage.get("completion_tokens") is not None:
+        r.output_tokens = int(usage["completion_tokens"])
+        r.prompt_tokens = usage.get("prompt_tokens")
+    else:
+        # Counting chunks undercounts tokens under speculation; flagged so the report can say so.
+        r.output_tokens = len(r.chunk_times)
+        r.usage_missing = True
+    if all(c is not None for c in cum_tokens):
+        per = np.diff([0] + cum_tokens).tolist()
+        r.chunk_tokens = [int(x) for x in per]
+    r.success = True
+    return r
+
+
+def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """Send offsets (s) of n requests: all at 0 for an infinite rate (closed loop), else
+    gamma-distributed gaps with mean 1/rate; shape = burstiness (1.0 = Poisson)."""
+    if request_rate == float("inf") or request_rate <= 0:
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+async def run_requests(
+    url: str,
+    payloads: list[dict],
+    endpoint: str,
+    max_concurrency: int | None,
+    offsets: list[float],
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 6 * 3600,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], float, float]:
+    """Send every payload at its offset with at most `max_concurrency` in flight.
+
+    Returns the results in payload order, the first send time and the last completion time.
+    """
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    # limit=0: the connector must never be the hidden concurrency cap.
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        start = time.perf_counter()
+
+        async def one(payload: dict, offset: float) -> RequestResult:
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is None:
+                res = await send_request(session, url, payload, endpoint, headers)
+            else:
+                async with sem:
+                    res = await send_request(session, url, payload, endpoint, headers)
+            if on_done:
+                on_done(res)
+            return res
+
+        results = await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets)))
+    first = min((r.send_time for r in results), default=0.0)
+    last = max((r.end_time for r in results), default=0.0)
+    return list(results), first, last

@@ -1,0 +1,144 @@
+"""Per-run metrics from request timings (BENCHMARK.md), under vLLM's result key names.
+
+Pure: takes RequestResults and a duration, returns a flat dict. Times in the output are ms,
+speeds tok/s. Percentiles interpolate linearly (numpy's default, as `vllm bench serve` does).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from adaspec.bench.client import RequestResult
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _stat(values: Sequence[float], name: str, unit: str, scale: float, pcts: Iterable[int]) -> dict:
+    v = [x * scale for x in values]
+    out = {
+        f"mean_{name}_{unit}": float(np.mean(v)) if v else None,
+        f"median_{name}_{unit}": _pct(v, 50),
+        f"std_{name}_{unit}": float(np.std(v)) if v else None,
+    }
+    for q in pcts:
+        out[f"p{q}_{name}_{unit}"] = _pct(v, q)
+    return out
+
+
+def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float | None:
+    """Smallest value whose cumulative weight reaches q% of the total (inverted CDF).
+
+    With integer weights this equals expanding each value `weight` times and taking numpy's
+    `inverted_cdf` percentile, so a chunk of 3 tokens counts as 3 token gaps.
+    """
+    pairs = sorted((v, w) for v, w in zip(values, weights) if w > 0)
+    if not pairs:
+        return None
+    total = sum(w for _, w in pairs)
+    target = q / 100.0 * total
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= target - 1e-12 * total:
+            return float(v)
+    return float(pairs[-1][0])
+
+
+def token_itl_samples(r: RequestResult) -> tuple[list[float], list[float]]:
+    """Chunk gaps divided by the tokens they delivered, weighted by those tokens.
+
+    Known per-chunk counts (cumulative usage in every chunk) are used as they are; otherwise
+    the request's output_tokens - 1 are spread evenly over its gaps (the first chunk is taken as
+    one token, as TPOT does), so the token-weighted mean equals the request's TPOT.
+    """
+    gaps = r.itl
+    if not gaps:
+        return [], []
+    if r.chunk_tokens is not None and len(r.chunk_tokens) == len(r.chunk_times):
+        counts = [float(c) for c in r.chunk_tokens[1:]]
+    else:
+        per_gap = (r.output_tokens - 1) / len(gaps)
+        counts = [per_gap] * len(gaps)
+    vals, wts = [], []
+    for g, c in zip(gaps, counts):
+        if c > 0:
+            vals.append(g / c)
+            wts.append(c)
+    return vals, wts
+
+
+def compute_metrics(results: list[RequestResult], duration: float, percentiles=(90, 99)) -> dict:
+    ok = [r for r in results if r.success]
+    ttfts = [r.ttft for r in ok]
+    e2els = [r.e2el for r in ok]
+    itls = [g for r in ok for g in r.itl]
+    tpots, speeds = [], []
+    for r in ok:
+        if r.output_tokens > 1:
+            decode = r.e2el - r.ttft
+            tpots.append(decode / (r.output_tokens - 1))
+            if decode > 0:
+                speeds.append((r.output_tokens - 1) / decode)
+    tok_vals, tok_wts = [], []
+    for r in ok:
+        v, w = token_itl_samples(r)
+        tok_vals += v
+        tok_wts += w
+
+    in_tok = sum(r.prompt_tokens or 0 for r in ok)
+    out_tok = sum(r.output_tokens for r in ok)
+    chunks = sum(len(r.chunk_times) for r in ok)
+    dur = duration if duration > 0 else float("nan")
+    m: dict = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration": duration,
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(ok) / dur,
+        "output_throughput": out_tok / dur,
+        "total_token_throughput": (in_tok + out_tok) / dur,
+        "usage_missing_requests": sum(r.usage_missing for r in ok),
+        "prompt_tokens_missing_requests": sum(r.prompt_tokens is None for r in ok),
+        "total_chunks": chunks,
+        "mean_tokens_per_chunk": out_tok / chunks if chunks else None,
+    }
+    m.update(_stat(ttfts, "ttft", "ms", 1000.0, percentiles))
+    m.update(_stat(tpots, "tpot", "ms", 1000.0, percentiles))
+    m.update(_stat(itls, "itl", "ms", 1000.0, percentiles))
+    m.update(_stat(e2els, "e2el", "ms", 1000.0, percentiles))
+    # Token-normalized ITL: what a user feels per token when chunks carry several tokens.
+    if tok_wts:
+        tot = sum(tok_wts)
+        m["mean_itl_token_ms"] = 1000.0 * sum(v * w for v, w in zip(tok_vals, tok_wts)) / tot
+        m["median_itl_token_ms"] = 1000.0 * weighted_percentile(tok_vals, tok_wts, 50)
+        for q in percentiles:
+            m[f"p{q}_itl_token_ms"] = 1000.0 * weighted_percentile(tok_vals, tok_wts, q)
+    else:
+        m["mean_itl_token_ms"] = m["median_itl_token_ms"] = None
+        for q in percentiles:
+            m[f"p{q}_itl_token_ms"] = None
+    # Per-user speed: the decode rate one user sees; p10 is the slow tail.
+    m["mean_per_user_tok_s"] = float(np.mean(speeds)) if speeds else None
+    m["median_per_user_tok_s"] = _pct(speeds, 50)
+    m["std_per_user_tok_s"] = float(np.std(speeds)) if speeds else None
+    m["p10_per_user_tok_s"] = _pct(speeds, 10)
+    m["p90_per_user_tok_s"] = _pct(speeds, 90)
+    return m
+
+
+def per_request_lists(results: list[RequestResult]) -> dict:
+    """The per-request arrays `vllm bench serve --save-result` writes (same keys), plus ours."""
+    return {
+        "input_lens": [r.prompt_tokens for r in results],
+        "output_lens": [r.output_tokens if r.success else 0 for r in results],
+        "ttfts": [r.ttft if r.success else 0.0 for r in results],
+        "itls": [r.itl if r.success else [] for r in results],
+        "e2els": [r.e2el if r.success else 0.0 for r in results],
+        "chunk_tokens": [r.chunk_tokens for r in results],
+        "finish_reasons": [r.finish_reason for r in results],
+        "errors": [r.error for r in results],
+    }

@@ -1,0 +1,203 @@
+"""One benchmark run (`adaspec bench serve`): warm-up, scrape, timed requests, scrape, metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from adaspec.bench import client, metrics, specstats
+from adaspec.errors import AdaspecError
+
+
+class BenchError(AdaspecError):
+    """A benchmark that cannot run as asked (server unreachable, bad arguments)."""
+
+
+@dataclass
+class BenchConfig:
+    base_url: str
+    model: str | None
+    prompts: list[str]
+    max_concurrency: int | None = None
+    request_rate: float = float("inf")
+    burstiness: float = 1.0
+    output_len: int | None = 128
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    num_warmups: int = 0
+    endpoint: str = "completions"
+    api_key: str | None = None
+    seed: int = 0
+    label: str | None = None
+    continuous_usage: bool = False
+    request_timeout: float = 6 * 3600
+    progress: bool = True
+    extra: dict = field(default_factory=dict)  # recorded as is in the result (sweep's arm, repeat, ...)
+
+
+def normalize_base_url(url: str) -> str:
+    # Accept vLLM-style roots and OpenAI-style ".../v1" alike.
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _headers(cfg: BenchConfig) -> dict:
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
+async def _resolve_model(session, base: str, headers: dict) -> str:
+    # Like `vllm bench serve` without --model: ask the server what it serves.
+    import aiohttp
+
+    try:
+        async with session.get(base + "/v1/models", headers=headers) as resp:
+            data = await resp.json()
+        return data["data"][0]["id"]
+    except (aiohttp.ClientError, KeyError, IndexError, ValueError, OSError) as e:
+        raise BenchError(f"no --model given and {base}/v1/models did not name one ({e})") from None
+
+
+async def run_benchmark_async(cfg: BenchConfig) -> dict:
+    import aiohttp
+
+    if cfg.endpoint not in ("completions", "chat"):
+        raise BenchError(f"--endpoint must be completions or chat, got {cfg.endpoint!r}")
+    if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
+        raise BenchError(f"--max-concurrency must be at least 1, got {cfg.max_concurrency}")
+    base = normalize_base_url(cfg.base_url)
+    url = base + ("/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions")
+    headers = _headers(cfg)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        model = cfg.model or await _resolve_model(session, base, headers)
+
+    def payload(i: int, prompt: str) -> dict:
+        spec = client.RequestSpec(
+            prompt=prompt,
+            max_tokens=cfg.output_len,
+            temperature=cfg.temperature,
+            ignore_eos=cfg.ignore_eos,
+            # Per-request seeds keep sampled runs repeatable where the server honours them.
+            seed=None if cfg.temperature == 0 else cfg.seed + i,
+        )
+        return client.build_payload(spec, model, cfg.endpoint, cfg.continuous_usage)
+
+    if cfg.num_warmups:
+        # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
+        warm = [payload(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.num_warmups)]
+        wres, _, _ = await client.run_requests(
+            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout
+        )
+        if all(not r.success for r in wres):
+            raise BenchError(f"every warm-up request to {url} failed; first error: {wres[0].error}")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        before = await specstats.scrape(session, base, headers)
+
+    payloads = [payload(i, p) for i, p in enumerate(cfg.prompts)]
+    offsets = client.arrival_offsets(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(payloads), desc=cfg.label or "requests", unit="req", leave=False)
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        results, first, last = await client.run_requests(
+            url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
+            on_done=(lambda r: bar.update(1)) if bar else None,
+        )
+    finally:
+        if bar:
+            bar.close()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        after = await specstats.scrape(session, base, headers)
+
+    out: dict = {
+        "date": started_at,
+        "backend": "openai-chat" if cfg.endpoint == "chat" else "openai",
+        "label": cfg.label,
+        "base_url": base,
+        "endpoint": cfg.endpoint,
+        "model_id": model,
+        "num_prompts": len(payloads),
+        "max_concurrency": cfg.max_concurrency,
+        "request_rate": "inf" if cfg.request_rate == float("inf") else cfg.request_rate,
+        "burstiness": cfg.burstiness,
+        "output_len": cfg.output_len,
+        "ignore_eos": cfg.ignore_eos,
+        "temperature": cfg.temperature,
+        "num_warmups": cfg.num_warmups,
+        "seed": cfg.seed,
+        "metrics_available": after is not None,
+    }
+    out.update(metrics.compute_metrics(results, last - first))
+    out.update(specstats.spec_delta(before, after))
+    out.update(metrics.per_request_lists(results))
+    out.update(cfg.extra)
+    return out
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    return asyncio.run(run_benchmark_async(cfg))
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    # Write-then-rename: an interrupted sweep never leaves a half-written point that looks done.
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(_finite(data), f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _finite(o):
+    # NaN/inf are not JSON; a quantity that could not be measured is null.
+    if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def format_summary(res: dict) -> str:
+    """The console block `bench serve` prints (vLLM's layout, plus per-user speed and spec stats)."""
+
+    def f(key: str, unit: str = "", nd: int = 2) -> str:
+        v = res.get(key)
+        return "n/a" if v is None else (f"{v:.{nd}f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+
+    lines = [
+        "=" * 22 + " Serving Benchmark Result " + "=" * 22,
+        f"{'Successful requests:':<40}{f('completed')}",
+        f"{'Failed requests:':<40}{f('failed')}",
+        f"{'Benchmark duration (s):':<40}{f('duration')}",
+        f"{'Total input tokens:':<40}{f('total_input_tokens')}",
+        f"{'Total generated tokens:':<40}{f('total_output_tokens')}",
+        f"{'Request throughput (req/s):':<40}{f('request_throughput')}",
+        f"{'Output token throughput (tok/s):':<40}{f('output_throughput')}",
+        f"{'Total token throughput (tok/s):':<40}{f('total_token_throughput')}",
+        f"{'Per-user speed median (tok/s):':<40}{f('median_per_user_tok_s')}",
+        f"{'Per-user speed p10 (tok/s):':<40}{f('p10_per_user_tok_s')}",
+    ]
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL (per chunk)", "itl"), ("ITL (per token)", "itl_token"), ("E2EL", "e2el")):
+        lines.append(f"{'-' * 20}{name:^30}{'-' * 20}")
+        for stat in ("mean", "median", "p99"):
+            lines.append(f"{f'{stat.capitalize()} {name} (ms):':<40}{f(f'{stat}_{key}_ms')}")
+    if res.get("spec_num_drafts"):
+        lines.append(f"{'-' * 20}{'Speculative decoding':^30}{'-' * 20}")
+        lines.append(f"{'Acceptance rate:':<40}{f('spec_acceptance_rate', '', 3)}")
+        lines.append(f"{'Mean accepted length:':<40}{f('spec_mean_accepted_length', '', 3)}")
+        per = res.get("spec_acceptance_rate_per_pos") or []
+        lines.append(f"{'Per-position acceptance:':<40}{' '.join(f'{x:.2f}' for x in per)}")
+    if res.get("usage_missing_requests"):
+        lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
+    lines.append("=" * 70)
+    return "\n".join(lines)

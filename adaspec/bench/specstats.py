@@ -1,0 +1,85 @@
+"""Speculation counters scraped from a server's Prometheus /metrics, before and after a run.
+
+Names are matched by suffix (`spec_decode_num_drafts`, ...), so `adaspec:` and `vllm:` prefixes
+both work. Label sets are summed, except `position` for the per-position counter.
+"""
+from __future__ import annotations
+
+SUFFIXES = {
+    "spec_decode_num_drafts": "drafts",
+    "spec_decode_num_draft_tokens": "draft_tokens",
+    "spec_decode_num_accepted_tokens": "accepted_tokens",
+    "spec_decode_num_verified_tokens": "verified_tokens",
+    "spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+}
+
+
+def parse_spec_counters(text: str) -> dict:
+    """{"drafts": float, ..., "accepted_per_pos": {pos: float}}; only counters that exist."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name
+            if name.endswith("_created"):
+                continue  # creation timestamps, not counts
+            if name.endswith("_total"):
+                name = name[: -len("_total")]
+            key = next((k for suf, k in SUFFIXES.items() if name.endswith(suf)), None)
+            if key is None:
+                continue
+            if key == "accepted_per_pos":
+                pos = int(s.labels.get("position", 0))
+                d = out.setdefault(key, {})
+                d[pos] = d.get(pos, 0.0) + s.value
+            else:
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def spec_delta(before: dict | None, after: dict | None) -> dict:
+    """Counters moved during the run and the rates derived from them; None where unknown."""
+    keys = ["drafts", "draft_tokens", "accepted_tokens", "verified_tokens"]
+    res: dict = {f"spec_num_{k}": None for k in keys}
+    res.update(
+        spec_acceptance_rate=None,
+        spec_mean_accepted_length=None,
+        spec_mean_verified_length=None,
+        spec_accepted_per_pos=None,
+        spec_acceptance_rate_per_pos=None,
+    )
+    if before is None or after is None:
+        return res
+    for k in keys:
+        if k in after:
+            res[f"spec_num_{k}"] = after[k] - before.get(k, 0.0)
+    drafts, draft_tok = res["spec_num_drafts"], res["spec_num_draft_tokens"]
+    acc, ver = res["spec_num_accepted_tokens"], res["spec_num_verified_tokens"]
+    if acc is not None and draft_tok:
+        res["spec_acceptance_rate"] = acc / draft_tok
+    if acc is not None and drafts:
+        res["spec_mean_accepted_length"] = 1.0 + acc / drafts  # the bonus token counts
+    if ver is not None and drafts:
+        res["spec_mean_verified_length"] = ver / drafts
+    if "accepted_per_pos" in after:
+        b = before.get("accepted_per_pos", {})
+        per = [after["accepted_per_pos"][p] - b.get(p, 0.0) for p in sorted(after["accepted_per_pos"])]
+        res["spec_accepted_per_pos"] = per
+        if drafts:
+            res["spec_acceptance_rate_per_pos"] = [x / drafts for x in per]
+    return res
+
+
+async def scrape(session, base_url: str, headers: dict | None = None) -> dict | None:
+    """Counters from base_url/metrics, or None when the server has no usable /metrics."""
+    import aiohttp
+
+    try:
+        async with session.get(base_url.rstrip("/") + "/metrics", headers=headers) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+        return parse_spec_counters(text)
+    except (aiohttp.ClientError, ValueError, OSError):
+        return None

@@ -1,0 +1,143 @@
+"""`bench serve` against the fake server: every metric equals its hand-computed value.
+
+Scripted delays are 50-100 ms, so timings are compared with a 20 ms tolerance (a loaded CI
+runner oversleeps a little); token counts, failures and spec counters must be exact.
+"""
+import pytest
+
+from adaspec.bench.runner import BenchConfig, run_benchmark
+from .fakeserver import FakeServer, Script
+
+TOL_MS = 20.0
+
+SCRIPTS = {
+    # 3 chunks carrying 1, 3, 2 tokens: usage says 6, chunk counting would say 3.
+    "A": Script(chunks=[(0.10, "a", 1), (0.05, "bcd", 3), (0.10, "ef", 2)], prompt_tokens=5),
+    "B": Script(chunks=[(0.05, "x", 1), (0.05, "yy", 2)], prompt_tokens=3),
+    "C": Script(status=500, counts_spec=False),
+    "D": Script(chunks=[(0.02, "p", 1), (0.02, "q", 1)], cut_after=1),  # connection cut mid-stream
+    "E": Script(chunks=[(0.02, "p", 1)], done=False),  # ends without [DONE]
+    "F": Script(chunks=[(0.05, "p", 1), (0.05, "qq", 2), (0.05, "r", 1)], usage=False),  # no usage chunk
+}
+
+
+def approx_ms(v):
+    return pytest.approx(v, abs=TOL_MS)
+
+
+@pytest.fixture(scope="module")
+def result():
+    with FakeServer(SCRIPTS) as srv:
+        cfg = BenchConfig(
+            base_url=srv.url + "/v1", model="fake-model",
+            prompts=[f"s:{k}" for k in "ABCDEF"], max_concurrency=1, output_len=16,
+            num_warmups=1, progress=False,
+        )
+        res = run_benchmark(cfg)
+        res["_server_requests"] = list(srv.requests)
+    return res
+
+
+def test_counts_and_failures(result):
+    assert result["completed"] == 3
+    assert result["failed"] == 3
+    errs = result["errors"]
+    assert errs[0] == "" and errs[1] == ""
+    assert errs[2].startswith("HTTP 500")
+    assert errs[3] and errs[4] == "stream ended before data: [DONE]"
+    assert errs[5] == ""
+    # usage preferred: A has 3 chunks but 6 tokens; F has no usage and is flagged
+    assert result["output_lens"] == [6, 3, 0, 0, 0, 3]
+    assert result["total_output_tokens"] == 12
+    assert result["total_input_tokens"] == 8
+    assert result["usage_missing_requests"] == 1
+    assert result["total_chunks"] == 3 + 2 + 3
+    assert result["mean_tokens_per_chunk"] == pytest.approx(12 / 8)
+
+
+def test_request_body(result):
+    body = result["_server_requests"][-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 16 and body["model"] == "fake-model"
+
+
+def test_ttft_itl_e2el(result):
+    # TTFT: A 100, B 50, F 50 ms
+    assert result["mean_ttft_ms"] == approx_ms(200 / 3)
+    assert result["median_ttft_ms"] == approx_ms(50)
+    assert result["p99_ttft_ms"] == approx_ms(50 + 0.98 * 50)  # linear between 50 and 100
+    # chunk gaps: A 50,100; B 50; F 50,50
+    assert result["mean_itl_ms"] == approx_ms(60)
+    assert result["median_itl_ms"] == approx_ms(50)
+    assert result["p99_itl_ms"] == approx_ms(50 + 0.96 * 50)
+    # E2EL: A 250, B 100, F 150
+    assert result["mean_e2el_ms"] == approx_ms(500 / 3)
+    assert result["median_e2el_ms"] == approx_ms(150)
+
+
+def test_tpot_and_per_user_speed(result):
+    # TPOT = (E2EL - TTFT) / (out - 1): A 150/5 = 30, B 50/2 = 25, F 100/2 = 50 ms
+    assert result["mean_tpot_ms"] == pytest.approx(35, abs=8)
+    assert result["median_tpot_ms"] == pytest.approx(30, abs=8)
+    # per-user speed = (out - 1) / (E2EL - TTFT): A 33.3, B 40, F 20 tok/s
+    assert result["median_per_user_tok_s"] == pytest.approx(100 / 3, rel=0.2)
+    assert result["p10_per_user_tok_s"] == pytest.approx(20 + 0.2 * (100 / 3 - 20), rel=0.2)
+
+
+def test_token_normalized_itl(result):
+    # no per-chunk counts: out-1 spread over the gaps. A: 2.5 tok/gap -> 20, 40 ms;
+    # B: 25 ms (weight 2); F: 50, 50 (weight 1 each). Weighted mean 300/9.
+    assert result["mean_itl_token_ms"] == pytest.approx(300 / 9, abs=8)
+    assert result["median_itl_token_ms"] == pytest.approx(25, abs=8)
+    assert result["p99_itl_token_ms"] == pytest.approx(50, abs=10)
+
+
+def test_throughput(result):
+    d = result["duration"]
+    # requests run one at a time: ~250 + 100 + 0 + ~20 + ~20 + 150 ms of scripted time
+    assert 0.5 <= d <= 1.5
+    assert result["output_throughput"] == pytest.approx(12 / d)
+    assert result["request_throughput"] == pytest.approx(3 / d)
+    assert result["total_token_throughput"] == pytest.approx(20 / d)
+
+
+def test_spec_counters_delta(result):
+    # the warm-up request is excluded; A, B, D, E, F streamed (C failed before streaming)
+    assert result["spec_num_drafts"] == 10
+    assert result["spec_num_draft_tokens"] == 70
+    assert result["spec_num_accepted_tokens"] == 25
+    assert result["spec_acceptance_rate"] == pytest.approx(25 / 70)
+    assert result["spec_mean_accepted_length"] == pytest.approx(3.5)
+    assert result["spec_mean_verified_length"] == pytest.approx(8.0)
+    assert result["spec_accepted_per_pos"] == [10, 10, 5, 0, 0, 0, 0]
+    assert result["spec_acceptance_rate_per_pos"] == pytest.approx([1, 1, 0.5, 0, 0, 0, 0])
+    assert result["metrics_available"] is True
+
+
+def test_continuous_usage_gives_exact_token_itl():
+    with FakeServer({"A": SCRIPTS["A"]}, metrics=False) as srv:
+        cfg = BenchConfig(base_url=srv.url, model=None, prompts=["s:A"], max_concurrency=1,
+                          continuous_usage=True, progress=False, temperature=0.0)
+        res = run_benchmark(cfg)
+    assert res["model_id"] == "fake-model"  # asked /v1/models
+    assert res["chunk_tokens"] == [[1, 3, 2]]
+    # gaps 50 ms / 3 tokens and 100 ms / 2 tokens, token weighted
+    assert res["mean_itl_token_ms"] == pytest.approx(30, abs=8)
+    assert res["median_itl_token_ms"] == pytest.approx(50 / 3, abs=8)
+    assert res["p99_itl_token_ms"] == pytest.approx(50, abs=10)
+    # no /metrics: spec fields are null, not zero
+    assert res["metrics_available"] is False and res["spec_num_drafts"] is None
+
+
+def test_chat_skips_role_chunk_and_concurrency():
+    sc = Script(chunks=[(0.10, "a", 1), (0.05, "bb", 2)])
+    with FakeServer({}, default=sc, prefix="vllm:") as srv:
+        cfg = BenchConfig(base_url=srv.url, model="fake-model", prompts=["hi"] * 4, max_concurrency=4,
+                          endpoint="chat", progress=False)
+        res = run_benchmark(cfg)
+    assert res["completed"] == 4
+    # the role chunk is not the first token: TTFT stays ~100 ms
+    assert res["median_ttft_ms"] == approx_ms(100)
+    # 4 in flight at once: the run lasts about one request, not four
+    assert res["duration"] < 0.3
+    assert res["spec_num_drafts"] == 8  # vllm: prefix matched by suffix
