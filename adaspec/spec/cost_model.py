@@ -1,0 +1,319 @@
+"""Step-cost tables measured at startup: verify cost by token count, draft cost by request count.
+
+Lookup rules (VERIFY.md, "The cost model"), for a table with a capture limit L:
+  * n <= L: the cost of the smallest profiled size >= n. A captured CUDA graph pads the batch
+    up to its size, so the padding is paid: the curve is a step function there.
+  * n > L: linear interpolation between profiled points ABOVE L only. Crossing L means losing
+    graphs, a real jump, so we never interpolate across it. Between L and the first point
+    above it we extend that first segment backwards, clamped to at least the cost at L.
+  * past the last point: linear extrapolation from the last two points of the region.
+With ``capture_limit=None`` (CPU, eager) the whole table is one interpolated region.
+Tables are forced non-decreasing (running max): timing noise must not make the policy think
+that a bigger batch is cheaper.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+CACHE_FORMAT = 1
+
+
+class CostTable:
+    """Monotone cost curve over integer sizes (tokens or requests), lookups vectorized."""
+
+    def __init__(self, sizes: Sequence[int], ms: Sequence[float], capture_limit: int | None = None):
+        s = np.asarray(sizes, dtype=np.int64)
+        m = np.asarray(ms, dtype=np.float64)
+        if s.ndim != 1 or s.shape != m.shape or s.size == 0:
+            raise ValueError("sizes and ms must be non-empty 1-D sequences of equal length")
+        if np.any(s < 1) or not np.all(np.isfinite(m)) or np.any(m < 0):
+            raise ValueError("sizes must be >= 1 and ms finite and >= 0")
+        order = np.argsort(s, kind="stable")
+        s, m = s[order], m[order]
+        if np.any(np.diff(s) == 0):
+            raise ValueError("duplicate sizes in cost table")
+        self.sizes = s
+        self.ms = np.maximum.accumulate(m)  # forced non-decreasing
+        self.capture_limit = None if capture_limit is None else int(capture_limit)
+        lim = self.capture_limit
+        self._hi = np.ones_like(s, dtype=bool) if lim is None else s > lim
+
+    # -- lookup -------------------------------------------------------------------------
+    def __call__(self, n):
+        return self.lookup(n)
+
+    def lookup(self, n):
+        """Cost in ms for size(s) ``n`` (scalar -> float, array -> float64 array). n <= 0 -> 0."""
+        arr = np.asarray(n, dtype=np.float64)
+        out = np.zeros(arr.shape, dtype=np.float64)
+        pos = arr > 0
+        lim = self.capture_limit
+        if lim is None:
+            out[pos] = self._interp(arr[pos], self.sizes, self.ms)
+        else:
+            low = pos & (arr <= lim)
+            high = pos & (arr > lim)
+            if low.any():
+                out[low] = self._step(arr[low])
+            if high.any():
+                floor = self._step(np.array([float(lim)]))[0]
+                hs, hm = self.sizes[self._hi], self.ms[self._hi]
+                if hs.size == 0:  # nothing profiled above the limit: scale the last point
+                    out[high] = np.maximum(floor, self.ms[-1] * arr[high] / self.sizes[-1])
+                else:
+                    out[high] = np.maximum(floor, self._interp(arr[high], hs, hm, back=True))
+        return float(out) if out.ndim == 0 else out
+
+    def _step(self, x: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(self.sizes, np.ceil(x), side="left")
+        over = idx >= self.sizes.size
+        res = self.ms[np.minimum(idx, self.sizes.size - 1)]
+        if over.any():  # limit above the last profiled size: proportional scaling
+            res = np.where(over, self.ms[-1] * x / self.sizes[-1], res)
+        return res
+
+    @staticmethod
+    def _interp(x: np.ndarray, s: np.ndarray, m: np.ndarray, back: bool = False) -> np.ndarray:
+        s = s.astype(np.float64)
+        if s.size == 1:
+            return np.full(x.shape, m[0])
+        res = np.interp(x, s, m)  # clamps outside [s0, s_last]
+        slope_hi = (m[-1] - m[-2]) / (s[-1] - s[-2])
+        res = np.where(x > s[-1], m[-1] + slope_hi * (x - s[-1]), res)
+        if back:  # between the capture limit and the first point above it
+            slope_lo = (m[1] - m[0]) / (s[1] - s[0])
+            res = np.where(x < s[0], m[0] - slope_lo * (s[0] - x), res)
+        return res
+
+    # -- (de)serialization --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"sizes": self.sizes.tolist(), "ms": self.ms.tolist(), "capture_limit": self.capture_limit}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CostTable":
+        return cls(d["sizes"], d["ms"], d.get("capture_limit"))
+
+    def __repr__(self) -> str:
+        return f"CostTable(n={self.sizes.size}, max={int(self.sizes[-1])}, capture_limit={self.capture_limit})"
+
+
+@dataclass
+class CostModel:
+    verify: CostTable  # by number of tokens in the target forward
+    draft: CostTable  # by number of requests drafting
+
+    def verify_ms(self, n_tokens):
+        return self.verify.lookup(n_tokens)
+
+    def draft_ms(self, n_requests):
+        return self.draft.lookup(n_requests)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CostModel":
+        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]))
+
+    def describe(self) -> str:
+        """Human-readable tables (for ``adaspec profile``)."""
+        lines = []
+        for name, t, unit in (("verify", self.verify, "tokens"), ("draft", self.draft, "requests")):
+            lines.append(f"{name} cost (capture limit: {t.capture_limit})")
+            lines.append(f"  {unit:>10}  {'ms':>10}")
+            lines += [f"  {int(s):>10}  {m:>10.3f}" for s, m in zip(t.sizes, t.ms)]
+        return "\n".join(lines)
+
+
+# -- grids ----------------------------------------------------------------------------------
+def _geometric(max_n: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, ... (x1.5 / x2 alternation) up to and including max_n."""
+    out, n = {1}, 1
+    while n < max_n:
+        out.update({min(max_n, int(n * 1.5)), min(max_n, n * 2)})
+        n *= 2
+    return sorted(x for x in out if 1 <= x <= max_n)
+
+
+def _grid(max_n: int, capture_sizes: Iterable[int] | None) -> list[int]:
+    if max_n < 1:
+        raise ValueError("grid maximum must be >= 1")
+    if not capture_sizes:
+        return _geometric(max_n)
+    caps = sorted({int(c) for c in capture_sizes if 1 <= int(c) <= max_n})
+    if not caps:
+        return _geometric(max_n)
+    out, n = list(caps), caps[-1]
+    nxt = max(n + 1, int(n * 1.5))  # 1.5x, then doubling (VERIFY.md)
+    while nxt < max_n:
+        out.append(nxt)
+        nxt *= 2
+    if out[-1] < max_n:
+        out.append(max_n)
+    return out
+
+
+def verify_grid(max_tokens: int, capture_sizes: Iterable[int] | None = None) -> list[int]:
+    """Token counts to profile: capture sizes, then 1.5x the largest, then doubling up to
+    ``max_tokens`` (max_num_batched_tokens, always included). No graphs: geometric grid."""
+    return _grid(max_tokens, capture_sizes)
+
+
+def draft_grid(max_requests: int, capture_sizes: Iterable[int] | None = None) -> list[int]:
+    """Request counts to profile for drafting, same rules as :func:`verify_grid`."""
+    return _grid(max_requests, capture_sizes)
+
+
+def capture_limit_of(capture_sizes: Iterable[int] | None) -> int | None:
+    caps = [int(c) for c in capture_sizes or ()]
+    return max(caps) if caps else None
+
+
+# -- profiling ------------------------------------------------------------------------------
+def _time_table(fn, sizes, repeats, warmup, timer, sync, capture_limit) -> CostTable:
+    ms = []
+    for n in sizes:
+        for _ in range(warmup):
+            fn(n)
+        runs = []
+        for _ in range(repeats):
+            if sync is not None:
+                sync()  # do not charge this shape for queued work of the previous one
+            t0 = timer()
+            fn(n)
+            if sync is not None:
+                sync()
+            runs.append((timer() - t0) * 1e3)
+        ms.append(float(np.median(runs)))
+    return CostTable(sizes, ms, capture_limit)
+
+
+def profile(
+    fn_verify: Callable[[int], None],
+    fn_draft: Callable[[int], None] | None,
+    verify_sizes: Sequence[int],
+    draft_sizes: Sequence[int],
+    repeats: int = 5,
+    warmup: int = 1,
+    timer: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    verify_capture_limit: int | None = None,
+    draft_capture_limit: int | None = None,
+) -> CostModel:
+    """Time dummy steps; each shape's cost is the median of ``repeats`` runs (ms).
+
+    ``sync`` (e.g. torch.cuda.synchronize) brackets every timed run so that asynchronous
+    devices are measured, not just kernel launches. ``fn_draft=None`` gives a zero draft table.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    verify = _time_table(fn_verify, list(verify_sizes), repeats, warmup, timer, sync, verify_capture_limit)
+    if fn_draft is None:
+        draft = CostTable([1], [0.0], None)
+    else:
+        draft = _time_table(fn_draft, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
+    return CostModel(verify, draft)
+
+
+# -- disk cache -----------------------------------------------------------------------------
+def _normalize_key(key: dict[str, Any]) -> dict[str, Any]:
+    # JSON round trip so that tuples/lists, ints/floats compare as they will after loading
+    return json.loads(json.dumps(key, sort_keys=True, default=str))
+
+
+def cache_path(cache_dir: str | os.PathLike, key: dict[str, Any]) -> str:
+    blob = json.dumps(_normalize_key(key), sort_keys=True).encode()
+    return os.path.join(os.fspath(cache_dir), f"cost_model_{hashlib.sha256(blob).hexdigest()[:20]}.json")
+
+
+def default_cache_key(**fields: Any) -> dict[str, Any]:
+    """Key dict with the adaspec version added; pass model, drafter, dtype, device name,
+    engine limits, capture sizes, profiling context length, ... as keyword fields."""
+    from adaspec import __version__
+
+    return {"adaspec_version": __version__, **fields}
+
+
+def _read_cached(path: str, key: dict[str, Any]) -> CostModel | None:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("format") != CACHE_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r} != {CACHE_FORMAT}")
+        if doc.get("key") != _normalize_key(key):
+            raise ValueError("stored key does not match (stale cache)")
+        return CostModel.from_dict(doc["model"])  # validates the tables
+    except Exception as e:  # corrupt or stale: never trust, re-profile
+        warnings.warn(f"ignoring cost-model cache {path}: {e}", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _write_atomic(path: str, doc: dict[str, Any]) -> None:
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".cost_model_", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # readers see the old file or the new one, never a torn one
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_or_profile(cache_dir: str | os.PathLike, key: dict[str, Any], profile_fn: Callable[[], CostModel]) -> CostModel:
+    """Cached cost model for ``key``, or ``profile_fn()`` stored under a hash of ``key``.
+
+    The full key is stored in the file and compared on load; a corrupt, unreadable or stale
+    file triggers a warning and a fresh profile. A failed write only warns.
+    """
+    path = cache_path(cache_dir, key)
+    model = _read_cached(path, key)
+    if model is not None:
+        return model
+    model = profile_fn()
+    doc = {"format": CACHE_FORMAT, "key": _normalize_key(key), "model": model.to_dict()}
+    try:
+        _write_atomic(path, doc)
+    except OSError as e:
+        warnings.warn(f"could not write cost-model cache {path}: {e}", RuntimeWarning, stacklevel=2)
+    return model
+
+
+# -- plot -----------------------------------------------------------------------------------
+def plot_cost_model(model: CostModel, path: str | os.PathLike) -> None:
+    """Both curves (profiled points + lookup curve, capture limit dashed) into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (name, t, unit) in zip(axes, (("verify", model.verify, "tokens"), ("draft", model.draft, "requests"))):
+        xs = np.arange(1, int(t.sizes[-1]) + 1)
+        ax.plot(xs, t.lookup(xs), lw=1, label="lookup")
+        ax.plot(t.sizes, t.ms, "o", ms=3, label="profiled (median)")
+        if t.capture_limit is not None:
+            ax.axvline(t.capture_limit, ls="--", c="gray", lw=1, label="capture limit")
+        ax.set_xscale("log")
+        ax.set_xlabel(unit)
+        ax.set_ylabel("ms")
+        ax.set_title(f"{name} cost")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

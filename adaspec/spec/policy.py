@@ -1,0 +1,231 @@
+"""The adaptive verification budget: how many drafts of each request to verify this step.
+
+Objective (VERIFY.md): with survivals ``a_{r,j} = prod_{i<=j} c_{r,i}``,
+    B* = argmax_{B=0..Bmax} (n_sampling + sum of the B largest a) / (draft_ms(R) + verify_ms(T + B))
+(ties to the smaller B), then ``l_r`` = number of r's slots among the B* largest survivals.
+The draft cost sits in EVERY candidate's denominator, B = 0 included: when B* = 0 is chosen
+the drafts are thrown away but they were already paid for, so the ratio that B = 0 competes
+with is the honest one for a step in which drafting happened. (Skipping the drafter entirely
+is a different decision, the no-spec arm, and is not made here.)
+
+Why the design below is lossless
+--------------------------------
+Rejection sampling emits exactly the target distribution as long as, for every slot (r, j),
+the decision "verify slot j of r" is a function of things that are independent of the draft
+x_{r,j} given the emitted prefix: quantities from earlier steps, other requests' drafts (drawn
+with independent randomness), and r's own earlier drafts x_{r,<j}. The latter are allowed
+because slot j is only reached when x_{r,1..j-1} were all accepted, i.e. when they ARE the
+emitted prefix; conditioning on the emitted past never biases the next token. Formally, each
+emitted token Y_t has law p(.|Y_<t) given everything decided before it, and the tower rule
+multiplies these into the target's joint law.
+
+Now ``c_{r,i}`` depends on x_{r,i-1} (Markov feature), so ``a_{r,j}`` depends on x_{r,<j} only:
+  * B* is computed from the PREVIOUS step's confidences (requests without any count as 1.0
+    for every slot), so B* involves no current draft at all.
+  * Slot (r, j) is admitted iff fewer than B* slots outrank it in the order
+    (survival desc, then flat index r*K + j asc). Who outranks (r, j)?  Other requests' slots
+    (independent of x_{r,j}), and r's slots 1..j-1 (always: survivals never increase along j
+    and ties go to the earlier slot), but NEVER r's slots j+1.. since a_{r,i} <= a_{r,j} for
+    i > j and they lose ties. Hence admission of (r, j) depends on a_{r,j}, j, B* and other
+    requests only: none of these involves x_{r,j}. Lossless, and every l_r is a prefix.
+Corner cases where top-B by current survival would NOT be lossless, and how we close them:
+  * survivals that increase along j (a confidence > 1, NaN, or a parallel cumprod that rounds
+    a later product above an earlier one): then a_{r,j+1}, which depends on x_{r,j}, could
+    outrank slot j and decide whether x_{r,j} is verified. We clip confidences to [0, 1]
+    (NaN -> 0) and take a running minimum after the product, so survivals are exactly
+    non-increasing on every device.
+  * a budget computed from the current drafts (the LEAKY variant kept below for tests): then
+    whether x_{r,j} is verified depends on a_{r,j+1} through B*, i.e. on x_{r,j} itself; the
+    paper's two-token example turns a (0.7, 0.3) target into (0.85, 0.15).
+  * per-request caps (remaining max_tokens) must depend on the request, not its drafts; they
+    are applied as masks, which is fine.
+The optional EMA only smooths the stored (old) confidences, so it keeps B* draft-independent.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+try:  # torch is optional for the numpy path
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+
+# -- survivals and calibration temperatures -----------------------------------------------
+def survival(conf: np.ndarray) -> np.ndarray:
+    """a[..., j] = prod_{i<=j} conf[..., i], confidences clipped to [0, 1], non-increasing."""
+    c = np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=0.0)
+    a = np.cumprod(np.clip(c, 0.0, 1.0), axis=-1)
+    return np.minimum.accumulate(a, axis=-1)
+
+
+def survival_torch(conf: "torch.Tensor") -> "torch.Tensor":
+    """Device version of :func:`survival` (no host sync)."""
+    a = torch.cumprod(torch.nan_to_num(conf.float(), nan=0.0).clamp(0.0, 1.0), dim=-1)
+    return torch.cummin(a, dim=-1).values  # guards against parallel-scan rounding
+
+
+def apply_temperature(x, temps, is_logit: bool = True):
+    """Sequential-temperature-scaled confidences ``sigmoid(logit_j / T_j)`` per slot j.
+
+    ``x``: [..., K] confidence logits (or probabilities with ``is_logit=False``), numpy or torch;
+    ``temps``: [K] (or None: identity). Returns the same array type as ``x``.
+    """
+    if torch is not None and isinstance(x, torch.Tensor):
+        logit = x.float() if is_logit else torch.logit(x.float().clamp(1e-7, 1 - 1e-7))
+        if temps is None:
+            return torch.sigmoid(logit)
+        t = torch.as_tensor(temps, dtype=logit.dtype, device=logit.device)
+        return torch.sigmoid(logit / t[: logit.shape[-1]])
+    x = np.asarray(x, dtype=np.float64)
+    logit = x if is_logit else np.log(np.clip(x, 1e-12, 1) / np.clip(1 - x, 1e-12, 1))
+    if temps is not None:
+        logit = logit / np.asarray(temps, dtype=np.float64)[: logit.shape[-1]]
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
+# -- the budget ----------------------------------------------------------------------------
+def _vec(fn, x: np.ndarray) -> np.ndarray:
+    """Call a cost function on an array; fall back to element-wise for scalar-only callables."""
+    try:
+        y = np.asarray(fn(x), dtype=np.float64)
+        if y.shape == x.shape:
+            return y
+    except Exception:
+        pass
+    return np.array([float(fn(int(v))) for v in x], dtype=np.float64)
+
+
+def budget_objective(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
+                     cost: Any, max_budget: int | None = None) -> np.ndarray:
+    """Ratio (expected tokens / step ms) for every B = 0..Bmax, as an array of length Bmax+1."""
+    flat = np.sort(np.asarray(survivals, dtype=np.float64).ravel())[::-1]
+    bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
+    gain = n_sampling + np.concatenate(([0.0], np.cumsum(flat[:bmax])))
+    b = np.arange(bmax + 1)
+    den = float(cost.draft_ms(num_requests)) + _vec(cost.verify_ms, base_tokens + b)
+    return gain / np.maximum(den, 1e-12)
+
+
+def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
+                  cost: Any, max_budget: int | None = None) -> int:
+    """B* over ALL B = 0..Bmax (cost tables are step-shaped: the ratio is not unimodal).
+
+    Ties go to the smaller B (np.argmax returns the first maximum). Pass survivals that no
+    current draft influenced (one-step-old, see :class:`AdaptiveBudget`) to stay lossless.
+    """
+    return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
+
+
+def choose_budget_leaky(current_survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
+                        cost: Any, max_budget: int | None = None) -> int:
+    """DELIBERATELY BIASED: B* from the CURRENT step's survivals (global argmax). Exists so
+    tests can show that the statistical harness catches the leak; never use it to serve."""
+    return choose_budget(current_survivals, n_sampling, base_tokens, num_requests, cost, max_budget)
+
+
+# -- allocation ----------------------------------------------------------------------------
+def _masked(survivals, limits, K, xp_where, arange):
+    # slots at or beyond a request's limit sort below every real slot (-1 < 0 <= a)
+    return xp_where(arange[None, :] < limits[:, None], survivals, -1.0)
+
+
+def allocate(survivals: np.ndarray, budget: int, limits: np.ndarray | None = None) -> np.ndarray:
+    """l_r = number of r's slots among the ``budget`` largest survivals.
+
+    Order: survival descending, ties by flat index r*K + j (earlier request, then earlier slot),
+    which with non-increasing survivals makes every l_r a prefix. ``limits`` [R] (optional)
+    caps each request (e.g. remaining max_tokens); it depends on no draft, so it stays lossless.
+    """
+    a = np.asarray(survivals, dtype=np.float64)
+    R, K = a.shape
+    if limits is not None:
+        limits = np.asarray(limits, dtype=np.int64)
+        a = _masked(a, limits, K, np.where, np.arange(K))
+    b = max(0, min(int(budget), R * K))
+    order = np.argsort(-a.ravel(), kind="stable")[:b]
+    if limits is not None:
+        order = order[a.ravel()[order] >= 0]
+    return np.bincount(order // K, minlength=R).astype(np.int64) if K else np.zeros(R, np.int64)
+
+
+def allocate_torch(survivals: "torch.Tensor", budget, limits: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Device version of :func:`allocate`: same order and ties, ``budget`` may be a 0-d tensor,
+    no device-to-host sync (a stable sort gives each slot its rank; admit rank < budget)."""
+    R, K = survivals.shape
+    a = survivals.float()
+    if limits is not None:
+        a = _masked(a, limits.to(a.device), K, torch.where, torch.arange(K, device=a.device))
+    flat = a.reshape(-1)
+    order = torch.sort(flat, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(flat.numel(), device=flat.device)
+    b = torch.as_tensor(budget, device=flat.device)
+    admitted = (rank < b) & (flat >= 0)
+    return admitted.view(R, K).sum(dim=1)
+
+
+# -- stateful helper: B* from old confidences, allocation from current ones -----------------
+class AdaptiveBudget:
+    """Per-step planner. Keeps each request's last confidences (optionally EMA-smoothed).
+
+    Engine loop (CPU):  lengths = ab.plan(ids, conf_now, n_sampling, base_tokens)
+                        ... verify / accept ...;  ab.observe(ids, conf_now)
+    On CUDA:  b = ab.budget(ids, n_sampling, base_tokens) on the host from the old copy,
+              lengths = allocate_torch(survival_torch(conf_now), b) on the device,
+              ab.observe(ids, conf_now copied to host asynchronously); ab.forget(id) when done.
+    """
+
+    def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None,
+                 leaky: bool = False):
+        if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
+            raise ValueError("ema_alpha must be in (0, 1] or None")
+        self.cost, self.k, self.ema_alpha, self.max_budget = cost, int(k), ema_alpha, max_budget
+        self.leaky = leaky  # tests only: budget from the current confidences (biased)
+        self.last_conf: dict[Hashable, np.ndarray] = {}
+        self.last_budget: int | None = None
+
+    def old_confidences(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        out = np.ones((len(request_ids), self.k))  # unknown request: every slot survives
+        for i, rid in enumerate(request_ids):
+            c = self.last_conf.get(rid)
+            if c is not None:
+                out[i, : min(self.k, c.size)] = c[: self.k]
+        return out
+
+    def budget(self, request_ids: Sequence[Hashable], n_sampling: int, base_tokens: int,
+               num_requests: int | None = None, limits: np.ndarray | None = None) -> int:
+        """B* from one-step-old confidences only (safe to compute before drafting)."""
+        a = survival(self.old_confidences(request_ids))
+        if limits is not None:
+            a = np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a, 0.0)
+        nreq = len(request_ids) if num_requests is None else num_requests
+        self.last_budget = choose_budget(a, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
+        return self.last_budget
+
+    def plan(self, request_ids: Sequence[Hashable], current_conf: np.ndarray, n_sampling: int, base_tokens: int,
+             num_requests: int | None = None, limits: np.ndarray | None = None) -> np.ndarray:
+        """Verify lengths l_r [R] for this step (current_conf: [R, K] conditional confidences)."""
+        a_now = survival(current_conf)
+        if self.leaky:
+            nreq = len(request_ids) if num_requests is None else num_requests
+            a_b = a_now if limits is None else np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a_now, 0.0)
+            self.last_budget = choose_budget_leaky(a_b, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
+        else:
+            self.budget(request_ids, n_sampling, base_tokens, num_requests, limits)
+        return allocate(a_now, self.last_budget, limits)
+
+    def observe(self, request_ids: Sequence[Hashable], conf: np.ndarray) -> None:
+        """Store this step's confidences [R, K] for the next step's budget."""
+        conf = np.asarray(conf, dtype=np.float64)
+        for rid, c in zip(request_ids, conf):
+            old = self.last_conf.get(rid)
+            if self.ema_alpha is None or old is None or old.shape != c.shape:
+                self.last_conf[rid] = c.copy()
+            else:
+                self.last_conf[rid] = self.ema_alpha * c + (1.0 - self.ema_alpha) * old
+
+    def forget(self, request_id: Hashable) -> None:
+        self.last_conf.pop(request_id, None)
