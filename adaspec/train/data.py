@@ -72,12 +72,13 @@ class PackedSampler:
     The generator's state is part of the checkpoint, so a resumed run draws the same batches.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0):
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0, device="cpu"):
         import torch
 
         if tokens.size < seq_len + 2:
             raise AdaspecError(f"training split has {tokens.size} tokens, fewer than --seq-len {seq_len} + 2")
-        self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+        self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(device)
+        self.device = self.tokens.device
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.gen = torch.Generator().manual_seed(seed)
@@ -86,7 +87,8 @@ class PackedSampler:
         import torch
 
         starts = torch.randint(0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen)
-        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
+        starts = starts.to(self.device)
+        idx = starts[:, None] + torch.arange(self.seq_len + 1, device=self.device)[None, :]
         win = self.tokens[idx]
         return win[:, :-1], win[:, 1:]
 
