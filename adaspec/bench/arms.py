@@ -1,0 +1,72 @@
+"""Sweep arms: `none`, `fixed:K`, `adaptive:K`, and the --speculative-config each one gets."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from adaspec.errors import AdaspecError
+
+_ARM = re.compile(r"^(none|fixed:(\d+)|adaptive:(\d+))$")
+
+
+class ArmError(AdaspecError):
+    """An arm name the sweep does not know."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str  # as the user wrote it: "none", "fixed:7", "adaptive:7"
+    kind: str  # none | fixed | adaptive
+    k: int = 0
+
+    @property
+    def slug(self) -> str:
+        """File-name safe form ("fixed-7")."""
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)
+
+    def speculative_config(self, drafter: str | None, temperature: float) -> dict | None:
+        if self.kind == "none":
+            return None
+        cfg: dict = {"method": "dspark", "num_speculative_tokens": self.k}
+        if drafter:
+            cfg["model"] = drafter
+        if self.kind == "adaptive":
+            cfg["enable_adaptive_verification"] = True
+        # Sampled targets need probabilistic drafts for lossless rejection sampling.
+        cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
+        return cfg
+
+
+def parse_arm(text: str) -> Arm:
+    t = text.strip()
+    m = _ARM.match(t)
+    if not m:
+        raise ArmError(f"unknown arm {text!r}; use none, fixed:K or adaptive:K (K >= 1)")
+    if t == "none":
+        return Arm(t, "none")
+    k = int(m.group(2) or m.group(3))
+    if k < 1:
+        raise ArmError(f"arm {text!r}: K must be at least 1")
+    return Arm(t, t.split(":")[0], k)
+
+
+def parse_arms(text: str) -> list[Arm]:
+    arms = [parse_arm(a) for a in text.split(",") if a.strip()]
+    if not arms:
+        raise ArmError("--arms is empty")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ArmError(f"--arms lists an arm twice: {text}")
+    return arms
+
+
+def external_arm(name: str) -> Arm:
+    """An arm served by a server the sweep did not start: any label; its config is what it parses to."""
+    try:
+        return parse_arm(name)
+    except ArmError:
+        return Arm(name, "external")
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)

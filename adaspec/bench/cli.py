@@ -1,0 +1,151 @@
+"""`adaspec bench serve | sweep | report` argument parsing; handlers import the heavy parts."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adaspec.errors import AdaspecError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _add_dataset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", "--dataset-name", dest="dataset", choices=["eval-code", "jsonl", "random"],
+                   default="eval-code", help="prompt set (default: the packaged eval-code prompts)")
+    p.add_argument("--dataset-path", help="jsonl file, one {\"prompt\": ...} per line (with --dataset jsonl)")
+    p.add_argument("--random-input-len", type=int, default=64, help="words per prompt for --dataset random")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_request_args(p: argparse.ArgumentParser, output_len: int) -> None:
+    p.add_argument("--output-len", type=int, default=output_len, help="max_tokens of every request")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --output-len tokens (server extension)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--api-key", help="bearer token for servers started with --api-key")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def add_parser(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server (serve, sweep, report)",
+                                  description="Benchmark any OpenAI-compatible server: one run, a sweep, a report.")
+    sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+
+    s = sub.add_parser("serve", help="one run against a running server (like `vllm bench serve`)")
+    s.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", help="model name to send (default: the first of /v1/models)")
+    _add_dataset_args(s)
+    s.add_argument("--num-prompts", type=int, default=100)
+    s.add_argument("--max-concurrency", type=int, default=None, help="closed loop: at most C requests in flight")
+    s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)")
+    s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
+    _add_request_args(s, 128)
+    s.add_argument("--num-warmups", type=int, default=0, help="unmeasured requests sent first")
+    s.add_argument("--continuous-usage-stats", action="store_true",
+                   help="ask for usage in every chunk (vLLM extension): exact tokens per chunk")
+    s.add_argument("--save-result", metavar="FILE", help="write the result JSON here")
+    s.add_argument("--label", help="a name for this run, stored in the result")
+    s.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser("sweep", help="arms x concurrency x repeats, servers started per arm; resumable")
+    w.add_argument("--model", help="model to serve and name in requests (required unless every arm has --base-url)")
+    w.add_argument("--drafter", help="drafter directory for the speculative arms (server default if omitted)")
+    w.add_argument("--arms", default="none,fixed:1,fixed:3,fixed:7,adaptive:7",
+                   help="comma-separated: none, fixed:K, adaptive:K")
+    w.add_argument("--base-url", action="append", metavar="ARM=URL",
+                   help="use a running server for ARM instead of starting one (repeatable; replaces --arms)")
+    w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256])
+    w.add_argument("--repeats", type=int, default=3)
+    w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
+    w.add_argument("--num-warmups", type=int, default=2, help="unmeasured requests before each point")
+    w.add_argument("--out", required=True, help="results directory (rerun with the same --out to resume)")
+    _add_dataset_args(w)
+    _add_request_args(w, 128)
+    w.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every `adaspec serve` (repeatable, e.g. --server-arg=--max-num-seqs=256)")
+    w.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    w.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    w.set_defaults(func=cmd_sweep)
+
+    r = sub.add_parser("report", help="tables, frontier plot and verdict from a sweep directory")
+    r.add_argument("dir", help="the sweep's --out directory")
+    r.add_argument("--html", action="store_true", help="also write report.html")
+    r.set_defaults(func=cmd_report)
+
+
+def cmd_serve(args) -> int:
+    from adaspec.bench.dataset import load_prompts
+    from adaspec.bench.runner import BenchConfig, format_summary, run_benchmark, write_json_atomic
+
+    if args.output_len is not None and args.output_len < 1:
+        raise AdaspecError("--output-len must be at least 1")
+    prompts = load_prompts(args.dataset, args.num_prompts, args.dataset_path, args.random_input_len, args.seed)
+    cfg = BenchConfig(
+        base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
+        max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
+        output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
+        num_warmups=args.num_warmups, endpoint=args.endpoint, api_key=args.api_key, seed=args.seed,
+        label=args.label, continuous_usage=args.continuous_usage_stats, progress=not args.disable_tqdm,
+        extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
+    )
+    res = run_benchmark(cfg)
+    print(format_summary(res))
+    if args.save_result:
+        write_json_atomic(args.save_result, res)
+        print(f"result written to {args.save_result}")
+    return 0 if res["completed"] else 1
+
+
+def sweep_config_from_args(args, log=print):
+    from pathlib import Path
+
+    from adaspec.bench import dataset
+    from adaspec.bench.sweep import SweepConfig, arms_for, parse_base_urls
+
+    if args.repeats < 1:
+        raise AdaspecError("--repeats must be at least 1")
+    base_urls = parse_base_urls(args.base_url)
+    if not args.model and not base_urls:
+        raise AdaspecError("bench sweep needs --model (the model each arm's server loads)")
+    arms = arms_for(args.arms, base_urls)
+    pool = max(args.num_prompts, max(args.concurrency))
+    prompts = dataset.load_prompts(args.dataset, pool, args.dataset_path, args.random_input_len, args.seed)
+    return SweepConfig(
+        out=Path(args.out), model=args.model, arms=arms, concurrency=args.concurrency, prompts=prompts,
+        prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed),
+        num_prompts=args.num_prompts, repeats=args.repeats, drafter=args.drafter, base_urls=base_urls,
+        output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
+        endpoint=args.endpoint, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
+        server_args=args.server_arg, startup_timeout=args.startup_timeout, progress=not args.disable_tqdm,
+        report=not args.no_report, log=log,
+    )
+
+
+def cmd_sweep(args) -> int:
+    from adaspec.bench.sweep import run_sweep
+
+    res = run_sweep(sweep_config_from_args(args))
+    if "report" in res:
+        print(f"report: {res['report']['report_md']}  plot: {res['report']['frontier_png']}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from adaspec.bench.report import write_report
+
+    res = write_report(args.dir, html_too=args.html)
+    print(res["markdown"])
+    print(f"\nwritten: {res['report_md']}, {res['frontier_png']}" + (f", {res['report_html']}" if args.html else ""),
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,56 @@
+"""The facts a published figure must name: hardware, engine commit, time."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict:
+    """GPU name and count when torch sees CUDA, else the CPU model and core count."""
+    info: dict = {"cpu": cpu_model(), "cpu_cores": os.cpu_count(), "gpu": None, "gpu_count": 0}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu_count"] = torch.cuda.device_count()
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # torch missing or broken CUDA: still a valid CPU description
+        pass
+    return info
+
+
+def engine_commit() -> str | None:
+    """`git rev-parse HEAD` of the adaspec checkout (with "-dirty" when it has local changes)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def describe_hardware(h: dict) -> str:
+    if h.get("gpu"):
+        return f"{h['gpu_count']} x {h['gpu']} (host CPU: {h.get('cpu')}, {h.get('cpu_cores')} cores)"
+    return f"CPU only: {h.get('cpu')}, {h.get('cpu_cores')} cores"

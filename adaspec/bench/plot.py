@@ -1,0 +1,54 @@
+"""The frontier plot: per-user tok/s (x) against output tok/s (y), one line per arm."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from adaspec.bench.aggregate import Cell
+from adaspec.bench.pareto import Point, pareto_edge, staircase
+
+X, Y = "median_per_user_tok_s", "output_throughput"
+
+
+def cell_points(cells: dict[tuple[str, int], Cell]) -> list[Point]:
+    """(arm, concurrency) cells that have both coordinates, as Pareto points with their spread."""
+    pts = []
+    for (arm, c), cell in cells.items():
+        x, y = cell.mean.get(X), cell.mean.get(Y)
+        if x is None or y is None:
+            continue
+        pts.append(Point((arm, c), x, y, cell.std.get(X) or 0.0, cell.std.get(Y) or 0.0))
+    return pts
+
+
+def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str | Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a display
+    import matplotlib.pyplot as plt
+
+    pts = cell_points(cells)
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    for arm in arms:
+        mine = sorted((p for p in pts if p.key[0] == arm), key=lambda p: p.key[1])
+        if not mine:
+            continue
+        line = ax.errorbar([p.x for p in mine], [p.y for p in mine], xerr=[p.x_std for p in mine],
+                           yerr=[p.y_std for p in mine], marker="o", capsize=3, label=arm)
+        for p in mine:
+            ax.annotate(f"C={p.key[1]}", (p.x, p.y), textcoords="offset points", xytext=(5, 4),
+                        fontsize=7, color=line[0].get_color())
+    edge = pareto_edge(pts)
+    if edge:
+        xs, ys = staircase(edge)
+        ax.plot(xs, ys, linestyle="--", color="black", linewidth=1.2, alpha=0.7, label="Pareto edge (all arms)")
+    ax.set_xlabel("per-user speed, tok/s (median over requests)")
+    ax.set_ylabel("output throughput, tok/s")
+    ax.set_title(title or "Throughput vs per-user speed")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,208 @@
+"""`adaspec bench report DIR`: tables, frontier plot, per-concurrency verdict, conditions."""
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
+from adaspec.bench.conditions import describe_hardware
+from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
+from adaspec.bench.plot import X, Y, cell_points, plot_frontier
+from adaspec.errors import AdaspecError
+
+
+class ReportError(AdaspecError):
+    """A directory with nothing to report."""
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "–"
+    a = abs(v)
+    return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
+
+
+def mean_pm_std(cell: Cell | None, key: str) -> str:
+    if cell is None or cell.mean.get(key) is None:
+        return "–"
+    s = f"{_num(cell.mean[key])} ± {_num(cell.std[key])}" if cell.n > 1 else _num(cell.mean[key])
+    return s + (f" ({cell.failed} failed)" if cell.failed and key == Y else "")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def verdict_lines(cells: dict[tuple[str, int], Cell], arms: list[str]) -> list[str]:
+    """Per concurrency: arms dominated beyond spread, and each arm's distance to the global edge."""
+    pts = cell_points(cells)
+    edge = pareto_edge(pts)
+    on_edge = {p.key for p in edge}
+    lines = []
+    for c in sorted({k[1] for k in cells}):
+        here = [p for p in pts if p.key[1] == c]
+        if not here:
+            continue
+        dom = dominance(here)
+        parts = []
+        for arm in arms:
+            p = next((q for q in here if q.key[0] == arm), None)
+            if p is None:
+                continue
+            gy, gx = edge_gap(p, edge)
+            where = "on the edge" if p.key in on_edge else f"{gy:.1f}% below in throughput, {gx:.1f}% below in per-user speed"
+            parts.append(f"`{arm}` {where}")
+        doms = [f"`{a}` (by {', '.join(f'`{b[0]}`' for b in by)})" for (a, _), by in dom.items() if by]
+        head = f"- **C={c}**: dominated beyond spread: {', '.join(doms) if doms else 'none'}."
+        lines.append(head + " Distance to the edge: " + "; ".join(parts) + ".")
+    return lines
+
+
+def conditions_lines(manifest: dict | None) -> list[str]:
+    if not manifest:
+        return ["(no manifest.json: conditions unknown)"]
+    m = manifest
+    hw = m.get("hardware") or {}
+    lines = [
+        f"- hardware: {describe_hardware(hw) if hw else 'unknown'}",
+        f"- model: `{m.get('model')}`; drafter: `{m.get('drafter')}`",
+        f"- engine commit: `{m.get('engine_commit')}`",
+        f"- prompts: {json.dumps(m.get('prompts'))}",
+        f"- output length: {m.get('output_len')} tokens (ignore_eos: {m.get('ignore_eos')}); "
+        f"temperature: {m.get('temperature')}; endpoint: {m.get('endpoint')}",
+        f"- repeats: {m.get('repeats')}; concurrency: {m.get('concurrency')}; warm-up requests per point: {m.get('num_warmups')}",
+        f"- started {m.get('start_time')}, ended {m.get('end_time')}",
+        "- arms:",
+    ]
+    for a in m.get("arms", []):
+        where = f" at {a['base_url']} (not started by the sweep)" if a.get("base_url") else ""
+        lines.append(f"  - `{a['name']}`: speculative_config = `{json.dumps(a.get('speculative_config'))}`{where}")
+    return lines
+
+
+def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png_name: str = "frontier.png") -> str:
+    cells = aggregate(points)
+    arms = arms_in_order(points, manifest)
+    concs = sorted({c for _, c in cells})
+    reps = max((c.n for c in cells.values()), default=0)
+    md = ["# adaspec benchmark report", ""]
+    md += ["## Conditions", ""] + conditions_lines(manifest) + [""]
+    spread = f"mean ± sample std over {reps} repeats" if reps > 1 else "one repeat, no spread"
+    md += [f"## Output throughput (tok/s, {spread})", ""]
+    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), Y) for a in arms] for c in concs]) + [""]
+    md += [f"## Per-user speed (tok/s, median over requests; {spread})", ""]
+    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), X) for a in arms] for c in concs]) + [""]
+    md += ["## Latency (ms, mean over repeats): TTFT p50 / TTFT p99 / ITL p99 (per chunk)", ""]
+
+    def lat(cell):
+        if cell is None:
+            return "–"
+        return " / ".join(_num(cell.mean.get(k)) for k in ("median_ttft_ms", "p99_ttft_ms", "p99_itl_ms"))
+
+    md += table(["C"] + arms, [[str(c)] + [lat(cells.get((a, c))) for a in arms] for c in concs]) + [""]
+    if any(cl.mean.get("spec_acceptance_rate") is not None for cl in cells.values()):
+        md += ["## Speculation (from /metrics): acceptance rate / mean accepted length", ""]
+
+        def spec(cell):
+            if cell is None or cell.mean.get("spec_acceptance_rate") is None:
+                return "–"
+            return f"{cell.mean['spec_acceptance_rate']:.3f} / {_num(cell.mean.get('spec_mean_accepted_length'))}"
+
+        md += table(["C"] + arms, [[str(c)] + [spec(cells.get((a, c))) for a in arms] for c in concs]) + [""]
+    md += ["## Frontier", "", f"![frontier]({png_name})", ""]
+    md += ["x = per-user speed, y = output throughput; dashed: the Pareto edge over all arms "
+           "(a staircase: only measured points are taken as reachable).", ""]
+    md += ["## Verdict per concurrency", ""]
+    md += ["Dominated beyond spread = worse on both axes than another arm at the same concurrency, "
+           "by more than both spreads (mean + std < other's mean − std). Distance to the edge: how much "
+           "less throughput than the best point at least as fast per user, and how much slower per user "
+           "than the best point with at least as much throughput.", ""]
+    md += verdict_lines(cells, arms) + [""]
+    failed = sum(c.failed for c in cells.values())
+    missing = sum(c.usage_missing for c in cells.values())
+    if failed or missing:
+        md += ["## Warnings", ""]
+        if failed:
+            md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
+        if missing:
+            md.append(f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).")
+        md.append("")
+    return "\n".join(md)
+
+
+def md_to_html(md: str, title: str = "adaspec benchmark report") -> str:
+    """HTML for the Markdown subset build_markdown writes (headings, tables, lists, images)."""
+
+    def inline(s: str) -> str:
+        s = html.escape(s)
+        s = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", r'<img alt="\1" src="\2" style="max-width:100%">', s)
+        s = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", s)
+        return re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+           "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+           "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}</style></head><body>"]
+    lines = md.split("\n")
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("#"):
+            level = len(ln) - len(ln.lstrip("#"))
+            out.append(f"<h{level}>{inline(ln[level:].strip())}</h{level}>")
+        elif ln.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip("|").split("|")])
+                i += 1
+            out.append("<table><tr>" + "".join(f"<th>{inline(c)}</th>" for c in rows[0]) + "</tr>")
+            out += ["<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows[2:]]
+            out.append("</table>")
+            continue
+        elif ln.lstrip().startswith("- "):
+            out.append("<ul>")
+            while i < len(lines) and lines[i].lstrip().startswith("- "):
+                out.append(f"<li>{inline(lines[i].lstrip()[2:])}</li>")
+                i += 1
+            out.append("</ul>")
+            continue
+        elif ln.strip():
+            out.append(f"<p>{inline(ln)}</p>")
+        i += 1
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    p = out_dir / "manifest.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_report(out_dir: str | Path, html_too: bool = False) -> dict:
+    """Writes report.md and frontier.png (and report.html); returns their paths and the Markdown."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise ReportError(f"{out_dir} is not a directory")
+    points = load_points(out_dir)
+    if not points:
+        raise ReportError(f"no complete point files in {out_dir / 'points'}; run `adaspec bench sweep --out {out_dir}` first")
+    manifest = read_manifest(out_dir)
+    cells = aggregate(points)
+    arms = arms_in_order(points, manifest)
+    title = f"{(manifest or {}).get('model', '')}: throughput vs per-user speed"
+    png = plot_frontier(cells, arms, out_dir / "frontier.png", title=title)
+    md = build_markdown(out_dir, manifest, points, png.name)
+    md_path = out_dir / "report.md"
+    md_path.write_text(md + "\n", encoding="utf-8")
+    res = {"markdown": md, "report_md": md_path, "frontier_png": png}
+    if html_too:
+        h = out_dir / "report.html"
+        h.write_text(md_to_html(md), encoding="utf-8")
+        res["report_html"] = h
+    return res

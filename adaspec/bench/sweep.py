@@ -1,0 +1,208 @@
+"""`adaspec bench sweep`: every arm x concurrency x repeat, one point file each, resumable.
+
+For each arm it starts one `adaspec serve` (or uses the --base-url the user gave), runs the
+points, stops the server. A point file exists only once its run finished (atomic rename), so
+a rerun with the same --out continues where the last one stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adaspec.bench import conditions
+from adaspec.bench.arms import Arm, external_arm
+from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
+
+# Conditions that must match for a resumed sweep to continue in the same directory.
+_SAME = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256")
+
+
+@dataclass
+class SweepConfig:
+    out: Path
+    model: str | None  # None only with base_urls: each server is asked what it serves
+    arms: list[Arm]
+    concurrency: list[int]
+    prompts: list[str]  # the pool; each point takes max(num_prompts, C) from it, cycling
+    prompts_desc: dict
+    num_prompts: int
+    repeats: int = 3
+    drafter: str | None = None
+    base_urls: dict[str, str] = field(default_factory=dict)  # arm name -> URL of a server we did not start
+    output_len: int = 128
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    endpoint: str = "completions"
+    num_warmups: int = 2
+    api_key: str | None = None
+    seed: int = 0
+    server_args: list[str] = field(default_factory=list)
+    startup_timeout: float = 600.0
+    progress: bool = True
+    report: bool = True
+    log: callable = print
+
+
+def point_path(out: Path, arm: Arm, c: int, r: int) -> Path:
+    return out / "points" / f"{arm.slug}_c{c}_r{r}.json"
+
+
+def point_done(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()).get("complete"))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def prompts_for(cfg: SweepConfig, c: int) -> list[str]:
+    # At least C prompts, or the point never reaches its concurrency.
+    n = max(cfg.num_prompts, c)
+    return [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
+
+
+def arm_record(cfg: SweepConfig, arm: Arm) -> dict:
+    rec = {"name": arm.name, "kind": arm.kind, "k": arm.k}
+    if arm.name in cfg.base_urls:
+        rec["base_url"] = cfg.base_urls[arm.name]
+        # The sweep cannot see how an external server was configured; it says so.
+        rec["speculative_config"] = "set by the external server"
+    else:
+        rec["speculative_config"] = arm.speculative_config(cfg.drafter, cfg.temperature)
+        rec["server_args"] = cfg.server_args
+    return rec
+
+
+def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
+    sha = hashlib.sha256("\x1e".join(cfg.prompts).encode()).hexdigest()
+    m = {
+        "model": cfg.model,
+        "drafter": cfg.drafter,
+        "output_len": cfg.output_len,
+        "ignore_eos": cfg.ignore_eos,
+        "temperature": cfg.temperature,
+        "endpoint": cfg.endpoint,
+        "prompts": cfg.prompts_desc,
+        "prompts_sha256": sha,
+        "num_prompts": cfg.num_prompts,
+        "num_prompts_rule": "each point sends max(num_prompts, concurrency) prompts",
+        "num_warmups": cfg.num_warmups,
+        "seed": cfg.seed,
+        "hardware": conditions.hardware(),
+        "engine_commit": conditions.engine_commit(),
+    }
+    if old:
+        diff = [k for k in _SAME if old.get(k) != m[k]]
+        if diff:
+            raise BenchError(
+                f"{cfg.out} holds a sweep with other conditions ({', '.join(f'{k}: {old.get(k)!r} -> {m[k]!r}' for k in diff)}); "
+                "use a new --out directory"
+            )
+    arms = {a["name"]: a for a in (old or {}).get("arms", [])}
+    for arm in cfg.arms:
+        arms[arm.name] = arm_record(cfg, arm)
+    m["arms"] = list(arms.values())
+    m["concurrency"] = sorted(set((old or {}).get("concurrency", [])) | set(cfg.concurrency))
+    m["repeats"] = max((old or {}).get("repeats", 0), cfg.repeats)
+    m["start_time"] = (old or {}).get("start_time") or conditions.now_iso()
+    m["end_time"] = None
+    m["runs"] = (old or {}).get("runs", [])
+    return m
+
+
+def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path) -> dict:
+    bc = BenchConfig(
+        base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
+        max_concurrency=c, output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
+        num_warmups=min(cfg.num_warmups, max(1, c)) if cfg.num_warmups else 0, endpoint=cfg.endpoint,
+        api_key=cfg.api_key, seed=cfg.seed + 1000 * r, label=f"{arm.name} C={c} r={r}", progress=cfg.progress,
+        extra={"arm": arm.name, "concurrency": c, "repeat": r},
+    )
+    res = run_benchmark(bc)
+    # A point where nothing completed says nothing about the arm: keep it for inspection but
+    # not as done, so a rerun measures it again.
+    res["complete"] = res["completed"] > 0
+    write_json_atomic(str(path), res)
+    return res
+
+
+def run_sweep(cfg: SweepConfig) -> dict:
+    from adaspec.bench.server import ServerProcess, ServerStartError
+
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    mpath = out / "manifest.json"
+    old = json.loads(mpath.read_text()) if mpath.is_file() else None
+    manifest = build_manifest(cfg, old)
+    run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0}
+    manifest["runs"].append(run)
+    write_json_atomic(str(mpath), manifest)
+
+    for arm in cfg.arms:
+        todo = [(c, r) for c in cfg.concurrency for r in range(cfg.repeats) if not point_done(point_path(out, arm, c, r))]
+        run["points_skipped"] += len(cfg.concurrency) * cfg.repeats - len(todo)
+        if not todo:
+            cfg.log(f"[{arm.name}] all {len(cfg.concurrency) * cfg.repeats} points done, skipped")
+            continue
+        server = None
+        if arm.name in cfg.base_urls:
+            url = cfg.base_urls[arm.name]
+        else:
+            spec = arm.speculative_config(cfg.drafter, cfg.temperature)
+            server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout)
+            cfg.log(f"[{arm.name}] starting server: {' '.join(server.command())}")
+            server.start()
+            url = server.url
+        try:
+            for c, r in todo:
+                res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r))
+                run["points_run"] += 1
+                cfg.log(
+                    f"[{arm.name}] C={c} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
+                    f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"
+                )
+                if server is not None and server.proc.poll() is not None:
+                    from adaspec.bench.server import tail
+
+                    raise ServerStartError(f"server for arm {arm.name} died (code {server.proc.returncode}):\n{tail(server.log_path)}")
+        finally:
+            if server is not None:
+                server.stop()
+        write_json_atomic(str(mpath), manifest)
+
+    run["end"] = manifest["end_time"] = conditions.now_iso()
+    write_json_atomic(str(mpath), manifest)
+    result = {"manifest": manifest, "out": out}
+    if cfg.report:
+        from adaspec.bench.report import write_report
+
+        result["report"] = write_report(out, html_too=False)
+    return result
+
+
+def _f(v) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+def parse_base_urls(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for it in items or []:
+        if "=" not in it:
+            raise BenchError(f"--base-url takes ARM=URL (e.g. none=http://127.0.0.1:8000), got {it!r}")
+        name, url = it.split("=", 1)
+        if not name or not url:
+            raise BenchError(f"--base-url takes ARM=URL, got {it!r}")
+        if name in out:
+            raise BenchError(f"--base-url names arm {name!r} twice")
+        out[name] = url
+    return out
+
+
+def arms_for(arms_text: str | None, base_urls: dict[str, str]) -> list[Arm]:
+    """Arms to run: from --base-url when given (servers we did not start), else from --arms."""
+    from adaspec.bench.arms import parse_arms
+
+    if base_urls:
+        return [external_arm(n) for n in base_urls]
+    return parse_arms(arms_text or "none,fixed:1,fixed:3,fixed:7,adaptive:7")
