@@ -1,0 +1,93 @@
+"""`adaspec serve MODEL`: the OpenAI-compatible HTTP server (flags follow `vllm serve`).
+
+Only argparse at import time: the server stack and torch load inside the handler, so
+`adaspec --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+from adaspec.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '4GiB', '512MiB', '2GB' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes or e.g. 512MiB, 4GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)",
+        description="Serve MODEL over an OpenAI-compatible HTTP API. SIGTERM drains: new requests get "
+                    "503, running ones get --drain-timeout seconds, then the server exits 0.")
+    p.add_argument("model", metavar="MODEL", help="HF model directory or embedded model name")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding configuration as a JSON object")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) clients use; default: MODEL as given")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV block count")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="BYTES",
+                   help="KV cache size, e.g. 4GiB (ignored when --num-kv-blocks is given)")
+    p.add_argument("--enforce-eager", action="store_true", default=None)
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen"])
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds running requests get after SIGTERM before being aborted (default 30)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=_handler)
+
+
+_ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
+                 "num_kv_blocks", "kv_cache_memory", "enforce_eager", "dtype", "device", "attention_backend",
+                 "seed", "speculative_config")
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    from adaspec.config import EngineConfig
+
+    # Only flags the user gave: EngineConfig's defaults stay the single source of defaults.
+    kwargs = {k: getattr(args, k) for k in _ENGINE_FLAGS if getattr(args, k, None) is not None}
+    return EngineConfig(model=args.model, **kwargs)
+
+
+def settings_from_args(args: argparse.Namespace):
+    from adaspec.serve.state import ServerSettings
+
+    if args.max_queue is not None and args.max_queue < 1:
+        raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.drain_timeout < 0:
+        raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
+                          api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    config = engine_config_from_args(args)
+    settings = settings_from_args(args)
+    from adaspec.serve.server import run
+
+    def factory():
+        from adaspec.engine.llm_engine import LLMEngine
+
+        return LLMEngine(config)
+
+    return run(factory, settings, args.host, args.port, args.log_level)

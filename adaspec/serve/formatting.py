@@ -1,0 +1,111 @@
+"""OpenAI response and stream-chunk bodies (plain dicts) for completions and chat."""
+from __future__ import annotations
+
+import json
+
+_MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _lp(v: float) -> float:
+    return max(float(v), _MIN_LOGPROB)
+
+
+class LogprobFormatter:
+    """Turns the engine's per-token ``{token_id: logprob}`` dicts into OpenAI's shapes."""
+
+    def __init__(self, tokenizer, top_n: int):
+        self.tok = tokenizer
+        self.top_n = top_n
+        self.offset = 0  # completions' text_offset runs across chunks
+
+    def _s(self, tid: int) -> str:
+        return self.tok.decode([tid])
+
+    def _top(self, d: dict[int, float]) -> list[tuple[int, float]]:
+        return sorted(d.items(), key=lambda kv: -kv[1])[: self.top_n]
+
+    def completion(self, ids: list[int], lps: list[dict[int, float]]) -> dict:
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for tid, d in zip(ids, lps):
+            s = self._s(tid)
+            out["tokens"].append(s)
+            out["token_logprobs"].append(_lp(d.get(tid, _MIN_LOGPROB)))
+            out["top_logprobs"].append({self._s(t): _lp(v) for t, v in self._top(d)})
+            out["text_offset"].append(self.offset)
+            self.offset += len(s)
+        return out
+
+    def chat(self, ids: list[int], lps: list[dict[int, float]]) -> dict:
+        content = []
+        for tid, d in zip(ids, lps):
+            s = self._s(tid)
+            content.append({"token": s, "logprob": _lp(d.get(tid, _MIN_LOGPROB)), "bytes": list(s.encode()),
+                            "top_logprobs": [{"token": (ts := self._s(t)), "logprob": _lp(v),
+                                              "bytes": list(ts.encode())} for t, v in self._top(d)]})
+        return {"content": content}
+
+
+class Formatter:
+    """Builds the bodies of one request; ``chat`` picks the chat or the text-completion shape."""
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str, lp: LogprobFormatter | None):
+        self.chat, self.rid, self.created, self.model, self.lp = chat, rid, created, model, lp
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    def _logprobs(self, ids, lps):
+        if self.lp is None or lps is None:
+            return None
+        return self.lp.chat(ids, lps) if self.chat else self.lp.completion(ids, lps)
+
+    def response(self, text: str, ids: list[int], lps, finish: str | None, stop_reason, use: dict) -> dict:
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        choice = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=self._logprobs(ids, lps), finish_reason=finish, stop_reason=stop_reason)
+        body.update(choices=[choice], usage=use)
+        return body
+
+    def role_chunk(self, with_usage: bool) -> dict:
+        body = self._head("chat.completion.chunk")
+        body["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}]
+        if with_usage:
+            body["usage"] = None
+        return body
+
+    def chunk(self, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool) -> dict:
+        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        choice = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": delta} if delta or not finish else {}
+        else:
+            choice["text"] = delta
+        choice.update(logprobs=self._logprobs(ids, lps), finish_reason=finish)
+        if finish is not None:
+            choice["stop_reason"] = stop_reason
+        body["choices"] = [choice]
+        if with_usage:  # OpenAI sends usage: null on every chunk but the last when asked
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, use: dict) -> dict:
+        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        body.update(choices=[], usage=use)
+        return body

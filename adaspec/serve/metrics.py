@@ -1,0 +1,122 @@
+"""Prometheus metrics (names close to vLLM's, prefix ``adaspec:``) on a private registry.
+
+The engine's counters (``engine.stats``) are cumulative and may only be read by the engine
+thread, so that thread calls :meth:`ServerMetrics.after_step` and this module adds the delta
+since the previous read. prometheus-client's metric objects are thread-safe, so the HTTP side
+can render them at scrape time while the engine thread updates them.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 2.5, 5.0, 10.0, 20.0, 80.0)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+# engine.stats field -> counter name (suffix _total is added by prometheus-client)
+_STAT_COUNTERS = {
+    "num_prompt_tokens": ("prompt_tokens", "Prefilled prompt tokens."),
+    "num_generated_tokens": ("generation_tokens", "Generated (emitted) tokens."),
+    "num_preemptions": ("num_preemptions", "Requests preempted for lack of KV blocks."),
+    "num_steps": ("engine_steps", "Engine steps run."),
+    "num_drafts": ("spec_decode_num_drafts", "Speculative drafts proposed (one per request per step)."),
+    "num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens proposed."),
+    "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target."),
+    "num_verified_tokens": ("spec_decode_num_verified_tokens", "Tokens scored by the target in verification."),
+}
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        r, L = self.registry, ["model_name"]
+
+        def counter(name, doc, labels=()):
+            return Counter(f"adaspec:{name}", doc, L + list(labels), registry=r)
+
+        self.request_success = counter("request_success", "Finished requests.", ["finished_reason"])
+        self.request_errors = counter("request_errors", "Requests refused with an HTTP error.", ["status"])
+        self.running = Gauge("adaspec:num_requests_running", "Requests in the running batch.", L, registry=r)
+        self.waiting = Gauge("adaspec:num_requests_waiting", "Requests waiting to be scheduled.", L, registry=r)
+        self.kv_usage = Gauge("adaspec:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", L, registry=r)
+        self.ttft = Histogram("adaspec:time_to_first_token_seconds", "Arrival to first token.", L,
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("adaspec:inter_token_latency_seconds",
+                             "Time between consecutive output chunks of a request (one chunk per step).",
+                             L, buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("adaspec:e2e_request_latency_seconds", "Arrival to finish.", L,
+                             buckets=_E2E_BUCKETS, registry=r)
+        self.stat_counters = {f: counter(n, d) for f, (n, d) in _STAT_COUNTERS.items()}
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by draft position (0 = first).", ["position"])
+        self.budget_steps = counter("spec_decode_budget_steps",
+                                    "Engine steps by the speculation budget B used.", ["budget"])
+        self._last: dict[str, float] = {}
+        self._last_pos: list[float] = []
+        self._last_budget: dict[str, float] = {}
+        self._last_chunk: dict[str, float] = {}  # request id -> time of its previous chunk
+
+    def _c(self, c: Counter, **labels):
+        return c.labels(model_name=self.model_name, **labels)
+
+    def _g(self, g):
+        return g.labels(model_name=self.model_name)
+
+    # ---- called from the engine thread only ----
+    def update_engine(self, engine) -> None:
+        """Gauges and counter deltas from the engine (engine thread only)."""
+        self._g(self.running).set(engine.num_running())
+        self._g(self.waiting).set(engine.num_waiting())
+        total = engine.kv_blocks_total()
+        self._g(self.kv_usage).set(1.0 - engine.kv_blocks_free() / total if total else 0.0)
+        stats = getattr(engine, "stats", None)
+        if stats is None:
+            return
+        for field, c in self.stat_counters.items():
+            v = getattr(stats, field, None)
+            if v is None:
+                continue
+            d = v - self._last.get(field, 0)
+            if d > 0:
+                self._c(c).inc(d)
+            self._last[field] = v
+        pos = list(getattr(stats, "accepted_per_pos", None) or [])
+        for i, v in enumerate(pos):
+            d = v - (self._last_pos[i] if i < len(self._last_pos) else 0)
+            if d > 0:
+                self._c(self.accepted_per_pos, position=str(i)).inc(d)
+        self._last_pos = pos
+        hist = dict(getattr(stats, "budget_hist", None) or {})
+        for b, v in hist.items():
+            d = v - self._last_budget.get(str(b), 0)
+            if d > 0:
+                self._c(self.budget_steps, budget=str(b)).inc(d)
+            self._last_budget[str(b)] = v
+
+    def on_chunk(self, request_id: str, first_chunk: bool, arrival: float, first_token_time: float | None) -> None:
+        now = time.monotonic()
+        if first_chunk:
+            self._c(self.ttft).observe(max(0.0, (first_token_time or now) - arrival))
+        else:
+            prev = self._last_chunk.get(request_id)
+            if prev is not None:
+                self._c(self.itl).observe(max(0.0, now - prev))
+        self._last_chunk[request_id] = now
+
+    def on_finish(self, request_id: str, reason: str, arrival: float) -> None:
+        self._last_chunk.pop(request_id, None)
+        self._c(self.request_success, finished_reason=reason).inc()
+        self._c(self.e2e).observe(max(0.0, time.monotonic() - arrival))
+
+    # ---- any thread ----
+    def on_error(self, status: int) -> None:
+        self._c(self.request_errors, status=str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

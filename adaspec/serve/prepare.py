@@ -1,0 +1,126 @@
+"""Turn a validated request body into (prompt token ids, SamplingParams), or a 400.
+
+The prompt is tokenized here, on the event loop, so length errors are answered before the
+request reaches the engine and the chat default ``max_tokens`` (the rest of the context) can
+be computed.
+"""
+from __future__ import annotations
+
+from adaspec.errors import InvalidRequestError
+from adaspec.sampling_params import SamplingParams
+from adaspec.serve.errors import APIError
+from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from adaspec.serve.state import ServeState
+
+
+def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
+    return APIError(400, msg, param, code)
+
+
+def _reject_unsupported(req) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            raise _bad(f"{name} is not supported by adaspec (only 0).", name, "unsupported_parameter")
+    if req.repetition_penalty not in (None, 1, 1.0):
+        raise _bad("repetition_penalty is not supported by adaspec (only 1).", "repetition_penalty",
+                   "unsupported_parameter")
+    if req.logit_bias:
+        raise _bad("logit_bias is not supported by adaspec.", "logit_bias", "unsupported_parameter")
+    if req.stream_options is not None and not req.stream:
+        raise _bad("stream_options is only allowed when stream is true.", "stream_options")
+
+
+def _check_ids(state: ServeState, ids: list[int], param: str) -> None:
+    vocab = getattr(state.tokenizer, "vocab_size", None)
+    for t in ids:
+        if t < 0 or (isinstance(vocab, int) and t >= vocab):
+            raise _bad(f"Token id {t} is out of the vocabulary.", param)
+
+
+def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, param: str) -> None:
+    limit = state.max_model_len
+    if n_prompt == 0:
+        raise _bad("The prompt is empty.", param)
+    if n_prompt >= limit:
+        raise _bad(f"This model's maximum context length is {limit} tokens, and your prompt has "
+                   f"{n_prompt} tokens, leaving no room to generate. Shorten the prompt.",
+                   param, "context_length_exceeded")
+    if max_tokens is not None and n_prompt + max_tokens > limit:
+        raise _bad(f"This model's maximum context length is {limit} tokens. However, you requested "
+                   f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
+                   f"completion). Reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
+
+
+def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    return SamplingParams(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else req.top_k,
+        seed=req.seed,
+        max_tokens=max_tokens,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+
+
+def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise _bad("adaspec takes one prompt per request; send a batch as separate requests.", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return list(state.tokenizer.encode(prompt))
+    ids = list(prompt)
+    _check_ids(state, ids, "prompt")
+    return ids
+
+
+def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[int], SamplingParams]:
+    _reject_unsupported(req)
+    if req.best_of not in (None, 1):
+        raise _bad("best_of must be 1: adaspec returns one completion per request.", "best_of")
+    if req.echo:
+        raise _bad("echo is not supported by adaspec.", "echo", "unsupported_parameter")
+    if req.suffix:
+        raise _bad("suffix is not supported by adaspec.", "suffix", "unsupported_parameter")
+    params = _params(req, req.max_tokens, req.logprobs)
+    ids = completion_prompt_ids(state, req.prompt)
+    _check_length(state, len(ids), params.max_tokens, "prompt")
+    return ids, params
+
+
+def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:
+    text = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages])
+    return list(state.tokenizer.encode(text))
+
+
+def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+    _reject_unsupported(req)
+    if req.tools:
+        raise _bad("tools are not supported by adaspec.", "tools", "unsupported_parameter")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise _bad("response_format other than text is not supported by adaspec.", "response_format",
+                   "unsupported_parameter")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise _bad("top_logprobs requires logprobs to be true.", "top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    try:
+        params = _params(req, max_tokens, logprobs)
+    except InvalidRequestError as e:
+        if e.param == "logprobs":  # chat's name for the count
+            raise InvalidRequestError(str(e).replace("logprobs", "top_logprobs", 1), "top_logprobs") from None
+        if e.param == "max_tokens" and req.max_completion_tokens is not None:
+            raise InvalidRequestError(str(e).replace("max_tokens", "max_completion_tokens", 1),
+                                      "max_completion_tokens") from None
+        raise
+    ids = chat_prompt_ids(state, req.messages)
+    _check_length(state, len(ids), params.max_tokens, "messages")
+    if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
+        params.max_tokens = state.max_model_len - len(ids)
+    return ids, params

@@ -1,0 +1,94 @@
+"""Request bodies of the OpenAI-compatible API, as pydantic models.
+
+Strict types (``"5"`` is not an int, ``1`` is not a bool) because OpenAI rejects them too and a
+silently coerced parameter is worse than a clear 400. Unknown fields are ignored, as in vLLM,
+so clients that send newer OpenAI fields keep working.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None  # absent: the (first) served model, as vLLM does
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension (vLLM)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    ignore_eos: bool = False  # extension (vLLM)
+    include_stop_str_in_output: bool = False  # extension (vLLM)
+    skip_special_tokens: bool = True  # extension (vLLM)
+    # Accepted only at their neutral values: adaspec does not implement them, and silently
+    # ignoring a non-neutral value would return something other than what was asked for.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    # One prompt per request: a string, a token-id list, or a one-element batch of either.
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # absent: the rest of the context window (vLLM)
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]

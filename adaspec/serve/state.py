@@ -1,0 +1,44 @@
+"""What the routes share: settings, the engine thread, and the drain state."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from adaspec.serve.errors import APIError
+
+
+@dataclass
+class ServerSettings:
+    served_model_names: list[str]  # the first one is reported in responses
+    model_path: str = ""  # what the engine was loaded from (GET /v1/models "root")
+    api_key: str | None = None
+    max_queue: int | None = None  # None: unlimited
+    drain_timeout: float = 30.0  # seconds running requests get after SIGTERM before being aborted
+
+
+@dataclass
+class ServeState:
+    settings: ServerSettings
+    engine_thread: object  # adaspec.serve.engine_thread.EngineThread
+    draining: bool = False
+    inflight: int = 0  # generation requests between submit and their response's end
+    accepted_names: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        engine = self.engine_thread.engine
+        # read-only after load, so the event loop may use them (the tokenizer is stateless)
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = int(engine.max_model_len)
+        self.model_name = self.settings.served_model_names[0]
+        self.accepted_names = set(self.settings.served_model_names)
+        # a client may name the model by its path or by the engine's name when none was set
+        if self.settings.model_path and self.settings.model_path == self.model_name:
+            self.accepted_names.add(str(getattr(engine, "model_name", self.model_name)))
+
+    @property
+    def metrics(self):
+        return self.engine_thread.metrics
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.accepted_names:
+            raise APIError(404, f"The model `{model}` does not exist. Served: "
+                                f"{', '.join(sorted(self.accepted_names))}.", "model", "model_not_found")
