@@ -37,13 +37,14 @@ class ServerProcess:
     (a pipe nobody reads would fill and block the server)."""
 
     def __init__(self, model: str, spec_config: dict | None, log_path: Path, extra_args: list[str] | None = None,
-                 startup_timeout: float = 600.0, python: str | None = None):
+                 startup_timeout: float = 600.0, launcher: list[str] | None = None):
         self.model = model
         self.spec_config = spec_config
         self.log_path = Path(log_path)
         self.extra_args = list(extra_args or [])
         self.startup_timeout = startup_timeout
-        self.python = python or sys.executable
+        # What runs `serve ...`; tests swap in a fake server with the same arguments.
+        self.launcher = list(launcher or [sys.executable, "-m", "adaspec.cli"])
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -52,7 +53,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [self.python, "-m", "adaspec.cli", "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = self.launcher + ["serve", self.model, "--host", "127.0.0.1", "--port", str(self.port)]
         if self.spec_config is not None:
             cmd += ["--speculative-config", json.dumps(self.spec_config)]
         return cmd + self.extra_args

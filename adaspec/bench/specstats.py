@@ -11,7 +11,9 @@ SUFFIXES = {
     "spec_decode_num_accepted_tokens": "accepted_tokens",
     "spec_decode_num_verified_tokens": "verified_tokens",
     "spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+    "spec_decode_budget_steps": "budget_steps",  # adaspec only: engine steps by verification budget B
 }
+_LABELED = {"accepted_per_pos": "position", "budget_steps": "budget"}
 
 
 def parse_spec_counters(text: str) -> dict:
@@ -29,10 +31,10 @@ def parse_spec_counters(text: str) -> dict:
             key = next((k for suf, k in SUFFIXES.items() if name.endswith(suf)), None)
             if key is None:
                 continue
-            if key == "accepted_per_pos":
-                pos = int(s.labels.get("position", 0))
+            if key in _LABELED:
+                lab = int(float(s.labels.get(_LABELED[key], 0)))
                 d = out.setdefault(key, {})
-                d[pos] = d.get(pos, 0.0) + s.value
+                d[lab] = d.get(lab, 0.0) + s.value
             else:
                 out[key] = out.get(key, 0.0) + s.value
     return out
@@ -48,6 +50,7 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         spec_mean_verified_length=None,
         spec_accepted_per_pos=None,
         spec_acceptance_rate_per_pos=None,
+        spec_budget_steps=None,
     )
     if before is None or after is None:
         return res
@@ -68,6 +71,10 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         res["spec_accepted_per_pos"] = per
         if drafts:
             res["spec_acceptance_rate_per_pos"] = [x / drafts for x in per]
+    if "budget_steps" in after:
+        b = before.get("budget_steps", {})
+        moved = {str(k): after["budget_steps"][k] - b.get(k, 0.0) for k in sorted(after["budget_steps"])}
+        res["spec_budget_steps"] = {k: v for k, v in moved.items() if v}
     return res
 
 

@@ -43,6 +43,7 @@ class SweepConfig:
     progress: bool = True
     report: bool = True
     log: callable = print
+    launcher: list[str] | None = None  # replaces `python -m adaspec.cli` (tests)
 
 
 def point_path(out: Path, arm: Arm, c: int, r: int) -> Path:
@@ -150,7 +151,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
             url = cfg.base_urls[arm.name]
         else:
             spec = arm.speculative_config(cfg.drafter, cfg.temperature)
-            server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout)
+            server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout,
+                                   cfg.launcher)
             cfg.log(f"[{arm.name}] starting server: {' '.join(server.command())}")
             server.start()
             url = server.url

@@ -31,7 +31,7 @@ SPEC_PER_POS = [2, 2, 1, 0, 0, 0, 0]
 
 class FakeServer:
     def __init__(self, scripts: dict[str, Script], prefix: str = "adaspec:", metrics: bool = True,
-                 default: Script | None = None):
+                 default: Script | None = None, port: int = 0):
         self.scripts = scripts
         self.default = default
         self.prefix = prefix
@@ -41,7 +41,7 @@ class FakeServer:
         self.requests: list[dict] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.port = None
+        self.port = port
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> "FakeServer":
@@ -68,7 +68,7 @@ class FakeServer:
             app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 

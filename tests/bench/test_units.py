@@ -1,0 +1,97 @@
+"""Pure pieces: SSE parsing, weighted percentiles, /metrics parsing, prompt sets, arrivals."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from adaspec.bench import dataset
+from adaspec.bench.client import arrival_offsets
+from adaspec.bench.metrics import weighted_percentile
+from adaspec.bench.specstats import parse_spec_counters, spec_delta
+from adaspec.bench.sse import SSEParser
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=20))
+def test_sse_any_split(cuts):
+    stream = b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: {"b":\ndata: "\xc3\xa9"}\n\ndata: [DONE]\n\n'
+    p, got, pos = SSEParser(), [], 0
+    for c in cuts:
+        got += p.feed(stream[pos:pos + c])
+        pos += c
+    got += p.feed(stream[pos:]) + p.close()
+    assert got == ['{"a": 1}', '{"b":\n"é"}', "[DONE]"]
+
+
+def test_sse_unterminated_last_event():
+    p = SSEParser()
+    assert p.feed(b"data: x") == [] and p.close() == ["x"]
+
+
+@given(st.lists(st.tuples(st.floats(0, 100, allow_nan=False), st.integers(1, 5)), min_size=1, max_size=30),
+       st.sampled_from([1, 10, 50, 90, 99, 100]))
+def test_weighted_percentile_equals_expanded(pairs, q):
+    vals = [v for v, _ in pairs]
+    wts = [w for _, w in pairs]
+    expanded = [v for v, w in pairs for _ in range(w)]
+    assert weighted_percentile(vals, wts, q) == pytest.approx(np.percentile(expanded, q, method="inverted_cdf"))
+
+
+def test_parse_real_prometheus_client_output():
+    r = CollectorRegistry()
+    for prefix in ("adaspec:", "vllm:"):
+        c = Counter(f"{prefix}spec_decode_num_drafts", "d", ["model_name"], registry=r)
+        c.labels(model_name="a").inc(3)
+        c.labels(model_name="b").inc(2)  # label sets are summed
+    pp = Counter("adaspec:spec_decode_num_accepted_tokens_per_pos", "p", ["model_name", "position"], registry=r)
+    pp.labels(model_name="a", position="1").inc(4)
+    pp.labels(model_name="a", position="0").inc(6)
+    Counter("adaspec:spec_decode_num_accepted_tokens", "a", registry=r).inc(10)
+    Counter("adaspec:spec_decode_num_draft_tokens", "t", registry=r).inc(20)
+    bs = Counter("adaspec:spec_decode_budget_steps", "b", ["budget"], registry=r)
+    bs.labels(budget="3").inc(5)
+    got = parse_spec_counters(generate_latest(r).decode())
+    assert got == {"drafts": 10.0, "accepted_per_pos": {0: 6.0, 1: 4.0}, "accepted_tokens": 10.0,
+                   "draft_tokens": 20.0, "budget_steps": {3: 5.0}}
+    before = {"drafts": 4.0, "accepted_tokens": 2.0, "draft_tokens": 8.0, "accepted_per_pos": {0: 2.0}}
+    d = spec_delta(before, got)
+    assert d["spec_num_drafts"] == 6 and d["spec_acceptance_rate"] == pytest.approx(8 / 12)
+    assert d["spec_mean_accepted_length"] == pytest.approx(1 + 8 / 6)
+    assert d["spec_accepted_per_pos"] == [4.0, 4.0]
+    assert d["spec_acceptance_rate_per_pos"] == pytest.approx([4 / 6, 4 / 6])
+    assert d["spec_budget_steps"] == {"3": 5.0}
+    assert spec_delta(None, got)["spec_num_drafts"] is None
+
+
+def test_datasets(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "one"}) + "\n\n" + json.dumps({"prompt": "two", "x": 1}) + "\n")
+    assert dataset.load_prompts("jsonl", 5, str(f)) == ["one", "two", "one", "two", "one"]
+    r1 = dataset.load_prompts("random", 3, random_input_len=7, seed=1)
+    assert r1 == dataset.load_prompts("random", 3, random_input_len=7, seed=1)
+    assert r1 != dataset.load_prompts("random", 3, random_input_len=7, seed=2)
+    assert all(len(p.split()) == 7 for p in r1)
+    f.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(dataset.DatasetError, match=r"p.jsonl:2"):
+        dataset.load_prompts("jsonl", 1, str(f))
+    with pytest.raises(dataset.DatasetError, match="not found"):
+        dataset.load_prompts("jsonl", 1, str(tmp_path / "nope.jsonl"))
+
+
+def test_eval_code_is_packaged_or_clearly_missing():
+    if dataset.eval_code_path().is_file():
+        ps = dataset.load_prompts("eval-code", 3)
+        assert len(ps) == 3 and all(isinstance(p, str) and p for p in ps)
+    else:
+        with pytest.raises(dataset.DatasetError, match="eval-code prompt set is missing"):
+            dataset.load_prompts("eval-code", 3)
+
+
+def test_arrivals():
+    assert arrival_offsets(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
+    off = arrival_offsets(4000, 100.0, 1.0, 0)
+    assert off == sorted(off) and off[0] == 0
+    assert np.mean(np.diff(off)) == pytest.approx(0.01, rel=0.05)
+    bursty = np.diff(arrival_offsets(4000, 100.0, 0.25, 0))
+    assert np.std(bursty) > 1.5 * np.std(np.diff(off))  # gamma shape < 1: burstier than Poisson
