@@ -1,0 +1,250 @@
+"""LLMEngine: requests in, one batched step at a time, outputs out. Single-threaded by design:
+the server calls it from one engine thread (see docs/ENGINE_API.md)."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from adaspec.config import EngineConfig
+from adaspec.engine.block_manager import BlockManager
+from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
+from adaspec.engine.runner import ForwardItem, ModelRunner
+from adaspec.engine.sampler import logprobs_of, processed_probs, sample_from_probs
+from adaspec.engine.scheduler import ScheduledSeq, Scheduler
+from adaspec.engine.sequence import Sequence, SequenceStatus
+from adaspec.engine.stats import EngineStats
+from adaspec.engine.stop_checker import StopChecker
+from adaspec.errors import ConfigError, InvalidRequestError
+from adaspec.models.attention import varlen_available
+from adaspec.models.loader import load_target, model_dir, read_json, resolve_dtype
+from adaspec.models.registry import model_display_name, resolve_model_path
+from adaspec.models.tokenizer import Tokenizer
+from adaspec.outputs import CompletionOutput, RequestOutput
+from adaspec.sampling_params import SamplingParams
+
+log = logging.getLogger("adaspec.engine")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} was asked for but CUDA is not available; use --device cpu")
+    return dev
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        path = model_dir(config.model)
+        self.model_name = model_display_name(config.model)
+        self.model, self.model_config = load_target(path, self.dtype, self.device)
+        tok_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+        self.tokenizer = Tokenizer.from_dir(tok_path, read_json(path / "config.json", "config.json"))
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        if self.max_model_len > self.model_config.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
+                f"{self.model_config.max_position_embeddings}"
+            )
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "varlen" if varlen_available(self.device) else "reference"
+        elif backend == "varlen" and not varlen_available(self.device):
+            raise ConfigError("attention_backend 'varlen' needs CUDA and torch.nn.attention.varlen; use 'reference'")
+        self.attention_backend = backend
+
+        self.spec = None  # speculative decoding (adaspec.spec.decoding), built below when configured
+        mc = self.model_config
+        block_bytes = bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)
+        drafter = None
+        if config.speculative_config:
+            from adaspec.spec.decoding import load_speculative_drafter
+
+            drafter = load_speculative_drafter(config, self)
+            block_bytes += drafter.kv_block_bytes(config.block_size)
+        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len, self.device)
+        num_slots = self.num_blocks * config.block_size
+        self.kv_caches = allocate_kv_caches(
+            mc.num_hidden_layers, num_slots, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device
+        )
+        self.block_manager = BlockManager(self.num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device, backend)
+        self.stats = EngineStats()
+        num_spec = 0
+        if drafter is not None:
+            self.spec = drafter.build(self, num_slots)
+            num_spec = self.spec.num_spec_tokens
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+            config.enable_chunked_prefill, num_spec,
+            reserve_all_spec_slots=bool((config.speculative_config or {}).get("reserve_all_spec_slots", False)),
+        )
+        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
+        self.requests: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []  # reported as finished by the next step()
+        log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
+                 self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
+                 "on" if self.spec else "off")
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams", param="sampling_params")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, ids = None, list(prompt)
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(f"prompt token id(s) {bad[:5]} outside the vocabulary [0, {vocab})", param="prompt")
+        else:
+            raise InvalidRequestError("prompt must be a string or a list of token ids", param="prompt")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                f"shorten the prompt to at most {self.max_model_len - 1} tokens", param="prompt")
+        seq = Sequence(request_id, text, ids, params, arrival_time, self.device)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is None or seq.finished:
+            return
+        seq.finish_reason = "abort"
+        self._finish(seq)
+        self._aborted.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work() or bool(self._aborted)
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def kv_blocks_total(self) -> int:
+        return self.num_blocks
+
+    def kv_blocks_free(self) -> int:
+        return self.block_manager.num_free
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs = [self._output(s, 0) for s in self._aborted]
+        self._aborted = []
+        t0 = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        if not scheduled:
+            return outputs
+        self.stats.num_steps += 1
+        if self.spec is not None:
+            new_tokens = self.spec.step(scheduled)
+        else:
+            new_tokens = self._plain_step(scheduled)
+        t1 = time.perf_counter()
+        now = time.monotonic()
+        for s, (tokens, lps) in zip(scheduled, new_tokens):
+            seq = s.seq
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                self.stats.num_prompt_tokens += min(s.num_tokens, seq.num_prompt_tokens - seq.num_computed_tokens)
+            if not tokens:
+                continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            n = self.stop_checker.append(seq, tokens, lps)
+            self.stats.num_generated_tokens += n
+            if seq.finish_reason is not None:
+                self._finish(seq)
+            outputs.append(self._output(seq, n))
+        self.stats.time_bookkeeping += time.perf_counter() - t1
+        return outputs
+
+    def _plain_step(self, scheduled: list[ScheduledSeq]):
+        """One target forward; sample the next token for every request that reached its end."""
+        t0 = time.perf_counter()
+        samples = [s.samples for s in scheduled]  # before num_computed_tokens moves
+        items = []
+        for s in scheduled:
+            nc = s.seq.num_computed_tokens
+            items.append(ForwardItem(s.seq.token_ids[nc:nc + s.num_tokens], nc, s.seq.block_table, int(s.samples)))
+        res = self.runner.execute(items)
+        t1 = time.perf_counter()
+        sampling = [s.seq for s, smp in zip(scheduled, samples) if smp]
+        tokens, lps = self.sample(res.logits, sampling) if sampling else ([], None)
+        for s in scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+        self.stats.time_verify += t1 - t0
+        self.stats.time_sample += time.perf_counter() - t1
+        out, it = [], iter(range(len(sampling)))
+        for smp in samples:
+            if smp:
+                i = next(it)
+                out.append(([tokens[i]], [lps[i]] if lps is not None else None))
+            else:
+                out.append(([], None))
+        return out
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """One token per row of logits. -> (tokens: list[int], logprobs: list[dict] | None)."""
+        params = [s.params for s in seqs]
+        dev = logits.device
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            chosen = logits.argmax(-1)
+        else:
+            temps = torch.tensor([p.temperature for p in params], device=dev)
+            probs = processed_probs(
+                logits, temps,
+                torch.tensor([p.top_p for p in params], device=dev),
+                torch.tensor([p.top_k for p in params], device=dev),
+                any_filter=any(p.top_p < 1 or p.top_k > 0 for p in params),
+                any_greedy=any(greedy),
+            )
+            chosen = sample_from_probs(probs, [s.generator for s in seqs])
+        want = [p.logprobs for p in params]
+        lps = None
+        if any(w is not None for w in want):
+            top_n = max(w or 0 for w in want)
+            c_lp, top_ids, top_lp = logprobs_of(logits, chosen, top_n)
+            c_lp, top_ids, top_lp = c_lp.tolist(), top_ids.tolist(), top_lp.tolist()
+            lps = []
+            for i, w in enumerate(want):
+                d = {} if w is None else dict(zip(top_ids[i][:w], top_lp[i][:w]))
+                lps.append({**d, int(chosen[i]): c_lp[i]} if w is not None else None)
+        return chosen.tolist(), lps
+
+    # ---- outputs ------------------------------------------------------------------------
+    def _finish(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED
+        self.scheduler.remove(seq)
+        self.requests.pop(seq.request_id, None)
+        self.stats.num_requests_finished += 1
+        if self.spec is not None:
+            self.spec.forget(seq)
+
+    def _output(self, seq: Sequence, num_new: int) -> RequestOutput:
+        comp = CompletionOutput(
+            index=0, text=seq.output_text, token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
+            outputs=[comp], finished=seq.finished, arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time, num_new_tokens=num_new,
+        )

@@ -1,0 +1,122 @@
+"""Continuous batching: which requests run this step, and how many tokens each.
+
+Policy, in order (FCFS by arrival):
+1. running requests: a decoding request needs 1 token (+ draft slots under speculation),
+   one still in prefill gets the next chunk that fits the step's token budget;
+2. waiting requests are admitted while `max_num_seqs` and the budget allow.
+When KV blocks run out, the most recently admitted running request is preempted: its
+blocks are freed and it goes back to the front of the queue to be recomputed (prompt and
+generated tokens alike), as nano-vllm and vLLM do.
+
+Speculative token budget: draft slots are reserved only for requests that actually decode
+this step (vLLM v0.28's "adaptive speculative token budget"), so prefill keeps large chunks
+at low concurrency. With `reserve_all_spec_slots` the old behaviour is kept: max_num_seqs * k
+slots are taken out of the budget up front.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from adaspec.engine.block_manager import BlockManager
+from adaspec.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # uncomputed tokens to run this step (prefill chunk, or 1 for a decode)
+    spec_slots: int = 0  # draft slots reserved (the policy verifies l_r <= spec_slots of them)
+
+    @property
+    def samples(self) -> bool:
+        """The step reaches the end of the sequence, so it yields at least one new token."""
+        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_chunked_prefill: bool = True, num_spec_tokens: int = 0,
+                 reserve_all_spec_slots: bool = False):
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.num_spec_tokens = num_spec_tokens
+        self.reserve_all_spec_slots = reserve_all_spec_slots
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted request out and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _spec_slots(self, seq: Sequence) -> int:
+        if not self.num_spec_tokens or not seq.is_decoding:
+            return 0
+        p = seq.params
+        remaining = self.max_model_len - len(seq.token_ids)
+        if p.max_tokens is not None:
+            remaining = min(remaining, p.max_tokens - seq.num_output_tokens)
+        # a step emits at most l + 1 tokens: drafts beyond remaining - 1 can never be used
+        return max(0, min(self.num_spec_tokens, remaining - 1))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.drafter_ctx_len = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        if self.reserve_all_spec_slots and self.num_spec_tokens:
+            budget = max(1, budget - self.max_num_seqs * self.num_spec_tokens)
+        out: list[ScheduledSeq] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            spec = self._spec_slots(seq)
+            n = min(seq.num_uncomputed, budget)
+            if seq.is_decoding:
+                spec = min(spec, budget - n)  # never exceed the step's token budget
+            total = seq.num_computed_tokens + n + spec
+            while not self.bm.can_grow(seq, total):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.bm.grow(seq, total)
+                out.append(ScheduledSeq(seq, n, spec))
+                budget -= n + spec
+                i += 1
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed, budget)
+            if n < seq.num_uncomputed and not self.enable_chunked_prefill:
+                break
+            if not self.bm.can_grow(seq, seq.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            self.bm.grow(seq, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.append(ScheduledSeq(seq, n, 0))
+            budget -= n
+        return out

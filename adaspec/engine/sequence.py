@@ -1,0 +1,67 @@
+"""Per-request state inside the engine."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from adaspec.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float | None = None, device: torch.device | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # prompt + generated
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # leading tokens whose KV is in the cache
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_token_time: float | None = None
+        self.generator: torch.Generator | None = None
+        if params.seed is not None and not params.greedy:
+            self.generator = torch.Generator(device=device or "cpu")
+            self.generator.manual_seed(params.seed)
+        # text state (see detokenizer.py)
+        self.output_text = ""  # stable text exposed to clients
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
+        self.drafter_ctx_len = 0
+        self.num_preemptions = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last (freshly sampled) token is missing from the cache."""
+        return self.num_uncomputed == 1 and self.num_output_tokens > 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED

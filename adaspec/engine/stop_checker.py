@@ -1,0 +1,86 @@
+"""Appending sampled tokens to a request: stop conditions and the text clients may see.
+
+Tokens are appended ONE AT A TIME and every stop condition is checked after each, so a
+step that emits several tokens (speculative decoding) ends a request exactly where a
+one-token-per-step run would have: tokens after the stop are dropped.
+"""
+from __future__ import annotations
+
+from adaspec.engine.sequence import Sequence
+from adaspec.models.tokenizer import Tokenizer
+
+
+def _partial_stop_suffix(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+class StopChecker:
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+
+    def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
+        """Append tokens until one ends the request. Returns how many were appended."""
+        p = seq.params
+        appended = 0
+        text_set = False  # a stop string already cut the text
+        for i, tok in enumerate(tokens):
+            seq.token_ids.append(tok)
+            if seq.logprobs is not None and logprobs is not None:
+                seq.logprobs.append(logprobs[i])
+            appended += 1
+            if not p.ignore_eos and tok in self.tokenizer.eos_token_ids:
+                self._finish(seq, "stop", tok)
+            elif tok in p.stop_token_ids:
+                self._finish(seq, "stop", tok)
+            elif p.stop and self._hit_stop_string(seq):
+                text_set = True
+            elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
+                self._finish(seq, "length", None)
+            elif len(seq.token_ids) >= self.max_model_len:
+                self._finish(seq, "length", None)
+            if seq.finish_reason is not None:
+                break
+        if not text_set:
+            self._update_text(seq)
+        return appended
+
+    def _decode(self, seq: Sequence) -> str:
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        text = self._decode(seq)
+        # only the tail can hold a new match: the last token added at most its own length
+        window_start = max(0, len(seq.output_text) - max(len(s) for s in seq.params.stop))
+        for s in seq.params.stop:
+            at = text.find(s, window_start)
+            if at != -1:
+                end = at + len(s) if seq.params.include_stop_str_in_output else at
+                seq.output_text = text[:end]
+                self._finish(seq, "stop", s)
+                return True
+        return False
+
+    def _update_text(self, seq: Sequence) -> None:
+        text = self._decode(seq)
+        if seq.finish_reason is None:
+            # hold back what may still turn into a stop string, and an unfinished UTF-8 sequence
+            hold = _partial_stop_suffix(text, seq.params.stop) if seq.params.stop else 0
+            stable = text[: len(text) - hold]
+            stable = stable.rstrip("\ufffd")
+            if len(stable) >= len(seq.output_text):
+                seq.output_text = stable
+        else:
+            seq.output_text = text
+
+    @staticmethod
+    def _finish(seq: Sequence, reason: str, stop_reason) -> None:
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason

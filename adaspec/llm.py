@@ -1,0 +1,65 @@
+"""The offline API, shaped like vLLM's: LLM(model, **engine_args).generate(prompts, params)."""
+from __future__ import annotations
+
+from typing import Any, Sequence as Seq
+
+from adaspec.config import EngineConfig
+from adaspec.errors import InvalidRequestError
+from adaspec.outputs import RequestOutput
+from adaspec.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args: Any):
+        from adaspec.engine.llm_engine import LLMEngine
+
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
+        self._counter = 0
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | Seq[str | list[int]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs in input order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                rid = f"gen-{self._counter}"
+                self._counter += 1
+                engine.add_request(rid, prompt, p)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                engine.abort_request(rid)
+            while engine.has_unfinished_requests():
+                engine.step()
+            raise
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if bar:
+                        bar.update(1)
+        if bar:
+            bar.close()
+        return [done[r] for r in ids]

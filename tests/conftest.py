@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def micro_qwen3(tmp_path_factory):
+    from adaspec.testing import make_micro_model_dir
+
+    return make_micro_model_dir(tmp_path_factory.mktemp("micro_qwen3"), arch="qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def micro_llama(tmp_path_factory):
+    from adaspec.testing import make_micro_model_dir
+
+    return make_micro_model_dir(tmp_path_factory.mktemp("micro_llama"), arch="llama", seed=1, tie_word_embeddings=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
