@@ -1,0 +1,185 @@
+"""Adaptive budget: prefixes, optimality against brute force, extremes, numpy == torch."""
+import itertools
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaspec.spec.cost_model import CostModel, CostTable
+from adaspec.spec.policy import (AdaptiveBudget, allocate, allocate_torch, apply_temperature, budget_objective,
+                                 choose_budget, survival, survival_torch)
+
+FAST = settings(max_examples=int(__import__("os").environ.get("SPEC_HYP_EXAMPLES", 60)), deadline=None)
+
+
+@st.composite
+def conf_matrix(draw, max_r=4, max_k=4):
+    R = draw(st.integers(1, max_r))
+    K = draw(st.integers(1, max_k))
+    # a coarse value set forces ties; the continuous one exercises the general case
+    val = st.one_of(st.sampled_from([0.25, 0.5, 1.0]), st.floats(1e-4, 1.0))
+    return np.array(draw(st.lists(val, min_size=R * K, max_size=R * K))).reshape(R, K)
+
+
+@st.composite
+def cost_model(draw, max_tokens=40):
+    def table(max_n):
+        sizes = sorted(draw(st.sets(st.integers(1, max_n), min_size=1, max_size=8)) | {max_n})
+        steps = draw(st.lists(st.floats(0.0, 5.0), min_size=len(sizes), max_size=len(sizes)))
+        lim = draw(st.one_of(st.none(), st.sampled_from(sizes)))
+        return CostTable(sizes, np.cumsum(steps) + 0.5, lim)
+
+    return CostModel(table(max_tokens), table(8))
+
+
+def ratio(a, lengths, n_sampling, base, cost):
+    gain = n_sampling + sum(a[r, :l].sum() for r, l in enumerate(lengths))
+    return gain / (cost.draft_ms(a.shape[0]) + cost.verify_ms(base + int(sum(lengths))))
+
+
+def is_prefix_consistent(a, budget, lengths):
+    return lengths.sum() == min(budget, a.size) and ((lengths >= 0) & (lengths <= a.shape[1])).all()
+
+
+@FAST
+@given(conf_matrix(), cost_model(), st.integers(0, 4), st.integers(1, 6))
+def test_policy_matches_brute_force_over_prefix_vectors(conf, cost, n_sampling, base):
+    a = survival(conf)
+    R, K = a.shape
+    b = choose_budget(a, n_sampling, base, R, cost)
+    lengths = allocate(a, b)
+    assert is_prefix_consistent(a, b, lengths)
+    best = max(ratio(a, ls, n_sampling, base, cost) for ls in itertools.product(range(K + 1), repeat=R))
+    assert np.isclose(ratio(a, lengths, n_sampling, base, cost), best, rtol=1e-9, atol=1e-12)
+    # the objective array agrees with the chosen B, and B is the smallest maximizer
+    obj = budget_objective(a, n_sampling, base, R, cost)
+    assert obj[b] == obj.max() and (obj[:b] < obj[b]).all()
+
+
+@FAST
+@given(conf_matrix(max_r=8, max_k=7), st.integers(0, 40))
+def test_allocation_admits_top_budget_as_prefixes(conf, budget):
+    a = survival(conf)
+    lengths = allocate(a, budget)
+    assert is_prefix_consistent(a, budget, lengths)
+    admitted = np.arange(a.shape[1])[None, :] < lengths[:, None]
+    if admitted.any() and (~admitted).any():  # nothing left out beats anything admitted
+        assert a[admitted].min() >= a[~admitted].max()
+
+
+@FAST
+@given(conf_matrix(max_r=8, max_k=7), st.integers(0, 60), st.booleans())
+def test_numpy_and_torch_allocation_agree(conf, budget, as_tensor):
+    a = survival(conf)
+    at = survival_torch(torch.tensor(conf))
+    assert np.allclose(at.numpy(), a)
+    b = torch.tensor(budget) if as_tensor else budget
+    assert allocate_torch(at, b).tolist() == allocate(a, budget).tolist()
+    limits = np.random.default_rng(budget).integers(0, conf.shape[1] + 1, conf.shape[0])
+    la = allocate(a, budget, limits)
+    assert (la <= limits).all()
+    assert allocate_torch(at, b, torch.tensor(limits)).tolist() == la.tolist()
+
+
+@FAST
+@given(conf_matrix(max_r=6, max_k=6), st.data())
+def test_admission_of_a_slot_ignores_the_later_slots_of_its_request(conf, data):
+    """The lossless property: with B fixed, whether slot j of r is verified (l_r >= j) does not
+    change when r's confidences from slot j+1 on (which depend on x_{r,j}) change."""
+    R, K = conf.shape
+    budget = data.draw(st.integers(0, R * K))
+    r = data.draw(st.integers(0, R - 1))
+    j = data.draw(st.integers(1, K))
+    conf2 = conf.copy()
+    conf2[r, j:] = data.draw(st.lists(st.floats(1e-4, 1.0), min_size=K - j, max_size=K - j))
+    l1, l2 = allocate(survival(conf), budget)[r], allocate(survival(conf2), budget)[r]
+    assert min(l1, j) == min(l2, j)
+
+
+@FAST
+@given(conf_matrix(max_r=6, max_k=7), cost_model(max_tokens=60), st.integers(1, 6))
+def test_worthless_drafts_give_zero_budget(conf, cost, base):
+    assert choose_budget(np.zeros_like(conf), conf.shape[0], base, conf.shape[0], cost) == 0
+
+
+@FAST
+@given(conf_matrix(max_r=6, max_k=7), st.integers(1, 6))
+def test_tiny_confidences_with_rising_cost_give_zero_budget(conf, base):
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    cost = CostModel(CostTable(sizes, [1.0 + 0.1 * s for s in sizes]), CostTable([1, 8], [0.5, 1.0]))
+    assert choose_budget(survival(conf * 1e-9), conf.shape[0], base, conf.shape[0], cost) == 0
+
+
+@FAST
+@given(conf_matrix(max_r=6, max_k=7), st.integers(1, 6), st.floats(0.0, 10.0))
+def test_flat_verification_cost_verifies_everything(conf, base, draft):
+    cost = CostModel(CostTable([1, 1000], [3.0, 3.0], capture_limit=None), CostTable([1], [draft]))
+    a = survival(conf)
+    b = choose_budget(a, conf.shape[0], base, conf.shape[0], cost)
+    assert b == a.size and (allocate(a, b) == conf.shape[1]).all()
+
+
+def test_max_budget_caps_and_scalar_only_cost_functions_work():
+    class ScalarCost:  # not vectorized: the policy falls back to element-wise calls
+        def verify_ms(self, n):
+            return 1.0 + 0.01 * int(n)
+
+        def draft_ms(self, r):
+            return 0.5
+
+    a = survival(np.full((3, 4), 0.9))
+    assert choose_budget(a, 3, 3, 3, ScalarCost()) == 12
+    assert choose_budget(a, 3, 3, 3, ScalarCost(), max_budget=5) == 5
+
+
+def test_survival_is_monotone_even_for_bad_inputs():
+    c = np.array([[1.5, 0.5, np.nan, 2.0], [0.9, 1.0, 1.0, 0.1]])
+    a = survival(c)
+    assert (np.diff(a, axis=1) <= 0).all() and a[0].tolist() == [1.0, 0.5, 0.0, 0.0]
+    assert np.allclose(survival_torch(torch.tensor(c)).numpy(), a)
+
+
+def test_apply_temperature_numpy_and_torch():
+    logits = np.array([[2.0, -1.0, 0.5]])
+    temps = [2.0, 0.5, 1.0]
+    want = 1 / (1 + np.exp(-logits / np.array(temps)))
+    assert np.allclose(apply_temperature(logits, temps), want)
+    assert np.allclose(apply_temperature(torch.tensor(logits), temps).numpy(), want, atol=1e-6)
+    probs = 1 / (1 + np.exp(-logits))
+    assert np.allclose(apply_temperature(probs, temps, is_logit=False), want, atol=1e-9)
+    assert np.allclose(apply_temperature(logits, None), probs)
+
+
+def _cost():
+    return CostModel(CostTable([1, 2, 4, 8, 16, 32], [1.0, 1.0, 1.2, 1.6, 2.6, 4.8]), CostTable([1, 8], [0.3, 0.6]))
+
+
+def test_adaptive_budget_uses_old_confidences_only():
+    ab = AdaptiveBudget(_cost(), k=4)
+    ids = ["a", "b"]
+    rng = np.random.default_rng(0)
+    # step 1: unknown requests count as survival 1.0, whatever the current drafts say
+    l1 = ab.plan(ids, rng.uniform(0.01, 0.05, (2, 4)), 2, 2)
+    b1 = ab.last_budget
+    assert b1 == choose_budget(np.ones((2, 4)), 2, 2, 2, _cost())
+    ab.plan(ids, rng.uniform(0.9, 1.0, (2, 4)), 2, 2)
+    assert ab.last_budget == b1 and l1.sum() == b1
+    ab.observe(ids, np.full((2, 4), 0.05))
+    # step 2: the budget follows the stored confidences, allocation the current ones
+    l2 = ab.plan(ids, np.array([[0.99] * 4, [0.01] * 4]), 2, 2)
+    assert ab.last_budget == choose_budget(survival(np.full((2, 4), 0.05)), 2, 2, 2, _cost())
+    assert l2[0] >= l2[1]
+    ab.forget("a")
+    assert "a" not in ab.last_conf
+
+
+def test_adaptive_budget_ema_and_leaky_flag():
+    ab = AdaptiveBudget(_cost(), k=2, ema_alpha=0.25)
+    ab.observe(["x"], np.array([[0.8, 0.4]]))
+    ab.observe(["x"], np.array([[0.4, 0.8]]))
+    assert np.allclose(ab.last_conf["x"], [0.7, 0.5])
+    leaky = AdaptiveBudget(_cost(), k=2, leaky=True)
+    cur = np.array([[0.01, 0.01]])
+    leaky.plan(["y"], cur, 1, 1)
+    assert leaky.last_budget == choose_budget(survival(cur), 1, 1, 1, _cost())
