@@ -95,3 +95,43 @@ def test_arrivals():
     assert np.mean(np.diff(off)) == pytest.approx(0.01, rel=0.05)
     bursty = np.diff(arrival_offsets(4000, 100.0, 0.25, 0))
     assert np.std(bursty) > 1.5 * np.std(np.diff(off))  # gamma shape < 1: burstier than Poisson
+
+
+def _req(send, chunks, out, prompt=10, per_chunk=None, ok=True):
+    from adaspec.bench.client import RequestResult
+
+    return RequestResult(success=ok, error="" if ok else "x", prompt_tokens=prompt, output_tokens=out,
+                         send_time=send, chunk_times=list(chunks), chunk_tokens=per_chunk, end_time=chunks[-1] if chunks else send)
+
+
+def test_compute_metrics_exact():
+    from adaspec.bench.metrics import compute_metrics
+
+    rs = [
+        _req(0.0, [0.2, 0.3, 0.5], 7, per_chunk=[1, 4, 2]),  # TTFT 200, gaps 100/4 tok, 200/2 tok
+        _req(0.1, [0.2, 0.6], 5),  # TTFT 100, one gap of 400 ms carrying 4 tokens (spread evenly)
+        _req(0.0, [0.4], 1),  # one token: no TPOT, no per-user speed
+        _req(0.0, [], 0, ok=False),
+    ]
+    m = compute_metrics(rs, duration=2.0)
+    assert (m["completed"], m["failed"], m["total_output_tokens"], m["total_input_tokens"]) == (3, 1, 13, 30)
+    assert m["output_throughput"] == 6.5 and m["request_throughput"] == 1.5 and m["total_token_throughput"] == 21.5
+    assert m["mean_ttft_ms"] == pytest.approx(700 / 3) and m["median_ttft_ms"] == pytest.approx(200)
+    assert m["p99_ttft_ms"] == pytest.approx(200 + 0.98 * 200)
+    assert m["mean_itl_ms"] == pytest.approx(700 / 3) and m["median_itl_ms"] == pytest.approx(200)
+    assert m["mean_e2el_ms"] == pytest.approx((500 + 500 + 400) / 3)
+    # TPOT: 300/6 = 50 ms and 400/4 = 100 ms; per-user speed: 6/0.3 = 20 and 4/0.4 = 10 tok/s
+    assert m["mean_tpot_ms"] == pytest.approx(75) and m["median_tpot_ms"] == pytest.approx(75)
+    assert m["median_per_user_tok_s"] == pytest.approx(15) and m["p10_per_user_tok_s"] == pytest.approx(11)
+    # token ITL samples: 25 ms x4, 100 ms x2, 100 ms x4 -> mean 700/10 = 70, median 100
+    assert m["mean_itl_token_ms"] == pytest.approx(70)
+    assert m["median_itl_token_ms"] == pytest.approx(100) and m["p10_per_user_tok_s"] < m["median_per_user_tok_s"]
+    assert m["mean_tokens_per_chunk"] == pytest.approx(13 / 6)
+
+
+def test_compute_metrics_nothing_completed():
+    from adaspec.bench.metrics import compute_metrics
+
+    m = compute_metrics([_req(0.0, [], 0, ok=False)], duration=0.5)
+    assert m["completed"] == 0 and m["failed"] == 1 and m["output_throughput"] == 0
+    assert m["median_ttft_ms"] is None and m["median_per_user_tok_s"] is None

@@ -1,0 +1,57 @@
+"""`bench serve` against adaspec's own server (in process) with the serve tests' fake engine:
+the SSE format, usage chunk and /metrics names the server really emits are what the client reads.
+Skipped when the server or that fake engine is not there."""
+import os
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from adaspec.bench.runner import BenchConfig, run_benchmark
+
+SERVE_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve")
+
+
+@pytest.fixture(scope="module")
+def adaspec_server():
+    server_mod = pytest.importorskip("adaspec.serve.server", reason="adaspec.serve is not built")
+    state_mod = pytest.importorskip("adaspec.serve.state")
+    sys.path.insert(0, SERVE_TESTS)
+    try:
+        fake_engine = pytest.importorskip("fake_engine", reason="tests/serve/fake_engine.py is not there")
+    finally:
+        sys.path.remove(SERVE_TESTS)
+    settings = state_mod.ServerSettings(served_model_names=["fake"], max_queue=64)
+    eng = server_mod.start_engine(
+        lambda: fake_engine.FakeEngine(max_num_seqs=8, step_delay=0.002, tokens_per_step=3), settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = server_mod.make_server(eng, settings, port=sock.getsockname()[1], log_level="warning")
+    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    srv.should_exit = True
+    th.join(15)
+    eng.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_bench_serve_reads_adaspec_server(adaspec_server, endpoint):
+    cfg = BenchConfig(base_url=adaspec_server, model="fake", prompts=[f"prompt {i}" for i in range(8)],
+                      max_concurrency=4, output_len=12, ignore_eos=True, endpoint=endpoint,
+                      num_warmups=2, progress=False)
+    res = run_benchmark(cfg)
+    assert res["completed"] == 8 and res["failed"] == 0, res["errors"]
+    assert res["usage_missing_requests"] == 0
+    assert res["total_output_tokens"] == 8 * 12
+    assert res["total_input_tokens"] > 0
+    # three tokens per engine step leave as one chunk: tokens are counted from usage, not chunks
+    assert res["mean_tokens_per_chunk"] > 1.5
+    assert res["spec_num_drafts"] and res["spec_mean_accepted_length"] == pytest.approx(3.0)
+    assert res["median_per_user_tok_s"] > 0 and res["p99_itl_ms"] >= res["median_itl_ms"]
