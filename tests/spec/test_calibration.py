@@ -1,0 +1,89 @@
+"""Calibration metrics against hand-computed values; STS helps on miscalibrated data; tracker."""
+import numpy as np
+import pytest
+import torch
+
+from adaspec.spec.calibration import (CalibrationTracker, auc, ece, per_slot_metrics, plot_reliability,
+                                      prefix_labels, sequential_temperature_scaling, survival_from_logits)
+
+
+def test_ece_hand_computed():
+    pred = np.array([0.05, 0.15, 0.15, 0.95, 1.0])
+    label = np.array([0, 1, 0, 1, 1])
+    # 10 bins: bin0 {0.05}: |0.05-0| ; bin1 {0.15,0.15}: |0.15-0.5| x2 ; bin9 {0.95,1.0}: |0.975-1| x2
+    want = (0.05 + 2 * 0.35 + 2 * 0.025) / 5
+    assert ece(pred, label, n_bins=10) == pytest.approx(want)
+    assert ece(np.array([0.3] * 10), np.array([1] * 3 + [0] * 7)) == pytest.approx(0.0)
+    assert np.isnan(ece([], []))
+
+
+def test_auc_hand_computed_with_ties():
+    assert auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    # tie between a positive and a negative counts one half: pairs (p,n): (.5,.5)->.5, (.5,.2)->1, (.9,*)->2
+    assert auc([0.5, 0.5, 0.2, 0.9], [1, 0, 0, 1]) == pytest.approx(3.5 / 4)
+    assert auc(torch.tensor([0.2, 0.9]), torch.tensor([0, 1])) == 1.0
+    assert np.isnan(auc([0.1, 0.2], [1, 1]))
+
+
+def test_prefix_labels_and_unknown_slots():
+    labels, known = prefix_labels([0, 2, 1], 3, verify_len=[3, 2, 3])
+    assert labels.tolist() == [[False] * 3, [True, True, False], [True, False, False]]
+    # row 1 verified only 2 slots and accepted both: slot 3 has no outcome
+    assert known.tolist() == [[True] * 3, [True, True, False], [True] * 3]
+
+
+def synthetic(n=30000, k=4, seed=0, overconfidence=2.5):
+    """True conditional acceptance sigmoid(z_j); the model reports logits overconfidence * z_j."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.5, 1.2, (n, k))
+    acc = rng.random((n, k)) < 1 / (1 + np.exp(-z))
+    accepted_len = np.where(acc.all(1), k, np.argmin(acc, axis=1))
+    return overconfidence * z, accepted_len
+
+
+def test_sts_reduces_ece_on_miscalibrated_data():
+    logits, acc_len = synthetic()
+    temps = sequential_temperature_scaling(logits, acc_len)
+    before = per_slot_metrics(survival_from_logits(logits), acc_len)
+    after = per_slot_metrics(survival_from_logits(logits, temps), acc_len)
+    for b, a in zip(before, after):
+        assert a["ece"] <= b["ece"] + 1e-12
+    assert np.mean([a["ece"] for a in after]) < 0.5 * np.mean([b["ece"] for b in before])
+    assert after[0]["ece"] < 0.02
+    assert temps[0] == pytest.approx(2.5, rel=0.15)  # recovers the overconfidence factor
+    # temperature scaling is monotone per slot: AUC of slot 1 is unchanged
+    assert after[0]["auc"] == pytest.approx(before[0]["auc"])
+
+
+def test_sts_keeps_calibrated_data_near_identity():
+    logits, acc_len = synthetic(overconfidence=1.0, seed=1)
+    temps = sequential_temperature_scaling(logits, acc_len)
+    assert np.all(np.abs(np.log(temps)) < np.log(1.3))
+    before = per_slot_metrics(survival_from_logits(logits), acc_len)
+    after = per_slot_metrics(survival_from_logits(logits, temps), acc_len)
+    assert after[0]["ece"] <= before[0]["ece"] + 1e-12
+
+
+def test_tracker_counts_only_verified_slots():
+    t = CalibrationTracker(3)
+    a = np.array([[0.9, 0.6, 0.3], [0.8, 0.4, 0.1]])
+    t.update(a, accepted_lengths=[2, 0], verify_lengths=[3, 1])
+    t.update(torch.tensor([[0.5, 0.2, 0.1]]), torch.tensor([1]), torch.tensor([1]))
+    s = t.summary()
+    assert [p["verified"] for p in s["per_position"]] == [3, 1, 1]
+    assert s["per_position"][0]["predicted_rate"] == pytest.approx((0.9 + 0.8 + 0.5) / 3)
+    assert s["per_position"][0]["realized_rate"] == pytest.approx(2 / 3)
+    assert s["per_position"][2]["realized_rate"] == 0.0
+    assert s["predicted_accepted_tokens"] == pytest.approx(0.9 + 0.6 + 0.3 + 0.8 + 0.5)
+    assert s["realized_accepted_tokens"] == 3 and s["steps"] == 2
+    t.reset()
+    assert t.summary()["per_position"][0]["predicted_rate"] is None
+
+
+def test_reliability_plot(tmp_path):
+    logits, acc_len = synthetic(n=2000)
+    a = survival_from_logits(logits)
+    labels, _ = prefix_labels(acc_len, a.shape[1])
+    out = tmp_path / "rel.png"
+    plot_reliability({f"slot {j + 1}": (a[:, j], labels[:, j]) for j in range(a.shape[1])}, out, title="raw")
+    assert out.stat().st_size > 1000

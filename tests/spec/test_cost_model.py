@@ -1,0 +1,147 @@
+"""Cost tables: monotone, lookup rules, grids, profiling, disk cache keyed and never trusted blindly."""
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaspec.spec.cost_model import (CostModel, CostTable, cache_path, default_cache_key, draft_grid,
+                                     load_or_profile, plot_cost_model, profile, verify_grid)
+
+
+def test_forced_non_decreasing_with_running_max():
+    t = CostTable([8, 1, 4, 2], [3.0, 1.0, 2.0, 2.5])  # unsorted input, noisy dip at 4
+    assert t.sizes.tolist() == [1, 2, 4, 8] and t.ms.tolist() == [1.0, 2.5, 2.5, 3.0]
+
+
+def test_step_below_limit_interpolation_above_extrapolation_past_end():
+    t = CostTable([1, 2, 4, 8, 12, 16, 32], [1.0, 1.0, 2.0, 3.0, 6.0, 7.0, 11.0], capture_limit=8)
+    # at or below the limit: the smallest profiled size >= n (padding is paid)
+    assert [t.lookup(n) for n in (1, 2, 3, 4, 5, 7, 8)] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+    # above: interpolation between points above the limit only
+    assert t.lookup(14) == pytest.approx(6.5) and t.lookup(24) == pytest.approx(9.0)
+    # between the limit and the first point above it: the first segment extended back,
+    # never an interpolation towards the graph cost at 8 (3.0 -> 6.0 would give 4.5 at 10)
+    assert t.lookup(10) == pytest.approx(5.5)
+    # past the last point: extrapolation of the last segment
+    assert t.lookup(48) == pytest.approx(15.0)
+    assert t.lookup(0) == 0.0
+    arr = t.lookup(np.array([3, 14, 48]))
+    assert isinstance(arr, np.ndarray) and arr.tolist() == pytest.approx([2.0, 6.5, 15.0])
+
+
+def test_back_extension_never_drops_below_the_limit_cost():
+    t = CostTable([4, 8, 16], [1.0, 5.0, 100.0], capture_limit=4)
+    # the steep segment 8->16 extended back to 5 would go below the graph cost at 4: clamped
+    assert t.lookup(5) == pytest.approx(1.0) and t.lookup(6) <= t.lookup(7) <= t.lookup(8) == 5.0
+
+
+def test_no_capture_limit_interpolates_everywhere():
+    t = CostTable([1, 2, 4, 8], [1.0, 2.0, 2.0, 4.0])
+    assert t.lookup(3) == pytest.approx(2.0) and t.lookup(6) == pytest.approx(3.0)
+    assert t.lookup(16) == pytest.approx(8.0) and t.lookup(0.5) == pytest.approx(1.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sets(st.integers(1, 300), min_size=1, max_size=10), st.data())
+def test_lookup_is_monotone_for_any_table(sizes, data):
+    sizes = sorted(sizes)
+    ms = data.draw(st.lists(st.floats(0.0, 50.0), min_size=len(sizes), max_size=len(sizes)))
+    lim = data.draw(st.one_of(st.none(), st.sampled_from(sizes), st.integers(1, 400)))
+    t = CostTable(sizes, ms, lim)
+    ys = t.lookup(np.arange(0, 700))
+    assert (np.diff(ys) >= -1e-9).all() and np.isfinite(ys).all()
+    # profiled points are reproduced at or below the limit (and everywhere without one)
+    for s, m in zip(t.sizes, t.ms):
+        if lim is None or s <= lim:
+            assert t.lookup(int(s)) == pytest.approx(m)
+
+
+def test_invalid_tables_are_refused():
+    for sizes, ms in (([], []), ([1, 1], [1.0, 2.0]), ([0], [1.0]), ([1], [float("nan")]), ([1, 2], [1.0])):
+        with pytest.raises(ValueError):
+            CostTable(sizes, ms)
+
+
+def test_grids():
+    caps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert verify_grid(4096, caps) == caps + [768, 1536, 3072, 4096]
+    assert draft_grid(256, [1, 2, 4, 8]) == [1, 2, 4, 8, 12, 24, 48, 96, 192, 256]
+    g = verify_grid(100)
+    assert g[0] == 1 and g[-1] == 100 and g == sorted(set(g))
+    assert all(b / a <= 2 for a, b in zip(g, g[1:]))
+    assert verify_grid(4, [8, 16]) == [1, 2, 3, 4]  # captures above the maximum are ignored
+
+
+def test_profile_takes_median_and_syncs():
+    clock = {"t": 0.0, "calls": 0, "syncs": 0}
+    durations = iter([9.0, 1.0, 2.0, 30.0, 3.0, 2.5] * 10)  # first call of each shape is warmup
+
+    def timer():
+        return clock["t"]
+
+    def fn(n):
+        clock["t"] += next(durations) / 1e3 * n
+        clock["calls"] += 1
+
+    def sync():
+        clock["syncs"] += 1
+
+    m = profile(fn, None, [1, 2], [1], repeats=5, warmup=1, timer=timer, sync=sync, verify_capture_limit=2)
+    assert clock["calls"] == 12 and clock["syncs"] == 20
+    assert m.verify.ms.tolist() == pytest.approx([2.5, 2 * 2.5]) and m.verify.capture_limit == 2
+    assert m.draft_ms(5) == 0.0
+
+
+def _model(scale=1.0):
+    return CostModel(CostTable([1, 2, 4], [1.0 * scale, 2.0, 3.0], 2), CostTable([1, 8], [0.5, 0.9]))
+
+
+def test_cache_hits_keys_and_invalidation(tmp_path):
+    calls = []
+
+    def prof(scale):
+        return lambda: calls.append(scale) or _model(scale)
+
+    key = default_cache_key(model="tiny", drafter="tiny-dspark", dtype="float32", device="cpu", max_tokens=64)
+    assert "adaspec_version" in key
+    m1 = load_or_profile(tmp_path, key, prof(1.0))
+    m2 = load_or_profile(tmp_path, key, prof(0.1))  # cached: not re-profiled
+    assert calls == [1.0] and m2.to_dict() == m1.to_dict()
+    doc = json.loads(open(cache_path(tmp_path, key)).read())
+    assert doc["key"]["model"] == "tiny"  # the key is stored inside the file too
+    key2 = dict(key, max_tokens=128)  # any key change: new file, new profile
+    load_or_profile(tmp_path, key2, prof(0.5))
+    assert calls == [1.0, 0.5] and cache_path(tmp_path, key2) != cache_path(tmp_path, key)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 1, "key": {}, "model": {}}),
+                                     json.dumps({"format": 99}), "",
+                                     "STALE", "BADTABLE"])
+def test_corrupt_or_stale_cache_is_ignored_with_a_warning(tmp_path, content):
+    key = {"model": "tiny", "n": 1}
+    path = cache_path(tmp_path, key)
+    good = {"format": 1, "key": key, "model": _model().to_dict()}
+    if content == "STALE":  # right file name, wrong key inside (e.g. a hash collision or edit)
+        content = json.dumps(dict(good, key={"model": "other"}))
+    if content == "BADTABLE":
+        bad = _model().to_dict()
+        bad["verify"]["ms"] = [1.0, "x", 3.0]
+        content = json.dumps(dict(good, model=bad))
+    with open(path, "w") as f:
+        f.write(content)
+    with pytest.warns(RuntimeWarning, match="ignoring cost-model cache"):
+        m = load_or_profile(tmp_path, key, lambda: _model(0.25))
+    assert m.verify.ms[0] == 0.25
+    assert load_or_profile(tmp_path, key, lambda: pytest.fail("re-profiled")).verify.ms[0] == 0.25
+
+
+def test_describe_and_plot(tmp_path):
+    m = _model()
+    assert "verify cost" in m.describe() and "draft cost" in m.describe()
+    out = tmp_path / "cost.png"
+    plot_cost_model(m, out)
+    assert out.stat().st_size > 1000
