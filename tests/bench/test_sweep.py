@@ -117,6 +117,25 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_sweep_starts_real_adaspec_serve_on_micro_model(tmp_path, micro_qwen3):
+    """The no-speculation arm through a real `adaspec serve` process and engine on a random micro
+    model: process start, /health, streaming, /metrics, SIGTERM drain, report."""
+    pytest.importorskip("adaspec.serve.cli", reason="adaspec.serve.cli (the OpenAI server) is not built yet")
+    out = tmp_path / "micro"
+    rc = main(["bench", "sweep", "--model", str(micro_qwen3), "--arms", "none", "--concurrency", "1,4",
+               "--repeats", "1", "--num-prompts", "4", "--output-len", "8", "--ignore-eos", "--num-warmups", "0",
+               "--dataset", "random", "--random-input-len", "8", "--out", str(out), "--disable-tqdm",
+               "--startup-timeout", "120"])
+    assert rc == 0
+    for c in (1, 4):
+        d = json.loads((out / "points" / f"none_c{c}_r0.json").read_text())
+        assert d["completed"] == 4 and d["failed"] == 0 and d["usage_missing_requests"] == 0
+        assert d["total_output_tokens"] == 4 * 8 and d["metrics_available"] is True
+        assert d["spec_num_drafts"] in (None, 0)
+    assert "| C | none |" in (out / "report.md").read_text() and (out / "frontier.png").is_file()
+
+
+@pytest.mark.slow
 def test_sweep_against_real_adaspec_serve(tmp_path):
     """Two arms through real `adaspec serve` processes on a micro model (the issue's end-to-end proof)."""
     pytest.importorskip("adaspec.serve.cli", reason="adaspec.serve.cli (the OpenAI server, issue 7) is not built yet")
