@@ -11,7 +11,8 @@ from adaspec import __version__
 from adaspec.serve.errors import APIError, error_response, install_handlers
 from adaspec.serve.generation import generate
 from adaspec.serve.metrics import CONTENT_TYPE_LATEST
-from adaspec.serve.prepare import chat_prompt_ids, completion_prompt_ids, prepare_chat, prepare_completion
+from adaspec.serve.prepare import (chat_prompt_ids, completion_prompt_ids, detokenize, prepare_chat,
+                                   prepare_completion)
 from adaspec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from adaspec.serve.state import ServeState
 
@@ -112,7 +113,7 @@ def build_app(state: ServeState) -> FastAPI:
                               include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     @app.post("/tokenize")
-    async def tokenize(request: Request):
+    async def tokenize_route(request: Request):
         req: TokenizeRequest = await _body(request, TokenizeRequest)
         state.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
@@ -122,9 +123,9 @@ def build_app(state: ServeState) -> FastAPI:
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")
-    async def detokenize(request: Request):
+    async def detokenize_route(request: Request):
         req: DetokenizeRequest = await _body(request, DetokenizeRequest)
         state.check_model(req.model)
-        return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
+        return JSONResponse({"prompt": detokenize(state, req.tokens)})
 
     return app

@@ -30,6 +30,20 @@ def _reject_unsupported(req) -> None:
         raise _bad("stream_options is only allowed when stream is true.", "stream_options")
 
 
+def _tok(fn, param: str, what: str):
+    """Run a tokenizer call; whatever it rejects (lone surrogates, a chat template that raises on
+    the message order, an id it cannot decode) is the client's input, so a 400, not a 500."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        raise _bad(f"Cannot {what}: {type(e).__name__}: {e}", param) from None
+
+
+def detokenize(state: ServeState, ids: list[int]) -> str:
+    _check_ids(state, ids, "tokens")
+    return _tok(lambda: state.tokenizer.decode(ids), "tokens", "decode these tokens")
+
+
 def _check_ids(state: ServeState, ids: list[int], param: str) -> None:
     vocab = getattr(state.tokenizer, "vocab_size", None)
     for t in ids:
@@ -74,7 +88,7 @@ def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
             raise _bad("adaspec takes one prompt per request; send a batch as separate requests.", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return list(state.tokenizer.encode(prompt))
+        return list(_tok(lambda: state.tokenizer.encode(prompt), "prompt", "tokenize the prompt"))
     ids = list(prompt)
     _check_ids(state, ids, "prompt")
     return ids
@@ -95,8 +109,9 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
 
 
 def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:
-    text = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages])
-    return list(state.tokenizer.encode(text))
+    msgs = [{"role": m.role, "content": m.text()} for m in messages]
+    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs), "messages", "apply the chat template")
+    return list(_tok(lambda: state.tokenizer.encode(text), "messages", "tokenize the messages"))
 
 
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:

@@ -1,0 +1,152 @@
+"""Server behaviour over the official openai client, against the fake engine (fast, exact)."""
+from __future__ import annotations
+
+import httpx
+import pytest
+from conftest import LiveServer, openai_client
+from fake_engine import FakeEngine, FakeTokenizer, expected_text
+
+
+@pytest.fixture(scope="module")
+def client(fake_server):
+    return openai_client(fake_server)
+
+
+def _chat_ids(messages):
+    tok = FakeTokenizer()
+    return tok.encode(tok.apply_chat_template(messages))
+
+
+def test_completion_text_usage_and_shape(client):
+    r = client.completions.create(model="fake", prompt="hello", max_tokens=10, temperature=0)
+    assert r.object == "text_completion" and r.model == "fake" and r.id.startswith("cmpl-")
+    assert r.choices[0].text == expected_text(FakeTokenizer().encode("hello"), 10)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (5, 10, 15)
+
+
+def test_completion_default_max_tokens_is_16(client):
+    r = client.completions.create(model="fake", prompt="abc")
+    assert r.usage.completion_tokens == 16
+
+
+def test_token_id_prompt_and_one_element_batch(client):
+    ids = FakeTokenizer().encode("hello")
+    a = client.completions.create(model="fake", prompt=ids, max_tokens=5)
+    b = client.completions.create(model="fake", prompt=["hello"], max_tokens=5)
+    assert a.choices[0].text == b.choices[0].text == expected_text(ids, 5)
+
+
+def test_streamed_completion_concatenates_to_non_streamed(client):
+    full = client.completions.create(model="fake", prompt="stream me", max_tokens=20)
+    chunks = list(client.completions.create(model="fake", prompt="stream me", max_tokens=20, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_completion_and_stream(client):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="fake", messages=msgs, max_tokens=7)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    ids = _chat_ids(msgs)
+    assert r.choices[0].message.content == expected_text(ids, 7)
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 7
+    chunks = list(client.chat.completions.create(model="fake", messages=msgs, max_tokens=7, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_content_parts(client):
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]
+    r = client.chat.completions.create(model="fake", messages=msgs, max_tokens=3)
+    assert r.choices[0].message.content == expected_text(_chat_ids([{"role": "user", "content": "hi"}]), 3)
+
+
+def test_chat_default_max_tokens_is_rest_of_context(fake_server, client):
+    msgs = [{"role": "user", "content": "x"}]
+    r = client.chat.completions.create(model="fake", messages=msgs)
+    assert r.usage.total_tokens == fake_server.state.max_model_len
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_stop_string_never_leaks_into_stream(client):
+    ids = FakeTokenizer().encode("hello")
+    text = expected_text(ids, 40)
+    stop = text[12:16]  # a 4-char stop string in the middle of the output
+    full = client.completions.create(model="fake", prompt="hello", max_tokens=40, stop=[stop])
+    assert full.choices[0].text == text[: text.index(stop)]
+    assert full.choices[0].finish_reason == "stop" and full.choices[0].stop_reason == stop
+    chunks = list(client.completions.create(model="fake", prompt="hello", max_tokens=40, stop=stop, stream=True))
+    streamed = ""
+    for c in chunks:
+        streamed += c.choices[0].text
+        assert stop[:2] not in streamed[len(text[: text.index(stop)]):]  # no partial match ever sent
+    assert streamed == full.choices[0].text
+
+
+def test_one_chunk_per_engine_step_under_speculation():
+    s = LiveServer(lambda: FakeEngine(tokens_per_step=3), names=("spec",))
+    try:
+        c = openai_client(s)
+        chunks = list(c.completions.create(model="spec", prompt="hi", max_tokens=10, stream=True))
+        # prefill step emits 1 token, then 3 per step: 1 + 3 + 3 + 3
+        assert [len(ch.choices[0].text) for ch in chunks] == [1, 3, 3, 3]
+    finally:
+        s.close()
+
+
+def test_eos_finishes_with_stop_and_ignore_eos_extension():
+    s = LiveServer(lambda: FakeEngine(eos_at=4), names=("eos",))
+    try:
+        c = openai_client(s)
+        r = c.completions.create(model="eos", prompt="hi", max_tokens=10)
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 5
+        assert len(r.choices[0].text) == 4
+        r = c.completions.create(model="eos", prompt="hi", max_tokens=10, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 10
+    finally:
+        s.close()
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model="fake", prompt="hello", max_tokens=4, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.token_logprobs == [-0.25] * 4
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert lp.text_offset == [0, 1, 2, 3]
+    chunks = list(client.completions.create(model="fake", prompt="hello", max_tokens=4, logprobs=1, stream=True))
+    assert sum(len(c.choices[0].logprobs.tokens) for c in chunks) == 4
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "q"}], max_tokens=3,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 and t.logprob == -0.25 for t in content)
+
+
+def test_models_health_tokenize(fake_server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["fake"]
+    assert httpx.get(fake_server.url + "/health").status_code == 200
+    r = httpx.post(fake_server.url + "/tokenize", json={"prompt": "abc"})
+    assert r.json() == {"count": 3, "max_model_len": 256, "tokens": [97, 98, 99]}
+    r = httpx.post(fake_server.url + "/detokenize", json={"tokens": [97, 98, 99]})
+    assert r.json() == {"prompt": "abc"}
+
+
+def test_model_may_be_omitted(fake_server):
+    r = httpx.post(fake_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "fake"
+
+
+def test_engine_runs_on_one_thread_only(fake_server):
+    ids = fake_server.engine(lambda e: set(e.thread_ids))
+    assert len(ids) == 1
