@@ -1,0 +1,432 @@
+"""The DSpark drafter (DSPARK.md): a block of k drafts from one backbone pass, a Markov head
+refining them left to right, and a confidence per draft.
+
+Parameter names are exactly DeepSpec's (no prefix), so a public DSpark checkpoint loads.
+
+Two forwards share the layers:
+
+- ``forward_train(input_ids [B,T], features [B,T,m*d], anchors [B,A])``: many blocks per
+  sequence in ONE batched pass (dense boolean mask + SDPA). Block b's queries see the
+  block's own keys (bidirectional) and every context token strictly before its anchor;
+  blocks never see each other. Returns the final-normed hidden states [B, A, k, d].
+- the engine path below, over the drafter's own paged KV cache.
+
+Inference API (what the engine calls each speculative step)
+-----------------------------------------------------------
+``kv_cache_spec() -> (num_layers, num_kv_heads, head_dim)``
+    The engine allocates one ``(k_cache, v_cache)`` pair per drafter layer, each
+    ``[num_slots, num_kv_heads, head_dim]``, with the SAME num_blocks / block_size as the
+    target's cache, and addresses it with the SAME block tables. So sequence position p has
+    the same slot in both caches, and rolling back is free: the engine forgets positions,
+    and whatever stale K/V sits in their slots is overwritten before it is ever read again
+    (every read is limited to positions the engine has (re)written).
+
+``write_context(features [T, m*d], positions [T], slot_mapping [T], kv_caches)``
+    For newly verified tokens: ``H_ctx = hidden_norm(fc(features))`` (``features`` = the
+    target's hidden states of ``target_layer_ids``, concatenated in that order), then every
+    layer's context K/V = its own k_proj/v_proj of the SAME H_ctx (+ k_norm, + RoPE at the
+    token's position), written to ``slot_mapping``.
+
+``propose(anchor_ids [R], anchor_pos [R], block_tables, block_size, kv_caches,
+temperature [R], top_p [R], top_k [R], generators) -> DraftProposal``
+    Context of request r = all positions < anchor_pos[r] (already written by
+    write_context). One backbone pass for all R blocks: the block's own K/V is written
+    TEMPORARILY into the slots of positions anchor_pos..anchor_pos+k-1 (the engine keeps
+    those allocated; real context overwrites them later), every block query sees keys
+    [0, anchor_pos + k). Then the Markov loop, left to right: greedy rows take the argmax,
+    sampled rows draw from ``processed_probs`` with the request's generator. Returns
+    tokens [R,k], probs [R,k,V] (the processed q_j each draft was drawn from: rejection
+    sampling must use exactly these), logits [R,k,V] (raw U_j + B(x_{j-1})), confidences
+    [R,k] (calibrated when the config holds temperatures) and conf_logits [R,k] (raw).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adaspec.errors import ConfigError, ModelLoadError
+from adaspec.models.attention import build_attention_metadata, paged_attention, write_kv
+from adaspec.models.config import ModelConfig
+from adaspec.models.layers import RMSNorm, RotaryEmbedding
+from adaspec.models.target import DecoderLayer
+
+ARCHITECTURE = "Qwen3DSparkModel"
+OUR_KEY = "adaspec"  # our own extras in config.json; a public checkpoint lacks it
+_DRAFT_KEYS = (
+    "block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "markov_rank",
+    "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+)
+
+
+def default_target_layers(num_target_layers: int, m: int | None = None) -> list[int]:
+    """m layers spread evenly over 1..L-1 (the last decoder layer included: for a small target
+    it carries most of the next-token information)."""
+    L = num_target_layers
+    m = m or min(5, max(1, L // 2))
+    if m == 1:
+        return [L - 1]
+    return sorted({round(1 + i * (L - 2) / (m - 1)) for i in range(m)})
+
+
+@dataclass
+class DrafterConfig:
+    base: ModelConfig  # layer shapes; base.num_hidden_layers = number of DRAFTER layers
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    markov_rank: int
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    confidence_temperatures: list[float] | None = None  # ours, from calibration
+    extra: dict[str, Any] = field(default_factory=dict)  # our other extras, kept as-is
+
+    @property
+    def num_layers(self) -> int:
+        return self.base.num_hidden_layers
+
+    @classmethod
+    def from_target(cls, target: ModelConfig, *, mask_token_id: int, block_size: int = 7, num_layers: int = 1,
+                    markov_rank: int = 64, target_layer_ids: list[int] | None = None) -> "DrafterConfig":
+        hf = target.to_hf()
+        hf["num_hidden_layers"] = num_layers
+        base = ModelConfig.from_hf(hf)
+        ids = list(target_layer_ids) if target_layer_ids else default_target_layers(target.num_hidden_layers)
+        cfg = cls(base=base, block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=ids,
+                  num_target_layers=target.num_hidden_layers, markov_rank=markov_rank)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.markov_head_type != "vanilla":
+            raise ModelLoadError(f"markov_head_type {self.markov_head_type!r} is not supported (only 'vanilla')")
+        if self.block_size < 1 or self.markov_rank < 1 or self.num_layers < 1:
+            raise ModelLoadError("block_size, markov_rank and num_hidden_layers must be >= 1")
+        bad = [i for i in self.target_layer_ids if not -1 <= i < self.num_target_layers]
+        if bad or not self.target_layer_ids:
+            raise ModelLoadError(
+                f"target_layer_ids {self.target_layer_ids} must be non-empty and within -1..{self.num_target_layers - 1}"
+            )
+        if not 0 <= self.mask_token_id < self.base.vocab_size:
+            raise ModelLoadError(f"mask_token_id {self.mask_token_id} is outside the vocabulary")
+        t = self.confidence_temperatures
+        if t is not None and (len(t) != self.block_size or min(t) <= 0):
+            raise ModelLoadError(f"{OUR_KEY}.confidence_temperatures must be {self.block_size} positive numbers")
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> "DrafterConfig":
+        archs = d.get("architectures") or []
+        if ARCHITECTURE not in archs:
+            raise ModelLoadError(f"not a DSpark drafter config: architectures {archs!r}, expected [{ARCHITECTURE!r}]")
+        missing = [k for k in ("block_size", "mask_token_id", "target_layer_ids", "markov_rank") if k not in d]
+        if missing:
+            raise ModelLoadError(f"drafter config.json lacks {missing}")
+        base_d = dict(d, architectures=["Qwen3ForCausalLM"], model_type=d.get("model_type") or "qwen3")
+        base = ModelConfig.from_hf(base_d)
+        ours = dict(d.get(OUR_KEY) or {})
+        temps = ours.pop("confidence_temperatures", None)
+        cfg = cls(
+            base=base,
+            block_size=int(d["block_size"]),
+            mask_token_id=int(d["mask_token_id"]),
+            target_layer_ids=[int(i) for i in d["target_layer_ids"]],
+            num_target_layers=int(d.get("num_target_layers") or max(d["target_layer_ids"]) + 1),
+            markov_rank=int(d["markov_rank"]),
+            markov_head_type=str(d.get("markov_head_type", "vanilla")),
+            enable_confidence_head=bool(d.get("enable_confidence_head", True)),
+            confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
+            confidence_temperatures=[float(t) for t in temps] if temps is not None else None,
+            extra=ours,
+        )
+        cfg.validate()
+        return cfg
+
+    def to_hf(self) -> dict[str, Any]:
+        d = self.base.to_hf()
+        d.pop(OUR_KEY, None)
+        d.update(architectures=[ARCHITECTURE], model_type="qwen3", tie_word_embeddings=False,
+                 **{k: getattr(self, k) for k in _DRAFT_KEYS})
+        d["target_layer_ids"] = list(self.target_layer_ids)
+        ours = dict(self.extra)
+        if self.confidence_temperatures is not None:
+            ours["confidence_temperatures"] = [float(t) for t in self.confidence_temperatures]
+        if ours:
+            d[OUR_KEY] = ours
+        return d
+
+    def check_target(self, target: ModelConfig) -> None:
+        """Raise ConfigError saying what to change when this drafter cannot serve `target`."""
+        problems = []
+        if target.vocab_size != self.base.vocab_size:
+            problems.append(f"vocab_size {self.base.vocab_size} != target's {target.vocab_size}")
+        if target.hidden_size != self.base.hidden_size:
+            problems.append(f"hidden_size {self.base.hidden_size} != target's {target.hidden_size}")
+        if target.num_hidden_layers != self.num_target_layers:
+            problems.append(f"num_target_layers {self.num_target_layers} != target's {target.num_hidden_layers} layers")
+        if any(i >= target.num_hidden_layers for i in self.target_layer_ids):
+            problems.append(f"target_layer_ids {self.target_layer_ids} exceed the target's {target.num_hidden_layers} layers")
+        if problems:
+            raise ConfigError(
+                "the drafter was not trained for this target (" + "; ".join(problems) + "); "
+                "pass the drafter trained for this target, or retrain one with `adaspec train drafter --target ...`"
+            )
+
+
+@dataclass
+class DraftProposal:
+    tokens: torch.Tensor  # [R, k] long
+    probs: torch.Tensor  # [R, k, V] processed q_j (what rejection sampling must use)
+    logits: torch.Tensor  # [R, k, V] raw draft logits U_j + B(x_{j-1}), float32
+    confidences: torch.Tensor  # [R, k] c_j (calibrated if temperatures are set)
+    conf_logits: torch.Tensor  # [R, k] raw confidence logits
+
+
+class MarkovHead(nn.Module):
+    """Low-rank bigram bias B(prev, .) = W2 W1[prev]."""
+
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, in_features: int):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1)
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        b = cfg.base
+        self.config = cfg
+        d, V, m = b.hidden_size, b.vocab_size, len(cfg.target_layer_ids)
+        self.embed_tokens = nn.Embedding(V, d)
+        self.lm_head = nn.Linear(d, V, bias=False)
+        self.fc = nn.Linear(m * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, b.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(b) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(d, b.rms_norm_eps)
+        self.markov_head = MarkovHead(V, cfg.markov_rank)
+        if cfg.enable_confidence_head:
+            self.confidence_head = ConfidenceHead(d + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
+        else:
+            self.confidence_head = None
+        self.rope = RotaryEmbedding(b.head_dim, b.max_position_embeddings, b.rope_theta)
+        self.freeze_target_parts()
+
+    def freeze_target_parts(self) -> None:
+        """Embedding and LM head are the target's and stay frozen."""
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    @torch.no_grad()
+    def copy_from_target(self, target) -> None:
+        self.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        self.lm_head.weight.copy_(target.lm_head.weight)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    # ---- pieces shared by both paths -------------------------------------------------
+    def context_states(self, features: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(features))
+
+    def _context_kv(self, attn, h_ctx: torch.Tensor, positions: torch.Tensor):
+        """A layer's K/V of context states: k_proj/v_proj (+ k_norm, + RoPE), no input norm."""
+        shape = h_ctx.shape[:-1]
+        k = attn.k_proj(h_ctx).view(*shape, attn.num_kv_heads, attn.head_dim)
+        v = attn.v_proj(h_ctx).view(*shape, attn.num_kv_heads, attn.head_dim)
+        if attn.k_norm is not None:
+            k = attn.k_norm(k)
+        (k,) = self.rope(positions, k)
+        return k, v
+
+    def block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """[...] anchor ids -> [..., k, d]: the embedded anchor, then k-1 mask embeddings."""
+        k = self.block_size
+        mask = torch.full((*anchor_ids.shape, k - 1), self.config.mask_token_id, device=anchor_ids.device)
+        return self.embed_tokens(torch.cat([anchor_ids.unsqueeze(-1), mask], dim=-1))
+
+    def heads(self, h: torch.Tensor, prev: torch.Tensor):
+        """h [..., d] final-normed, prev [...] previous token -> (draft logits U + B [..., V] float32,
+        confidence logits [...] float32)."""
+        e = self.markov_head.markov_w1(prev)
+        logits = self.lm_head(h).float() + self.markov_head.markov_w2(e).float()
+        if self.confidence_head is None:
+            conf = torch.full(prev.shape, 20.0, device=h.device)  # no head: always confident
+        else:
+            x = torch.cat([h, e.to(h.dtype)], dim=-1) if self.config.confidence_head_with_markov else h
+            conf = self.confidence_head.proj(x).squeeze(-1).float()
+        return logits, conf
+
+    def confidences(self, conf_logits: torch.Tensor) -> torch.Tensor:
+        t = self.config.confidence_temperatures
+        if t is not None:
+            conf_logits = conf_logits / torch.tensor(t, device=conf_logits.device)[: conf_logits.shape[-1]]
+        return torch.sigmoid(conf_logits)
+
+    # ---- training path ---------------------------------------------------------------
+    def forward_train(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """input_ids [B,T], features [B,T,m*d], anchors [B,A] (0 <= a, a+k-1 < max positions)
+        -> final-normed hidden [B, A, k, d]. Slot j of anchor a sits at position a+j."""
+        B, T = input_ids.shape
+        A, k = anchors.shape[1], self.block_size
+        h_ctx = self.context_states(features)
+        ctx_pos = torch.arange(T, device=input_ids.device).expand(B, T)
+        blk_pos = (anchors.unsqueeze(-1) + torch.arange(k, device=anchors.device)).reshape(B, A * k)
+        x = self.block_inputs(input_ids.gather(1, anchors)).reshape(B, A * k, -1)
+        mask = block_attention_mask(anchors, T, k)
+        for layer in self.layers:
+            attn = layer.self_attn
+            q, kb, vb = attn.qkv(layer.input_layernorm(x), blk_pos, self.rope)
+            kc, vc = self._context_kv(attn, h_ctx, ctx_pos)
+            keys, values = torch.cat([kc, kb.to(kc.dtype)], 1), torch.cat([vc, vb.to(vc.dtype)], 1)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
+                attn_mask=mask, scale=attn.scale, enable_gqa=True,
+            ).transpose(1, 2)
+            x = x + attn.o_proj(out.reshape(B, A * k, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x).reshape(B, A, k, -1)
+
+    # ---- engine path -----------------------------------------------------------------
+    def kv_cache_spec(self) -> tuple[int, int, int]:
+        b = self.config.base
+        return self.config.num_layers, b.num_key_value_heads, b.head_dim
+
+    @torch.no_grad()
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if features.shape[0] == 0:
+            return
+        h_ctx = self.context_states(features.to(self.fc.weight.dtype))
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            k, v = self._context_kv(layer.self_attn, h_ctx, positions)
+            write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+    @torch.no_grad()
+    def backbone_step(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches) -> torch.Tensor:
+        """One pass for R blocks over the paged cache -> final-normed hidden [R, k, d]."""
+        R, k = anchor_ids.shape[0], self.block_size
+        pos_list = [int(p) for p in anchor_pos.tolist()]
+        ends = [p + k for p in pos_list]
+        meta = build_attention_metadata(
+            "reference", block_tables, [k] * R, ends, [[e] * k for e in ends], block_size, anchor_ids.device
+        )
+        positions = (anchor_pos.unsqueeze(-1) + torch.arange(k, device=anchor_pos.device)).reshape(-1)
+        x = self.block_inputs(anchor_ids).reshape(R * k, -1)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            attn = layer.self_attn
+            q, kb, vb = attn.qkv(layer.input_layernorm(x), positions, self.rope)
+            write_kv(k_cache, v_cache, kb, vb, meta.slot_mapping)  # temporary: real context overwrites it
+            out = paged_attention(q, k_cache, v_cache, meta, attn.scale)
+            x = x + attn.o_proj(out.reshape(R * k, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x).reshape(R, k, -1)
+
+    @torch.no_grad()
+    def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches, temperature, top_p, top_k,
+                generators) -> DraftProposal:
+        from adaspec.engine.sampler import processed_probs, sample_from_probs
+
+        h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches)
+        greedy = [float(t) <= 0 for t in temperature.tolist()]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        any_filter = bool(((top_k > 0) | (top_p < 1.0)).any()) if sampled else False
+        idx = torch.tensor(sampled, device=h.device, dtype=torch.long)
+        toks, probs, logits, confs = [], [], [], []
+        prev = anchor_ids
+        for j in range(self.block_size):  # k small matmuls: the semi-autoregressive part
+            lg, cl = self.heads(h[:, j], prev)
+            pj = processed_probs(lg, temperature, top_p, top_k, any_filter=any_filter, any_greedy=len(sampled) < len(greedy))
+            tok = lg.argmax(-1)
+            if sampled:
+                tok[idx] = sample_from_probs(pj[idx], [generators[i] for i in sampled])
+            toks.append(tok)
+            probs.append(pj)
+            logits.append(lg)
+            confs.append(cl)
+            prev = tok
+        conf_logits = torch.stack(confs, 1)
+        return DraftProposal(torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(logits, 1),
+                             self.confidences(conf_logits), conf_logits)
+
+
+def block_attention_mask(anchors: torch.Tensor, T: int, k: int) -> torch.Tensor:
+    """[B, 1, A*k, T + A*k] bool, True = visible. Keys: T context positions, then the A blocks.
+    Query in block b sees context positions < anchors[b] and the k keys of block b only."""
+    B, A = anchors.shape
+    dev = anchors.device
+    blk_of_q = torch.arange(A * k, device=dev) // k  # [A*k]
+    a_q = anchors[:, blk_of_q]  # [B, A*k]
+    ctx = torch.arange(T, device=dev)[None, None, :] < a_q[:, :, None]  # [B, A*k, T]
+    own = (blk_of_q[:, None] == blk_of_q[None, :]).expand(B, -1, -1)  # [B, A*k, A*k]
+    return torch.cat([ctx, own], dim=-1).unsqueeze(1)
+
+
+# ---- checkpoints ----------------------------------------------------------------------
+def save_drafter(model: DSparkDrafter, cfg: DrafterConfig, out_dir, dtype: torch.dtype | None = None) -> Path:
+    """config.json + model.safetensors with DeepSpec's tensor names."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu")
+        state[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf = cfg.to_hf()
+    hf["torch_dtype"] = str(dtype or model.fc.weight.dtype).replace("torch.", "")
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return out
+
+
+def save_drafter_config(cfg: DrafterConfig, out_dir) -> None:
+    """Rewrite config.json only (e.g. after calibration), keeping the fields we do not model."""
+    path = Path(out_dir) / "config.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    new = cfg.to_hf()
+    if "torch_dtype" in old:
+        new["torch_dtype"] = old["torch_dtype"]
+    path.write_text(json.dumps(new, indent=2) + "\n")
+
+
+def load_drafter_config(name_or_path) -> tuple[DrafterConfig, Path]:
+    from adaspec.models.loader import model_dir, read_json
+
+    path = model_dir(name_or_path)
+    return DrafterConfig.from_hf(read_json(path / "config.json", "drafter config.json")), path
+
+
+def load_drafter(name_or_path, target_cfg: ModelConfig | None = None, dtype=None, device="cpu"):
+    """-> (DSparkDrafter in eval mode, DrafterConfig). With target_cfg, refuses a drafter made
+    for another target."""
+    from adaspec.models.loader import load_state_dict, load_weights, resolve_dtype
+
+    device = torch.device(device)
+    cfg, path = load_drafter_config(name_or_path)
+    if target_cfg is not None:
+        cfg.check_target(target_cfg)
+    state = load_state_dict(path)
+    with torch.device("meta"):
+        model = DSparkDrafter(cfg)
+    model = model.to_empty(device="cpu")
+    load_weights(model, state, path)
+    model = model.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
+    model.rope.build_tables(device=device)  # RoPE tables stay float32
+    return model, cfg
+
+
+def with_temperatures(cfg: DrafterConfig, temps) -> DrafterConfig:
+    return replace(cfg, confidence_temperatures=[float(t) for t in temps])

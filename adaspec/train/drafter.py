@@ -1,0 +1,226 @@
+"""`adaspec train drafter`: train a DSpark drafter against a frozen target.
+
+Target features and distributions are computed online for every batch (no offline cache).
+Each sequence gives --anchors-per-seq random anchors, all blocks in one batched forward.
+AdamW, 4% warmup then cosine to 0, weight decay 0, grad clip 1.0, bf16 autocast on CUDA.
+OUT/checkpoint.pt makes the run resumable (--resume); the result is a drafter directory
+(config.json + model.safetensors) in OUT.
+
+Data: --corpus DIR (the train helper's corpus; packed train split), --data FILE (.npy
+[N, L] token ids), or --self-distill: continuations of corpus prefixes sampled from the
+target itself (OUT/selfdistill.npy, reused on --resume), which match what the drafter
+will have to predict at serving time.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from adaspec.errors import AdaspecError
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("drafter", help="train a DSpark drafter for a target model")
+    p.add_argument("--target", required=True, help="target model directory or embedded name")
+    src = p.add_argument_group("data")
+    src.add_argument("--corpus", type=Path, help="corpus directory (train split; prompts for --self-distill)")
+    src.add_argument("--data", type=Path, help=".npy [N, L] token sequences to train on")
+    src.add_argument("--self-distill", action="store_true", help="train on target-sampled continuations of corpus prefixes")
+    src.add_argument("--sd-num-seqs", type=int, default=2048)
+    src.add_argument("--sd-prompt-len", type=int, default=32)
+    src.add_argument("--sd-temperature", type=float, default=1.0)
+    src.add_argument("--sd-greedy-frac", type=float, default=0.25, help="share of self-distilled rows decoded greedily")
+    src.add_argument("--sd-batch", type=int, default=256)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--block-size", type=int, default=7)
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
+    p.add_argument("--markov-rank", type=int, default=64)
+    p.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: spread)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's <|mask|>")
+    p.add_argument("--anchors-per-seq", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup", type=float, default=0.04, help="warmup fraction of --steps")
+    p.add_argument("--gamma", type=float, default=4.0, help="slot weight decay w_j = exp(-(j-1)/gamma)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=500)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _mask_token_id(target_dir: Path, vocab: int, explicit: int | None) -> int:
+    if explicit is not None:
+        return explicit
+    try:
+        from adaspec.models.tokenizer import Tokenizer
+
+        tid = Tokenizer.from_dir(target_dir).token_to_id("<|mask|>")
+    except Exception:
+        tid = None
+    if tid is None:
+        raise AdaspecError("the target's tokenizer has no <|mask|> token; pass --mask-token-id")
+    if tid >= vocab:
+        raise AdaspecError(f"<|mask|> id {tid} is outside the target's vocabulary ({vocab})")
+    return tid
+
+
+def init_drafter(drafter, target, seed: int) -> None:
+    """Normal(0, 0.02) projections, unit norms, zero Markov bias, target's embedding/LM head."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name in ("markov_head.markov_w2.weight", "confidence_head.proj.bias"):
+                p.zero_()  # start as "no bigram bias", confidence 0.5
+            elif p.requires_grad:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+        drafter.copy_from_target(target)
+
+
+def _build_sampler(args, target_dir: Path, out: Path, target, device):
+    import numpy as np
+
+    from adaspec.train.drafter_data import RowSampler, StreamSampler, corpus_tokens, load_sequences, prompt_windows
+
+    if args.data:
+        return RowSampler(load_sequences(args.data), args.seq_len, args.batch_size, args.seed)
+    if not args.corpus:
+        raise AdaspecError("give --corpus DIR (with or without --self-distill) or --data FILE")
+    tokens = corpus_tokens(args.corpus, target_dir)
+    if not args.self_distill:
+        return StreamSampler(tokens, args.seq_len, args.batch_size, args.seed)
+    path = out / "selfdistill.npy"
+    if not (args.resume and path.is_file()):
+        rows = self_distill_rows(target, tokens, args, device)
+        np.save(path, rows)
+    return RowSampler(np.load(path), args.seq_len, args.batch_size, args.seed)
+
+
+def self_distill_rows(target, tokens, args, device):
+    import numpy as np
+    import torch
+
+    from adaspec.train.drafter_data import prompt_windows
+    from adaspec.train.self_distill import sample_continuations
+
+    gen_len = args.seq_len - args.sd_prompt_len
+    if gen_len < args.block_size + 1:
+        raise AdaspecError("--seq-len must exceed --sd-prompt-len by more than the block size")
+    prompts = prompt_windows(tokens, args.sd_num_seqs, args.sd_prompt_len, args.seed).to(device)
+    n_greedy = int(round(args.sd_num_seqs * args.sd_greedy_frac))
+    t0 = time.time()
+    parts = []
+    if n_greedy:
+        parts.append(sample_continuations(target, prompts[:n_greedy], gen_len, 0.0, seed=args.seed,
+                                          batch_size=args.sd_batch, progress=True))
+    if n_greedy < len(prompts):
+        parts.append(sample_continuations(target, prompts[n_greedy:], gen_len, args.sd_temperature,
+                                          seed=args.seed + 1, batch_size=args.sd_batch, progress=True))
+    rows = torch.cat(parts).numpy()
+    print(f"self-distill: {rows.shape[0]} sequences x {rows.shape[1]} tokens in {time.time() - t0:.1f}s", flush=True)
+    dtype = np.uint16 if target.config.vocab_size <= 65536 else np.int32
+    return rows.astype(dtype)
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
+    from adaspec.models.loader import load_target, model_dir
+    from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, sample_anchors
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    torch.manual_seed(args.seed)
+    target_dir = model_dir(args.target)
+    target, tcfg = load_target(target_dir, dtype="bfloat16" if device.type == "cuda" else "float32", device=device)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False) if args.resume and ckpt_path.is_file() else None
+
+    if ckpt is not None:
+        cfg = DrafterConfig.from_hf(ckpt["config"])
+    else:
+        layers = [int(x) for x in args.target_layers.split(",")] if args.target_layers else None
+        cfg = DrafterConfig.from_target(
+            tcfg, mask_token_id=_mask_token_id(target_dir, tcfg.vocab_size, args.mask_token_id),
+            block_size=args.block_size, num_layers=args.layers, markov_rank=args.markov_rank, target_layer_ids=layers,
+        )
+    cfg.check_target(tcfg)
+    drafter = DSparkDrafter(cfg)
+    init_drafter(drafter, target, args.seed)
+    drafter.to(device)
+    drafter.rope.build_tables(device=device)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sampler = _build_sampler(args, target_dir, out, target, device)
+    anchor_gen = torch.Generator().manual_seed(args.seed + 7)
+    step = 0
+    if ckpt is not None:
+        drafter.load_state_dict(ckpt["model"], strict=False)
+        opt.load_state_dict(ckpt["optim"])
+        sampler.gen.set_state(ckpt["sampler_rng"])
+        anchor_gen.set_state(ckpt["anchor_rng"])
+        step = ckpt["step"]
+        print(f"resumed from step {step}", flush=True)
+
+    def save_ckpt():
+        trainable = {k: v for k, v in drafter.state_dict().items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+        torch.save({"step": step, "model": trainable, "optim": opt.state_dict(), "config": cfg.to_hf(),
+                    "sampler_rng": sampler.gen.get_state(), "anchor_rng": anchor_gen.get_state(), "args": vars(args)},
+                   ckpt_path.with_suffix(".tmp"))
+        ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+
+    n_train = sum(p.numel() for p in params)
+    print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
+          f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    history = []
+    bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
+    t0 = time.time()
+    drafter.train()
+    while step < args.steps:
+        ids = sampler.next().to(device)
+        anchors = sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq, anchor_gen).to(device)
+        lr = cosine_lr(step, args.steps, args.lr, args.warmup)
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr
+        with amp:
+            bb = block_forward(target, drafter, ids, anchors)
+        loss, stats = dspark_loss(bb, gamma=args.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % args.log_every == 0 or step == args.steps:
+            rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}
+            history.append(rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{stats['ce']:.2f}", acc1=f"{stats['accept'][0]:.2f}")
+            tqdm.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]
+                                       if isinstance(v, list) else v) for k, v in rec.items()}))
+        if args.save_every and step % args.save_every == 0 and step < args.steps:
+            save_ckpt()
+    bar.close()
+    save_ckpt()
+    drafter.eval()
+    save_drafter(drafter, cfg, out, dtype=getattr(torch, args.save_dtype))
+    log = out / "train_log.jsonl"
+    with open(log, "a") as f:
+        for rec in history:
+            f.write(json.dumps(rec) + "\n")
+    print(f"saved drafter to {out} ({step} steps, {time.time() - t0:.0f}s)", flush=True)
+    return 0
