@@ -1,0 +1,127 @@
+"""The server on the real LLMEngine and a random micro model: its greedy text equals LLM.generate."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from conftest import LiveServer, openai_client
+
+pytest.importorskip("torch")
+testing = pytest.importorskip("adaspec.testing")
+
+ENGINE_ARGS = dict(max_num_seqs=64, num_kv_blocks=512, block_size=16, max_model_len=512, device="cpu")
+PROMPTS = ["def fib(n):", "The quick brown fox", "import os\nimport sys\n"]
+CHATS = [[{"role": "user", "content": "hello"}],
+         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "for i in range(10):"}]]
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    return str(testing.make_micro_model_dir(tmp_path_factory.mktemp("serve_micro") / "micro"))
+
+
+@pytest.fixture(scope="module")
+def reference(micro_dir):
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM(micro_dir, **ENGINE_ARGS)
+
+    def generate(prompt, max_tokens):  # one prompt at a time, as the server gets them in these tests
+        return llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+
+    generate.tokenizer = llm.get_tokenizer()
+    return generate
+
+
+@pytest.fixture(scope="module")
+def real_server(micro_dir):
+    from adaspec.config import EngineConfig
+    from adaspec.engine.llm_engine import LLMEngine
+
+    s = LiveServer(lambda: LLMEngine(EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(real_server):
+    return openai_client(real_server)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_completion_greedy_equals_llm_generate(client, reference, prompt):
+    ref = reference(prompt, 24)
+    r = client.completions.create(model="micro", prompt=prompt, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref.outputs[0].text
+    assert r.choices[0].finish_reason == ref.outputs[0].finish_reason
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert r.usage.completion_tokens == len(ref.outputs[0].token_ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_streamed_completion_concatenates_to_non_streamed(client, prompt):
+    full = client.completions.create(model="micro", prompt=prompt, max_tokens=24, temperature=0)
+    chunks = list(client.completions.create(model="micro", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    assert chunks[-2].choices[0].finish_reason == full.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("messages", CHATS)
+def test_chat_greedy_equals_llm_generate(client, reference, messages):
+    ref = reference(reference.tokenizer.apply_chat_template(messages), 20)
+    r = client.chat.completions.create(model="micro", messages=messages, max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == ref.outputs[0].text
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert r.usage.completion_tokens == len(ref.outputs[0].token_ids)
+    stream = client.chat.completions.create(model="micro", messages=messages, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.outputs[0].text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_prompt_too_long_is_400(real_server):
+    r = httpx.post(real_server.url + "/v1/completions", json={"prompt": list(range(5, 600)), "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+async def _stream(client: httpx.AsyncClient, url, i, max_tokens, disconnect_after=None):
+    body = {"model": "micro", "prompt": f"{PROMPTS[i % 3]} {i}", "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    n = 0
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                n += 1
+                if disconnect_after is not None and n >= disconnect_after:
+                    return "disconnected"  # leaving the block closes the connection mid-stream
+                if line == "data: [DONE]":
+                    return "done"
+    return "eof"
+
+
+def test_64_concurrent_streams_and_20_disconnects_free_every_kv_block(real_server):
+    url = real_server.url + "/v1/completions"
+
+    async def main():
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as c:
+            done = [_stream(c, url, i, 16) for i in range(64)]
+            cut = [_stream(c, url, i, 400, disconnect_after=3) for i in range(20)]
+            return await asyncio.gather(*done, *cut)
+
+    results = asyncio.run(main())
+    assert results[:64] == ["done"] * 64
+    assert results[64:] == ["disconnected"] * 20
+    free, total = real_server.wait_idle(timeout=20)
+    assert free == total
+    assert real_server.engine(lambda e: (e.num_running(), e.num_waiting(), e.has_unfinished_requests())) == (0, 0, False)
+    assert real_server.state.inflight == 0
+    r = httpx.post(url, json={"model": "micro", "prompt": "still there?", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    assert httpx.get(real_server.url + "/health").status_code == 200
