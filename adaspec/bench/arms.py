@@ -24,7 +24,7 @@ class Arm:
         """File-name safe form ("fixed-7")."""
         return re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)
 
-    def speculative_config(self, drafter: str | None, temperature: float) -> dict | None:
+    def speculative_config(self, drafter: str | None, temperature: float, extra: dict | None = None) -> dict | None:
         if self.kind == "none":
             return None
         cfg: dict = {"method": "dspark", "num_speculative_tokens": self.k}
@@ -34,6 +34,7 @@ class Arm:
             cfg["enable_adaptive_verification"] = True
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
+        cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
         return cfg
 
 

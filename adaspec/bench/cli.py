@@ -74,6 +74,8 @@ def add_parser(subparsers) -> None:
     _add_request_args(w, 128)
     w.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every `adaspec serve` (repeatable, e.g. --server-arg=--max-num-seqs=256)")
+    w.add_argument("--speculative-config-extra", metavar="JSON", default=None,
+                   help="JSON object merged into every speculative arm's --speculative-config")
     w.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
     w.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     w.set_defaults(func=cmd_sweep)
@@ -119,6 +121,16 @@ def sweep_config_from_args(args, log=print):
     if not args.model and not base_urls:
         raise AdaspecError("bench sweep needs --model (the model each arm's server loads)")
     arms = arms_for(args.arms, base_urls)
+    spec_extra = {}
+    if getattr(args, "speculative_config_extra", None):
+        import json
+
+        try:
+            spec_extra = json.loads(args.speculative_config_extra)
+        except json.JSONDecodeError as e:
+            raise AdaspecError(f"--speculative-config-extra is not valid JSON: {e}") from None
+        if not isinstance(spec_extra, dict):
+            raise AdaspecError("--speculative-config-extra must be a JSON object")
     pool = max(args.num_prompts, max(args.concurrency))
     prompts = dataset.load_prompts(args.dataset, pool, args.dataset_path, args.random_input_len, args.seed)
     return SweepConfig(
@@ -127,7 +139,7 @@ def sweep_config_from_args(args, log=print):
         num_prompts=args.num_prompts, repeats=args.repeats, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=args.endpoint, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
-        server_args=args.server_arg, startup_timeout=args.startup_timeout, progress=not args.disable_tqdm,
+        server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout, progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
 

@@ -39,6 +39,7 @@ class SweepConfig:
     api_key: str | None = None
     seed: int = 0
     server_args: list[str] = field(default_factory=list)
+    spec_extra: dict = field(default_factory=dict)  # merged into every speculative arm's config
     startup_timeout: float = 600.0
     progress: bool = True
     report: bool = True
@@ -70,7 +71,7 @@ def arm_record(cfg: SweepConfig, arm: Arm) -> dict:
         # The sweep cannot see how an external server was configured; it says so.
         rec["speculative_config"] = "set by the external server"
     else:
-        rec["speculative_config"] = arm.speculative_config(cfg.drafter, cfg.temperature)
+        rec["speculative_config"] = arm.speculative_config(cfg.drafter, cfg.temperature, cfg.spec_extra)
         rec["server_args"] = cfg.server_args
     return rec
 
@@ -102,7 +103,14 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
             )
     arms = {a["name"]: a for a in (old or {}).get("arms", [])}
     for arm in cfg.arms:
-        arms[arm.name] = arm_record(cfg, arm)
+        rec = arm_record(cfg, arm)
+        prev = arms.get(arm.name)
+        if prev and prev.get("speculative_config") != rec["speculative_config"]:
+            raise BenchError(
+                f"{cfg.out} measured arm {arm.name} with speculative_config {prev.get('speculative_config')!r}, "
+                f"now {rec['speculative_config']!r}; use a new --out directory"
+            )
+        arms[arm.name] = rec
     m["arms"] = list(arms.values())
     m["concurrency"] = sorted(set((old or {}).get("concurrency", [])) | set(cfg.concurrency))
     m["repeats"] = max((old or {}).get("repeats", 0), cfg.repeats)
@@ -150,7 +158,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
         if arm.name in cfg.base_urls:
             url = cfg.base_urls[arm.name]
         else:
-            spec = arm.speculative_config(cfg.drafter, cfg.temperature)
+            spec = arm.speculative_config(cfg.drafter, cfg.temperature, cfg.spec_extra)
             server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout,
                                    cfg.launcher)
             cfg.log(f"[{arm.name}] starting server: {' '.join(server.command())}")

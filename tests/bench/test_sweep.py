@@ -70,6 +70,7 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
     args = _args(["bench", "sweep", "--model", "m0", "--drafter", "d0", "--arms", "none,adaptive:7",
                   "--concurrency", "1,4", "--repeats", "2", "--num-prompts", "4", "--num-warmups", "0",
                   "--dataset", "random", "--temperature", "0", "--server-arg=--max-num-seqs=8",
+                  "--speculative-config-extra", '{"profile_repeats": 2}',
                   "--out", str(tmp_path / "o"), "--disable-tqdm", "--startup-timeout", "30"])
     cfg = sweep_config_from_args(args, log=lambda *a: None)
     cfg.launcher = [sys.executable, str(HERE / "fake_serve_main.py")]
@@ -78,7 +79,8 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
     assert len(calls) == 2  # one server per arm
     assert calls[0] == {"model": "m0", "spec": None, "rest": ["--max-num-seqs=8"]}
     assert json.loads(calls[1]["spec"]) == {"method": "dspark", "num_speculative_tokens": 7, "model": "d0",
-                                            "enable_adaptive_verification": True, "draft_sample_method": "greedy"}
+                                            "enable_adaptive_verification": True, "draft_sample_method": "greedy",
+                                            "profile_repeats": 2}
     assert len(list((tmp_path / "o" / "points").glob("*.json"))) == 8
     p = json.loads((tmp_path / "o" / "points" / "adaptive-7_c4_r1.json").read_text())
     assert p["total_output_tokens"] == 4 * 8 and p["mean_tokens_per_chunk"] == 2.0
@@ -100,6 +102,14 @@ def test_arm_parsing_and_configs():
     assert arms[0].speculative_config("d", 1.0) is None
     assert arms[1].speculative_config(None, 1.0) == {"method": "dspark", "num_speculative_tokens": 1,
                                                      "draft_sample_method": "probabilistic"}
+    try:  # the engine's own parser accepts every config the sweep writes
+        from adaspec.config import SpeculativeConfig
+    except ImportError:
+        SpeculativeConfig = None
+    if SpeculativeConfig is not None and hasattr(SpeculativeConfig, "from_dict"):
+        for a in arms[1:]:
+            for t in (0.0, 1.0):
+                SpeculativeConfig.from_dict(a.speculative_config("d", t))
     for bad in ("fixed", "fixed:0", "adaptive:x", "none,none"):
         with pytest.raises(AdaspecError):
             parse_arms(bad)
