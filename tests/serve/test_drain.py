@@ -1,0 +1,116 @@
+"""SIGTERM drains: new requests get 503, running ones finish (or are aborted at the timeout), exit 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd: list[str], port: int, timeout: float = 60) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise AssertionError(f"server exited with {p.returncode}: {p.stdout.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return p
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    raise AssertionError("server did not come up")
+
+
+def _stream_in_thread(url: str, body: dict):
+    """Start a streaming request; returns (thread, result dict, event set after the first chunk)."""
+    result: dict = {"chunks": []}
+    first = threading.Event()
+
+    def go():
+        try:
+            with httpx.stream("POST", url, json=dict(body, stream=True), timeout=60) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        result["chunks"].append(line[6:])
+                        first.set()
+        except Exception as e:  # noqa: BLE001 - reported by the assertions
+            result["error"] = repr(e)
+        first.set()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t, result, first
+
+
+def _finish_reason(result) -> str | None:
+    reasons = [json.loads(c)["choices"][0].get("finish_reason") for c in result["chunks"][:-1]
+               if json.loads(c).get("choices")]
+    return reasons[-1] if reasons else None
+
+
+def _drain_scenario(cmd, port, max_tokens, expect_reason):
+    p = _start(cmd, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens})
+        assert first.wait(30)
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        assert "Retry-After" in r.headers
+        assert httpx.get(base + "/health", timeout=5).status_code == 503
+        t.join(60)
+        assert result.get("status") == 200, result
+        assert result["chunks"][-1] == "[DONE]"
+        assert _finish_reason(result) == expect_reason
+        assert p.wait(30) == 0, p.stdout.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_sigterm_lets_running_request_finish_then_exits_0():
+    port = _free_port()
+    cmd = [sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "30", "0.03"]
+    _drain_scenario(cmd, port, max_tokens=40, expect_reason="length")
+
+
+def test_sigterm_aborts_requests_still_running_at_drain_timeout():
+    port = _free_port()
+    cmd = [sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "0.5", "0.01"]
+    t0 = time.monotonic()
+    _drain_scenario(cmd, port, max_tokens=3000, expect_reason="abort")
+    assert time.monotonic() - t0 < 20
+
+
+def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path):
+    pytest.importorskip("torch")
+    testing = pytest.importorskip("adaspec.testing")
+    model = str(testing.make_micro_model_dir(tmp_path / "micro"))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "adaspec.cli", "serve", model, "--port", str(port), "--device", "cpu",
+           "--served-model-name", "micro", "--max-model-len", "512", "--num-kv-blocks", "128",
+           "--drain-timeout", "20", "--log-level", "warning"]
+    _drain_scenario(cmd, port, max_tokens=48, expect_reason="length")
