@@ -1,0 +1,108 @@
+"""`adaspec train calibrate`: Sequential Temperature Scaling of a drafter's confidences.
+
+Measures per-block acceptance teacher-forced on target-generated continuations of held-out
+prompts (as `adaspec eval drafter` does), splits the prompts in two halves (fit / report),
+fits one temperature per slot on the fit half (adaspec.spec.calibration), and reports, on
+the other half, per-slot ECE of the cumulative survival prod c_i against observed prefix
+acceptance before and after, plus AUC. Temperatures go into the drafter's config.json under
+our own key (``adaspec.confidence_temperatures``), which load_drafter applies at inference.
+
+At T > 0 the observed accepted length is sampled from the per-slot acceptance
+probabilities; --samples draws several per block to cut the label noise.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit per-slot confidence temperatures of a drafter (STS)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="drafter directory (its config.json is updated)")
+    p.add_argument("--prompts", default="eval-code", help="'eval-code', a .jsonl file or a .npy of token ids")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--max-prompt-len", type=int, default=512)
+    p.add_argument("--gen-len", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature the acceptance is measured at")
+    p.add_argument("--samples", type=int, default=4, help="accepted-length samples per block at T > 0")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", type=Path, help="reliability PNG (default DRAFTER/calibration.png)")
+    p.add_argument("--dry-run", action="store_true", help="report only, leave config.json as it is")
+    p.set_defaults(func=run)
+
+
+def fit_and_report(fit, rep, n_bins: int = 15) -> dict:
+    """fit / rep: BlockResults. -> temperatures and before/after metrics on `rep`."""
+    from adaspec.spec.calibration import (auc, ece, per_slot_metrics, prefix_labels,
+                                          sequential_temperature_scaling, survival_from_logits)
+
+    temps = sequential_temperature_scaling(fit.conf_logits, fit.accepted, n_bins=n_bins)
+    k = rep.conf_logits.shape[1]
+    labels, _ = prefix_labels(rep.accepted, k)
+    before = survival_from_logits(rep.conf_logits)
+    after = survival_from_logits(rep.conf_logits, temps)
+    return {
+        "temperatures": [float(t) for t in temps],
+        "before": {"ece": ece(before, labels, n_bins), "auc": auc(before, labels),
+                   "per_slot": per_slot_metrics(before, rep.accepted, n_bins)},
+        "after": {"ece": ece(after, labels, n_bins), "auc": auc(after, labels),
+                  "per_slot": per_slot_metrics(after, rep.accepted, n_bins)},
+        "_curves": {"raw": (before, labels), "calibrated": (after, labels)},
+    }
+
+
+def replicate(res, samples: int, seed: int):
+    """At T > 0: `samples` independent accepted-length draws per block."""
+    import numpy as np
+    import torch
+
+    from adaspec.train.drafter_eval import BlockResults, sample_accepted
+
+    if res.temperature <= 0 or samples <= 1:
+        return res
+    gen = torch.Generator().manual_seed(seed)
+    acc = np.concatenate([sample_accepted(res.alpha, gen) for _ in range(samples)])
+    return BlockResults(np.tile(res.conf_logits, (samples, 1)), np.tile(res.alpha, (samples, 1)), acc, res.temperature)
+
+
+def run(args) -> int:
+    import torch
+
+    from adaspec.models.drafter import load_drafter, save_drafter_config, with_temperatures
+    from adaspec.models.loader import load_target, model_dir
+    from adaspec.models.tokenizer import Tokenizer
+    from adaspec.spec.calibration import plot_reliability
+    from adaspec.train.drafter_eval import generate_eval_set, load_prompts, measure_blocks
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    target, tcfg = load_target(args.target, dtype=dtype, device=device)
+    drafter, dcfg = load_drafter(args.drafter, target_cfg=tcfg, dtype=dtype, device=device)
+    tok = Tokenizer.from_dir(model_dir(args.target))
+    prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len)
+    seqs, starts = generate_eval_set(target, prompts, args.gen_len, args.temperature, seed=args.seed)
+    half = len(seqs) // 2  # fit on the first half of the prompts, report on the second
+    fit = measure_blocks(target, drafter, seqs[:half], starts[:half], args.temperature, batch_size=args.batch_size,
+                         seed=args.seed)
+    rep = measure_blocks(target, drafter, seqs[half:], starts[half:], args.temperature, batch_size=args.batch_size,
+                         seed=args.seed + 1)
+    out = fit_and_report(replicate(fit, args.samples, args.seed), replicate(rep, args.samples, args.seed + 1))
+    curves = out.pop("_curves")
+    plot = args.plot or Path(model_dir(args.drafter)) / "calibration.png"
+    plot_reliability(curves, plot, title=f"drafter survival vs prefix acceptance (T={args.temperature:g})")
+    out.update(prompts=args.prompts, num_prompts=len(prompts), temperature=args.temperature,
+               fit_blocks=int(fit.alpha.shape[0]), report_blocks=int(rep.alpha.shape[0]), plot=str(plot))
+    k = len(out["temperatures"])
+    print("slot  T_j     ECE before  ECE after  AUC")
+    for j in range(k):
+        b, a = out["before"]["per_slot"][j], out["after"]["per_slot"][j]
+        print(f"{j + 1:>4}  {out['temperatures'][j]:5.3f}  {b['ece']:10.4f}  {a['ece']:9.4f}  {a['auc']:.3f}")
+    print(f"all   ECE {out['before']['ece']:.4f} -> {out['after']['ece']:.4f}, AUC {out['after']['auc']:.3f}")
+    if not args.dry_run:
+        save_drafter_config(with_temperatures(dcfg, out["temperatures"]), model_dir(args.drafter))
+        (Path(model_dir(args.drafter)) / "calibration.json").write_text(json.dumps(out, indent=2) + "\n")
+        print(f"temperatures saved in {model_dir(args.drafter) / 'config.json'}")
+    return 0
