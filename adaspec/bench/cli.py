@@ -68,7 +68,7 @@ def add_parser(subparsers) -> None:
     w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256])
     w.add_argument("--repeats", type=int, default=3)
     w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
-    w.add_argument("--num-warmups", type=int, default=2, help="unmeasured requests before each point")
+    w.add_argument("--num-warmups", type=int, default=2, help="unmeasured requests before each point, sent at its concurrency")
     w.add_argument("--out", required=True, help="results directory (rerun with the same --out to resume)")
     _add_dataset_args(w)
     _add_request_args(w, 128)
@@ -103,6 +103,9 @@ def cmd_serve(args) -> int:
     )
     res = run_benchmark(cfg)
     print(format_summary(res))
+    if not res["completed"]:
+        first = next((e for e in res["errors"] if e), "")
+        print(f"adaspec: no request completed; first error: {first}", file=sys.stderr)
     if args.save_result:
         write_json_atomic(args.save_result, res)
         print(f"result written to {args.save_result}")

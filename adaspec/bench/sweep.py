@@ -124,7 +124,7 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path)
     bc = BenchConfig(
         base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
         max_concurrency=c, output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
-        num_warmups=min(cfg.num_warmups, max(1, c)) if cfg.num_warmups else 0, endpoint=cfg.endpoint,
+        num_warmups=cfg.num_warmups, endpoint=cfg.endpoint,
         api_key=cfg.api_key, seed=cfg.seed + 1000 * r, label=f"{arm.name} C={c} r={r}", progress=cfg.progress,
         extra={"arm": arm.name, "concurrency": c, "repeat": r},
     )
