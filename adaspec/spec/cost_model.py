@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 CACHE_FORMAT = 1
+DENSE_MAX = 1 << 17  # largest size with a precomputed per-integer lookup table
 
 
 class CostTable:
@@ -46,6 +47,8 @@ class CostTable:
         self.capture_limit = None if capture_limit is None else int(capture_limit)
         lim = self.capture_limit
         self._hi = np.ones_like(s, dtype=bool) if lim is None else s > lim
+        # dense table for integer sizes: the policy looks up ~R*k sizes every step
+        self._dense = self._lookup(np.arange(int(s[-1]) + 1)) if s[-1] <= DENSE_MAX else None
 
     # -- lookup -------------------------------------------------------------------------
     def __call__(self, n):
@@ -53,6 +56,15 @@ class CostTable:
 
     def lookup(self, n):
         """Cost in ms for size(s) ``n`` (scalar -> float, array -> float64 array). n <= 0 -> 0."""
+        d = self._dense
+        if d is not None:
+            if isinstance(n, (int, np.integer)) and 0 <= n < d.size:
+                return float(d[n])
+            if isinstance(n, np.ndarray) and n.dtype.kind in "iu" and n.size and n.min() >= 0 and n.max() < d.size:
+                return d[n]
+        return self._lookup(n)
+
+    def _lookup(self, n):
         arr = np.asarray(n, dtype=np.float64)
         out = np.zeros(arr.shape, dtype=np.float64)
         pos = arr > 0

@@ -56,8 +56,8 @@ except ImportError:  # pragma: no cover
 # -- survivals and calibration temperatures -----------------------------------------------
 def survival(conf: np.ndarray) -> np.ndarray:
     """a[..., j] = prod_{i<=j} conf[..., i], confidences clipped to [0, 1], non-increasing."""
-    c = np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=0.0)
-    a = np.cumprod(np.clip(c, 0.0, 1.0), axis=-1)
+    c = np.asarray(conf, dtype=np.float64)
+    a = np.cumprod(np.where(c > 0.0, np.minimum(c, 1.0), 0.0), axis=-1)  # NaN -> 0
     return np.minimum.accumulate(a, axis=-1)
 
 
@@ -157,12 +157,12 @@ def allocate_torch(survivals: "torch.Tensor", budget, limits: "torch.Tensor | No
     R, K = survivals.shape
     a = survivals.float()
     if limits is not None:
-        a = _masked(a, limits.to(a.device), K, torch.where, torch.arange(K, device=a.device))
+        a = _masked(a, limits.to(a.device, non_blocking=True), K, torch.where, torch.arange(K, device=a.device))
     flat = a.reshape(-1)
     order = torch.sort(flat, descending=True, stable=True).indices
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(flat.numel(), device=flat.device)
-    b = torch.as_tensor(budget, device=flat.device)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
+    # a python int is compared directly (no host-to-device copy); a tensor budget stays on device
+    b = budget.to(flat.device, non_blocking=True) if isinstance(budget, torch.Tensor) else int(budget)
     admitted = (rank < b) & (flat >= 0)
     return admitted.view(R, K).sum(dim=1)
 
@@ -184,16 +184,41 @@ class AdaptiveBudget:
             raise ValueError("ema_alpha must be in (0, 1] or None")
         self.cost, self.k, self.ema_alpha, self.max_budget = cost, int(k), ema_alpha, max_budget
         self.leaky = leaky  # tests only: budget from the current confidences (biased)
-        self.last_conf: dict[Hashable, np.ndarray] = {}
+        # last confidences live in one array (row per request) so a step is a few numpy ops
+        self._row: dict[Hashable, int] = {}
+        self._conf = np.ones((64, self.k))
+        self._free: list[int] = list(range(63, -1, -1))  # pop() hands out low rows first
         self.last_budget: int | None = None
 
+    @property
+    def last_conf(self) -> dict[Hashable, np.ndarray]:
+        """request id -> stored confidences [K] (a copy, for inspection)."""
+        return {rid: self._conf[i].copy() for rid, i in self._row.items()}
+
+    def _rows(self, request_ids: Sequence[Hashable], create: bool) -> np.ndarray:
+        rows = np.empty(len(request_ids), dtype=np.int64)
+        for n, rid in enumerate(request_ids):
+            i = self._row.get(rid)
+            if i is None:
+                if not create:
+                    rows[n] = -1
+                    continue
+                if not self._free:  # grow x2
+                    old = self._conf.shape[0]
+                    self._conf = np.concatenate([self._conf, np.ones((old, self.k))])
+                    self._free = list(range(2 * old - 1, old - 1, -1))
+                i = self._free.pop()
+                self._row[rid] = i
+                self._conf[i] = np.nan  # marks "never observed" for the EMA
+            rows[n] = i
+        return rows
+
     def old_confidences(self, request_ids: Sequence[Hashable]) -> np.ndarray:
-        out = np.ones((len(request_ids), self.k))  # unknown request: every slot survives
-        for i, rid in enumerate(request_ids):
-            c = self.last_conf.get(rid)
-            if c is not None:
-                out[i, : min(self.k, c.size)] = c[: self.k]
-        return out
+        """[R, K] stored confidences; unknown requests (and never-set entries) count as 1.0."""
+        rows = self._rows(request_ids, create=False)
+        out = self._conf[np.maximum(rows, 0)]
+        out[rows < 0] = 1.0
+        return np.nan_to_num(out, nan=1.0)
 
     def budget(self, request_ids: Sequence[Hashable], n_sampling: int, base_tokens: int,
                num_requests: int | None = None, limits: np.ndarray | None = None) -> int:
@@ -218,14 +243,17 @@ class AdaptiveBudget:
         return allocate(a_now, self.last_budget, limits)
 
     def observe(self, request_ids: Sequence[Hashable], conf: np.ndarray) -> None:
-        """Store this step's confidences [R, K] for the next step's budget."""
+        """Store this step's confidences [R, K] (K may be < k: the rest count as 1.0)."""
         conf = np.asarray(conf, dtype=np.float64)
-        for rid, c in zip(request_ids, conf):
-            old = self.last_conf.get(rid)
-            if self.ema_alpha is None or old is None or old.shape != c.shape:
-                self.last_conf[rid] = c.copy()
-            else:
-                self.last_conf[rid] = self.ema_alpha * c + (1.0 - self.ema_alpha) * old
+        new = np.ones((conf.shape[0], self.k))
+        new[:, : min(self.k, conf.shape[1])] = conf[:, : self.k]
+        rows = self._rows(request_ids, create=True)
+        old = self._conf[rows]
+        if self.ema_alpha is not None:
+            new = np.where(np.isnan(old), new, self.ema_alpha * new + (1.0 - self.ema_alpha) * old)
+        self._conf[rows] = new
 
     def forget(self, request_id: Hashable) -> None:
-        self.last_conf.pop(request_id, None)
+        i = self._row.pop(request_id, None)
+        if i is not None:
+            self._free.append(i)

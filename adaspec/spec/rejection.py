@@ -98,17 +98,17 @@ def rejection_sample(
     N, K = draft_tokens.shape
     dev = target_probs.device
     draft_tokens = draft_tokens.long()
-    num_verify = num_verify.to(dev).long().clamp(0, K)
+    num_verify = num_verify.to(dev, non_blocking=True).long().clamp(0, K)
     if generators is not None:  # greedy rows leave their generator untouched
         generators = [None if gr else g for g, gr in zip(generators, _host_bools(is_greedy, generators))]
-    is_greedy = is_greedy.to(dev).bool()
+    is_greedy = is_greedy.to(dev, non_blocking=True).bool()  # host copy allowed: no stream sync
     pos = torch.arange(K, device=dev)
     verified = pos[None, :] < num_verify[:, None]  # [N, K]
     safe_x = torch.where(verified, draft_tokens, torch.zeros_like(draft_tokens))
 
     if target_argmax is None:
         target_argmax = target_probs.argmax(dim=-1)  # [N, K+1]
-    target_argmax = target_argmax.to(dev).long()
+    target_argmax = target_argmax.to(dev, non_blocking=True).long()
     greedy_ok = safe_x == target_argmax[:, :K]
 
     # probabilistic accept test: u * q(x) < p(x)  <=>  u < p/q  (p(x) = 0 never accepted)
@@ -119,7 +119,7 @@ def rejection_sample(
         q_x = draft_probs.gather(-1, safe_x[..., None]).squeeze(-1).float()
     if uniforms is None:
         uniforms = uniform_noise((N, K), generators, dev)
-    prob_ok = uniforms.to(dev).float() * q_x < p_x
+    prob_ok = uniforms.to(dev, non_blocking=True).float() * q_x < p_x
 
     ok = torch.where(is_greedy[:, None], greedy_ok, prob_ok) & verified
     num_accepted = ok.long().cumprod(dim=1).sum(dim=1)  # length of the accepted prefix
@@ -146,7 +146,7 @@ def rejection_sample(
     final = torch.where(is_greedy, greedy_tok, sampled)
 
     out_pos = torch.arange(K + 1, device=dev)
-    drafts_pad = torch.cat([draft_tokens.to(dev), torch.full((N, 1), -1, dtype=torch.long, device=dev)], dim=1)
+    drafts_pad = torch.cat([draft_tokens.to(dev, non_blocking=True), torch.full((N, 1), -1, dtype=torch.long, device=dev)], dim=1)
     out = torch.where(out_pos[None, :] < num_accepted[:, None], drafts_pad, torch.full_like(drafts_pad, -1))
     out = torch.where(out_pos[None, :] == num_accepted[:, None], final[:, None], out)
     return RejectionOutput(out, num_accepted, num_accepted + 1)

@@ -53,6 +53,9 @@ def test_lookup_is_monotone_for_any_table(sizes, data):
     t = CostTable(sizes, ms, lim)
     ys = t.lookup(np.arange(0, 700))
     assert (np.diff(ys) >= -1e-9).all() and np.isfinite(ys).all()
+    # the dense integer fast path, scalar lookups and float lookups agree
+    assert np.allclose(ys, [t.lookup(int(n)) for n in range(700)])
+    assert np.allclose(ys, t.lookup(np.arange(0, 700, dtype=np.float64)))
     # profiled points are reproduced at or below the limit (and everywhere without one)
     for s, m in zip(t.sizes, t.ms):
         if lim is None or s <= lim:

@@ -1,0 +1,30 @@
+"""On CUDA the sampler and the device allocation must not synchronize with the host."""
+import pytest
+import torch
+
+from adaspec.spec.policy import allocate_torch, survival_torch
+from adaspec.spec.rejection import rejection_sample, sample_rows
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_no_device_to_host_sync():
+    dev = torch.device("cuda")
+    N, K, V = 16, 7, 1000
+    p = torch.softmax(torch.randn(N, K + 1, V, device=dev), -1)
+    q = torch.softmax(torch.randn(N, K, V, device=dev), -1)
+    x = torch.randint(0, V, (N, K), device=dev)
+    conf = torch.rand(N, K, device=dev)
+    greedy_host = torch.arange(N) % 3 == 0  # host copy: the engine knows it from the params
+    gens = [torch.Generator(device=dev).manual_seed(i) if i % 2 else None for i in range(N)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lengths = allocate_torch(survival_torch(conf), torch.tensor(40, device=dev))
+        lengths2 = allocate_torch(survival_torch(conf), 40)
+        out = rejection_sample(x, lengths, p, q, greedy_host, generators=gens)
+        s = sample_rows(p[:, 0], gens)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.output_tokens.shape == (N, K + 1) and s.shape == (N,)
+    assert torch.equal(lengths, lengths2) and int(lengths.sum()) == 40
