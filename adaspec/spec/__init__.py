@@ -1,3 +1,12 @@
-"""Engine-independent pieces of speculative decoding: lossless acceptance (rejection.py),
-the adaptive verification budget (policy.py), step-cost tables (cost_model.py) and
-confidence calibration (calibration.py). Import the submodules directly."""
+"""Engine-independent pieces of speculative decoding. Import the submodules directly:
+
+- rejection.py: ``rejection_sample`` (lossless greedy/probabilistic acceptance with the bonus
+  token, vectorized torch, no host sync) and ``sample_rows`` (per-row-generator categorical).
+- policy.py: survivals, ``choose_budget`` (B* over all B), ``allocate`` / ``allocate_torch``
+  (top-B prefixes), ``AdaptiveBudget`` (B* from one-step-old confidences: lossless; the
+  module docstring has the argument), ``apply_temperature`` (calibration temperatures).
+- cost_model.py: ``CostTable`` / ``CostModel`` (VERIFY.md lookup rules), ``profile``, grids,
+  ``load_or_profile`` (keyed JSON disk cache), ``plot_cost_model``.
+- calibration.py: ``ece``, ``auc``, ``sequential_temperature_scaling``, reliability plot,
+  ``CalibrationTracker`` (online predicted vs realized acceptance per slot position).
+"""

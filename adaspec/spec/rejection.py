@@ -97,7 +97,7 @@ def rejection_sample(
     """
     N, K = draft_tokens.shape
     dev = target_probs.device
-    draft_tokens = draft_tokens.long()
+    draft_tokens = draft_tokens.to(dev, non_blocking=True).long()
     num_verify = num_verify.to(dev, non_blocking=True).long().clamp(0, K)
     if generators is not None:  # greedy rows leave their generator untouched
         generators = [None if gr else g for g, gr in zip(generators, _host_bools(is_greedy, generators))]
@@ -146,7 +146,7 @@ def rejection_sample(
     final = torch.where(is_greedy, greedy_tok, sampled)
 
     out_pos = torch.arange(K + 1, device=dev)
-    drafts_pad = torch.cat([draft_tokens.to(dev, non_blocking=True), torch.full((N, 1), -1, dtype=torch.long, device=dev)], dim=1)
+    drafts_pad = torch.cat([draft_tokens, torch.full((N, 1), -1, dtype=torch.long, device=dev)], dim=1)
     out = torch.where(out_pos[None, :] < num_accepted[:, None], drafts_pad, torch.full_like(drafts_pad, -1))
     out = torch.where(out_pos[None, :] == num_accepted[:, None], final[:, None], out)
     return RejectionOutput(out, num_accepted, num_accepted + 1)
