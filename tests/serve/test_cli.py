@@ -1,0 +1,69 @@
+"""`adaspec serve` flags: parsed without heavy imports, mapped onto EngineConfig and ServerSettings."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from adaspec.cli import build_parser
+from adaspec.errors import ConfigError
+from adaspec.serve.cli import engine_config_from_args, parse_bytes, settings_from_args
+
+
+def _args(*argv):
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_flags_map_onto_engine_config_and_settings():
+    a = _args("some/model", "--speculative-config", '{"method": "dspark", "num_speculative_tokens": 3}',
+              "--host", "0.0.0.0", "--port", "9001", "--api-key", "k", "--served-model-name", "m1", "m2",
+              "--max-num-seqs", "12", "--max-model-len", "1024", "--max-num-batched-tokens", "2048",
+              "--num-kv-blocks", "99", "--kv-cache-memory", "512MiB", "--enforce-eager", "--max-queue", "7",
+              "--dtype", "float32", "--device", "cpu", "--seed", "3", "--drain-timeout", "2.5")
+    cfg = engine_config_from_args(a)
+    assert (cfg.model, cfg.max_num_seqs, cfg.max_model_len, cfg.max_num_batched_tokens) == ("some/model", 12, 1024, 2048)
+    assert (cfg.num_kv_blocks, cfg.kv_cache_memory, cfg.enforce_eager) == (99, 512 * 2**20, True)
+    assert (cfg.dtype, cfg.device, cfg.seed) == ("float32", "cpu", 3)
+    assert cfg.speculative_config == {"method": "dspark", "num_speculative_tokens": 3}
+    st = settings_from_args(a)
+    assert st.served_model_names == ["m1", "m2"] and st.api_key == "k"
+    assert (st.max_queue, st.drain_timeout, st.model_path) == (7, 2.5, "some/model")
+    assert (a.host, a.port) == ("0.0.0.0", 9001)
+
+
+def test_defaults_leave_engine_defaults_alone():
+    a = _args("m")
+    cfg = engine_config_from_args(a)
+    from adaspec.config import EngineConfig
+
+    assert cfg == EngineConfig(model="m")
+    assert (a.host, a.port) == ("127.0.0.1", 8000)  # loopback unless told otherwise
+    st = settings_from_args(a)
+    assert st.served_model_names == ["m"] and st.api_key is None and st.max_queue is None
+
+
+def test_bad_values_are_config_errors():
+    with pytest.raises(ConfigError):
+        engine_config_from_args(_args("m", "--speculative-config", "{not json"))
+    with pytest.raises(ConfigError):
+        engine_config_from_args(_args("m", "--max-num-seqs", "0"))
+    with pytest.raises(ConfigError):
+        settings_from_args(_args("m", "--max-queue", "0"))
+
+
+def test_parse_bytes():
+    assert parse_bytes("1024") == 1024
+    assert parse_bytes("4GiB") == 4 * 2**30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    with pytest.raises(Exception):
+        parse_bytes("lots")
+
+
+def test_serve_help_does_not_import_the_server_stack():
+    code = ("import sys, argparse; import adaspec.serve.cli as c; "
+            "c.add_parser(argparse.ArgumentParser().add_subparsers()); "
+            "print(any(m in sys.modules for m in ('fastapi', 'uvicorn', 'torch', 'adaspec.serve.app')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.stdout.strip() == "False"
