@@ -125,3 +125,38 @@ def test_64_concurrent_streams_and_20_disconnects_free_every_kv_block(real_serve
     r = httpx.post(url, json={"model": "micro", "prompt": "still there?", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert httpx.get(real_server.url + "/health").status_code == 200
+
+
+def _metric(url, name, **labels):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def test_speculative_server_is_greedy_lossless_and_reports_spec_metrics(micro_dir, reference, tmp_path):
+    from adaspec.config import EngineConfig
+    from adaspec.engine.llm_engine import LLMEngine
+
+    drafter = str(testing.make_micro_drafter_dir(tmp_path / "drafter", micro_dir))
+    spec = {"method": "dspark", "model": drafter, "num_speculative_tokens": 3}
+    s = LiveServer(lambda: LLMEngine(EngineConfig(model=micro_dir, speculative_config=spec, **ENGINE_ARGS)),
+                   names=("micro",))
+    try:
+        c = openai_client(s)
+        for prompt in PROMPTS[:2]:
+            r = c.completions.create(model="micro", prompt=prompt, max_tokens=16, temperature=0)
+            assert r.choices[0].text == reference(prompt, 16).outputs[0].text
+        s.wait_idle()
+        assert _metric(s.url, "adaspec:spec_decode_num_drafts_total") > 0
+        assert _metric(s.url, "adaspec:spec_decode_num_draft_tokens_total") > 0
+        assert _metric(s.url, "adaspec:spec_decode_num_verified_tokens_total") > 0
+        assert _metric(s.url, "adaspec:spec_decode_budget_steps_total") > 0
+        assert _metric(s.url, "adaspec:generation_tokens_total") == 32
+        assert _metric(s.url, "adaspec:request_success_total", finished_reason="length") == 2
+    finally:
+        s.close()
