@@ -12,6 +12,7 @@ _SUBCOMMAND_MODULES = [
     "adaspec.train.tokenizer",
     "adaspec.train.target",
     "adaspec.train.prompts",
+    "adaspec.train.card",
     "adaspec.train.drafter",
     "adaspec.train.calibrate",
 ]

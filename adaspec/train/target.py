@@ -165,6 +165,16 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 
 def train_target(args) -> dict:
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _train(args)
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run only
+
+
+def _train(args) -> dict:
     import contextlib
 
     import torch
@@ -219,6 +229,7 @@ def train_target(args) -> dict:
     ckpt_path = out / "checkpoint.pt"
     step, tokens_seen, elapsed_before = 0, 0, 0.0
     history: list[dict] = []
+    ck: dict = {}
     best = {"val_loss": float("inf"), "step": -1, "state": None}
     budget_fixed = args.time_budget is None
     if args.resume and ckpt_path.is_file():
@@ -266,13 +277,13 @@ def train_target(args) -> dict:
             "total_steps": total_steps, "tokens_seen": tokens_seen, "sampler_rng": sampler.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "history": history, "model_config": cfg.to_hf(),
             "elapsed_s": elapsed_before + time.time() - t_loop, "best_val_loss": best["val_loss"],
-            "best_step": best["step"], "best_state": best["state"], "args": {k: str(v) for k, v in vars(args).items()},
+            "best_step": best["step"], "best_state": best["state"], "recent_losses": recent, "args": {k: str(v) for k, v in vars(args).items()},
         })
 
     model.train()
     t_loop = time.time()
-    recent: list[float] = []
-    recent_loss = float("nan")
+    recent: list[float] = list(ck.get("recent_losses", []))
+    recent_loss = sum(recent) / len(recent) if recent else float("nan")
     pending = []  # device-side losses not yet read (reading each step would sync every step)
     probe_from = None
     tty = sys.stderr.isatty()

@@ -1,0 +1,146 @@
+"""`adaspec train card`: write MODEL_CARD.md for a trained model directory.
+
+Figures come from the directory's train_stats.json; sample completions are greedy, from a
+plain loop over ``TargetModel.forward_dense`` (no engine, no cache), on held-out prompts of
+a prompt set (default ``eval-code``, cut from the corpus's test split).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from adaspec.errors import AdaspecError
+
+
+def greedy_complete(model, tok, prompt: str, max_new_tokens: int = 64, device="cpu") -> str:
+    """Greedy continuation of ``prompt`` (stops at EOS or the model's context length)."""
+    import torch
+
+    eos = tok.token_to_id("<|endoftext|>")
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    start = len(ids)
+    limit = model.config.max_position_embeddings
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            x = torch.tensor([ids[-limit:]], device=device)
+            nxt = int(model.compute_logits(model.forward_dense(x)[:, -1]).argmax(-1))
+            if nxt == eos:
+                break
+            ids.append(nxt)
+    return tok.decode(ids[start:], skip_special_tokens=True)
+
+
+def pick_samples(prompts: list[str], tok, n: int, max_prompt_tokens: int = 110) -> list[str]:
+    """The first ``n`` prompts of at most ``max_prompt_tokens`` tokens that end inside a block."""
+    picked = []
+    for p in prompts:
+        lines = p.rstrip("\n").splitlines()
+        if len(tok.encode(p, add_special_tokens=False).ids) <= max_prompt_tokens and lines and lines[-1][:1] == " ":
+            picked.append(p)
+        if len(picked) == n:
+            break
+    return picked or prompts[:n]
+
+
+def _fence(text: str) -> str:
+    return "```python\n" + text.replace("```", "`\u200b``") + ("" if text.endswith("\n") else "\n") + "```"
+
+
+def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: str | None) -> str:
+    c = stats["model_config"]
+    corpus = stats.get("corpus", {})
+    hp = stats.get("hyperparameters", {})
+    sp = corpus.get("splits", {})
+    rows = [
+        ("architecture", f"{c['architectures'][0]} ({c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+                         f"{c['num_attention_heads']} heads x {c['head_dim']}, {c['num_key_value_heads']} KV heads, "
+                         f"MLP {c['intermediate_size']}, vocab {c['vocab_size']}, "
+                         f"{'tied' if c['tie_word_embeddings'] else 'untied'} embeddings, "
+                         f"context {c['max_position_embeddings']})"),
+        ("parameters", f"{stats['params']:,} ({stats['params_non_embedding']:,} without embeddings)"),
+        ("weights", f"{c.get('torch_dtype', 'float32')} safetensors"),
+        ("corpus", f"Python {corpus.get('python_version', '?')} standard library sources ({corpus.get('files', '?')} files, "
+                   f"{corpus.get('bytes', 0) / 1e6:.1f} MB; {corpus.get('skipped_not_utf8', 0)} non-UTF-8 files skipped); "
+                   f"split by sha1 of the relative path: train {sp.get('train', {}).get('files', '?')} / "
+                   f"val {sp.get('val', {}).get('files', '?')} / test {sp.get('test', {}).get('files', '?')} files"),
+        ("corpus tokens", f"train {stats['corpus_tokens']['train']:,}, val {stats['corpus_tokens']['val']:,}"),
+        ("tokens seen", f"{stats['tokens_seen']:,} ({stats['epochs']:.1f} epochs; {stats['steps']} steps of "
+                        f"{hp.get('batch_size')} x {hp.get('seq_len')} tokens)"),
+        ("optimizer", f"AdamW lr {hp.get('lr')} (warmup {hp.get('warmup')}, cosine to {hp.get('min_lr_ratio')}x), "
+                      f"weight decay {hp.get('weight_decay')}, grad clip {hp.get('grad_clip')}"),
+        ("final train loss", f"{stats['train_loss']:.4f} (last 50 steps); {stats['train_eval_loss']:.4f} on fixed "
+                             f"train windows (ppl {math.exp(stats['train_eval_loss']):.2f})"),
+        ("validation loss", f"{stats['val_loss']:.4f} (perplexity {stats['val_ppl']:.2f}), kept step "
+                            f"{stats['kept_step']} of {stats['steps']}"),
+        ("device", f"{stats['device']}, torch {stats['torch']}, {'torch.compile' if stats['compiled'] else 'eager'}"),
+        ("wall time", f"{stats['wall_time_s']:.0f} s training loop ({stats['tokens_per_s']:,} tokens/s)"),
+    ]
+    out = [f"# {name}", "",
+           "A small Qwen3-architecture code model trained from scratch by `adaspec train target` on the Python "
+           "standard library. It is adaspec's embedded default target: small enough to run on two CPU cores, "
+           "trained enough that its completions look like Python, so speculative decoding can be measured on "
+           "real acceptance rates. It is not a useful assistant: it has no instruction tuning and knows only "
+           "the standard library's style.", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in rows]
+    out += ["", "## Recipe", ""]
+    if recipe:
+        out += ["```sh", recipe.rstrip("\n"), "```", ""]
+    if stats.get("command"):
+        out += ["Training command as run:", "", "```sh", stats["command"], "```", ""]
+    hist = stats.get("history", [])
+    if hist:
+        out += ["## Validation loss during training", "", "| step | tokens | train loss (recent) | val loss | val ppl |",
+                "|---|---|---|---|---|"]
+        out += [f"| {h['step']} | {h['tokens']:,} | {h['train_loss_recent']:.3f} | {h['val_loss']:.4f} | "
+                f"{h['val_ppl']:.2f} |" for h in hist]
+        out.append("")
+    out += ["## Sample completions", "",
+            "Greedy, up to 64 new tokens, from a plain loop over `TargetModel.forward_dense`. Prompts are held out: "
+            "they come from the `eval-code` prompt set, cut from the test split (only the prompt's last lines are "
+            "shown).", ""]
+    for i, (prompt, completion) in enumerate(samples, 1):
+        tail = "".join(prompt.splitlines(keepends=True)[-8:])
+        out += [f"### Sample {i}", "", "Prompt (end):", "", _fence(tail), "", "Completion:", "", _fence(completion), ""]
+    out += ["## Files", "",
+            "`config.json` (Qwen3ForCausalLM), `model.safetensors`, `tokenizer.json` (byte-level BPE, special tokens "
+            "`<|endoftext|>` = EOS/pad, `<|mask|>` reserved for the drafter, `<|im_start|>`/`<|im_end|>`), "
+            "`tokenizer_config.json`, `generation_config.json`, `train_stats.json` (every figure above). Loads with "
+            "`adaspec.models.loader.load_target(\"tiny\")` and `transformers.AutoModelForCausalLM`.", ""]
+    return "\n".join(out)
+
+
+def write_card(model_dir: Path, name: str, prompt_set: str = "eval-code", num_samples: int = 3,
+               recipe_file: Path | None = None, max_new_tokens: int = 64) -> Path:
+    from adaspec.models.loader import load_target
+    from adaspec.train.prompts import load_prompt_set
+    from adaspec.train.tokenizer import load_raw
+
+    stats_path = Path(model_dir) / "train_stats.json"
+    if not stats_path.is_file():
+        raise AdaspecError(f"{stats_path} not found: MODEL_CARD.md is written from a training run's stats")
+    stats = json.loads(stats_path.read_text())
+    model, _ = load_target(model_dir, dtype="float32")
+    tok = load_raw(model_dir)
+    samples = [(p, greedy_complete(model, tok, p, max_new_tokens))
+               for p in pick_samples(load_prompt_set(prompt_set), tok, num_samples)]
+    recipe = Path(recipe_file).read_text() if recipe_file else None
+    path = Path(model_dir) / "MODEL_CARD.md"
+    path.write_text(render_card(name, stats, samples, recipe))
+    return path
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("card", help="write MODEL_CARD.md for a trained model directory", description=__doc__)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--name", help="title (default: the directory name)")
+    p.add_argument("--prompts", default="eval-code", help="prompt set for the sample completions")
+    p.add_argument("--num-samples", type=int, default=3)
+    p.add_argument("--recipe", type=Path, help="script whose text is shown as the recipe")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    path = write_card(args.model, args.name or args.model.resolve().name, args.prompts, args.num_samples, args.recipe)
+    print(f"wrote {path}")
+    return 0
