@@ -67,7 +67,7 @@ def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, para
 
 def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     return SamplingParams(
-        n=req.n,
+        n=1 if req.n is None else req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=0 if req.top_k is None else req.top_k,
@@ -75,10 +75,10 @@ def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams
         max_tokens=max_tokens,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
-        ignore_eos=req.ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
         logprobs=logprobs,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        skip_special_tokens=req.skip_special_tokens is not False,
     )
 
 

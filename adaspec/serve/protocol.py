@@ -16,7 +16,7 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class _SamplingFields(_Strict):
@@ -29,12 +29,13 @@ class _SamplingFields(_Strict):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension (vLLM)
-    stream: bool = False
+    # null is accepted wherever a default exists: some clients send every field, unset ones as null
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    ignore_eos: bool = False  # extension (vLLM)
-    include_stop_str_in_output: bool = False  # extension (vLLM)
-    skip_special_tokens: bool = True  # extension (vLLM)
+    n: int | None = 1
+    ignore_eos: bool | None = False  # extension (vLLM)
+    include_stop_str_in_output: bool | None = False  # extension (vLLM)
+    skip_special_tokens: bool | None = True  # extension (vLLM)
     # Accepted only at their neutral values: adaspec does not implement them, and silently
     # ignoring a non-neutral value would return something other than what was asked for.
     presence_penalty: float | None = None
@@ -49,7 +50,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
 
@@ -76,7 +77,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # absent: the rest of the context window (vLLM)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None

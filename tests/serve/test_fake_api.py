@@ -150,3 +150,14 @@ def test_model_may_be_omitted(fake_server):
 def test_engine_runs_on_one_thread_only(fake_server):
     ids = fake_server.engine(lambda e: set(e.thread_ids))
     assert len(ids) == 1
+
+
+def test_null_fields_mean_defaults(fake_server):
+    # some clients send every field, unset ones as null
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": None,
+            "stream": None, "temperature": None, "top_p": None, "stop": None, "seed": None, "logprobs": None,
+            "top_logprobs": None, "presence_penalty": None, "frequency_penalty": None, "logit_bias": None,
+            "user": None, "stream_options": None, "tools": None, "response_format": None}
+    r = httpx.post(fake_server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
