@@ -84,6 +84,22 @@ def test_chat_greedy_equals_llm_generate(client, reference, messages):
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
+def test_stop_string_never_leaks_partial_matches_into_the_stream(client, reference):
+    text = reference("x", 40).outputs[0].text
+    stop = "2222"  # the micro model (seed 0) repeats "2" after "x": partial matches "2".."222" come first
+    if stop not in text:
+        pytest.skip("the micro model's output changed; pick another stop string")
+    expected = text[: text.index(stop)]
+    chunks = list(client.completions.create(model="micro", prompt="x", max_tokens=40, temperature=0, stop=[stop],
+                                            stream=True))
+    sent = ""
+    for c in chunks:
+        sent += c.choices[0].text
+        assert expected.startswith(sent)  # nothing beyond the text before the stop string, ever
+    assert sent == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_prompt_too_long_is_400(real_server):
     r = httpx.post(real_server.url + "/v1/completions", json={"prompt": list(range(5, 600)), "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
