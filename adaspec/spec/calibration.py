@@ -57,15 +57,20 @@ def auc(score, label) -> float:
 
 
 def prefix_labels(accepted_len, k: int, verify_len=None) -> tuple[np.ndarray, np.ndarray]:
-    """labels[n, j] = 1{accepted_len >= j+1}; known[n, j] False where slot j+1 was never judged
-    (verify_len <= j and no earlier rejection). Without verify_len every slot counts."""
+    """labels[n, j] = 1{accepted_len >= j+1}; known[n, j] = slot j+1 was verified (verify_len > j).
+
+    A block that verified fewer slots is left out at the later slots EVEN when an earlier
+    rejection makes the label 0 for sure: keeping those rows but dropping the fully accepted
+    short blocks would select on the outcome and bias the rates low. Selecting on verify_len,
+    which depends on the predictions only, keeps E[label | prediction] unbiased.
+    Without verify_len every slot counts."""
     acc = _np(accepted_len).astype(np.int64)
     j = np.arange(1, k + 1)[None, :]
     labels = acc[:, None] >= j
     if verify_len is None:
         return labels, np.ones_like(labels)
     ver = _np(verify_len).astype(np.int64)
-    known = (ver[:, None] >= j) | (acc[:, None] < ver[:, None])
+    known = ver[:, None] >= j
     return labels, known
 
 

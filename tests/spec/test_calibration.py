@@ -26,10 +26,11 @@ def test_auc_hand_computed_with_ties():
 
 
 def test_prefix_labels_and_unknown_slots():
-    labels, known = prefix_labels([0, 2, 1], 3, verify_len=[3, 2, 3])
-    assert labels.tolist() == [[False] * 3, [True, True, False], [True, False, False]]
-    # row 1 verified only 2 slots and accepted both: slot 3 has no outcome
-    assert known.tolist() == [[True] * 3, [True, True, False], [True] * 3]
+    labels, known = prefix_labels([0, 2, 1, 0], 3, verify_len=[3, 2, 3, 1])
+    assert labels.tolist() == [[False] * 3, [True, True, False], [True, False, False], [False] * 3]
+    # row 1 verified only 2 slots and accepted both: slot 3 has no outcome; row 3 is left out
+    # after slot 1 although its label is surely 0 (keeping it would select on the outcome)
+    assert known.tolist() == [[True] * 3, [True, True, False], [True] * 3, [True, False, False]]
 
 
 def synthetic(n=30000, k=4, seed=0, overconfidence=2.5):
@@ -87,3 +88,20 @@ def test_reliability_plot(tmp_path):
     out = tmp_path / "rel.png"
     plot_reliability({f"slot {j + 1}": (a[:, j], labels[:, j]) for j in range(a.shape[1])}, out, title="raw")
     assert out.stat().st_size > 1000
+
+
+def test_sts_with_partially_verified_blocks_matches_full_data():
+    """Online data from adaptive steps: slots past l_r have no outcome and must be skipped,
+    not counted as rejections (which would push temperatures the wrong way)."""
+    logits, acc_len = synthetic(seed=3)
+    full = sequential_temperature_scaling(logits, acc_len)
+    ver = np.random.default_rng(4).integers(1, 5, acc_len.size)
+    seen = np.minimum(acc_len, ver)  # what an adaptive engine observes
+    part = sequential_temperature_scaling(logits, seen, verify_len=ver)
+    naive = sequential_temperature_scaling(logits, seen)  # treats unverified slots as rejected
+
+    def eces(t):  # judged on the full outcomes
+        return np.array([m["ece"] for m in per_slot_metrics(survival_from_logits(logits, t), acc_len)])
+
+    assert (eces(part) <= eces(full) + 0.01).all()
+    assert eces(naive).mean() > 2 * eces(part).mean()

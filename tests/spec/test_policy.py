@@ -183,3 +183,15 @@ def test_adaptive_budget_ema_and_leaky_flag():
     cur = np.array([[0.01, 0.01]])
     leaky.plan(["y"], cur, 1, 1)
     assert leaky.last_budget == choose_budget(survival(cur), 1, 1, 1, _cost())
+
+
+def test_adaptive_budget_store_grows_and_reuses_rows_cleanly():
+    ab = AdaptiveBudget(_cost(), k=3, ema_alpha=0.5)
+    ids = [f"r{i}" for i in range(200)]  # more than the initial 64 rows
+    conf = np.random.default_rng(0).uniform(0.1, 1.0, (200, 3))
+    ab.observe(ids, conf)
+    assert np.allclose(ab.old_confidences(ids), conf)
+    ab.forget("r5")
+    ab.observe(["new"], np.array([[0.2, 0.2]]))  # reuses r5's row; shorter K pads with 1.0
+    assert np.allclose(ab.last_conf["new"], [0.2, 0.2, 1.0])  # no EMA with the old occupant
+    assert np.allclose(ab.old_confidences(["r5", "r6"]), [[1.0] * 3, conf[6]])
