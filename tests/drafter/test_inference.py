@@ -1,0 +1,123 @@
+"""The engine-facing API (write_context / propose over a paged cache) against the training forward."""
+import torch
+
+from adaspec.engine.sampler import processed_probs
+from adaspec.models.loader import load_target
+from adaspec.train.drafter_loss import target_features
+
+from .micro import random_drafter
+
+BS = 4  # cache block size
+
+
+class PagedCache:
+    """What the engine does: scattered block tables, one K/V pair per drafter layer."""
+
+    def __init__(self, drafter, num_blocks=64, seed=0):
+        L, H, D = drafter.kv_cache_spec()
+        self.caches = [(torch.zeros(num_blocks * BS, H, D), torch.zeros(num_blocks * BS, H, D)) for _ in range(L)]
+        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.tables = []
+
+    def add(self, length):
+        self.tables.append([self.free.pop() for _ in range((length + BS - 1) // BS)])
+        return len(self.tables) - 1
+
+    def slots(self, r, positions):
+        return torch.tensor([self.tables[r][p // BS] * BS + p % BS for p in positions])
+
+    def write(self, drafter, r, feats, positions):
+        drafter.write_context(feats[positions], torch.tensor(positions), self.slots(r, positions), self.caches)
+
+
+def _setup(micro_qwen3, R=3, T=40, k=5):
+    target, tcfg = load_target(micro_qwen3)
+    drafter, cfg = random_drafter(tcfg, target=target, block_size=k, layers=2)
+    ids = torch.randint(4, tcfg.vocab_size, (R, T), generator=torch.Generator().manual_seed(1))
+    _, feats = target_features(target, ids, cfg.target_layer_ids)
+    cache = PagedCache(drafter)
+    for r in range(R):
+        cache.add(T + k)
+    return drafter, cfg, ids, feats, cache
+
+
+def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=None, generators=None):
+    R = len(anchors)
+    a = torch.tensor(anchors)
+    return drafter.propose(
+        ids[torch.arange(R), a], a, cache.tables, BS, cache.caches,
+        torch.zeros(R) if temperature is None else temperature,
+        torch.ones(R) if top_p is None else top_p,
+        torch.zeros(R, dtype=torch.long) if top_k is None else top_k,
+        generators or [None] * R,
+    )
+
+
+def _train_reference(drafter, ids, feats, anchors, tokens):
+    """Training forward at the same anchors, teacher-forced with the proposed tokens."""
+    R = len(anchors)
+    a = torch.tensor(anchors)
+    with torch.no_grad():
+        h = torch.cat([drafter.forward_train(ids[r:r + 1], feats[r:r + 1], a[r:r + 1].unsqueeze(0)) for r in range(R)])
+        h = h[:, 0]  # [R, k, d]
+        prev = torch.cat([ids[torch.arange(R), a].unsqueeze(1), tokens[:, :-1]], dim=1)
+        return drafter.heads(h, prev)
+
+
+def test_propose_matches_training_forward(micro_qwen3):
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
+    anchors = [7, 20, 33]
+    for r, a in enumerate(anchors):
+        cache.write(drafter, r, feats[r], list(range(a)))  # context = positions before the anchor
+    prop = _propose(drafter, cache, ids, anchors)
+    R, k, V = len(anchors), cfg.block_size, cfg.base.vocab_size
+    assert prop.tokens.shape == (R, k) and prop.probs.shape == (R, k, V) and prop.confidences.shape == (R, k)
+    logits, conf = _train_reference(drafter, ids, feats, anchors, prop.tokens)
+    torch.testing.assert_close(prop.logits, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(prop.conf_logits, conf, rtol=0, atol=1e-5)
+    torch.testing.assert_close(prop.confidences, torch.sigmoid(conf), rtol=0, atol=1e-6)
+    assert torch.equal(prop.tokens, logits.argmax(-1))  # greedy: argmax of the biased logits
+    assert torch.equal(prop.probs, torch.nn.functional.one_hot(prop.tokens, V).float())
+
+
+def test_sampled_rows_use_processed_probs_and_generators(micro_qwen3):
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
+    anchors = [10, 10, 10]
+    for r, a in enumerate(anchors):
+        cache.write(drafter, r, feats[0], list(range(a)))  # same context in every row
+    ids = ids.clone()
+    ids[:, 10] = ids[0, 10]
+    temp, top_p, top_k = torch.tensor([0.0, 1.3, 0.8]), torch.tensor([1.0, 0.9, 1.0]), torch.tensor([0, 0, 5])
+    gens = lambda: [None, torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    p1 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, gens())
+    p2 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, gens())
+    assert torch.equal(p1.tokens, p2.tokens)  # reproducible per request
+    for j in range(cfg.block_size):
+        want = processed_probs(p1.logits[:, j], temp, top_p, top_k)
+        torch.testing.assert_close(p1.probs[:, j], want)
+        assert bool((p1.probs[torch.arange(3), j, p1.tokens[:, j]] > 0).all())  # drawn from the support
+    assert int((p1.probs[2] > 0).sum(-1).max()) <= 5  # top-k applied
+
+
+def test_rollback_and_block_scratch_slots(micro_qwen3):
+    """A propose writes scratch K/V at anchor..anchor+k-1; positions before a later (or
+    rolled-back, earlier) anchor are never disturbed once written by write_context."""
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3, R=1)
+    cache.write(drafter, 0, feats[0], list(range(30)))
+    ref = _propose(drafter, cache, ids, [12])
+    _propose(drafter, cache, ids, [20])  # scratch over positions 20..24
+    again = _propose(drafter, cache, ids, [12])  # rolled back: same context as before
+    torch.testing.assert_close(again.logits, ref.logits, rtol=0, atol=0)
+    # moving forward: the engine writes the newly verified positions (12..27, which scratch
+    # blocks overwrote), then proposes from the new anchor
+    _propose(drafter, cache, ids, [25])
+    cache.write(drafter, 0, feats[0], list(range(12, 28)))
+    fwd = _propose(drafter, cache, ids, [28])
+    logits, _ = _train_reference(drafter, ids, feats, [28], fwd.tokens)
+    torch.testing.assert_close(fwd.logits, logits, rtol=0, atol=1e-5)
+
+
+def test_kv_cache_spec(micro_qwen3):
+    target, tcfg = load_target(micro_qwen3)
+    drafter, cfg = random_drafter(tcfg, layers=3)
+    assert drafter.kv_cache_spec() == (3, tcfg.num_key_value_heads, tcfg.head_dim)

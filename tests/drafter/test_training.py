@@ -1,0 +1,104 @@
+"""Micro training on CPU: the loss falls, confidences track measured acceptance, STS helps;
+and the three commands (train drafter / train calibrate / eval drafter) run end to end."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from adaspec.models.drafter import DrafterConfig, DSparkDrafter
+from adaspec.train.calibrate import fit_and_report
+from adaspec.train.drafter import init_drafter
+from adaspec.train.drafter_eval import measure_blocks, summarize
+from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, sample_anchors
+
+from .micro import MASK_ID, chain_sequences
+
+STEPS = 80
+
+
+@pytest.fixture(scope="module")
+def trained(trained_target):
+    target, tcfg, _ = trained_target
+    cfg = DrafterConfig.from_target(tcfg, mask_token_id=MASK_ID, block_size=4, num_layers=1, markov_rank=8,
+                                    target_layer_ids=[0, 1])
+    drafter = DSparkDrafter(cfg)
+    init_drafter(drafter, target, seed=0)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0)
+    data = chain_sequences(256, 48, seed=3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(STEPS):
+        ids = data[torch.randint(0, data.shape[0], (8,), generator=g)]
+        anchors = sample_anchors(8, 48, cfg.block_size, 16, g)
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, STEPS, 3e-3)
+        loss, _ = dspark_loss(block_forward(target, drafter, ids, anchors))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return target, drafter.eval(), losses
+
+
+def test_micro_training_lowers_loss(trained):
+    _, _, losses = trained
+    assert np.mean(losses[-10:]) < 0.75 * np.mean(losses[:10])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_confidence_predicts_measured_acceptance(trained, temperature):
+    target, drafter, _ = trained
+    held_out = chain_sequences(16, 48, seed=99).tolist()  # sequences never trained on
+    res = measure_blocks(target, drafter, held_out, [0] * len(held_out), temperature, seed=1)
+    s = summarize(res)
+    assert s["tau"] > 1.5  # the drafter learned something
+    assert s["confidence_raw"]["auc"] > 0.6  # survival vs prefix acceptance, all slots
+    assert s["confidence_raw"]["per_slot"][0]["auc"] > 0.6  # and within slot 1 alone
+
+
+def test_sts_does_not_increase_ece(trained):
+    target, drafter, _ = trained
+    seqs = chain_sequences(24, 48, seed=123).tolist()
+    fit = measure_blocks(target, drafter, seqs[:12], [0] * 12, 1.0, seed=2)
+    rep = measure_blocks(target, drafter, seqs[12:], [0] * 12, 1.0, seed=3)
+    on_fit = fit_and_report(fit, fit)
+    assert on_fit["after"]["per_slot"][0]["ece"] <= on_fit["before"]["per_slot"][0]["ece"] + 1e-12
+    assert on_fit["after"]["ece"] <= on_fit["before"]["ece"] + 1e-12
+    held = fit_and_report(fit, rep)
+    assert held["after"]["ece"] <= held["before"]["ece"] + 0.01
+    assert all(t > 0 for t in held["temperatures"])
+
+
+def test_commands_end_to_end(trained_target, tmp_path, capsys):
+    from adaspec.cli import main
+    from adaspec.models.drafter import load_drafter
+
+    _, tcfg, tdir = trained_target
+    data = tmp_path / "seqs.npy"
+    np.save(data, chain_sequences(64, 40, seed=7).numpy().astype(np.uint16))
+    prompts = tmp_path / "prompts.npy"
+    np.save(prompts, chain_sequences(6, 8, seed=8).numpy())
+    out = tmp_path / "drafter"
+    common = ["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(out), "--block-size", "3",
+              "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4", "--anchors-per-seq", "8",
+              "--log-every", "2", "--save-every", "2", "--save-dtype", "float32", "--device", "cpu"]
+    assert main(common + ["--steps", "3"]) == 0
+    assert main(common + ["--steps", "5", "--resume"]) == 0
+    assert "resumed from step 3" in capsys.readouterr().out
+    d, cfg = load_drafter(out, target_cfg=tcfg)
+    assert cfg.block_size == 3 and cfg.mask_token_id == MASK_ID  # <|mask|> read from the tokenizer
+    assert main(["train", "calibrate", "--target", str(tdir), "--drafter", str(out), "--prompts", str(prompts),
+                 "--gen-len", "12", "--device", "cpu"]) == 0
+    _, cfg = load_drafter(out)
+    assert cfg.confidence_temperatures is not None and len(cfg.confidence_temperatures) == 3
+    assert (out / "calibration.png").is_file()
+    js = tmp_path / "eval.json"
+    assert main(["eval", "drafter", "--target", str(tdir), "--drafter", str(out), "--prompts", str(prompts),
+                 "--gen-len", "12", "--device", "cpu", "--json", str(js)]) == 0
+    runs = json.loads(js.read_text())["runs"]
+    assert [r["temperature"] for r in runs] == [0.0, 1.0]
+    assert all(len(r["cond_acceptance"]) == 3 and r["tau"] >= 1.0 for r in runs)
+    assert "confidence_calibrated" in runs[0]
