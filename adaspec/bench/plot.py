@@ -41,6 +41,9 @@ def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str
     if edge:
         xs, ys = staircase(edge)
         ax.plot(xs, ys, linestyle="--", color="black", linewidth=1.2, alpha=0.7, label="Pareto edge (all arms)")
+        # Rings mark the edge's points, so a one-point edge is visible too.
+        ax.scatter([p.x for p in edge], [p.y for p in edge], s=140, facecolors="none", edgecolors="black",
+                   linewidths=1.0, zorder=3)
     ax.set_xlabel("per-user speed, tok/s (median over requests)")
     ax.set_ylabel("output throughput, tok/s")
     ax.set_title(title or "Throughput vs per-user speed")

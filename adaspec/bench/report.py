@@ -121,6 +121,9 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
            "by more than both spreads (mean + std < other's mean − std). Distance to the edge: how much "
            "less throughput than the best point at least as fast per user, and how much slower per user "
            "than the best point with at least as much throughput.", ""]
+    if reps <= 1:
+        md += ["With one repeat there is no spread: any difference counts as dominance here, so read "
+               "this verdict as indicative only and rerun with --repeats 3 before drawing conclusions.", ""]
     md += verdict_lines(cells, arms) + [""]
     failed = sum(c.failed for c in cells.values())
     missing = sum(c.usage_missing for c in cells.values())

@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default=None, help=f"default {DEFAULTS['concurrency']} ({QUICK['concurrency']} with --quick)")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per point (at least C are sent)")
     p.add_argument("--output-len", type=int, default=None)
+    p.add_argument("--dataset", choices=["eval-code", "random"], default=None,
+                   help="prompt set (default: eval-code when packaged; random suits micro test models)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra `adaspec serve` argument")
     p.set_defaults(func=cmd_demo)
 
@@ -49,8 +51,8 @@ def demo_sweep_args(opts) -> argparse.Namespace:
         model=opts.model, drafter=opts.drafter, arms=opts.arms or DEFAULTS["arms"], base_url=None,
         concurrency=concurrency,
         repeats=1, num_prompts=opts.num_prompts or size["num_prompts"], num_warmups=1, out=opts.out,
-        dataset="eval-code" if eval_code_path().is_file() else "random", dataset_path=None,
-        random_input_len=64, seed=0, output_len=opts.output_len or size["output_len"], ignore_eos=True,
+        dataset=opts.dataset or ("eval-code" if eval_code_path().is_file() else "random"), dataset_path=None,
+        random_input_len=32, seed=0, output_len=opts.output_len or size["output_len"], ignore_eos=True,
         temperature=opts.temperature, endpoint="completions", api_key=None, disable_tqdm=False,
         server_arg=opts.server_arg, startup_timeout=300.0, no_report=False,
     )

@@ -1,5 +1,6 @@
 """`adaspec demo`: wiring through a fake `serve` launcher (fast), and the real thing once the
 tiny model ships (slow)."""
+import json
 import os
 import sys
 import time
@@ -36,7 +37,31 @@ def test_demo_rejects_bad_concurrency(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+SLOW = pytest.mark.skipif(not os.environ.get("ADASPEC_SLOW_TESTS"),
+                          reason="starts three real servers (minutes on 2 CPU cores); set ADASPEC_SLOW_TESTS=1")
+
+
 @pytest.mark.slow
+@SLOW
+def test_real_demo_scaled_down_on_micro_models(tmp_path):
+    """The demo's real path (three `adaspec serve` processes, speculation on and off) on a random
+    micro target and a bigram drafter, scaled down for CI."""
+    pytest.importorskip("adaspec.serve.cli", reason="adaspec.serve.cli is not built yet")
+    testing = pytest.importorskip("adaspec.testing")
+    target = testing.make_micro_model_dir(tmp_path / "t", arch="qwen3", seed=0)
+    drafter = testing.make_bigram_drafter_dir(tmp_path / "d", target, block_size=7)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--model", str(target), "--drafter", str(drafter), "--out", str(out),
+                 "--dataset", "random", "--concurrency", "1,2", "--num-prompts", "2", "--output-len", "8"]) == 0
+    md = (out / "report.md").read_text()
+    assert "| C | none | fixed:7 | adaptive:7 |" in md and (out / "frontier.png").stat().st_size > 1000
+    for arm in ("fixed-7", "adaptive-7"):
+        d = json.loads((out / "points" / f"{arm}_c2_r0.json").read_text())
+        assert d["failed"] == 0 and d["spec_num_drafts"], f"{arm}: speculation counters did not move"
+
+
+@pytest.mark.slow
+@SLOW
 @pytest.mark.skipif(not TINY.is_file(), reason="the embedded tiny model (adaspec/assets/models/tiny) is not shipped yet")
 def test_real_demo_quick(tmp_path):
     pytest.importorskip("adaspec.serve.cli", reason="adaspec.serve.cli is not built yet")
