@@ -54,6 +54,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--num-warmups", type=int, default=0, help="unmeasured requests sent first")
     s.add_argument("--continuous-usage-stats", action="store_true",
                    help="ask for usage in every chunk (vLLM extension): exact tokens per chunk")
+    s.add_argument("--request-seeds", action="store_true",
+                   help="send seed = --seed + i with every sampled request (repeatable sampling)")
     s.add_argument("--save-result", metavar="FILE", help="write the result JSON here")
     s.add_argument("--label", help="a name for this run, stored in the result")
     s.set_defaults(func=cmd_serve)
@@ -98,7 +100,7 @@ def cmd_serve(args) -> int:
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         num_warmups=args.num_warmups, endpoint=args.endpoint, api_key=args.api_key, seed=args.seed,
-        label=args.label, continuous_usage=args.continuous_usage_stats, progress=not args.disable_tqdm,
+        label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds, progress=not args.disable_tqdm,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)

@@ -70,6 +70,17 @@ def token_itl_samples(r: RequestResult) -> tuple[list[float], list[float]]:
     return vals, wts
 
 
+def peak_in_flight(results: list[RequestResult]) -> int:
+    """Most requests in flight at once (send to end), so a run shows the concurrency it reached."""
+    events = sorted([(r.send_time, 1) for r in results] + [(r.end_time, -1) for r in results],
+                    key=lambda e: (e[0], e[1]))  # an end at the same instant as a send frees first
+    peak = cur = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
 def compute_metrics(results: list[RequestResult], duration: float, percentiles=(90, 99)) -> dict:
     ok = [r for r in results if r.success]
     ttfts = [r.ttft for r in ok]
@@ -101,6 +112,7 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
         "request_throughput": len(ok) / dur,
         "output_throughput": out_tok / dur,
         "total_token_throughput": (in_tok + out_tok) / dur,
+        "max_concurrent_requests": peak_in_flight(results),
         "usage_missing_requests": sum(r.usage_missing for r in ok),
         "prompt_tokens_missing_requests": sum(r.prompt_tokens is None for r in ok),
         "total_chunks": chunks,

@@ -33,6 +33,7 @@ class BenchConfig:
     seed: int = 0
     label: str | None = None
     continuous_usage: bool = False
+    request_seeds: bool = False  # send seed = seed + i with each sampled request
     request_timeout: float = 6 * 3600
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is in the result (sweep's arm, repeat, ...)
@@ -79,8 +80,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
             max_tokens=cfg.output_len,
             temperature=cfg.temperature,
             ignore_eos=cfg.ignore_eos,
-            # Per-request seeds keep sampled runs repeatable where the server honours them.
-            seed=None if cfg.temperature == 0 else cfg.seed + i,
+            # Off by default, as in `vllm bench serve`: per-request seeds can cost the server speed.
+            seed=cfg.seed + i if cfg.request_seeds and cfg.temperature > 0 else None,
         )
         return client.build_payload(spec, model, cfg.endpoint, cfg.continuous_usage)
 

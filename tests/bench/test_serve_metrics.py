@@ -52,6 +52,7 @@ def test_counts_and_failures(result):
     assert result["total_input_tokens"] == 8
     assert result["usage_missing_requests"] == 1
     assert result["total_chunks"] == 3 + 2 + 3
+    assert result["max_concurrent_requests"] == 1
     assert result["mean_tokens_per_chunk"] == pytest.approx(12 / 8)
 
 
@@ -140,4 +141,5 @@ def test_chat_skips_role_chunk_and_concurrency():
     assert res["median_ttft_ms"] == approx_ms(100)
     # 4 in flight at once: the run lasts about one request, not four
     assert res["duration"] < 0.3
+    assert res["max_concurrent_requests"] == 4
     assert res["spec_num_drafts"] == 8  # vllm: prefix matched by suffix
