@@ -120,6 +120,8 @@ def write_card(model_dir: Path, name: str, prompt_set: str = "eval-code", num_sa
     if not stats_path.is_file():
         raise AdaspecError(f"{stats_path} not found: MODEL_CARD.md is written from a training run's stats")
     stats = json.loads(stats_path.read_text())
+    hf_config = json.loads((Path(model_dir) / "config.json").read_text())
+    stats["model_config"] = {**stats["model_config"], "torch_dtype": hf_config.get("torch_dtype", "float32")}
     model, _ = load_target(model_dir, dtype="float32")
     tok = load_raw(model_dir)
     samples = [(p, greedy_complete(model, tok, p, max_new_tokens))
