@@ -51,6 +51,9 @@ def add_subparser(sub) -> None:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="wall-clock budget for the optimization: after a short probe, --steps is lowered to fit "
+                        "(the cosine schedule follows the new total)")
     p.set_defaults(func=run)
 
 
@@ -190,8 +193,16 @@ def run(args) -> int:
     history = []
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
+    probe_at = step + 30 if args.max_minutes else None
     drafter.train()
     while step < args.steps:
+        if step == probe_at:  # fit the schedule into the time budget, measured not guessed
+            per_step = (time.time() - t0) / 30
+            fit = step + int((args.max_minutes * 60 - (time.time() - t0)) / per_step)
+            if fit < args.steps:
+                args.steps = max(fit, step + 1)
+                bar.total = args.steps
+                tqdm.write(f"--max-minutes {args.max_minutes}: {per_step * 1000:.0f} ms/step, training {args.steps} steps")
         ids = sampler.next().to(device)
         anchors = sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq, anchor_gen).to(device)
         lr = cosine_lr(step, args.steps, args.lr, args.warmup)
