@@ -63,8 +63,8 @@ def add_parser(subparsers) -> None:
     w = sub.add_parser("sweep", help="arms x concurrency x repeats, servers started per arm; resumable")
     w.add_argument("--model", help="model to serve and name in requests (required unless every arm has --base-url)")
     w.add_argument("--drafter", help="drafter directory for the speculative arms (server default if omitted)")
-    w.add_argument("--arms", default="none,fixed:1,fixed:3,fixed:7,adaptive:7",
-                   help="comma-separated: none, fixed:K, adaptive:K")
+    w.add_argument("--arms", default=None,
+                   help="comma-separated: none, fixed:K, adaptive:K (default none,fixed:1,fixed:3,fixed:7,adaptive:7)")
     w.add_argument("--base-url", action="append", metavar="ARM=URL",
                    help="use a running server for ARM instead of starting one (repeatable; replaces --arms)")
     w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256])
@@ -123,6 +123,8 @@ def sweep_config_from_args(args, log=print):
     if args.repeats < 1:
         raise AdaspecError("--repeats must be at least 1")
     base_urls = parse_base_urls(args.base_url)
+    if base_urls and args.arms:
+        raise AdaspecError("give either --arms (servers the sweep starts) or --base-url ARM=URL (servers you run)")
     if not args.model and not base_urls:
         raise AdaspecError("bench sweep needs --model (the model each arm's server loads)")
     arms = arms_for(args.arms, base_urls)

@@ -119,10 +119,12 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     assert main(["bench", "sweep", "--arms", "none", "--out", str(tmp_path)]) == 2  # no --model
     assert main(["bench", "sweep", "--model", "m", "--arms", "fast:3", "--out", str(tmp_path)]) == 2
     assert main(["bench", "sweep", "--base-url", "nourl", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "sweep", "--model", "m", "--arms", "none", "--base-url", "none=http://x",
+                 "--out", str(tmp_path)]) == 2
     assert main(["bench", "report", str(tmp_path)]) == 2
     assert main(["bench", "serve", "--dataset", "jsonl", "--base-url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
-    assert "needs --model" in err and "unknown arm" in err and "ARM=URL" in err
+    assert "either --arms" in err and "needs --model" in err and "unknown arm" in err and "ARM=URL" in err
     assert "no complete point files" in err and "--dataset-path" in err
 
 
