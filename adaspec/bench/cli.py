@@ -70,7 +70,8 @@ def add_parser(subparsers) -> None:
     w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256])
     w.add_argument("--repeats", type=int, default=3)
     w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
-    w.add_argument("--num-warmups", type=int, default=2, help="unmeasured requests before each point, sent at its concurrency")
+    w.add_argument("--num-warmups", type=int, default=2,
+                   help="unmeasured requests before each point, sent at its concurrency")
     w.add_argument("--out", required=True, help="results directory (rerun with the same --out to resume)")
     _add_dataset_args(w)
     _add_request_args(w, 128)
@@ -100,7 +101,8 @@ def cmd_serve(args) -> int:
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         num_warmups=args.num_warmups, endpoint=args.endpoint, api_key=args.api_key, seed=args.seed,
-        label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds, progress=not args.disable_tqdm,
+        label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
+        progress=not args.disable_tqdm,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)
@@ -146,7 +148,8 @@ def sweep_config_from_args(args, log=print):
         num_prompts=args.num_prompts, repeats=args.repeats, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=args.endpoint, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
-        server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout, progress=not args.disable_tqdm,
+        server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout,
+        progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
 
