@@ -119,7 +119,11 @@ class EngineThread:
                          asyncio.get_running_loop(), q))
         if not self._thread.is_alive():  # died between the check above and the put
             self._fail_pending(APIError(503, "The engine is not running.", code="engine_dead"))
-        first = await q.get()
+        try:
+            first = await q.get()
+        except asyncio.CancelledError:  # the caller is gone: do not leave an orphan running
+            self.abort(request_id)
+            raise
         if isinstance(first, BaseException):
             raise first
         return q

@@ -72,7 +72,8 @@ def _drain_scenario(cmd, port, max_tokens, expect_reason):
     p = _start(cmd, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens})
+        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens,
+                                                                          "ignore_eos": True})
         assert first.wait(30)
         p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
@@ -83,7 +84,7 @@ def _drain_scenario(cmd, port, max_tokens, expect_reason):
         t.join(60)
         assert result.get("status") == 200, result
         assert result["chunks"][-1] == "[DONE]"
-        assert _finish_reason(result) == expect_reason
+        assert _finish_reason(result) == expect_reason, result["chunks"][-3:]
         assert p.wait(30) == 0, p.stdout.read()
     finally:
         if p.poll() is None:
