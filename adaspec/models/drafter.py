@@ -339,6 +339,10 @@ class DSparkDrafter(nn.Module):
                 generators) -> DraftProposal:
         from adaspec.engine.sampler import processed_probs, sample_from_probs
 
+        if anchor_ids.shape[0] == 0:
+            V, k = self.config.base.vocab_size, self.block_size
+            z = torch.zeros(0, k, device=anchor_ids.device)
+            return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
         h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches)
         greedy = [float(t) <= 0 for t in temperature.tolist()]
         sampled = [i for i, g in enumerate(greedy) if not g]

@@ -175,7 +175,7 @@ def format_table(s: dict) -> str:
 
 
 def generate_eval_set(target, prompts: list[list[int]], gen_len: int, temperature: float, seed: int = 0,
-                      batch_size: int = 64):
+                      batch_size: int = 256):
     """-> (sequences, first-anchor positions): target continuations of the prompts."""
     from adaspec.train.self_distill import sample_ragged
 
