@@ -17,6 +17,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                 1.0, 2.5, 5.0, 10.0, 20.0, 80.0)
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_BUDGET_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512)
 
 # engine.stats field -> counter name (suffix _total is added by prometheus-client)
 _STAT_COUNTERS = {
@@ -57,6 +58,8 @@ class ServerMetrics:
                                         "Accepted draft tokens by draft position (0 = first).", ["position"])
         self.budget_steps = counter("spec_decode_budget_steps",
                                     "Engine steps by the speculation budget B used.", ["budget"])
+        self.budget = Histogram("adaspec:spec_decode_budget", "Speculation budget B per engine step.", L,
+                                buckets=_BUDGET_BUCKETS, registry=r)
         self._last: dict[str, float] = {}
         self._last_pos: list[float] = []
         self._last_budget: dict[str, float] = {}
@@ -97,6 +100,8 @@ class ServerMetrics:
             d = v - self._last_budget.get(str(b), 0)
             if d > 0:
                 self._c(self.budget_steps, budget=str(b)).inc(d)
+                for _ in range(min(int(d), 10_000)):  # d is the steps since the last read: ~1
+                    self._g(self.budget).observe(float(b))
             self._last_budget[str(b)] = v
 
     def on_chunk(self, request_id: str, first_chunk: bool, arrival: float, first_token_time: float | None) -> None:

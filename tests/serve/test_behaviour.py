@@ -95,7 +95,9 @@ def test_metrics_parse_and_move():
         assert m[("adaspec:spec_decode_num_verified_tokens_total", ())] == 15
         assert m[("adaspec:spec_decode_num_accepted_tokens_per_pos_total", (("position", "0"),))] == 5
         assert m[("adaspec:spec_decode_num_accepted_tokens_per_pos_total", (("position", "1"),))] == 5
-        assert m[("adaspec:spec_decode_budget_steps_total", (("budget", "2"),))] > 0
+        steps = m[("adaspec:spec_decode_budget_steps_total", (("budget", "2"),))]
+        assert steps > 0 and m[("adaspec:spec_decode_budget_count", ())] == steps
+        assert m[("adaspec:spec_decode_budget_sum", ())] == 2 * steps
     finally:
         s.close()
 
