@@ -6,6 +6,7 @@ Only argparse at import time: the server stack and torch load inside the handler
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from adaspec.errors import ConfigError
@@ -32,7 +33,9 @@ def add_parser(subparsers) -> None:
                    help="speculative decoding configuration as a JSON object")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--api-key", default=os.environ.get("ADASPEC_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $ADASPEC_API_KEY, "
+                        "which keeps the key out of the process list)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients use; default: MODEL as given")
     p.add_argument("--tokenizer", default=None)

@@ -67,3 +67,9 @@ def test_serve_help_does_not_import_the_server_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=__file__.rsplit("/tests/", 1)[0])
     assert out.stdout.strip() == "False"
+
+
+def test_api_key_from_environment(monkeypatch):
+    monkeypatch.setenv("ADASPEC_API_KEY", "from-env")
+    assert settings_from_args(_args("m")).api_key == "from-env"
+    assert settings_from_args(_args("m", "--api-key", "flag")).api_key == "flag"
