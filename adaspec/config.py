@@ -54,3 +54,48 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown engine argument(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(model=model, **kwargs)
+
+
+@dataclass
+class SpeculativeConfig:
+    """`speculative_config` with vLLM's key names (plus a few of our own, documented here)."""
+
+    method: str = "dspark"
+    model: str | None = None  # drafter directory or embedded name; default: the target's shipped drafter
+    num_speculative_tokens: int | None = None  # k; default: the drafter's block_size
+    draft_sample_method: str = "probabilistic"  # "greedy" | "probabilistic"
+    enable_adaptive_verification: bool = False
+    adaptive_verification_ema_alpha: float | None = None  # EMA over per-request confidences (off)
+    # ours:
+    profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
+    profile_repeats: int = 5
+    cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
+    reserve_all_spec_slots: bool = False  # pre-v0.28 token budget: max_num_seqs * k reserved up front
+    leaky_budget: bool = False  # TESTS ONLY: budget from the current drafts (biased on purpose)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"speculative_config must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown speculative_config key(s): {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+            )
+        c = cls(**d)
+        if c.method != "dspark":
+            raise ConfigError(f"speculative method {c.method!r} is not supported; use \"method\": \"dspark\"")
+        k = c.num_speculative_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if c.draft_sample_method not in ("greedy", "probabilistic"):
+            raise ConfigError(
+                f"draft_sample_method must be \"greedy\" or \"probabilistic\", got {c.draft_sample_method!r}"
+            )
+        a = c.adaptive_verification_ema_alpha
+        if a is not None and not (isinstance(a, (int, float)) and 0 < a <= 1):
+            raise ConfigError(f"adaptive_verification_ema_alpha must be in (0, 1], got {a!r}")
+        if not isinstance(c.profile_context_len, int) or c.profile_context_len < 1:
+            raise ConfigError(f"profile_context_len must be a positive integer, got {c.profile_context_len!r}")
+        return c

@@ -62,8 +62,13 @@ def micro_config(arch: str = "qwen3", vocab_size: int = 320, **overrides) -> dic
     return cfg
 
 
-def make_micro_model_dir(path, arch: str = "qwen3", seed: int = 0, init_std: float = 0.1, **overrides) -> Path:
-    """Write a random micro model directory; returns its path. `overrides` edit config.json."""
+def make_micro_model_dir(path, arch: str = "qwen3", seed: int = 0, init_std: float = 0.1,
+                         mixing: float = 1.0, **overrides) -> Path:
+    """Write a random micro model directory; returns its path. `overrides` edit config.json.
+
+    mixing scales the attention and MLP output projections: 0 gives a pure bigram model (the
+    next token depends on the current one only), small values a mostly-bigram one, which a
+    bigram drafter (make_bigram_drafter_dir) predicts well but not perfectly."""
     import torch
 
     from adaspec.models.config import ModelConfig
@@ -74,7 +79,8 @@ def make_micro_model_dir(path, arch: str = "qwen3", seed: int = 0, init_std: flo
     path.mkdir(parents=True, exist_ok=True)
     tok = make_byte_level_tokenizer()
     tok.save(str(path / "tokenizer.json"))
-    vocab = max(overrides.pop("vocab_size", 0), tok.get_vocab_size())
+    # an explicit vocab_size may be smaller than the tokenizer's (token-id-only statistical tests)
+    vocab = overrides.pop("vocab_size", None) or tok.get_vocab_size()
     eos_id = tok.token_to_id("<|endoftext|>")
     cfg = ModelConfig.from_hf(micro_config(arch, vocab_size=vocab, eos_token_id=eos_id, **overrides))
     g = torch.Generator().manual_seed(seed)
@@ -84,7 +90,8 @@ def make_micro_model_dir(path, arch: str = "qwen3", seed: int = 0, init_std: flo
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(init_std * torch.randn(p.shape, generator=g))
+                scale = mixing if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+                p.copy_(scale * init_std * torch.randn(p.shape, generator=g))
     save_pretrained(model, cfg, path)
     (path / "tokenizer_config.json").write_text(
         json.dumps(
@@ -100,3 +107,55 @@ def make_micro_model_dir(path, arch: str = "qwen3", seed: int = 0, init_std: flo
     )
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}, indent=2))
     return path
+
+
+def make_micro_drafter_dir(path, target_dir, block_size: int = 4, seed: int = 0, init_std: float = 0.1,
+                           markov_rank: int = 16, num_layers: int = 1) -> Path:
+    """A random DSpark drafter for a micro target (embedding / LM head copied from it)."""
+    import torch
+
+    from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
+    from adaspec.models.loader import load_target
+    from adaspec.models.tokenizer import Tokenizer
+
+    target, tcfg = load_target(target_dir)
+    mask_id = Tokenizer.from_dir(target_dir).token_to_id("<|mask|>")
+    cfg = DrafterConfig.from_target(tcfg, mask_token_id=mask_id, block_size=block_size, num_layers=num_layers,
+                                    markov_rank=markov_rank)
+    g = torch.Generator().manual_seed(seed)
+    model = DSparkDrafter(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                    else init_std * torch.randn(p.shape, generator=g))
+    model.copy_from_target(target)
+    return save_drafter(model, cfg, Path(path))
+
+
+def make_bigram_drafter_dir(path, target_dir, block_size: int = 7, seed: int = 0) -> Path:
+    """A drafter whose draft distribution is the target's BIGRAM part: base logits are zeroed
+    (final norm weight 0) and the Markov head holds lm_head(norm(embed(prev))) exactly
+    (rank = hidden size). Against a make_micro_model_dir(mixing=small) target it is good but
+    not perfect, so steps accept some drafts and reject others."""
+    import torch
+
+    from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
+    from adaspec.models.loader import load_target
+    from adaspec.models.tokenizer import Tokenizer
+
+    target, tcfg = load_target(target_dir)
+    mask_id = Tokenizer.from_dir(target_dir).token_to_id("<|mask|>")
+    mask_id = mask_id if mask_id < tcfg.vocab_size else tcfg.vocab_size - 1
+    cfg = DrafterConfig.from_target(tcfg, mask_token_id=mask_id, block_size=block_size, num_layers=1,
+                                    markov_rank=tcfg.hidden_size)
+    g = torch.Generator().manual_seed(seed)
+    model = DSparkDrafter(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        model.copy_from_target(target)
+        model.norm.weight.zero_()  # U_j = 0: the draft is the Markov (bigram) term alone
+        emb = target.model.embed_tokens.weight
+        model.markov_head.markov_w1.weight.copy_(target.model.norm(emb))
+        model.markov_head.markov_w2.weight.copy_(target.lm_head.weight)
+    return save_drafter(model, cfg, Path(path))

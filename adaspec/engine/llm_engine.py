@@ -64,11 +64,13 @@ class LLMEngine:
         block_bytes = bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)
         drafter = None
         if config.speculative_config:
-            from adaspec.spec.decoding import load_speculative_drafter
+            from adaspec.engine.speculative import load_speculative_drafter
 
             drafter = load_speculative_drafter(config, self)
             block_bytes += drafter.kv_block_bytes(config.block_size)
-        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len, self.device)
+        # a request's draft block may reach block_size positions past its last token
+        lookahead = drafter.drafter_cfg.block_size if drafter else 0
+        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len + lookahead, self.device)
         num_slots = self.num_blocks * config.block_size
         self.kv_caches = allocate_kv_caches(
             mc.num_hidden_layers, num_slots, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device
@@ -76,15 +78,15 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device, backend)
         self.stats = EngineStats()
-        num_spec = 0
-        if drafter is not None:
-            self.spec = drafter.build(self, num_slots)
-            num_spec = self.spec.num_spec_tokens
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-            config.enable_chunked_prefill, num_spec,
-            reserve_all_spec_slots=bool((config.speculative_config or {}).get("reserve_all_spec_slots", False)),
+            config.enable_chunked_prefill,
+            num_spec_tokens=drafter.spec_cfg.num_speculative_tokens if drafter else 0,
+            reserve_all_spec_slots=drafter.spec_cfg.reserve_all_spec_slots if drafter else False,
+            draft_lookahead=drafter.drafter_cfg.block_size if drafter else 0,
         )
+        if drafter is not None:  # after the runner: adaptive mode profiles dummy steps through it
+            self.spec = drafter.build(self, num_slots)
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
@@ -186,6 +188,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         sampling = [s.seq for s, smp in zip(scheduled, samples) if smp]
         tokens, lps = self.sample(res.logits, sampling) if sampling else ([], None)
+        self.stats.num_sampled_without_draft += len(sampling)
         for s in scheduled:
             s.seq.num_computed_tokens += s.num_tokens
         self.stats.time_verify += t1 - t0

@@ -54,21 +54,11 @@ def processed_probs(
 
 
 def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row. Rows with a generator draw their own noise (reproducible per request
-    whatever the batch); the rest share one batched draw. Exponential race: argmax p / E, E ~ Exp(1),
-    picks token i with probability p_i."""
-    noise = torch.empty_like(probs)
-    shared = [i for i, g in enumerate(generators) if g is None]
-    if shared:
-        if len(shared) == len(generators):
-            noise.exponential_()
-        else:
-            idx = torch.tensor(shared, device=probs.device)
-            noise[idx] = torch.empty((len(shared), probs.shape[1]), device=probs.device).exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:
-            noise[i].exponential_(generator=g)
-    return (probs / noise).argmax(dim=-1)
+    """One token per row; rows with a generator are reproducible per request whatever the batch.
+    The same exponential-race sampler that speculative acceptance uses (spec/rejection.py)."""
+    from adaspec.spec.rejection import sample_rows
+
+    return sample_rows(probs, generators)
 
 
 def logprobs_of(logits: torch.Tensor, chosen: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

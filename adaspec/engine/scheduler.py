@@ -37,7 +37,7 @@ class ScheduledSeq:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, enable_chunked_prefill: bool = True, num_spec_tokens: int = 0,
-                 reserve_all_spec_slots: bool = False):
+                 reserve_all_spec_slots: bool = False, draft_lookahead: int = 0):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -45,6 +45,8 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.num_spec_tokens = num_spec_tokens
         self.reserve_all_spec_slots = reserve_all_spec_slots
+        # a draft block writes K/V at positions anchor..anchor+lookahead-1: blocks, not budget
+        self.draft_lookahead = draft_lookahead
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -96,6 +98,8 @@ class Scheduler:
             if seq.is_decoding:
                 spec = min(spec, budget - n)  # never exceed the step's token budget
             total = seq.num_computed_tokens + n + spec
+            if spec:
+                total = max(total, seq.num_computed_tokens + self.draft_lookahead)
             while not self.bm.can_grow(seq, total):
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -18,6 +18,8 @@ class EngineStats:
     num_verified_tokens: int = 0  # drafts the policy sent to verification
     num_accepted_tokens: int = 0
     num_bonus_tokens: int = 0  # tokens sampled from the target (one per verifying request per step)
+    num_sampled_without_draft: int = 0  # tokens sampled in steps where the request had no draft
+    num_capped_draft_slots: int = 0  # proposed slots that could never be verified (near max_tokens)
     accepted_per_pos: list[int] = field(default_factory=list)
     verified_per_pos: list[int] = field(default_factory=list)
     budget_hist: Counter = field(default_factory=Counter)  # B (verified drafts in the step) -> steps

@@ -1,0 +1,93 @@
+"""Startup profiling for the adaptive policy: time dummy verify and draft steps, cache the tables.
+
+Dummy steps use real shapes: verify(n) runs n query tokens as ceil(n / (k+1)) requests of up
+to k+1 tokens each, every one over `profile_context_len` tokens of context; draft(R) proposes
+blocks for R requests at that context length. All dummy requests alias the same KV blocks
+(the cache holds no real request yet, and aliasing does not change the work done).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from adaspec.engine.runner import ForwardItem
+from adaspec.spec.cost_model import (
+    CostModel, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
+)
+
+log = logging.getLogger("adaspec.profile")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ADASPEC_CACHE_DIR", Path.home() / ".cache" / "adaspec")) / "cost_models"
+
+
+class _DummySeq:
+    """What SpeculativeDecoder.propose reads from a request."""
+
+    def __init__(self, request_id, params):
+        self.request_id, self.params, self.generator = request_id, params, None
+
+
+def _dummy_steps(engine, decoder):
+    from adaspec.sampling_params import SamplingParams
+
+    cfg = engine.config
+    k = decoder.num_spec_tokens
+    ctx = max(1, min(decoder.cfg.profile_context_len, engine.max_model_len - decoder.block - 2))
+    bs = cfg.block_size
+    n_blocks = -(-(ctx + max(k + 1, decoder.block)) // bs)
+    table = [i % engine.num_blocks for i in range(n_blocks)]
+    params = SamplingParams(temperature=1.0, max_tokens=16)
+
+    def verify(n_tokens: int) -> None:
+        items, left = [], n_tokens
+        while left > 0:
+            q = min(k + 1, left)
+            items.append(ForwardItem([1] * q, ctx, table, q))
+            left -= q
+        res = engine.runner.execute(items, decoder.capture_layers)
+        t = torch.ones(res.logits.shape[0], device=engine.device)
+        processed_probs_for_profile(res.logits, t)
+
+    def draft(n_requests: int) -> None:
+        seqs = [_DummySeq(f"profile-{i}", params) for i in range(n_requests)]
+        decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests)
+
+    return verify, draft, ctx
+
+
+def processed_probs_for_profile(logits, temps):
+    from adaspec.engine.sampler import processed_probs
+
+    zeros = torch.zeros_like(temps, dtype=torch.long)
+    return processed_probs(logits, temps, torch.ones_like(temps), zeros, any_filter=False, any_greedy=False)
+
+
+def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:
+    cfg = engine.config
+    k = decoder.num_spec_tokens
+    verify_fn, draft_fn, ctx = _dummy_steps(engine, decoder)
+    max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (k + 1))
+    device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
+    key = default_cache_key(
+        model=str(Path(str(engine.config.model)).expanduser()), drafter=drafter_path, dtype=str(engine.dtype),
+        device=device_name, threads=torch.get_num_threads(), max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size, k=k, context_len=ctx,
+        attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
+    )
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
+
+    def run_profile() -> CostModel:
+        log.info("profiling verify (up to %d tokens) and draft (up to %d requests) steps", max_tokens, cfg.max_num_seqs)
+        with torch.inference_mode():
+            return profile(verify_fn, draft_fn, verify_grid(max_tokens), draft_grid(cfg.max_num_seqs),
+                           repeats=decoder.cfg.profile_repeats, warmup=1, sync=sync)
+
+    if not cache:
+        return run_profile()
+    cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()
+    return load_or_profile(cache_dir, key, run_profile)

@@ -1,0 +1,251 @@
+"""The speculative step: draft for every decoding request, verify all drafts in ONE packed
+target forward (prefill chunks of other requests ride along), accept losslessly.
+
+Flow of one step (VERIFY.md):
+1. drafter.propose for requests that decode this step (anchor = their last token, whose
+   position is the first uncomputed one; their context K/V was written by earlier steps);
+2. the policy picks l_r (fixed: all reserved slots; adaptive: the confidence-scheduled budget);
+3. one target forward: [last token, l_r drafts] per decoding request, chunks for the others,
+   capturing the drafter's target layers;
+4. rejection sampling (spec/rejection.py) on p and q processed by the same function;
+5. KV: the target keeps positions up to the last accepted draft (num_computed_tokens moves,
+   blocks beyond are given back); the drafter's context is written for every verified token.
+The drafter cache shares the target's block tables, so its rollback is the same forgetting.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adaspec.config import EngineConfig, SpeculativeConfig
+from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block
+from adaspec.engine.runner import ForwardItem
+from adaspec.engine.sampler import logprobs_of, processed_probs
+from adaspec.engine.scheduler import ScheduledSeq
+from adaspec.engine.spec_policy import AdaptivePolicy, FixedPolicy
+from adaspec.errors import ConfigError
+from adaspec.models.registry import DEFAULT_DRAFTERS
+from adaspec.spec.policy import survival
+from adaspec.spec.rejection import rejection_sample
+
+log = logging.getLogger("adaspec.spec")
+
+
+class DrafterSetup:
+    """Loaded before the KV cache is sized (the drafter's cache shares its blocks)."""
+
+    def __init__(self, spec_cfg: SpeculativeConfig, drafter, drafter_cfg, drafter_path: str):
+        self.spec_cfg, self.drafter, self.drafter_cfg, self.drafter_path = spec_cfg, drafter, drafter_cfg, drafter_path
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        n_layers, n_kv, hd = self.drafter.kv_cache_spec()
+        return bytes_per_block(n_layers, n_kv, hd, block_size, next(self.drafter.parameters()).dtype)
+
+    def build(self, engine, num_slots: int) -> "SpeculativeDecoder":
+        return SpeculativeDecoder(engine, self, num_slots)
+
+
+def load_speculative_drafter(config: EngineConfig, engine) -> DrafterSetup:
+    from adaspec.models.drafter import load_drafter
+
+    spec_cfg = SpeculativeConfig.from_dict(dict(config.speculative_config))
+    name = spec_cfg.model or DEFAULT_DRAFTERS.get(str(config.model))
+    if name is None:
+        raise ConfigError(
+            "speculative_config needs \"model\": the drafter directory (only embedded targets have a default drafter)"
+        )
+    drafter, dcfg = load_drafter(name, engine.model_config, engine.dtype, engine.device)
+    k = spec_cfg.num_speculative_tokens or dcfg.block_size
+    if k > dcfg.block_size:
+        raise ConfigError(
+            f"num_speculative_tokens={k} exceeds the drafter's block_size={dcfg.block_size}; "
+            f"use at most {dcfg.block_size}"
+        )
+    spec_cfg.num_speculative_tokens = k
+    # the draft block may run past the target's last position: give the drafter's RoPE room
+    drafter.rope.max_positions = max(drafter.rope.max_positions, engine.model_config.max_position_embeddings + dcfg.block_size)
+    drafter.rope.build_tables(device=engine.device)
+    return DrafterSetup(spec_cfg, drafter, dcfg, str(name))
+
+
+class SpeculativeDecoder:
+    def __init__(self, engine, setup: DrafterSetup, num_slots: int):
+        self.engine = engine
+        self.cfg = setup.spec_cfg
+        self.drafter = setup.drafter
+        self.dcfg = setup.drafter_cfg
+        self.num_spec_tokens = self.cfg.num_speculative_tokens
+        self.block = self.dcfg.block_size  # positions the draft block occupies in the cache
+        self.capture_layers = list(self.dcfg.target_layer_ids)
+        n_layers, n_kv, hd = self.drafter.kv_cache_spec()
+        self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
+        self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
+        if self.cfg.enable_adaptive_verification:
+            from adaspec.engine.profiler import build_cost_model
+
+            self.cost_model = build_cost_model(engine, self, setup.drafter_path)
+            self.policy = AdaptivePolicy(self.cost_model, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha,
+                                         leaky=self.cfg.leaky_budget)
+        else:
+            self.cost_model = None
+            self.policy = FixedPolicy()
+        engine.stats.ensure_positions(self.num_spec_tokens)
+
+    # -- pieces also used by the profiler ------------------------------------------------------
+    def propose(self, seqs, anchor_ids, anchor_pos, block_tables):
+        dev = self.engine.device
+        params = [s.params for s in seqs]
+        temps = torch.tensor([0.0 if self.greedy_drafts else p.temperature for p in params], device=dev)
+        return self.drafter.propose(
+            torch.tensor(anchor_ids, device=dev), torch.tensor(anchor_pos, device=dev), block_tables,
+            self.engine.config.block_size, self.kv_caches, temps,
+            torch.tensor([p.top_p for p in params], device=dev), torch.tensor([p.top_k for p in params], device=dev),
+            [s.generator for s in seqs],
+        )
+
+    def forget(self, seq) -> None:
+        self.policy.forget(seq.request_id)
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self, scheduled: list[ScheduledSeq]):
+        eng, stats, K = self.engine, self.engine.stats, self.num_spec_tokens
+        t0 = time.perf_counter()
+        samples = [s.samples for s in scheduled]
+        dec = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
+        dec_seqs = [scheduled[i].seq for i in dec]
+        lengths = np.zeros(len(scheduled), dtype=np.int64)
+        prop = None
+        if dec:
+            prop = self.propose(dec_seqs, [s.token_ids[-1] for s in dec_seqs],
+                                [len(s.token_ids) - 1 for s in dec_seqs], [s.block_table for s in dec_seqs])
+            conf = prop.confidences[:, :K].float().cpu().numpy()
+            limits = np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)
+            base_tokens = sum(s.num_tokens for s in scheduled)
+            l_dec = self.policy.plan([s.request_id for s in dec_seqs], conf, int(sum(samples)), base_tokens, limits)
+            self.policy.observe([s.request_id for s in dec_seqs], conf)
+            lengths[dec] = l_dec
+        t1 = time.perf_counter()
+
+        items, dec_set = [], set(dec)
+        draft_host = prop.tokens[:, :K].tolist() if prop is not None else []
+        di = {i: n for n, i in enumerate(dec)}
+        for i, s in enumerate(scheduled):
+            seq, nc = s.seq, s.seq.num_computed_tokens
+            if i in dec_set:
+                l = int(lengths[i])
+                items.append(ForwardItem([seq.token_ids[-1]] + draft_host[di[i]][:l], nc, seq.block_table, l + 1))
+            else:
+                items.append(ForwardItem(seq.token_ids[nc:nc + s.num_tokens], nc, seq.block_table, int(samples[i])))
+        res = eng.runner.execute(items, self.capture_layers)
+        t2 = time.perf_counter()
+
+        # rows of res.logits: l+1 per drafted request, 1 per other sampling request, in item order
+        row_start = np.cumsum([0] + [it.num_logits for it in items])
+        results: list = [([], None)] * len(scheduled)
+        accepted = np.zeros(len(scheduled), dtype=np.int64)
+        if dec:
+            results, accepted = self._accept(scheduled, dec, dec_seqs, lengths, prop, res.logits, row_start, results)
+        plain = [i for i in range(len(scheduled)) if samples[i] and i not in dec_set]
+        if plain:
+            rows = torch.as_tensor(row_start[plain], device=res.logits.device)
+            toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
+            for n, i in enumerate(plain):
+                results[i] = ([toks[n]], [lps[n]] if lps is not None else None)
+            eng.stats.num_sampled_without_draft += len(plain)
+        t3 = time.perf_counter()
+
+        self._commit(scheduled, dec_set, accepted, res, items)
+        stats.time_draft += t1 - t0
+        stats.time_verify += t2 - t1
+        stats.time_sample += t3 - t2
+        stats.time_bookkeeping += time.perf_counter() - t3
+        return results
+
+    def _accept(self, scheduled, dec, dec_seqs, lengths, prop, logits, row_start, results):
+        eng, stats, K = self.engine, self.engine.stats, self.num_spec_tokens
+        dev = logits.device
+        R = len(dec)
+        l_dec = lengths[dec]
+        # [R, K+1] row index of each verify position (positions past l_r repeat the last row)
+        idx = row_start[dec][:, None] + np.minimum(np.arange(K + 1)[None, :], l_dec[:, None])
+        idx_t = torch.as_tensor(idx.reshape(-1), device=dev)
+        ver_logits = logits[idx_t]  # [R*(K+1), V]
+        params = [s.params for s in dec_seqs]
+        rep = lambda vals: torch.tensor(vals, device=dev).repeat_interleave(K + 1)
+        p = processed_probs(
+            ver_logits, rep([x.temperature for x in params]), rep([x.top_p for x in params]),
+            rep([x.top_k for x in params]), any_filter=any(x.top_p < 1 or x.top_k > 0 for x in params),
+            any_greedy=any(x.greedy for x in params),
+        ).view(R, K + 1, -1)
+        greedy = torch.tensor([x.greedy for x in params])
+        q = None if self.greedy_drafts else prop.probs[:, :K].float()
+        out = rejection_sample(
+            prop.tokens[:, :K], torch.as_tensor(l_dec, device=dev), p, q, greedy,
+            generators=[s.generator for s in dec_seqs], target_argmax=ver_logits.argmax(-1).view(R, K + 1),
+        )
+        toks = out.output_tokens.tolist()
+        n_acc = out.num_accepted.tolist()
+        want_lp = [x.logprobs for x in params]
+        lp_rows = None
+        if any(w is not None for w in want_lp):
+            chosen = out.output_tokens.clamp_min(0).view(-1)
+            top_n = max(w or 0 for w in want_lp)
+            c_lp, top_ids, top_lp = logprobs_of(ver_logits, chosen, top_n)
+            lp_rows = (c_lp.view(R, K + 1).tolist(), top_ids.view(R, K + 1, -1).tolist(), top_lp.view(R, K + 1, -1).tolist())
+        accepted = np.zeros(len(scheduled), dtype=np.int64)
+        surv = survival(prop.confidences[:, :K].float().cpu().numpy())
+        results = list(results)
+        for n, i in enumerate(dec):
+            a, l = n_acc[n], int(l_dec[n])
+            accepted[i] = a
+            emitted = toks[n][: a + 1]
+            lps = None
+            if lp_rows is not None and want_lp[n] is not None:
+                w = want_lp[n]
+                lps = [{**dict(zip(lp_rows[1][n][j][:w], lp_rows[2][n][j][:w])), emitted[j]: lp_rows[0][n][j]}
+                       for j in range(a + 1)]
+            results[i] = (emitted, lps)
+            # statistics: drafts proposed, verified, accepted (per position), calibration
+            stats.num_drafts += 1
+            stats.num_draft_tokens += K
+            stats.num_verified_tokens += l
+            stats.num_capped_draft_slots += K - int(scheduled[i].spec_slots)
+            stats.num_accepted_tokens += a
+            stats.num_bonus_tokens += 1
+            stats.verify_len_hist[l] += 1
+            for j in range(l):
+                stats.verified_per_pos[j] += 1
+                stats.predicted_accept_per_pos[j] += float(surv[n, j])
+                if j < a:
+                    stats.accepted_per_pos[j] += 1
+        stats.budget_hist[int(l_dec.sum())] += 1
+        return results, accepted
+
+    def _commit(self, scheduled, dec_set, accepted, res, items) -> None:
+        """Move num_computed_tokens, give back rejected blocks, write the drafter's context."""
+        eng = self.engine
+        bs = eng.config.block_size
+        rows, positions, slots = [], [], []
+        for i, (s, it) in enumerate(zip(scheduled, items)):
+            seq, nc = s.seq, s.seq.num_computed_tokens
+            n_valid = 1 + int(accepted[i]) if i in dec_set else s.num_tokens
+            seq.num_computed_tokens = nc + n_valid
+            if i in dec_set:
+                eng.block_manager.shrink(seq, seq.num_computed_tokens + 1)
+            start = int(res.query_start[i])
+            pos = np.arange(nc, nc + n_valid)
+            bt = np.asarray(seq.block_table)
+            rows.append(np.arange(start, start + n_valid))
+            positions.append(pos)
+            slots.append(bt[pos // bs] * bs + pos % bs)
+        rows_t = torch.as_tensor(np.concatenate(rows), device=eng.device)
+        feats = torch.cat([res.captured[l] for l in self.capture_layers], dim=-1)[rows_t]
+        self.drafter.write_context(
+            feats, torch.as_tensor(np.concatenate(positions), device=eng.device),
+            torch.as_tensor(np.concatenate(slots), device=eng.device), self.kv_caches,
+        )

@@ -1,0 +1,108 @@
+"""Speculative decoding in the engine: greedy equivalence, statistics, config refusals."""
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.errors import ConfigError
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+
+@pytest.fixture(scope="module")
+def bigram_pair(tmp_path_factory):
+    """A mostly-bigram target and a bigram drafter: drafts are often but not always accepted."""
+    root = tmp_path_factory.mktemp("bigram")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    drafter = make_bigram_drafter_dir(root / "drafter", target, block_size=7)
+    return str(target), str(drafter)
+
+
+def _prompts(n=18, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(1, 50, (n,), generator=g).tolist()]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(bigram_pair):
+    return [o.outputs[0].token_ids for o in LLM(bigram_pair[0]).generate(_prompts(), GREEDY)]
+
+
+def _spec_llm(pair, tmp_path, k, adaptive=False, **kw):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
+           "enable_adaptive_verification": adaptive, "cost_model_cache_dir": str(tmp_path)}
+    return LLM(pair[0], speculative_config=cfg, **kw)
+
+
+@pytest.mark.parametrize("k, adaptive", [(1, False), (3, False), (7, False), (7, True)])
+def test_greedy_speculative_equals_plain(bigram_pair, plain_greedy, tmp_path, k, adaptive):
+    # small token budget (chunked prefill mixed with verification) and a small KV cache (preemption)
+    llm = _spec_llm(bigram_pair, tmp_path, k, adaptive, max_num_seqs=16, max_num_batched_tokens=40,
+                    block_size=4, num_kv_blocks=70, max_model_len=128)
+    outs = llm.generate(_prompts(), GREEDY)
+    eng = llm.llm_engine
+    assert [o.outputs[0].token_ids for o in outs] == plain_greedy
+    st = eng.stats
+    assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
+    assert st.num_accepted_tokens > 0 and st.num_accepted_tokens < st.num_verified_tokens  # accepts AND rejects
+    assert eng.kv_blocks_free() == eng.kv_blocks_total() and not eng.has_unfinished_requests()
+    # the statistics add up
+    assert st.num_accepted_tokens <= st.num_verified_tokens <= st.num_draft_tokens
+    assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
+    assert sum(st.accepted_per_pos) == st.num_accepted_tokens
+    assert all(a >= b for a, b in zip(st.accepted_per_pos, st.accepted_per_pos[1:]))
+    if not adaptive:
+        assert st.num_verified_tokens == st.num_draft_tokens - st.num_capped_draft_slots
+
+
+def test_adaptive_verifies_fewer_drafts_at_high_load(bigram_pair, tmp_path):
+    """With many requests the budget is cut below the full block; B* and lengths are recorded."""
+    llm = _spec_llm(bigram_pair, tmp_path, 7, adaptive=True, max_num_seqs=64)
+    llm.generate(_prompts(64, seed=4), GREEDY)
+    st = llm.llm_engine.stats
+    assert sum(st.budget_hist.values()) > 0 and sum(st.verify_len_hist.values()) > 0
+    assert st.num_verified_tokens < st.num_draft_tokens
+
+
+def test_logprobs_with_speculation_match_plain(bigram_pair, tmp_path):
+    p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
+    prompts = _prompts(4, seed=9)
+    plain = LLM(bigram_pair[0]).generate(prompts, p)
+    spec = _spec_llm(bigram_pair, tmp_path, 7, adaptive=True).generate(prompts, p)
+    for a, b in zip(plain, spec):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for da, db in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert da.keys() == db.keys()
+            assert all(abs(da[t] - db[t]) < 1e-4 for t in da)
+
+
+def test_stop_applies_to_accepted_tokens(bigram_pair, tmp_path, plain_greedy):
+    """A stop token inside a multi-token acceptance ends the request exactly there."""
+    prompts = _prompts()
+    stop_tok = plain_greedy[0][5]
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_tok])
+    plain = [o.outputs[0].token_ids for o in LLM(bigram_pair[0]).generate(prompts, p)]
+    spec = [o.outputs[0].token_ids for o in _spec_llm(bigram_pair, tmp_path, 7).generate(prompts, p)]
+    assert spec == plain
+    assert plain[0][-1] == stop_tok and len(plain[0]) <= 6
+
+
+@pytest.mark.parametrize("cfg, needle", [
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+    ({"num_speculative_tokens": 9}, "exceeds the drafter's block_size=7"),
+    ({"method": "eagle3"}, "method 'eagle3' is not supported"),
+    ({"draft_sample_method": "beam"}, "draft_sample_method"),
+    ({"num_speculative_tokenz": 3}, "unknown speculative_config key"),
+])
+def test_bad_speculative_configs_are_refused(bigram_pair, cfg, needle):
+    with pytest.raises(ConfigError, match=needle):
+        LLM(bigram_pair[0], speculative_config={"method": "dspark", "model": bigram_pair[1], **cfg})
+
+
+def test_drafter_for_another_target_is_refused(bigram_pair, tmp_path):
+    other = make_micro_model_dir(tmp_path / "other", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+    with pytest.raises(ConfigError, match="not trained for this target"):
+        LLM(str(other), speculative_config={"method": "dspark", "model": bigram_pair[1]})
+    with pytest.raises(ConfigError, match="needs \"model\""):
+        LLM(str(other), speculative_config={"method": "dspark"})
