@@ -1,8 +1,11 @@
 """`adaspec train tokenizer`: byte-level BPE over a corpus's train split.
 
 Byte-level with no normalizer, so ``decode(encode(s)) == s`` for every string (any Unicode,
-any whitespace: indentation and ``\\r\\n`` survive). Runs of spaces stay whole (the GPT-2
-pre-tokenizer regex), which suits indented code. Special tokens, ids in this order:
+any whitespace: indentation and ``\\r\\n`` survive). Every newline is its own pre-token, so a
+prompt cut at a line boundary tokenizes exactly like the start of the full text (the model
+never sees a lone newline token that in training only preceded unindented lines); after it,
+runs of spaces stay whole (GPT-2's pre-tokenizer regex), which suits indented code.
+Special tokens, ids in this order:
 
 - ``<|endoftext|>`` (0): document separator, EOS and pad; no BOS is ever prepended;
 - ``<|mask|>`` (1): reserved for the drafter's mask token (never seen in training text);
@@ -48,12 +51,15 @@ def _texts(corpus: Path, batch: int = 256) -> Iterator[list[str]]:
 
 def train_tokenizer(corpus: Path, vocab_size: int = 8192, min_frequency: int = 2, model_max_length: int = 2048):
     """A trained ``tokenizers.Tokenizer`` (byte-level BPE) over ``corpus``'s train split."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise AdaspecError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs at least 260")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\r?\n"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

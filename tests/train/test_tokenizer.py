@@ -85,3 +85,15 @@ def test_adaspec_tokenizer_wrapper_reads_it(micro_model):
     t = Tokenizer.from_dir(micro_model)
     assert 0 in t.eos_token_ids
     assert t.decode(t.encode("x = 'é'\n")) == "x = 'é'\n"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["def f(x):", "    return x", "        y = 1", "", "class A:", "\tpass", "# é"]),
+                min_size=2, max_size=12))
+def test_prefix_cut_at_a_line_boundary_tokenizes_as_in_the_full_text(micro_tokenizer, lines):
+    """A prompt ending in a newline must tokenize exactly as that part of the whole file does."""
+    tok = load_raw(micro_tokenizer)
+    full = "\n".join(lines) + "\n"
+    cut = full.index("\n") + 1
+    prefix_ids = tok.encode(full[:cut], add_special_tokens=False).ids
+    assert tok.encode(full, add_special_tokens=False).ids[: len(prefix_ids)] == prefix_ids
