@@ -53,10 +53,13 @@ class LLMEngine:
                 f"{self.model_config.max_position_embeddings}"
             )
         backend = config.attention_backend
+        half = self.dtype in (torch.bfloat16, torch.float16)  # the flash kernel has no float32
         if backend == "auto":
-            backend = "varlen" if varlen_available(self.device) else "reference"
-        elif backend == "varlen" and not varlen_available(self.device):
-            raise ConfigError("attention_backend 'varlen' needs CUDA and torch.nn.attention.varlen; use 'reference'")
+            backend = "varlen" if varlen_available(self.device) and half else "reference"
+        elif backend == "varlen" and not (varlen_available(self.device) and half):
+            raise ConfigError(
+                "attention_backend 'varlen' needs CUDA, torch.nn.attention.varlen and dtype bfloat16/float16; "
+                "use 'reference'")
         self.attention_backend = backend
 
         self.spec = None  # speculative decoding (adaspec.spec.decoding), built below when configured
