@@ -69,7 +69,7 @@ def test_logprobs_with_speculation_match_plain(bigram_pair, tmp_path):
     p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
     prompts = _prompts(4, seed=9)
     plain = LLM(bigram_pair[0]).generate(prompts, p)
-    spec = _spec_llm(bigram_pair, tmp_path, 7, adaptive=True).generate(prompts, p)
+    spec = _spec_llm(bigram_pair, tmp_path, 7, adaptive=True, max_num_seqs=8).generate(prompts, p)
     for a, b in zip(plain, spec):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for da, db in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
