@@ -37,6 +37,7 @@ gpu)
   OUT=${2:?usage: train_tiny.sh gpu OUT}
   SWEEP=${SWEEP:-/tmp/tiny-sweep}
   mkdir -p "$SWEEP" "$OUT"
+  T0=$SECONDS
   CORPUS=${CORPUS:-$WORK/gpu-corpus}
   for arm in ${ARMS:-a:60e6:2e-3 b:120e6:2e-3 c:240e6:2e-3 d:120e6:4e-3}; do
     IFS=: read -r name tokens lr <<<"$arm"
@@ -46,6 +47,7 @@ gpu)
       --save-dtype bfloat16 --time-budget "${BUDGET:-300}" ${EXTRA:-} >"$SWEEP/$name.log" 2>&1 &
   done
   wait || true
+  export SWEEP_WALL_S=$((SECONDS - T0))
   for f in "$SWEEP"/*.log; do echo "== $f"; tr '\r' '\n' <"$f" | grep -E "^(step|done|--time|compiled|torch|Traceback|[A-Za-z]*Error)" || tail -5 "$f"; done
   $PY - "$SWEEP" "$OUT" <<'EOF'
 import json, shutil, sys
@@ -63,8 +65,9 @@ best = min(runs, key=lambda n: runs[n]["val_loss"])
 for f in (sweep / best).iterdir():
     if f.is_file() and f.name != "checkpoint.pt":
         shutil.copyfile(f, out / "tiny" / f.name)
-(out / "sweep.json").write_text(json.dumps({"chosen": best, "rule": "lowest validation loss", "arms": summary},
-                                           indent=2) + "\n")
+import os
+(out / "sweep.json").write_text(json.dumps({"chosen": best, "rule": "lowest validation loss", "arms": summary,
+                                            "sweep_wall_s": int(os.environ["SWEEP_WALL_S"])}, indent=2) + "\n")
 for n, s in summary.items():
     print(f"{'*' if n == best else ' '} {n}: lr {s['lr']} tokens {s['tokens_seen'] / 1e6:.0f}M ({s['epochs']:.1f} ep) "
           f"val {s['val_loss']:.4f} ppl {s['val_ppl']:.2f} train {s['train_eval_loss']:.4f} "
@@ -86,6 +89,8 @@ ship)
 import json, sys
 s = json.load(open(sys.argv[1]))
 print('# sweep, run side by side on one GPU; chosen by', s['rule'] + ':', s['chosen'])
+if 'sweep_wall_s' in s:
+    print(f\"#   whole sweep: {s['sweep_wall_s']} s on the GPU (all arms at once, compile included)\")
 for n, a in s['arms'].items():
     print(f\"#   {n}: lr {a['lr']}, {a['tokens_seen'] / 1e6:.0f}M tokens -> val {a['val_loss']:.4f} (kept step {a['kept_step']}/{a['steps']})\")
 " "$SRC/../sweep.json"

@@ -97,8 +97,8 @@ def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: 
         out.append("")
     out += ["## Sample completions", "",
             "Greedy, up to 64 new tokens, from a plain loop over `TargetModel.forward_dense`. Prompts are held out: "
-            "they come from the `eval-code` prompt set, cut from the test split (only the prompt's last lines are "
-            "shown).", ""]
+            "they come from the `eval-code` prompt set, cut from the test split: the first three of at most 110 "
+            "tokens whose last line is indented, not hand-picked (only the prompt's last lines are shown).", ""]
     for i, (prompt, completion) in enumerate(samples, 1):
         tail = "".join(prompt.splitlines(keepends=True)[-8:])
         out += [f"### Sample {i}", "", "Prompt (end):", "", _fence(tail), "", "Completion:", "", _fence(completion), ""]

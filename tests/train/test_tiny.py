@@ -38,3 +38,16 @@ def test_tiny_loads_by_name_and_generates_python():
     prompt = "import os\n\n\ndef main():\n    for name in os.listdir('.'):\n"
     out = greedy_complete(model, tok, prompt, max_new_tokens=24)
     assert out.startswith("        ")
+
+
+@needs_weights
+def test_tiny_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from adaspec.models.loader import load_target
+
+    ours, cfg = load_target("tiny", dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(TINY), dtype=torch.float32).eval()
+    ids = torch.randint(4, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (ours.compute_logits(ours.forward_dense(ids)) - hf(ids).logits.float()).abs().max().item()
+    assert diff < 1e-4
