@@ -277,7 +277,8 @@ def _train(args) -> dict:
             "total_steps": total_steps, "tokens_seen": tokens_seen, "sampler_rng": sampler.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "history": history, "model_config": cfg.to_hf(),
             "elapsed_s": elapsed_before + time.time() - t_loop, "best_val_loss": best["val_loss"],
-            "best_step": best["step"], "best_state": best["state"], "recent_losses": recent, "args": {k: str(v) for k, v in vars(args).items()},
+            "best_step": best["step"], "best_state": best["state"], "recent_losses": recent,
+            "args": {k: str(v) for k, v in vars(args).items()},
         })
 
     model.train()
