@@ -107,11 +107,13 @@ def test_sigterm_aborts_requests_still_running_at_drain_timeout():
 
 
 def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path):
+    # The real CLI and engine: a request far longer than --drain-timeout is aborted at the timeout
+    # (a short one could finish before the signal lands: the fake-engine tests cover finishing).
     pytest.importorskip("torch")
     testing = pytest.importorskip("adaspec.testing")
-    model = str(testing.make_micro_model_dir(tmp_path / "micro"))
+    model = str(testing.make_micro_model_dir(tmp_path / "micro", max_position_embeddings=8192))
     port = _free_port()
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", model, "--port", str(port), "--device", "cpu",
-           "--served-model-name", "micro", "--max-model-len", "512", "--num-kv-blocks", "128",
-           "--drain-timeout", "20", "--log-level", "warning"]
-    _drain_scenario(cmd, port, max_tokens=48, expect_reason="length")
+           "--served-model-name", "micro", "--max-model-len", "8192", "--num-kv-blocks", "600",
+           "--drain-timeout", "1", "--log-level", "warning"]
+    _drain_scenario(cmd, port, max_tokens=8000, expect_reason="abort")
