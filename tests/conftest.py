@@ -1,7 +1,12 @@
+import os
+
 import pytest
 import torch
 
 torch.set_num_threads(2)
+# the suite's references are float32 CPU runs: engines built without an explicit device use the
+# CPU even on a GPU machine (tests/engine/test_gpu.py asks for cuda explicitly)
+os.environ.setdefault("ADASPEC_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
