@@ -54,7 +54,11 @@ def demo_sweep_args(opts) -> argparse.Namespace:
         dataset=opts.dataset or ("eval-code" if eval_code_path().is_file() else "random"), dataset_path=None,
         random_input_len=32, seed=0, output_len=opts.output_len or size["output_len"], ignore_eos=True,
         temperature=opts.temperature, endpoint="completions", api_key=None, disable_tqdm=False,
-        server_arg=opts.server_arg, startup_timeout=300.0, no_report=False,
+        # the servers never need more slots than the sweep's concurrency, and the adaptive arm
+        # profiles its cost tables up to max_num_seqs at startup: keep that small
+        server_arg=(["--max-num-seqs", str(max(concurrency))]
+                    if not any(a.startswith("--max-num-seqs") for a in opts.server_arg) else []) + opts.server_arg,
+        startup_timeout=300.0, no_report=False,
     )
 
 
