@@ -32,6 +32,8 @@ def add_subparser(sub) -> None:
     src.add_argument("--sd-temperature", type=float, default=1.0)
     src.add_argument("--sd-greedy-frac", type=float, default=0.25, help="share of self-distilled rows decoded greedily")
     src.add_argument("--sd-batch", type=int, default=256)
+    src.add_argument("--corpus-frac", type=float, default=0.0,
+                     help="with --self-distill: share of each batch taken from corpus text instead")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--block-size", type=int, default=7)
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
@@ -92,7 +94,7 @@ def init_drafter(drafter, target, seed: int) -> None:
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
     import numpy as np
 
-    from adaspec.train.drafter_data import RowSampler, StreamSampler, corpus_tokens, load_sequences, prompt_windows
+    from adaspec.train.drafter_data import MixedSampler, RowSampler, StreamSampler, corpus_tokens, load_sequences
 
     if args.data:
         return RowSampler(load_sequences(args.data), args.seq_len, args.batch_size, args.seed)
@@ -105,7 +107,11 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
     if not (args.resume and path.is_file()):
         rows = self_distill_rows(target, tokens, args, device)
         np.save(path, rows)
-    return RowSampler(np.load(path), args.seq_len, args.batch_size, args.seed)
+    n_corpus = int(round(args.batch_size * args.corpus_frac))
+    sd = RowSampler(np.load(path), args.seq_len, args.batch_size - n_corpus, args.seed)
+    if n_corpus == 0:
+        return sd
+    return MixedSampler(sd, StreamSampler(tokens, sd.seq_len, n_corpus, args.seed + 1))
 
 
 def self_distill_rows(target, tokens, args, device):
@@ -174,7 +180,7 @@ def run(args) -> int:
     if ckpt is not None:
         drafter.load_state_dict(ckpt["model"], strict=False)
         opt.load_state_dict(ckpt["optim"])
-        sampler.gen.set_state(ckpt["sampler_rng"])
+        sampler.set_state(ckpt["sampler_rng"])
         anchor_gen.set_state(ckpt["anchor_rng"])
         step = ckpt["step"]
         print(f"resumed from step {step}", flush=True)
@@ -182,7 +188,7 @@ def run(args) -> int:
     def save_ckpt():
         trainable = {k: v for k, v in drafter.state_dict().items() if k not in ("embed_tokens.weight", "lm_head.weight")}
         torch.save({"step": step, "model": trainable, "optim": opt.state_dict(), "config": cfg.to_hf(),
-                    "sampler_rng": sampler.gen.get_state(), "anchor_rng": anchor_gen.get_state(), "args": vars(args)},
+                    "sampler_rng": sampler.get_state(), "anchor_rng": anchor_gen.get_state(), "args": vars(args)},
                    ckpt_path.with_suffix(".tmp"))
         ckpt_path.with_suffix(".tmp").replace(ckpt_path)
 

@@ -10,7 +10,17 @@ import torch
 from adaspec.errors import AdaspecError
 
 
-class RowSampler:
+class _Resumable:
+    gen: torch.Generator
+
+    def get_state(self):
+        return self.gen.get_state()
+
+    def set_state(self, state) -> None:
+        self.gen.set_state(state)
+
+
+class RowSampler(_Resumable):
     """Random rows of an [N, L] token array, cropped to a random window of seq_len tokens."""
 
     def __init__(self, rows: np.ndarray, seq_len: int, batch_size: int, seed: int = 0):
@@ -29,7 +39,7 @@ class RowSampler:
         return self.rows[r[:, None], idx]
 
 
-class StreamSampler:
+class StreamSampler(_Resumable):
     """Random windows of a packed stream (documents joined by EOS)."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0):
@@ -42,6 +52,23 @@ class StreamSampler:
     def next(self) -> torch.Tensor:
         s = torch.randint(0, self.tokens.numel() - self.seq_len, (self.batch_size,), generator=self.gen)
         return self.tokens[s[:, None] + torch.arange(self.seq_len)[None, :]]
+
+
+class MixedSampler:
+    """Rows of several samplers stacked into one batch (e.g. self-distilled + corpus text)."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def next(self) -> torch.Tensor:
+        return torch.cat([p.next() for p in self.parts])
+
+    def get_state(self):
+        return [p.get_state() for p in self.parts]
+
+    def set_state(self, states) -> None:
+        for p, s in zip(self.parts, states):
+            p.set_state(s)
 
 
 def corpus_tokens(corpus: Path, tokenizer_dir: Path, split: str = "train") -> np.ndarray:

@@ -7,7 +7,9 @@ PY=${PY:-python3}
 TARGET=${TARGET:-tiny}
 CORPUS=${CORPUS:-runs/corpus}      # `adaspec train corpus` output; only tokens/{train,val}.npy are read
 WORK=${WORK:-/tmp/tiny-dspark}
-SD_SEQS=${SD_SEQS:-8192}           # self-distilled sequences
+SD_SEQS=${SD_SEQS:-12288}          # self-distilled sequences
+CORPUS_FRAC=${CORPUS_FRAC:-0.25}   # share of each batch from corpus text (real code, as in prompts)
+LR=${LR:-1e-3}
 SD_BATCH=${SD_BATCH:-2048}
 SEQ_LEN=${SEQ_LEN:-512}
 BATCH=${BATCH:-64}
@@ -22,9 +24,9 @@ GEN=${GEN:-128}
 EVAL_BATCH=${EVAL_BATCH:-32}
 mkdir -p "$WORK"
 $PY -m adaspec.cli train drafter --target "$TARGET" --corpus "$CORPUS" --self-distill --sd-num-seqs "$SD_SEQS" \
-  --sd-prompt-len 64 --sd-batch "$SD_BATCH" --sd-greedy-frac 0.25 --out "$WORK" --block-size 7 --layers "$LAYERS" \
+  --sd-prompt-len 64 --sd-batch "$SD_BATCH" --sd-greedy-frac 0.25 --corpus-frac "$CORPUS_FRAC" --out "$WORK" --block-size 7 --layers "$LAYERS" \
   --markov-rank "$RANK" --seq-len "$SEQ_LEN" --batch-size "$BATCH" --anchors-per-seq "$ANCHORS" --steps "$STEPS" \
-  --max-minutes "$MAX_MIN" --lr 6e-4 --log-every 100 --save-every 1000
+  --max-minutes "$MAX_MIN" --lr "$LR" --log-every 100 --save-every 1000
 # held-out calibration prompts: windows of the corpus's val split (the eval prompts come from test)
 $PY -c "import numpy as np; from adaspec.train.drafter_data import prompt_windows as w; \
 np.save('$WORK/calib-prompts.npy', w(np.load('$CORPUS/tokens/val.npy'), $CAL_N, 128, seed=1).numpy())"
