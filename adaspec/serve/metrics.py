@@ -60,6 +60,13 @@ class ServerMetrics:
                                     "Engine steps by the speculation budget B used.", ["budget"])
         self.budget = Histogram("adaspec:spec_decode_budget", "Speculation budget B per engine step.", L,
                                 buckets=_BUDGET_BUCKETS, registry=r)
+        # Create every unlabelled series now, so a scrape before the first request sees zeros
+        # (dashboards and rate() need the series to exist), as vLLM does.
+        for m in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.budget,
+                  *self.stat_counters.values()):
+            m.labels(model_name=model_name)
+        for reason in ("stop", "length", "abort"):
+            self._c(self.request_success, finished_reason=reason)
         self._last: dict[str, float] = {}
         self._last_pos: list[float] = []
         self._last_budget: dict[str, float] = {}

@@ -21,17 +21,20 @@ def _metrics(url) -> dict[tuple, float]:
 
 
 def test_health_and_new_requests_answered_while_engine_steps():
-    s = LiveServer(lambda: FakeEngine(step_delay=0.3), names=("fake",))
+    s = LiveServer(lambda: FakeEngine(step_delay=1.0), names=("fake",))
     try:
-        t = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 6},
+        t = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2},
                                                        timeout=30))
         t.start()
-        time.sleep(0.1)  # the engine thread is now inside a 0.3 s step
-        for _ in range(5):
+        deadline = time.monotonic() + 5
+        while not s.engine_thread.metrics or s.state.inflight == 0:  # the request is in the engine
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(3):  # each answered well within one 1 s engine step
             t0 = time.monotonic()
             assert httpx.get(s.url + "/health").status_code == 200
             assert httpx.get(s.url + "/v1/models").status_code == 200
-            assert time.monotonic() - t0 < 0.25
+            assert time.monotonic() - t0 < 0.5
         t.join()
     finally:
         s.close()
@@ -105,13 +108,15 @@ def test_metrics_parse_and_move():
 def test_kv_usage_gauge_while_running():
     s = LiveServer(lambda: FakeEngine(step_delay=0.05), names=("fake",))
     try:
-        t = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 20},
+        t = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 40},
                                                        timeout=30))
         t.start()
-        time.sleep(0.3)
-        m = _metrics(s.url)
-        assert m[("adaspec:num_requests_running", ())] == 1
-        assert m[("adaspec:kv_cache_usage_perc", ())] > 0
+        deadline = time.monotonic() + 5
+        while _metrics(s.url)[("adaspec:num_requests_running", ())] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _metrics(s.url)[("adaspec:kv_cache_usage_perc", ())] > 0
         t.join()
+        assert _metrics(s.url)[("adaspec:kv_cache_usage_perc", ())] == 0
     finally:
         s.close()
