@@ -89,14 +89,11 @@ class EngineThread:
 
     def call(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
         """Run ``fn(engine)`` on the engine thread and return its result (for tests, tools)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine thread is not running")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(("call", fn, fut))
         return fut.result(timeout)
-
-    async def acall(self, fn: Callable[[Any], Any]) -> Any:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(("call", fn, fut))
-        return await asyncio.wrap_future(fut)
 
     def waiting_estimate(self) -> int:
         with self._lock:
