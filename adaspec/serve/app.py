@@ -100,8 +100,8 @@ def build_app(state: ServeState) -> FastAPI:
     async def completions(request: Request):
         req: CompletionRequest = await _body(request, CompletionRequest)
         state.check_model(req.model)
-        ids, params = prepare_completion(state, req)
-        return await generate(state, request, ids, params, chat=False, stream=bool(req.stream),
+        prompts, params = prepare_completion(state, req)
+        return await generate(state, request, prompts, params, chat=False, stream=bool(req.stream),
                               include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     @app.post("/v1/chat/completions")
@@ -109,7 +109,7 @@ def build_app(state: ServeState) -> FastAPI:
         req: ChatCompletionRequest = await _body(request, ChatCompletionRequest)
         state.check_model(req.model)
         ids, params = prepare_chat(state, req)
-        return await generate(state, request, ids, params, chat=True, stream=bool(req.stream),
+        return await generate(state, request, [ids], params, chat=True, stream=bool(req.stream),
                               include_usage=bool(req.stream_options and req.stream_options.include_usage))
 
     @app.post("/tokenize")

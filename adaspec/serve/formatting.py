@@ -58,28 +58,41 @@ class LogprobFormatter:
 
 
 class Formatter:
-    """Builds the bodies of one request; ``chat`` picks the chat or the text-completion shape."""
+    """Builds the bodies of one request; ``chat`` picks the chat or the text-completion shape.
 
-    def __init__(self, chat: bool, rid: str, created: int, model: str, lp: LogprobFormatter | None):
-        self.chat, self.rid, self.created, self.model, self.lp = chat, rid, created, model, lp
+    A completions request may carry several prompts: each is a choice with its own ``index``.
+    """
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None):
+        self.chat, self.rid, self.created, self.model = chat, rid, created, model
+        self.tok, self.top = tokenizer, top_logprobs
+        self._lp: dict[int, LogprobFormatter] = {}  # per choice: text offsets run across its chunks
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.top is not None
 
     def _head(self, obj: str) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
 
-    def _logprobs(self, ids, lps):
-        if self.lp is None or lps is None:
+    def _logprobs(self, index: int, ids, lps):
+        if self.top is None or lps is None:
             return None
-        return self.lp.chat(ids, lps) if self.chat else self.lp.completion(ids, lps)
+        lp = self._lp.setdefault(index, LogprobFormatter(self.tok, self.top))
+        return lp.chat(ids, lps) if self.chat else lp.completion(ids, lps)
 
-    def response(self, text: str, ids: list[int], lps, finish: str | None, stop_reason, use: dict) -> dict:
-        body = self._head("chat.completion" if self.chat else "text_completion")
-        choice = {"index": 0}
+    def choice(self, index: int, text: str, ids: list[int], lps, finish: str | None, stop_reason) -> dict:
+        choice: dict = {"index": index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        choice.update(logprobs=self._logprobs(ids, lps), finish_reason=finish, stop_reason=stop_reason)
-        body.update(choices=[choice], usage=use)
+        choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish, stop_reason=stop_reason)
+        return choice
+
+    def response(self, choices: list[dict], use: dict) -> dict:
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        body.update(choices=choices, usage=use)
         return body
 
     def role_chunk(self, with_usage: bool) -> dict:
@@ -90,14 +103,14 @@ class Formatter:
             body["usage"] = None
         return body
 
-    def chunk(self, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool) -> dict:
+    def chunk(self, index: int, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool) -> dict:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        choice = {"index": 0}
+        choice: dict = {"index": index}
         if self.chat:
             choice["delta"] = {"content": delta} if delta or not finish else {}
         else:
             choice["text"] = delta
-        choice.update(logprobs=self._logprobs(ids, lps), finish_reason=finish)
+        choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish)
         if finish is not None:
             choice["stop_reason"] = stop_reason
         body["choices"] = [choice]

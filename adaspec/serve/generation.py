@@ -1,20 +1,23 @@
-"""One generation request's life: submit, stream or collect, and abort when the client leaves.
+"""One HTTP request's generations: submit, stream or collect, and abort when the client leaves.
 
-Whatever ends a request early — a client disconnect, a cancelled task, a server drain — goes
-through ``_Generation.close``, which aborts it in the engine (freeing its KV blocks) exactly once.
+A completions request may carry a batch of prompts (as in OpenAI and vLLM): each becomes its
+own engine request and its own choice ``index``. Whatever ends a request early — a client
+disconnect, a cancelled task, a server drain — goes through ``_Generation.close``, which aborts
+it in the engine (freeing its KV blocks) exactly once.
 """
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adaspec.serve.engine_thread import Chunk
 from adaspec.serve.errors import APIError, error_body
-from adaspec.serve.formatting import SSE_DONE, Formatter, LogprobFormatter, sse, usage
+from adaspec.serve.formatting import SSE_DONE, Formatter, sse, usage
 from adaspec.serve.state import ServeState
 
 _CLIENT_GONE = object()
@@ -25,8 +28,10 @@ class _ClientGone(Exception):
 
 
 class _Generation:
-    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue):
+    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue, index: int, prompt_tokens: int):
         self.state, self.rid, self.q = state, rid, q
+        self.index, self.prompt_tokens = index, prompt_tokens
+        self.num_tokens = 0
         self.finished = False
         self.closed = False
         state.inflight += 1
@@ -38,6 +43,7 @@ class _Generation:
         if isinstance(item, BaseException):
             self.finished = True
             raise item
+        self.num_tokens = item.num_tokens
         if item.finished:
             self.finished = True
         return item
@@ -51,84 +57,135 @@ class _Generation:
             self.state.engine_thread.abort(self.rid)
 
 
-class _ClosingStreamingResponse(StreamingResponse):
-    """Aborts the request however the response ends (Starlette cancels the body on disconnect)."""
+def _close_all(gens: list[_Generation]) -> None:
+    for g in gens:
+        g.close()
 
-    def __init__(self, content, gen: _Generation, **kw):
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Aborts the requests however the response ends (Starlette cancels the body on disconnect)."""
+
+    def __init__(self, content, gens: list[_Generation], **kw):
         super().__init__(content, **kw)
-        self._gen = gen
+        self._gens = gens
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._gen.close()
+            _close_all(self._gens)
 
 
-async def generate(state: ServeState, request: Request, prompt_ids: list[int], params, *, chat: bool,
+async def generate(state: ServeState, request: Request, prompts: list[list[int]], params, *, chat: bool,
                    stream: bool, include_usage: bool):
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     arrival = time.monotonic()
-    q = await state.engine_thread.add(rid, prompt_ids, params, arrival, len(prompt_ids))
-    gen = _Generation(state, rid, q)
-    lp = LogprobFormatter(state.tokenizer, params.logprobs) if params.logprobs is not None else None
-    fmt = Formatter(chat, rid, int(time.time()), state.model_name, lp)
+    gens: list[_Generation] = []
+    try:
+        for i, ids in enumerate(prompts):
+            sub = rid if len(prompts) == 1 else f"{rid}-{i}"
+            q = await state.engine_thread.add(sub, ids, params, arrival, len(ids))
+            gens.append(_Generation(state, sub, q, i, len(ids)))
+    except BaseException:  # e.g. the queue filled up half-way through a batch
+        _close_all(gens)
+        raise
+    fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs)
     if stream:
-        return _ClosingStreamingResponse(_events(gen, fmt, chat, include_usage, len(prompt_ids)), gen,
+        return _ClosingStreamingResponse(_events(gens, fmt, chat, include_usage), gens,
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        return JSONResponse(await _collect(gen, fmt, request, len(prompt_ids)))
-    except _ClientGone:  # nobody will read this; the engine request is aborted below
+        return JSONResponse(await _collect(gens, fmt, request))
+    except _ClientGone:  # nobody will read this; the engine requests are aborted below
         return Response(status_code=499)
     finally:
-        gen.close()
+        _close_all(gens)
 
 
-async def _events(gen: _Generation, fmt: Formatter, chat: bool, include_usage: bool, n_prompt: int):
-    sent = ""
-    n_tokens = 0
+async def _chunks(gens: list[_Generation]) -> AsyncIterator[tuple[_Generation, Chunk]]:
+    """Each generation's chunks as they come; several generations are interleaved."""
+    if len(gens) == 1:
+        g = gens[0]
+        while not g.finished:
+            yield g, await g.next()
+        return
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(g: _Generation) -> None:
+        try:
+            while not g.finished:
+                merged.put_nowait((g, await g.next()))
+        except Exception as e:  # noqa: BLE001 - re-raised by the consumer below
+            merged.put_nowait((g, e))
+
+    pumps = [asyncio.ensure_future(pump(g)) for g in gens]
+    try:
+        while not all(g.finished for g in gens) or not merged.empty():
+            g, item = await merged.get()
+            if isinstance(item, Exception):
+                raise item
+            yield g, item
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_usage: bool):
+    sent = {g.index: "" for g in gens}
     try:
         if chat:
             yield sse(fmt.role_chunk(include_usage))
-        while not gen.finished:
-            c = await gen.next()
-            delta = c.text[len(sent):] if c.text.startswith(sent) else c.text
-            sent, n_tokens = c.text, c.num_tokens
+        async for g, c in _chunks(gens):
+            prev = sent[g.index]
+            delta = c.text[len(prev):] if c.text.startswith(prev) else c.text
+            sent[g.index] = c.text
             if not delta and not c.finished and not (c.new_logprobs and c.new_token_ids):
                 continue  # nothing visible this step (e.g. a held-back partial stop string)
-            yield sse(fmt.chunk(delta, c.new_token_ids, c.new_logprobs, c.finish_reason, c.stop_reason,
+            yield sse(fmt.chunk(g.index, delta, c.new_token_ids, c.new_logprobs, c.finish_reason, c.stop_reason,
                                 include_usage))
         if include_usage:
-            yield sse(fmt.usage_chunk(usage(n_prompt, n_tokens)))
+            yield sse(fmt.usage_chunk(_usage(gens)))
     except APIError as e:  # headers are gone already: report in-band, as OpenAI does
         yield sse(error_body(e.status, e.message, e.param, e.code))
     yield SSE_DONE
 
 
-async def _watch_disconnect(request: Request, q: asyncio.Queue) -> None:
+def _usage(gens: list[_Generation]) -> dict:
+    return usage(sum(g.prompt_tokens for g in gens), sum(g.num_tokens for g in gens))
+
+
+async def _watch_disconnect(request: Request, gens: list[_Generation]) -> None:
     # After the body is read, the ASGI server answers receive() only with http.disconnect.
     while True:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
-            q.put_nowait(_CLIENT_GONE)
+            for g in gens:
+                g.q.put_nowait(_CLIENT_GONE)
             return
 
 
-async def _collect(gen: _Generation, fmt: Formatter, request: Request, n_prompt: int) -> dict:
-    watcher = asyncio.ensure_future(_watch_disconnect(request, gen.q))
+async def _collect_one(g: _Generation, fmt: Formatter) -> dict:
     ids: list[int] = []
-    lps: list[dict] | None = [] if fmt.lp is not None else None
-    try:
-        while True:
-            c = await gen.next()
-            ids.extend(c.new_token_ids)
-            if lps is not None and c.new_logprobs:
-                lps.extend(c.new_logprobs)
-            if c.finished:
-                break
-    finally:
-        watcher.cancel()
+    lps: list[dict] | None = [] if fmt.wants_logprobs else None
+    while True:
+        c = await g.next()
+        ids.extend(c.new_token_ids)
+        if lps is not None and c.new_logprobs:
+            lps.extend(c.new_logprobs)
+        if c.finished:
+            break
     if c.finish_reason == "abort":
         raise APIError(503, "The request was aborted (the server is shutting down).", code="aborted")
-    return fmt.response(c.text, ids, lps, c.finish_reason, c.stop_reason, usage(n_prompt, c.num_tokens))
+    return fmt.choice(g.index, c.text, ids, lps, c.finish_reason, c.stop_reason)
+
+
+async def _collect(gens: list[_Generation], fmt: Formatter, request: Request) -> dict:
+    watcher = asyncio.ensure_future(_watch_disconnect(request, gens))
+    tasks = [asyncio.ensure_future(_collect_one(g, fmt)) for g in gens]
+    try:
+        choices = await asyncio.gather(*tasks)
+    finally:  # on an error in one choice, the others must not wait on forever
+        watcher.cancel()
+        for t in tasks:
+            t.cancel()
+    return fmt.response(list(choices), _usage(gens))

@@ -13,6 +13,9 @@ from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, Completio
 from adaspec.serve.state import ServeState
 
 
+MAX_BATCH = 256  # prompts in one completions request; larger batches belong in several requests
+
+
 def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
     return APIError(400, msg, param, code)
 
@@ -83,10 +86,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams
 
 
 def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise _bad("adaspec takes one prompt per request; send a batch as separate requests.", "prompt")
-        prompt = prompt[0]
+    """One prompt (a string or token ids) -> token ids."""
     if isinstance(prompt, str):
         return list(_tok(lambda: state.tokenizer.encode(prompt), "prompt", "tokenize the prompt"))
     ids = list(prompt)
@@ -94,18 +94,28 @@ def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
     return ids
 
 
-def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[int], SamplingParams]:
+def completion_prompts(state: ServeState, prompt) -> list[list[int]]:
+    """The ``prompt`` field -> one token-id list per prompt (a list of strings or of id lists is a batch)."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) > MAX_BATCH:
+            raise _bad(f"At most {MAX_BATCH} prompts per request, got {len(prompt)}.", "prompt")
+        return [completion_prompt_ids(state, p) for p in prompt]
+    return [completion_prompt_ids(state, prompt)]
+
+
+def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[list[int]], SamplingParams]:
     _reject_unsupported(req)
     if req.best_of not in (None, 1):
-        raise _bad("best_of must be 1: adaspec returns one completion per request.", "best_of")
+        raise _bad("best_of must be 1: adaspec returns one completion per prompt.", "best_of")
     if req.echo:
         raise _bad("echo is not supported by adaspec.", "echo", "unsupported_parameter")
     if req.suffix:
         raise _bad("suffix is not supported by adaspec.", "suffix", "unsupported_parameter")
     params = _params(req, req.max_tokens, req.logprobs)
-    ids = completion_prompt_ids(state, req.prompt)
-    _check_length(state, len(ids), params.max_tokens, "prompt")
-    return ids, params
+    prompts = completion_prompts(state, req.prompt)
+    for ids in prompts:
+        _check_length(state, len(ids), params.max_tokens, "prompt")
+    return prompts, params
 
 
 def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:

@@ -43,7 +43,8 @@ ERROR_CASES = [
     (C, {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     (C, {"prompt": ""}, 400, "prompt"),
     (C, {"prompt": []}, 400, "prompt"),
-    (C, {"prompt": ["a", "b"]}, 400, "prompt"),
+    (C, {"prompt": ["a", "x" * 300]}, 400, "prompt"),  # one prompt of a batch too long
+    (C, {"prompt": ["a"] * 257}, 400, "prompt"),
     (C, {"prompt": [-1]}, 400, "prompt"),
     (C, {"prompt": "x" * 300}, 400, "prompt"),  # longer than max_model_len 256
     (C, {"prompt": "x" * 250, "max_tokens": 10}, 400, "max_tokens"),

@@ -161,3 +161,23 @@ def test_null_fields_mean_defaults(fake_server):
     r = httpx.post(fake_server.url + "/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_batched_prompts_are_choices(client):
+    prompts = ["hello", "abc", "zz top"]
+    tok = FakeTokenizer()
+    r = client.completions.create(model="fake", prompt=prompts, max_tokens=6, logprobs=1)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [expected_text(tok.encode(p), 6) for p in prompts]
+    assert all(c.logprobs.text_offset == list(range(6)) for c in r.choices)
+    assert r.usage.prompt_tokens == sum(len(p) for p in prompts) and r.usage.completion_tokens == 18
+    chunks = list(client.completions.create(model="fake", prompt=prompts, max_tokens=6, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = {0: "", 1: "", 2: ""}
+    finished = set()
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] += c.choices[0].text
+        if c.choices[0].finish_reason:
+            finished.add(c.choices[0].index)
+    assert [texts[i] for i in range(3)] == [c.text for c in r.choices] and finished == {0, 1, 2}
+    assert chunks[-1].usage.completion_tokens == 18
