@@ -73,3 +73,11 @@ def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("ADASPEC_API_KEY", "from-env")
     assert settings_from_args(_args("m")).api_key == "from-env"
     assert settings_from_args(_args("m", "--api-key", "flag")).api_key == "flag"
+
+
+def test_missing_model_is_a_clean_error(tmp_path, capsys):
+    pytest.importorskip("adaspec.engine.llm_engine")
+    from adaspec.cli import main
+
+    assert main(["serve", str(tmp_path / "nope"), "--port", "0"]) == 2
+    assert "adaspec: error:" in capsys.readouterr().err
