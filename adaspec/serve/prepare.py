@@ -38,6 +38,8 @@ def _tok(fn, param: str, what: str):
     the message order, an id it cannot decode) is the client's input, so a 400, not a 500."""
     try:
         return fn()
+    except InvalidRequestError:  # already says what is wrong (e.g. the template's raise_exception)
+        raise
     except Exception as e:  # noqa: BLE001
         raise _bad(f"Cannot {what}: {type(e).__name__}: {e}", param) from None
 

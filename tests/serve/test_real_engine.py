@@ -176,3 +176,32 @@ def test_speculative_server_is_greedy_lossless_and_reports_spec_metrics(micro_di
         assert _metric(s.url, "adaspec:request_success_total", finished_reason="length") == 2
     finally:
         s.close()
+
+
+def test_chat_template_rejection_is_400(micro_dir, tmp_path):
+    # a tokenizer_config template that refuses a system message, as some real ones do
+    import json
+    import shutil
+
+    from adaspec.config import EngineConfig
+    from adaspec.engine.llm_engine import LLMEngine
+
+    model = tmp_path / "strict"
+    shutil.copytree(micro_dir, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                            "{{ raise_exception('System role not supported') }}{% endif %}"
+                            "{{ m['content'] }}{% endfor %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    s = LiveServer(lambda: LLMEngine(EngineConfig(model=str(model), **ENGINE_ARGS)), names=("strict",))
+    try:
+        r = httpx.post(s.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]})
+        assert r.status_code == 400, r.text
+        assert "System role not supported" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "messages"
+        r = httpx.post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "y"}],
+                                                             "max_tokens": 2})
+        assert r.status_code == 200
+    finally:
+        s.close()
