@@ -55,6 +55,8 @@ def add_parser(subparsers) -> None:
                    help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="do not log every HTTP request (as vllm serve's flag)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=_handler)
 
@@ -93,4 +95,4 @@ def _handler(args: argparse.Namespace) -> int:
 
         return LLMEngine(config)
 
-    return run(factory, settings, args.host, args.port, args.log_level)
+    return run(factory, settings, args.host, args.port, args.log_level, not args.disable_uvicorn_access_log)

@@ -66,10 +66,10 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(engine_thread: EngineThread, settings: ServerSettings, host: str = "127.0.0.1",
-                port: int = 8000, log_level: str = "info") -> DrainingServer:
+                port: int = 8000, log_level: str = "info", access_log: bool = False) -> DrainingServer:
     state = ServeState(settings=settings, engine_thread=engine_thread)
     app = build_app(state)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=5, lifespan="off")
     return DrainingServer(config, state)
 
@@ -80,13 +80,13 @@ def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) ->
 
 
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
-        log_level: str = "info") -> int:
+        log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status (0)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     et = start_engine(engine_factory, settings)
     try:
-        server = make_server(et, settings, host, port, log_level)
+        server = make_server(et, settings, host, port, log_level, access_log)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
