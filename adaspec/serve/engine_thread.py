@@ -13,7 +13,6 @@ import concurrent.futures
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
