@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -79,12 +81,27 @@ def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) ->
     return EngineThread(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
 
 
+def _load_exiting_on_sigterm(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
+    # Nothing to drain while the model loads: a SIGTERM then is a clean exit (0), not a kill.
+    if threading.current_thread() is not threading.main_thread():
+        return start_engine(engine_factory, settings)
+
+    def _exit(signum, frame):
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        return start_engine(engine_factory, settings)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
         log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status (0)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    et = start_engine(engine_factory, settings)
+    et = _load_exiting_on_sigterm(engine_factory, settings)
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -106,6 +106,22 @@ def test_sigterm_aborts_requests_still_running_at_drain_timeout():
     assert time.monotonic() - t0 < 20
 
 
+def test_sigterm_while_the_model_loads_exits_0():
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "30", "0", "60"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline().strip() == "loading"
+        time.sleep(0.3)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path):
     # The real CLI and engine: a request far longer than --drain-timeout is aborted at the timeout
     # (a short one could finish before the signal lands: the fake-engine tests cover finishing).
