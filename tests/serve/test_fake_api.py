@@ -1,6 +1,8 @@
 """Server behaviour over the official openai client, against the fake engine (fast, exact)."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from conftest import LiveServer, openai_client
@@ -181,3 +183,25 @@ def test_batched_prompts_are_choices(client):
             finished.add(c.choices[0].index)
     assert [texts[i] for i in range(3)] == [c.text for c in r.choices] and finished == {0, 1, 2}
     assert chunks[-1].usage.completion_tokens == 18
+
+
+def test_chat_stream_logprobs(client):
+    chunks = list(client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "q"}],
+                                                 max_tokens=3, logprobs=True, top_logprobs=1, stream=True))
+    tokens = [t for c in chunks[1:] for t in c.choices[0].logprobs.content]
+    assert "".join(t.token for t in tokens) == "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert len(tokens) == 3 and all(len(t.top_logprobs) == 1 for t in tokens)
+
+
+def test_engine_failure_mid_stream_is_reported_in_band():
+    s = LiveServer(lambda: FakeEngine(fail_on_step=3), names=("fake",))
+    try:
+        lines = []
+        with httpx.stream("POST", s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 10, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        err = json.loads(lines[-2][6:])["error"]
+        assert err["code"] == "engine_error" and err["type"] == "internal_server_error"
+    finally:
+        s.close()
