@@ -39,22 +39,9 @@ def resolve_prompt_set(name_or_path: str | Path) -> Path:
 
 def load_prompt_set(name_or_path: str | Path) -> list[str]:
     """Prompts of a shipped set (by name, e.g. ``eval-code``) or of a jsonl file with a "prompt" field."""
-    path = resolve_prompt_set(name_or_path)
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise AdaspecError(f"{path}:{i + 1}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-                raise AdaspecError(f"{path}:{i + 1}: no string 'prompt' field")
-            prompts.append(rec["prompt"])
-    if not prompts:
-        raise AdaspecError(f"{path}: no prompts")
-    return prompts
+    from adaspec.bench.dataset import read_jsonl_prompts
+
+    return read_jsonl_prompts(resolve_prompt_set(name_or_path))
 
 
 def _cut(lines: list[str], start: int, target: int, max_tokens: int, count) -> str | None:
