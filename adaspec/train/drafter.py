@@ -40,6 +40,9 @@ def add_subparser(sub) -> None:
     p.add_argument("--markov-rank", type=int, default=64)
     p.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: spread)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's <|mask|>")
+    p.add_argument("--init", choices=["target", "random"], default="target",
+                   help="target: drafter layers start as copies of the target's last layers and fc as the "
+                        "identity on the deepest chosen layer (converges faster); random: Normal(0, 0.02)")
     p.add_argument("--anchors-per-seq", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=2000)
@@ -75,8 +78,10 @@ def _mask_token_id(target_dir: Path, vocab: int, explicit: int | None) -> int:
     return tid
 
 
-def init_drafter(drafter, target, seed: int) -> None:
-    """Normal(0, 0.02) projections, unit norms, zero Markov bias, target's embedding/LM head."""
+def init_drafter(drafter, target, seed: int, from_target: bool = False) -> None:
+    """Normal(0, 0.02) projections, unit norms, zero Markov bias, target's embedding/LM head.
+    from_target: decoder layers copied from the target's last layers, fc = identity on the
+    deepest chosen target layer, so the drafter starts close to "one more target layer"."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -89,6 +94,14 @@ def init_drafter(drafter, target, seed: int) -> None:
             elif p.requires_grad:
                 p.copy_(0.02 * torch.randn(p.shape, generator=g))
         drafter.copy_from_target(target)
+        if from_target:
+            n, src = len(drafter.layers), target.model.layers
+            for i, layer in enumerate(drafter.layers):
+                layer.load_state_dict(src[max(0, len(src) - n + i)].state_dict())
+            d = drafter.config.base.hidden_size
+            deepest = max(range(len(drafter.config.target_layer_ids)), key=lambda i: drafter.config.target_layer_ids[i])
+            drafter.fc.weight.zero_()
+            drafter.fc.weight[:, deepest * d:(deepest + 1) * d] = torch.eye(d)
 
 
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
@@ -169,7 +182,7 @@ def run(args) -> int:
         )
     cfg.check_target(tcfg)
     drafter = DSparkDrafter(cfg)
-    init_drafter(drafter, target, args.seed)
+    init_drafter(drafter, target, args.seed, from_target=args.init == "target")
     drafter.to(device)
     drafter.rope.build_tables(device=device)
     params = [p for p in drafter.parameters() if p.requires_grad]
