@@ -161,6 +161,8 @@ class LLMEngine:
         if not scheduled:
             return outputs
         self.stats.num_steps += 1
+        for s in scheduled:  # before the step moves num_computed_tokens
+            self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
         if self.spec is not None:
             new_tokens = self.spec.step(scheduled)
         else:
@@ -169,8 +171,6 @@ class LLMEngine:
         now = time.monotonic()
         for s, (tokens, lps) in zip(scheduled, new_tokens):
             seq = s.seq
-            if seq.num_computed_tokens < seq.num_prompt_tokens:
-                self.stats.num_prompt_tokens += min(s.num_tokens, seq.num_prompt_tokens - seq.num_computed_tokens)
             if not tokens:
                 continue
             if seq.first_token_time is None:

@@ -49,6 +49,8 @@ def test_preemption_changes_nothing_and_frees_blocks(micro_qwen3, solo_outputs):
     assert [o.outputs[0].token_ids for o in outs] == solo_outputs
     assert eng.kv_blocks_free() == eng.kv_blocks_total()
     assert not eng.has_unfinished_requests()
+    # prompt tokens run through the target: every prompt once, plus what preemption recomputed
+    assert eng.stats.num_prompt_tokens >= sum(len(p) for p in prompts)
 
 
 def test_seeded_sampling_is_reproducible(micro_qwen3):
