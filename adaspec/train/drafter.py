@@ -212,11 +212,16 @@ def run(args) -> int:
     history = []
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
-    probe_at = step + 30 if args.max_minutes else None
+    # time box: steps start+10..start+40 are timed (the first ones pay CUDA warmup and would
+    # make the estimate far too pessimistic), then --steps is lowered to fit the budget
+    probe = (step + 10, step + 40) if args.max_minutes else (None, None)
+    probe_t = None
     drafter.train()
     while step < args.steps:
-        if step == probe_at:  # fit the schedule into the time budget, measured not guessed
-            per_step = (time.time() - t0) / 30
+        if step == probe[0]:
+            probe_t = time.time()
+        if step == probe[1]:
+            per_step = (time.time() - probe_t) / (probe[1] - probe[0])
             fit = step + int((args.max_minutes * 60 - (time.time() - t0)) / per_step)
             if fit < args.steps:
                 args.steps = max(fit, step + 1)
