@@ -49,8 +49,9 @@ def run_drafter(args) -> int:
     prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len)
     results = {"target": str(args.target), "drafter": str(args.drafter), "prompts": args.prompts,
                "num_prompts": len(prompts), "gen_len": args.gen_len, "runs": []}
-    temps = dcfg.confidence_temperatures
     for t in args.temperature or [0.0, 1.0]:
+        # the set propose() would apply to a request at this temperature
+        temps = (dcfg.confidence_temperatures_greedy if t <= 0 else None) or dcfg.confidence_temperatures
         seqs, starts = generate_eval_set(target, prompts, args.gen_len, t, seed=args.seed)
         res = measure_blocks(target, drafter, seqs, starts, t, k=args.k, batch_size=args.batch_size, seed=args.seed)
         s = summarize(res, temps[: res.alpha.shape[1]] if temps else None)

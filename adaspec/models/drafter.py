@@ -37,7 +37,8 @@ temperature [R], top_p [R], top_k [R], generators) -> DraftProposal``
     sampled rows draw from ``processed_probs`` with the request's generator. Returns
     tokens [R,k], probs [R,k,V] (the processed q_j each draft was drawn from: rejection
     sampling must use exactly these), logits [R,k,V] (raw U_j + B(x_{j-1})), confidences
-    [R,k] (calibrated when the config holds temperatures) and conf_logits [R,k] (raw).
+    [R,k] (calibrated when the config holds temperatures: the greedy set for rows with
+    temperature 0 when there is one) and conf_logits [R,k] (raw).
 """
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ class DrafterConfig:
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
-    confidence_temperatures: list[float] | None = None  # ours, from calibration
+    confidence_temperatures: list[float] | None = None  # ours, from calibration (sampled requests)
+    # ours: a second STS fit at T = 0 for greedy requests, whose acceptance (argmax match) is
+    # higher than the 1 - TV rate the confidence head learns; falls back to the set above
+    confidence_temperatures_greedy: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # our other extras, kept as-is
 
     @property
@@ -116,9 +120,10 @@ class DrafterConfig:
             )
         if not 0 <= self.mask_token_id < self.base.vocab_size:
             raise ModelLoadError(f"mask_token_id {self.mask_token_id} is outside the vocabulary")
-        t = self.confidence_temperatures
-        if t is not None and (len(t) != self.block_size or min(t) <= 0):
-            raise ModelLoadError(f"{OUR_KEY}.confidence_temperatures must be {self.block_size} positive numbers")
+        for key in ("confidence_temperatures", "confidence_temperatures_greedy"):
+            t = getattr(self, key)
+            if t is not None and (len(t) != self.block_size or min(t) <= 0):
+                raise ModelLoadError(f"{OUR_KEY}.{key} must be {self.block_size} positive numbers")
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "DrafterConfig":
@@ -132,6 +137,7 @@ class DrafterConfig:
         base = ModelConfig.from_hf(base_d)
         ours = dict(d.get(OUR_KEY) or {})
         temps = ours.pop("confidence_temperatures", None)
+        temps_greedy = ours.pop("confidence_temperatures_greedy", None)
         cfg = cls(
             base=base,
             block_size=int(d["block_size"]),
@@ -143,6 +149,7 @@ class DrafterConfig:
             enable_confidence_head=bool(d.get("enable_confidence_head", True)),
             confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
             confidence_temperatures=[float(t) for t in temps] if temps is not None else None,
+            confidence_temperatures_greedy=[float(t) for t in temps_greedy] if temps_greedy is not None else None,
             extra=ours,
         )
         cfg.validate()
@@ -157,6 +164,8 @@ class DrafterConfig:
         ours = dict(self.extra)
         if self.confidence_temperatures is not None:
             ours["confidence_temperatures"] = [float(t) for t in self.confidence_temperatures]
+        if self.confidence_temperatures_greedy is not None:
+            ours["confidence_temperatures_greedy"] = [float(t) for t in self.confidence_temperatures_greedy]
         if ours:
             d[OUR_KEY] = ours
         return d
@@ -269,11 +278,15 @@ class DSparkDrafter(nn.Module):
             conf = self.confidence_head.proj(x).squeeze(-1).float()
         return logits, conf
 
-    def confidences(self, conf_logits: torch.Tensor) -> torch.Tensor:
-        t = self.config.confidence_temperatures
-        if t is not None:
-            conf_logits = conf_logits / torch.tensor(t, device=conf_logits.device)[: conf_logits.shape[-1]]
-        return torch.sigmoid(conf_logits)
+    def confidences(self, conf_logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """sigmoid(logit_j / T_j); rows flagged in `greedy` [R] use the greedy set when there is one."""
+        k = conf_logits.shape[-1]
+        t, tg = self.config.confidence_temperatures, self.config.confidence_temperatures_greedy
+        dev = conf_logits.device
+        temps = torch.tensor(t, device=dev)[:k] if t is not None else torch.ones(k, device=dev)
+        if tg is not None and greedy is not None:
+            temps = torch.where(greedy.unsqueeze(-1), torch.tensor(tg, device=dev)[:k], temps)
+        return torch.sigmoid(conf_logits / temps)
 
     # ---- training path ---------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -363,7 +376,7 @@ class DSparkDrafter(nn.Module):
             prev = tok
         conf_logits = torch.stack(confs, 1)
         return DraftProposal(torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(logits, 1),
-                             self.confidences(conf_logits), conf_logits)
+                             self.confidences(conf_logits, temperature <= 0), conf_logits)
 
 
 def block_attention_mask(anchors: torch.Tensor, T: int, k: int) -> torch.Tensor:
@@ -432,5 +445,6 @@ def load_drafter(name_or_path, target_cfg: ModelConfig | None = None, dtype=None
     return model, cfg
 
 
-def with_temperatures(cfg: DrafterConfig, temps) -> DrafterConfig:
-    return replace(cfg, confidence_temperatures=[float(t) for t in temps])
+def with_temperatures(cfg: DrafterConfig, temps, greedy: bool = False) -> DrafterConfig:
+    key = "confidence_temperatures_greedy" if greedy else "confidence_temperatures"
+    return replace(cfg, **{key: [float(t) for t in temps]})

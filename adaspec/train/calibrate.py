@@ -5,7 +5,9 @@ prompts (as `adaspec eval drafter` does), splits the prompts in two halves (fit 
 fits one temperature per slot on the fit half (adaspec.spec.calibration), and reports, on
 the other half, per-slot ECE of the cumulative survival prod c_i against observed prefix
 acceptance before and after, plus AUC. Temperatures go into the drafter's config.json under
-our own key (``adaspec.confidence_temperatures``), which load_drafter applies at inference.
+our own key: ``adaspec.confidence_temperatures`` (fitted at T > 0, used for sampled requests)
+or, with --temperature 0, ``adaspec.confidence_temperatures_greedy`` (used for greedy
+requests); propose() applies them.
 
 At T > 0 the observed accepted length is sampled from the per-slot acceptance
 probabilities; --samples draws several per block to cut the label noise.
@@ -91,7 +93,8 @@ def run(args) -> int:
                          seed=args.seed + 1)
     out = fit_and_report(replicate(fit, args.samples, args.seed), replicate(rep, args.samples, args.seed + 1))
     curves = out.pop("_curves")
-    plot = args.plot or Path(model_dir(args.drafter)) / "calibration.png"
+    plot = args.plot or Path(model_dir(args.drafter)) / ("calibration-greedy.png" if args.temperature <= 0
+                                                          else "calibration.png")
     plot_reliability(curves, plot, title=f"drafter survival vs prefix acceptance (T={args.temperature:g})")
     out.update(prompts=args.prompts, num_prompts=len(prompts), temperature=args.temperature,
                fit_blocks=int(fit.alpha.shape[0]), report_blocks=int(rep.alpha.shape[0]), plot=str(plot))
@@ -102,7 +105,9 @@ def run(args) -> int:
         print(f"{j + 1:>4}  {out['temperatures'][j]:5.3f}  {b['ece']:10.4f}  {a['ece']:9.4f}  {a['auc']:.3f}")
     print(f"all   ECE {out['before']['ece']:.4f} -> {out['after']['ece']:.4f}, AUC {out['after']['auc']:.3f}")
     if not args.dry_run:
-        save_drafter_config(with_temperatures(dcfg, out["temperatures"]), model_dir(args.drafter))
-        (Path(model_dir(args.drafter)) / "calibration.json").write_text(json.dumps(out, indent=2) + "\n")
+        greedy = args.temperature <= 0
+        save_drafter_config(with_temperatures(dcfg, out["temperatures"], greedy=greedy), model_dir(args.drafter))
+        name = "calibration-greedy.json" if greedy else "calibration.json"
+        (Path(model_dir(args.drafter)) / name).write_text(json.dumps(out, indent=2) + "\n")
         print(f"temperatures saved in {model_dir(args.drafter) / 'config.json'}")
     return 0

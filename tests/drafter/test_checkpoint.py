@@ -72,7 +72,10 @@ def test_extras_are_optional_and_applied(micro_qwen3, tmp_path):
     hf = json.loads((tmp_path / "config.json").read_text())
     assert hf["adaspec"]["confidence_temperatures"] == temps
     loaded, lcfg = load_drafter(tmp_path)
-    assert lcfg.confidence_temperatures == temps
+    assert lcfg.confidence_temperatures == temps and lcfg.confidence_temperatures_greedy is None
+    save_drafter(drafter, with_temperatures(with_temperatures(cfg, temps), [3.0] * 3, greedy=True), tmp_path)
+    _, lcfg = load_drafter(tmp_path)
+    assert lcfg.confidence_temperatures == temps and lcfg.confidence_temperatures_greedy == [3.0] * 3
     logits = torch.tensor([[1.0, 1.0, 1.0]])
     torch.testing.assert_close(loaded.confidences(logits), torch.sigmoid(logits / torch.tensor(temps)))
     # the same checkpoint as a public one would come: extras gone, unknown keys present

@@ -121,3 +121,21 @@ def test_kv_cache_spec(micro_qwen3):
     target, tcfg = load_target(micro_qwen3)
     drafter, cfg = random_drafter(tcfg, layers=3)
     assert drafter.kv_cache_spec() == (3, tcfg.num_key_value_heads, tcfg.head_dim)
+
+
+def test_greedy_rows_use_greedy_temperatures(micro_qwen3):
+    from dataclasses import replace
+
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3, R=2)
+    k = cfg.block_size
+    t, tg = [2.0] * k, [0.5] * k
+    drafter.config = replace(cfg, confidence_temperatures=t, confidence_temperatures_greedy=tg)
+    for r in range(2):
+        cache.write(drafter, r, feats[r], list(range(15)))
+    prop = _propose(drafter, cache, ids, [15, 15], temperature=torch.tensor([0.0, 1.0]),
+                    generators=[None, torch.Generator().manual_seed(0)])
+    torch.testing.assert_close(prop.confidences[0], torch.sigmoid(prop.conf_logits[0] / 0.5))
+    torch.testing.assert_close(prop.confidences[1], torch.sigmoid(prop.conf_logits[1] / 2.0))
+    drafter.config = replace(cfg, confidence_temperatures=t)  # no greedy set: every row uses the other
+    prop = _propose(drafter, cache, ids, [15, 15], temperature=torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(prop.confidences, torch.sigmoid(prop.conf_logits / 2.0))
