@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the shipped tiny-dspark drafter was made (run from the repository root, one GPU).
 # Every size is an environment variable, so the very same script runs at micro size on a CPU.
-#   self-distill -> train (time-boxed) -> calibrate (STS, val-split prompts) -> eval (eval-code)
+#   self-distill -> train (time-boxed) -> calibrate (STS at T=1 and T=0, val-split prompts) -> eval (eval-code)
 set -euo pipefail
 PY=${PY:-python3}
 TARGET=${TARGET:-tiny}
@@ -32,5 +32,8 @@ $PY -c "import numpy as np; from adaspec.train.drafter_data import prompt_window
 np.save('$WORK/calib-prompts.npy', w(np.load('$CORPUS/tokens/val.npy'), $CAL_N, 128, seed=1).numpy())"
 $PY -m adaspec.cli train calibrate --target "$TARGET" --drafter "$WORK" --prompts "$WORK/calib-prompts.npy" \
   --num-prompts "$CAL_N" --gen-len "$GEN" --temperature 1 --batch-size "$EVAL_BATCH"
+# a second set for greedy requests (their acceptance is an argmax match, not 1 - TV)
+$PY -m adaspec.cli train calibrate --target "$TARGET" --drafter "$WORK" --prompts "$WORK/calib-prompts.npy" \
+  --num-prompts "$CAL_N" --gen-len "$GEN" --temperature 0 --batch-size "$EVAL_BATCH"
 $PY -m adaspec.cli eval drafter --target "$TARGET" --drafter "$WORK" --prompts eval-code --num-prompts "$EVAL_N" \
   --gen-len "$GEN" --batch-size "$EVAL_BATCH" --json "$WORK/eval.json"
