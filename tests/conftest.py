@@ -1,7 +1,8 @@
 import os
 
-import pytest
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see adaspec/__init__.py
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(2)
 # the suite's references are float32 CPU runs: engines built without an explicit device use the
