@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaspec.spec.policy import AdaptiveBudget
+from adaspec.spec.policy import AdaptiveBudget, budget_objective, survival
 
 
 class FixedPolicy:
+    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+        return True
+
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
         return np.asarray(limits, dtype=np.int64)
 
@@ -24,8 +27,33 @@ class FixedPolicy:
 
 
 class AdaptivePolicy:
-    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, leaky: bool = False):
+    """Besides the budget, decides whether drafting pays at all this step (beyond vLLM, whose
+    budget can only drop to B = 0 after the drafts were paid for): the best expected rate with
+    drafting, (n_sampling + sum of the B best OLD survivals) / (draft_ms(R) + verify_ms(T + B)),
+    against a plain step's n_sampling / verify_ms(T). Old confidences only, so the choice never
+    depends on a current draft (lossless). Every `probe_every`-th skipped step drafts anyway, to
+    refresh confidences that would otherwise stay as old as the last drafted step."""
+
+    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, leaky: bool = False,
+                 probe_every: int = 16):
         self.budget = AdaptiveBudget(cost_model, k, ema_alpha=ema_alpha, leaky=leaky)
+        self.cost = cost_model
+        self.probe_every = probe_every
+        self.skipped_in_a_row = 0
+
+    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+        if self.skipped_in_a_row + 1 >= self.probe_every:
+            self.skipped_in_a_row = 0
+            return True
+        a = survival(self.budget.old_confidences(request_ids))
+        a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
+        with_drafts = float(budget_objective(a, n_sampling, base_tokens, len(request_ids), self.cost).max())
+        plain = n_sampling / max(float(self.cost.verify_ms(base_tokens)), 1e-12)
+        if with_drafts > plain:
+            self.skipped_in_a_row = 0
+            return True
+        self.skipped_in_a_row += 1
+        return False
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
         return self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)

@@ -120,6 +120,11 @@ class SpeculativeDecoder:
         dec_seqs = [scheduled[i].seq for i in dec]
         lengths = np.zeros(len(scheduled), dtype=np.int64)
         prop = None
+        if dec and not self.policy.should_draft(
+                [s.request_id for s in dec_seqs], int(sum(samples)), sum(s.num_tokens for s in scheduled),
+                np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)):
+            stats.num_steps_draft_skipped += 1
+            dec, dec_seqs = [], []
         if dec:
             prop = self.propose(dec_seqs, [s.token_ids[-1] for s in dec_seqs],
                                 [len(s.token_ids) - 1 for s in dec_seqs], [s.block_table for s in dec_seqs])

@@ -53,7 +53,8 @@ def sample_fn(pair, params, tmp_path, **spec):
         torch.manual_seed(1234)
         outs = llm.generate([PROMPT] * n, params)
         st = llm.llm_engine.stats
-        assert st.num_verified_tokens > n and st.num_accepted_tokens > 0  # speculation really ran
+        # speculation really ran (the adaptive arm may skip drafting in some steps, losslessly)
+        assert st.num_verified_tokens > n // 4 and st.num_accepted_tokens > 0
         return [o.outputs[0].token_ids[:L] for o in outs]
 
     return run
