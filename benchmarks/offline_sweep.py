@@ -108,6 +108,9 @@ def main() -> None:
                 torch.manual_seed(r)
                 res = run_point(llm, sel, params)
                 rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res))
+                if args.out:  # after every point: a run cut short keeps what it measured
+                    with open(args.out, "w") as fh:
+                        json.dump(dict(args=vars(args), rows=rows, partial=True), fh, indent=1)
                 print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
                       f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
                       flush=True)
