@@ -136,11 +136,12 @@ class DSparkDrafter(nn.Module):
         mask = torch.full((*anchor_ids.shape, k - 1), self.config.mask_token_id, device=anchor_ids.device)
         return self.embed_tokens(torch.cat([anchor_ids.unsqueeze(-1), mask], dim=-1))
 
-    def heads(self, h: torch.Tensor, prev: torch.Tensor):
+    def heads(self, h: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor | None = None):
         """h [..., d] final-normed, prev [...] previous token -> (draft logits U + B [..., V] float32,
-        confidence logits [...] float32)."""
+        confidence logits [...] float32). base_logits: U = lm_head(h) when already computed."""
         e = self.markov_head.markov_w1(prev)
-        logits = self.lm_head(h).float() + self.markov_head.markov_w2(e).float()
+        base = self.lm_head(h).float() if base_logits is None else base_logits
+        logits = base + self.markov_head.markov_w2(e).float()
         if self.confidence_head is None:
             conf = torch.full(prev.shape, 20.0, device=h.device)  # no head: always confident
         else:
@@ -233,20 +234,25 @@ class DSparkDrafter(nn.Module):
         idx = torch.tensor(sampled, device=h.device, dtype=torch.long)
         toks, probs, logits, confs = [], [], [], []
         prev = anchor_ids
-        for j in range(self.block_size):  # k small matmuls: the semi-autoregressive part
-            lg, cl = self.heads(h[:, j], prev)
-            pj = processed_probs(lg, temperature, top_p, top_k, any_filter=any_filter, any_greedy=len(sampled) < len(greedy))
+        base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
+        for j in range(self.block_size):  # k small rank-r matmuls: the semi-autoregressive part
+            lg, cl = self.heads(h[:, j], prev, base[:, j])
             tok = lg.argmax(-1)
             if sampled:
+                pj = processed_probs(lg, temperature, top_p, top_k, any_filter=any_filter,
+                                     any_greedy=len(sampled) < len(greedy))
                 tok[idx] = sample_from_probs(pj[idx], [generators[i] for i in sampled])
+                probs.append(pj)
             toks.append(tok)
-            probs.append(pj)
             logits.append(lg)
             confs.append(cl)
             prev = tok
+        tokens = torch.stack(toks, 1)
+        # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
+        q = torch.stack(probs, 1) if sampled else F.one_hot(tokens, base.shape[-1]).float()
         conf_logits = torch.stack(confs, 1)
-        return DraftProposal(torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(logits, 1),
-                             self.confidences(conf_logits, temperature <= 0), conf_logits)
+        return DraftProposal(tokens, q, torch.stack(logits, 1), self.confidences(conf_logits, temperature <= 0),
+                             conf_logits)
 
 
 def block_attention_mask(anchors: torch.Tensor, T: int, k: int) -> torch.Tensor:
