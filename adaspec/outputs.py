@@ -1,7 +1,7 @@
 """Request outputs in vLLM's offline-API shape."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

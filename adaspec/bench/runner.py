@@ -4,8 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from adaspec.bench import client, metrics, specstats

@@ -155,7 +155,6 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = [self._output(s, 0) for s in self._aborted]
         self._aborted = []
-        t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
         if not scheduled:

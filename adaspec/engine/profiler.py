@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from adaspec.engine.runner import ForwardItem
+from adaspec.engine.sampler import processed_probs
 from adaspec.spec.cost_model import (
     CostModel, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
 )
@@ -50,21 +51,14 @@ def _dummy_steps(engine, decoder):
             items.append(ForwardItem([1] * q, ctx, table, q))
             left -= q
         res = engine.runner.execute(items, decoder.capture_layers)
-        t = torch.ones(res.logits.shape[0], device=engine.device)
-        processed_probs_for_profile(res.logits, t)
+        ones = torch.ones(res.logits.shape[0], device=engine.device)  # T = 1 processing, as verification does
+        processed_probs(res.logits, ones, ones, ones.long() * 0, any_filter=False, any_greedy=False)
 
     def draft(n_requests: int) -> None:
         seqs = [_DummySeq(f"profile-{i}", params) for i in range(n_requests)]
         decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests)
 
     return verify, draft, ctx
-
-
-def processed_probs_for_profile(logits, temps):
-    from adaspec.engine.sampler import processed_probs
-
-    zeros = torch.zeros_like(temps, dtype=torch.long)
-    return processed_probs(logits, temps, torch.ones_like(temps), zeros, any_filter=False, any_greedy=False)
 
 
 def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:

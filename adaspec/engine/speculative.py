@@ -15,9 +15,7 @@ The drafter cache shares the target's block tables, so its rollback is the same 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -172,7 +170,7 @@ class SpeculativeDecoder:
         return results
 
     def _accept(self, scheduled, dec, dec_seqs, lengths, prop, logits, row_start, results):
-        eng, stats, K = self.engine, self.engine.stats, self.num_spec_tokens
+        stats, K = self.engine.stats, self.num_spec_tokens
         dev = logits.device
         R = len(dec)
         l_dec = lengths[dec]

@@ -1,7 +1,7 @@
 """ModelConfig: the subset of a Hugging Face Qwen3 / Llama config.json that the model uses."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from adaspec.errors import ModelLoadError
