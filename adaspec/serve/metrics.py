@@ -29,6 +29,15 @@ _STAT_COUNTERS = {
     "num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens proposed."),
     "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target."),
     "num_verified_tokens": ("spec_decode_num_verified_tokens", "Tokens scored by the target in verification."),
+    "num_steps_draft_skipped": ("spec_decode_draft_skipped_steps",
+                                "Steps where the adaptive policy predicted drafting would not pay."),
+}
+# per draft position (label "position", 0 = first): the calibration view, predicted vs realized
+_POS_COUNTERS = {
+    "accepted_per_pos": ("spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position."),
+    "verified_per_pos": ("spec_decode_num_verified_tokens_per_pos", "Verified draft tokens by draft position."),
+    "predicted_accept_per_pos": ("spec_decode_predicted_accepted_tokens_per_pos",
+                                 "Sum of the predicted survival of verified drafts by position (compare with accepted)."),
 }
 
 
@@ -54,8 +63,7 @@ class ServerMetrics:
         self.e2e = Histogram("adaspec:e2e_request_latency_seconds", "Arrival to finish.", L,
                              buckets=_E2E_BUCKETS, registry=r)
         self.stat_counters = {f: counter(n, d) for f, (n, d) in _STAT_COUNTERS.items()}
-        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted draft tokens by draft position (0 = first).", ["position"])
+        self.pos_counters = {f: counter(n, d, ["position"]) for f, (n, d) in _POS_COUNTERS.items()}
         self.budget_steps = counter("spec_decode_budget_steps",
                                     "Engine steps by the speculation budget B used.", ["budget"])
         self.budget = Histogram("adaspec:spec_decode_budget", "Speculation budget B per engine step.", L,
@@ -68,7 +76,7 @@ class ServerMetrics:
         for reason in ("stop", "length", "abort"):
             self._c(self.request_success, finished_reason=reason)
         self._last: dict[str, float] = {}
-        self._last_pos: list[float] = []
+        self._last_pos: dict[str, list[float]] = {}
         self._last_budget: dict[str, float] = {}
         self._last_chunk: dict[str, float] = {}  # request id -> time of its previous chunk
 
@@ -96,12 +104,14 @@ class ServerMetrics:
             if d > 0:
                 self._c(c).inc(d)
             self._last[field] = v
-        pos = list(getattr(stats, "accepted_per_pos", None) or [])
-        for i, v in enumerate(pos):
-            d = v - (self._last_pos[i] if i < len(self._last_pos) else 0)
-            if d > 0:
-                self._c(self.accepted_per_pos, position=str(i)).inc(d)
-        self._last_pos = pos
+        for field, c in self.pos_counters.items():
+            pos = list(getattr(stats, field, None) or [])
+            last = self._last_pos.get(field, [])
+            for i, v in enumerate(pos):
+                d = v - (last[i] if i < len(last) else 0)
+                if d > 0:
+                    self._c(c, position=str(i)).inc(d)
+            self._last_pos[field] = pos
         hist = dict(getattr(stats, "budget_hist", None) or {})
         for b, v in hist.items():
             d = v - self._last_budget.get(str(b), 0)

@@ -172,6 +172,11 @@ def test_speculative_server_is_greedy_lossless_and_reports_spec_metrics(micro_di
         assert _metric(s.url, "adaspec:spec_decode_num_draft_tokens_total") > 0
         assert _metric(s.url, "adaspec:spec_decode_num_verified_tokens_total") > 0
         assert _metric(s.url, "adaspec:spec_decode_budget_steps_total") > 0
+        # calibration view per position: verified >= accepted, predicted survival is a positive sum
+        verified0 = _metric(s.url, "adaspec:spec_decode_num_verified_tokens_per_pos_total", position="0")
+        assert verified0 > 0
+        assert _metric(s.url, "adaspec:spec_decode_num_accepted_tokens_per_pos_total", position="0") <= verified0
+        assert 0 < _metric(s.url, "adaspec:spec_decode_predicted_accepted_tokens_per_pos_total", position="0") <= verified0
         assert _metric(s.url, "adaspec:generation_tokens_total") == 32
         assert _metric(s.url, "adaspec:request_success_total", finished_reason="length") == 2
     finally:
