@@ -54,23 +54,17 @@ def _dummy_steps(engine, decoder):
         ones = torch.ones(res.logits.shape[0], device=engine.device)  # T = 1 processing, as verification does
         processed_probs(res.logits, ones, ones, ones.long() * 0, any_filter=False, any_greedy=False)
 
-    def plain(n_requests: int) -> None:
-        items = [ForwardItem([1], ctx, table, 1) for _ in range(n_requests)]
-        res = engine.runner.execute(items, decoder.capture_layers)
-        ones = torch.ones(res.logits.shape[0], device=engine.device)
-        processed_probs(res.logits, ones, ones, ones.long() * 0, any_filter=False, any_greedy=False)
-
     def draft(n_requests: int) -> None:
         seqs = [_DummySeq(f"profile-{i}", params) for i in range(n_requests)]
         decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests)
 
-    return verify, draft, plain, ctx
+    return verify, draft, ctx
 
 
 def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:
     cfg = engine.config
     k = decoder.num_spec_tokens
-    verify_fn, draft_fn, plain_fn, ctx = _dummy_steps(engine, decoder)
+    verify_fn, draft_fn, ctx = _dummy_steps(engine, decoder)
     max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (k + 1))
     device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
     key = default_cache_key(
@@ -78,7 +72,6 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         device=device_name, threads=torch.get_num_threads(), max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size, k=k, context_len=ctx,
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
-        tables="verify,draft,plain",
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
 
@@ -86,7 +79,7 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         log.info("profiling verify (up to %d tokens) and draft (up to %d requests) steps", max_tokens, cfg.max_num_seqs)
         with torch.inference_mode():
             return profile(verify_fn, draft_fn, verify_grid(max_tokens), draft_grid(cfg.max_num_seqs),
-                           repeats=decoder.cfg.profile_repeats, warmup=1, sync=sync, fn_plain=plain_fn)
+                           repeats=decoder.cfg.profile_repeats, warmup=1, sync=sync)
 
     if not cache:
         return run_profile()

@@ -48,11 +48,7 @@ class AdaptivePolicy:
         a = survival(self.budget.old_confidences(request_ids))
         a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
         with_drafts = float(budget_objective(a, n_sampling, base_tokens, len(request_ids), self.cost).max())
-        # a plain step: the decoding requests at one token each, plus whatever else the step carries
-        # (prefill chunks) priced by the token table
-        r = len(request_ids)
-        extra = max(0.0, float(self.cost.verify_ms(base_tokens)) - float(self.cost.verify_ms(r)))
-        plain = n_sampling / max(float(self.cost.plain_ms(r)) + extra, 1e-12)
+        plain = n_sampling / max(float(self.cost.verify_ms(base_tokens)), 1e-12)
         if with_drafts > plain:
             self.skipped_in_a_row = 0
             return True

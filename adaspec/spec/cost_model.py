@@ -120,12 +120,8 @@ class CostTable:
 
 @dataclass
 class CostModel:
-    verify: CostTable  # by number of tokens in the target forward (requests of k+1 tokens)
+    verify: CostTable  # by number of tokens in the target forward
     draft: CostTable  # by number of requests drafting
-    # optional: a plain decode step by number of requests (1 token each). The verify table's
-    # dummy packs k+1 tokens per request, so verify_ms(R) prices R decode tokens as R/(k+1)
-    # requests and misses the per-request attention cost a real plain step pays.
-    plain: CostTable | None = None
 
     def verify_ms(self, n_tokens):
         return self.verify.lookup(n_tokens)
@@ -133,27 +129,17 @@ class CostModel:
     def draft_ms(self, n_requests):
         return self.draft.lookup(n_requests)
 
-    def plain_ms(self, n_requests):
-        return (self.plain or self.verify).lookup(n_requests)
-
     def to_dict(self) -> dict[str, Any]:
-        d = {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
-        if self.plain is not None:
-            d["plain"] = self.plain.to_dict()
-        return d
+        return {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
-        plain = CostTable.from_dict(d["plain"]) if d.get("plain") else None
-        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]), plain)
+        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]))
 
     def describe(self) -> str:
         """Human-readable tables (for ``adaspec profile``)."""
         lines = []
-        tables = [("verify", self.verify, "tokens"), ("draft", self.draft, "requests")]
-        if self.plain is not None:
-            tables.append(("plain decode", self.plain, "requests"))
-        for name, t, unit in tables:
+        for name, t, unit in (("verify", self.verify, "tokens"), ("draft", self.draft, "requests")):
             lines.append(f"{name} cost (capture limit: {t.capture_limit})")
             lines.append(f"  {unit:>10}  {'ms':>10}")
             lines += [f"  {int(s):>10}  {m:>10.3f}" for s, m in zip(t.sizes, t.ms)]
@@ -234,7 +220,6 @@ def profile(
     sync: Callable[[], None] | None = None,
     verify_capture_limit: int | None = None,
     draft_capture_limit: int | None = None,
-    fn_plain: Callable[[int], None] | None = None,
 ) -> CostModel:
     """Time dummy steps; each shape's cost is the median of ``repeats`` runs (ms).
 
@@ -248,10 +233,7 @@ def profile(
         draft = CostTable([1], [0.0], None)
     else:
         draft = _time_table(fn_draft, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
-    plain = None
-    if fn_plain is not None:  # plain decode steps over the same request counts as drafting
-        plain = _time_table(fn_plain, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
-    return CostModel(verify, draft, plain)
+    return CostModel(verify, draft)
 
 
 # -- disk cache -----------------------------------------------------------------------------

@@ -31,19 +31,3 @@ def test_adaptive_drafts_when_drafting_is_cheap_and_confident():
     assert p.should_draft(["a"], 1, 1, [7])
     lengths = p.plan(["a"], np.full((1, 7), 0.9), 1, 1, np.array([7]))
     assert lengths.tolist() == [7]
-
-
-def test_plain_step_is_priced_by_the_plain_table():
-    """A plain step of R decoding requests costs plain_ms(R), not verify_ms(R): with a cheap token
-    table but expensive per-request decode steps, drafting wins; with cheap decode steps, it does not."""
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-    verify = CostTable(sizes, [10.0 + 0.01 * s for s in sizes])
-    draft = CostTable([1, 16], [5.0, 5.0])
-    conf = np.full((16, 7), 0.9)
-    ids = [f"r{i}" for i in range(16)]
-    for plain_cost, expect in ((100.0, True), (10.0, False)):
-        cm = CostModel(verify, draft, CostTable([1, 16], [plain_cost, plain_cost]))
-        assert CostModel.from_dict(cm.to_dict()).to_dict() == cm.to_dict()
-        p = AdaptivePolicy(cm, k=7)
-        p.observe(ids, conf)
-        assert p.should_draft(ids, 16, 16, [7] * 16) is expect
