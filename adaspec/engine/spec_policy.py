@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaspec.spec.policy import AdaptiveBudget, budget_objective, survival
+from adaspec.spec.policy import AdaptiveBudget, allocate, budget_objective, survival
 
 
 class FixedPolicy:
@@ -40,14 +40,20 @@ class AdaptivePolicy:
         self.cost = cost_model
         self.probe_every = probe_every
         self.skipped_in_a_row = 0
+        self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
 
     def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+        self._budget_now = None
         if self.skipped_in_a_row + 1 >= self.probe_every:
             self.skipped_in_a_row = 0
             return True
         a = survival(self.budget.old_confidences(request_ids))
         a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
-        with_drafts = float(budget_objective(a, n_sampling, base_tokens, len(request_ids), self.cost).max())
+        objective = budget_objective(a, n_sampling, base_tokens, len(request_ids), self.cost)
+        # the same objective choose_budget maximizes (same old survivals, limits, step shape):
+        # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
+        self._budget_now = int(np.argmax(objective))
+        with_drafts = float(objective[self._budget_now])
         plain = n_sampling / max(float(self.cost.verify_ms(base_tokens)), 1e-12)
         if with_drafts > plain:
             self.skipped_in_a_row = 0
@@ -56,7 +62,11 @@ class AdaptivePolicy:
         return False
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
-        return self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
+        b, self._budget_now = self._budget_now, None
+        if b is None or self.budget.leaky:
+            return self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
+        self.budget.last_budget = b
+        return allocate(survival(conf), b, limits).astype(np.int64)
 
     def observe(self, request_ids, conf) -> None:
         self.budget.observe(request_ids, conf)

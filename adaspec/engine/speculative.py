@@ -152,7 +152,8 @@ class SpeculativeDecoder:
         results: list = [([], None)] * len(scheduled)
         accepted = np.zeros(len(scheduled), dtype=np.int64)
         if dec:
-            results, accepted = self._accept(scheduled, dec, dec_seqs, lengths, prop, res.logits, row_start, results)
+            results, accepted = self._accept(scheduled, dec, dec_seqs, lengths, prop, conf, res.logits, row_start,
+                                             results)
         plain = [i for i in range(len(scheduled)) if samples[i] and i not in dec_set]
         if plain:
             rows = torch.as_tensor(row_start[plain], device=res.logits.device)
@@ -169,7 +170,7 @@ class SpeculativeDecoder:
         stats.time_bookkeeping += time.perf_counter() - t3
         return results
 
-    def _accept(self, scheduled, dec, dec_seqs, lengths, prop, logits, row_start, results):
+    def _accept(self, scheduled, dec, dec_seqs, lengths, prop, conf, logits, row_start, results):
         stats, K = self.engine.stats, self.num_spec_tokens
         dev = logits.device
         R = len(dec)
@@ -201,7 +202,7 @@ class SpeculativeDecoder:
             c_lp, top_ids, top_lp = logprobs_of(ver_logits, chosen, top_n)
             lp_rows = (c_lp.view(R, K + 1).tolist(), top_ids.view(R, K + 1, -1).tolist(), top_lp.view(R, K + 1, -1).tolist())
         accepted = np.zeros(len(scheduled), dtype=np.int64)
-        surv = survival(prop.confidences[:, :K].float().cpu().numpy())
+        surv = survival(conf)  # conf: this step's confidences, already on the host
         results = list(results)
         for n, i in enumerate(dec):
             a, l = n_acc[n], int(l_dec[n])

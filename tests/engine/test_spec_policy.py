@@ -31,3 +31,28 @@ def test_adaptive_drafts_when_drafting_is_cheap_and_confident():
     assert p.should_draft(["a"], 1, 1, [7])
     lengths = p.plan(["a"], np.full((1, 7), 0.9), 1, 1, np.array([7]))
     assert lengths.tolist() == [7]
+
+
+def test_plan_reuses_should_draft_budget_and_matches_a_fresh_search():
+    """plan() after should_draft() allocates with the B* should_draft found; it must equal what
+    AdaptiveBudget computes from scratch for the same old and current confidences."""
+    from adaspec.spec.policy import AdaptiveBudget
+
+    rng = np.random.default_rng(0)
+    cost = _cost(draft_ms=2.0, verify_slope=0.5)
+    checked = 0
+    for _ in range(50):
+        R = int(rng.integers(1, 9))
+        ids = [f"r{i}" for i in range(R)]
+        old, now = rng.uniform(0.05, 1, (R, 7)), rng.uniform(0.05, 1, (R, 7))
+        limits = rng.integers(1, 8, R)
+        p, ref = AdaptivePolicy(cost, k=7, probe_every=10**9), AdaptiveBudget(cost, 7)
+        p.observe(ids, old)
+        ref.observe(ids, old)
+        if p.should_draft(ids, R, R, limits):
+            got = p.plan(ids, now, R, R, limits)
+            want = ref.plan(ids, now, R, R, limits=limits)
+            assert got.tolist() == want.tolist()
+            assert p.budget.last_budget == ref.last_budget
+            checked += 1
+    assert checked >= 10  # the drafting branch was really exercised
