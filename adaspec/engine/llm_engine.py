@@ -12,7 +12,6 @@ from adaspec.config import EngineConfig
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
-from adaspec.engine.sampler import logprobs_of, processed_probs, sample_from_probs
 from adaspec.engine.scheduler import ScheduledSeq, Scheduler
 from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
@@ -23,6 +22,9 @@ from adaspec.models.loader import load_target, model_dir, read_json, resolve_dty
 from adaspec.models.registry import model_display_name, resolve_model_path
 from adaspec.models.tokenizer import Tokenizer
 from adaspec.outputs import CompletionOutput, RequestOutput
+from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.probs import logprobs_of
+from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sampling_params import SamplingParams
 
 log = logging.getLogger("adaspec.engine")
@@ -124,7 +126,10 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
                 f"shorten the prompt to at most {self.max_model_len - 1} tokens", param="prompt")
-        seq = Sequence(request_id, text, ids, params, arrival_time, self.device)
+        try:
+            seq = Sequence(request_id, text, ids, params, arrival_time)
+        except ValueError as e:  # a seed outside the 64-bit range
+            raise InvalidRequestError(str(e), param="seed") from None
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -208,34 +213,31 @@ class LLMEngine:
                 out.append(([], None))
         return out
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]):
-        """One token per row of logits. -> (tokens: list[int], logprobs: list[dict] | None)."""
-        params = [s.params for s in seqs]
-        dev = logits.device
-        greedy = [p.greedy for p in params]
-        if all(greedy):
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
+        """One token per row of logits, for each request's next position (len(token_ids)).
+        -> (tokens: list[int], logprobs: list[dict] | None)."""
+        if batch is None:
+            batch = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device)
+        if batch.all_greedy:
             chosen = logits.argmax(-1)
         else:
-            temps = torch.tensor([p.temperature for p in params], device=dev)
-            probs = processed_probs(
-                logits, temps,
-                torch.tensor([p.top_p for p in params], device=dev),
-                torch.tensor([p.top_k for p in params], device=dev),
-                any_filter=any(p.top_p < 1 or p.top_k > 0 for p in params),
-                any_greedy=any(greedy),
-            )
-            chosen = sample_from_probs(probs, [s.generator for s in seqs])
-        want = [p.logprobs for p in params]
-        lps = None
-        if any(w is not None for w in want):
-            top_n = max(w or 0 for w in want)
-            c_lp, top_ids, top_lp = logprobs_of(logits, chosen, top_n)
-            c_lp, top_ids, top_lp = c_lp.tolist(), top_ids.tolist(), top_lp.tolist()
-            lps = []
-            for i, w in enumerate(want):
-                d = {} if w is None else dict(zip(top_ids[i][:w], top_lp[i][:w]))
-                lps.append({**d, int(chosen[i]): c_lp[i]} if w is not None else None)
-        return chosen.tolist(), lps
+            positions = torch.tensor([len(s.token_ids) for s in seqs], dtype=torch.int64).to(logits.device, non_blocking=True)
+            chosen = sample_categorical(batch.probs(logits), keyed_uniforms(batch.seeds, positions, SAMPLE))
+        tokens = chosen.tolist()
+        return tokens, self.logprob_dicts(logits, chosen, tokens, batch.logprobs)
+
+    @staticmethod
+    def logprob_dicts(logits: torch.Tensor, chosen: torch.Tensor, tokens: list[int],
+                      want: list[int | None]) -> list[dict] | None:
+        """OpenAI-style logprobs per row: the top-n ({token: logprob}) plus the chosen token
+        (chosen on the device, tokens its host copy)."""
+        if all(w is None for w in want):
+            return None
+        top_n = max(w or 0 for w in want)
+        c_lp, top_ids, top_lp = logprobs_of(logits, chosen, top_n)
+        c_lp, top_ids, top_lp = c_lp.tolist(), top_ids.tolist(), top_lp.tolist()
+        return [None if w is None else {**dict(zip(top_ids[i][:w], top_lp[i][:w])), tokens[i]: c_lp[i]}
+                for i, w in enumerate(want)]
 
     # ---- outputs ------------------------------------------------------------------------
     def _finish(self, seq: Sequence) -> None:

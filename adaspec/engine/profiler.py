@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from adaspec.engine.runner import ForwardItem
-from adaspec.engine.sampler import processed_probs
+from adaspec.sample.probs import processed_probs
 from adaspec.spec.cost_model import (
     CostModel, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
 )
@@ -30,7 +30,7 @@ class _DummySeq:
     """What SpeculativeDecoder.propose reads from a request."""
 
     def __init__(self, request_id, params):
-        self.request_id, self.params, self.generator = request_id, params, None
+        self.request_id, self.params, self.seed = request_id, params, 0
 
 
 def _dummy_steps(engine, decoder):

@@ -75,6 +75,15 @@ class Scheduler:
         # a step emits at most l + 1 tokens: drafts beyond remaining - 1 can never be used
         return max(0, min(self.num_spec_tokens, remaining - 1))
 
+    def _prefill_left(self, seq: Sequence) -> int:
+        """Tokens still to (re)compute before the request samples or drafts. Under speculation a
+        request recomputed after preemption stops one token short, so that it resumes as a
+        decoding request drafting from its last token, exactly as if it had never been preempted
+        (a seeded request's text then does not depend on preemption; README, "Seeds")."""
+        if self.num_spec_tokens and seq.num_output_tokens > 0 and not seq.is_decoding:
+            return seq.num_uncomputed - 1
+        return seq.num_uncomputed
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
@@ -94,7 +103,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             spec = self._spec_slots(seq)
-            n = min(seq.num_uncomputed, budget)
+            n = min(self._prefill_left(seq), budget)
             if seq.is_decoding:
                 spec = min(spec, budget - n)  # never exceed the step's token budget
             total = seq.num_computed_tokens + n + spec
@@ -112,8 +121,8 @@ class Scheduler:
                 i += 1
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if n < seq.num_uncomputed and not self.enable_chunked_prefill:
+            n = min(self._prefill_left(seq), budget)
+            if n < self._prefill_left(seq) and not self.enable_chunked_prefill:
                 break
             if not self.bm.can_grow(seq, seq.num_computed_tokens + n):
                 break

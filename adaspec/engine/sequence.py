@@ -4,8 +4,7 @@ from __future__ import annotations
 import enum
 import time
 
-import torch
-
+from adaspec.sample.random import new_seed, seed_to_int64
 from adaspec.sampling_params import SamplingParams
 
 
@@ -17,7 +16,7 @@ class SequenceStatus(enum.Enum):
 
 class Sequence:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float | None = None, device: torch.device | None = None):
+                 arrival_time: float | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -30,10 +29,8 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
-        self.generator: torch.Generator | None = None
-        if params.seed is not None and not params.greedy:
-            self.generator = torch.Generator(device=device or "cpu")
-            self.generator.manual_seed(params.seed)
+        # every request has a seed: its randoms are keyed by (seed, position), see sample/random.py
+        self.seed = seed_to_int64(params.seed) if params.seed is not None else new_seed()
         # text state (see detokenizer.py)
         self.output_text = ""  # stable text exposed to clients
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None

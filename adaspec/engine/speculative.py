@@ -7,7 +7,7 @@ Flow of one step (VERIFY.md):
 2. the policy picks l_r (fixed: all reserved slots; adaptive: the confidence-scheduled budget);
 3. one target forward: [last token, l_r drafts] per decoding request, chunks for the others,
    capturing the drafter's target layers;
-4. rejection sampling (spec/rejection.py) on p and q processed by the same function;
+4. rejection sampling (sample/rejection.py) on p and q processed by the same function;
 5. KV: the target keeps positions up to the last accepted draft (num_computed_tokens moves,
    blocks beyond are given back); the drafter's context is written for every verified token.
 The drafter cache shares the target's block tables, so its rollback is the same forgetting.
@@ -23,13 +23,14 @@ import torch
 from adaspec.config import EngineConfig, SpeculativeConfig
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block
 from adaspec.engine.runner import ForwardItem
-from adaspec.engine.sampler import logprobs_of, processed_probs
 from adaspec.engine.scheduler import ScheduledSeq
 from adaspec.engine.spec_policy import AdaptivePolicy, FixedPolicy
 from adaspec.errors import ConfigError
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.spec.policy import survival
-from adaspec.spec.rejection import rejection_sample
+from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.probs import logprobs_of
+from adaspec.sample.rejection import rejection_sample
 
 log = logging.getLogger("adaspec.spec")
 
@@ -95,15 +96,17 @@ class SpeculativeDecoder:
         engine.stats.ensure_positions(self.num_spec_tokens)
 
     # -- pieces also used by the profiler ------------------------------------------------------
-    def propose(self, seqs, anchor_ids, anchor_pos, block_tables):
+    def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None):
+        """sampling: the requests' SamplingBatch (built here when not given); greedy drafting
+        overrides every row's temperature with 0."""
         dev = self.engine.device
-        params = [s.params for s in seqs]
-        temps = torch.tensor([0.0 if self.greedy_drafts else p.temperature for p in params], device=dev)
+        if sampling is None:
+            sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev)
+        if self.greedy_drafts and not sampling.all_greedy:
+            sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev, force_greedy=True)
         return self.drafter.propose(
             torch.tensor(anchor_ids, device=dev), torch.tensor(anchor_pos, device=dev), block_tables,
-            self.engine.config.block_size, self.kv_caches, temps,
-            torch.tensor([p.top_p for p in params], device=dev), torch.tensor([p.top_k for p in params], device=dev),
-            [s.generator for s in seqs],
+            self.engine.config.block_size, self.kv_caches, sampling,
         )
 
     def forget(self, seq) -> None:
@@ -123,9 +126,11 @@ class SpeculativeDecoder:
                 np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)):
             stats.num_steps_draft_skipped += 1
             dec, dec_seqs = [], []
+        sampling = None
         if dec:
+            sampling = SamplingBatch.build([s.params for s in dec_seqs], [s.seed for s in dec_seqs], eng.device)
             prop = self.propose(dec_seqs, [s.token_ids[-1] for s in dec_seqs],
-                                [len(s.token_ids) - 1 for s in dec_seqs], [s.block_table for s in dec_seqs])
+                                [len(s.token_ids) - 1 for s in dec_seqs], [s.block_table for s in dec_seqs], sampling)
             conf = prop.confidences[:, :K].float().cpu().numpy()
             limits = np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)
             base_tokens = sum(s.num_tokens for s in scheduled)
@@ -152,8 +157,8 @@ class SpeculativeDecoder:
         results: list = [([], None)] * len(scheduled)
         accepted = np.zeros(len(scheduled), dtype=np.int64)
         if dec:
-            results, accepted = self._accept(scheduled, dec, dec_seqs, lengths, prop, conf, res.logits, row_start,
-                                             results)
+            results, accepted = self._accept(scheduled, dec, dec_seqs, sampling, lengths, prop, conf, res.logits,
+                                             row_start, results)
         plain = [i for i in range(len(scheduled)) if samples[i] and i not in dec_set]
         if plain:
             rows = torch.as_tensor(row_start[plain], device=res.logits.device)
@@ -170,7 +175,7 @@ class SpeculativeDecoder:
         stats.time_bookkeeping += time.perf_counter() - t3
         return results
 
-    def _accept(self, scheduled, dec, dec_seqs, lengths, prop, conf, logits, row_start, results):
+    def _accept(self, scheduled, dec, dec_seqs, sampling, lengths, prop, conf, logits, row_start, results):
         stats, K = self.engine.stats, self.num_spec_tokens
         dev = logits.device
         R = len(dec)
@@ -179,24 +184,18 @@ class SpeculativeDecoder:
         idx = row_start[dec][:, None] + np.minimum(np.arange(K + 1)[None, :], l_dec[:, None])
         idx_t = torch.as_tensor(idx.reshape(-1), device=dev)
         ver_logits = logits[idx_t]  # [R*(K+1), V]
-        params = [s.params for s in dec_seqs]
-        rep = lambda vals: torch.tensor(vals, device=dev).repeat_interleave(K + 1)
-        p = processed_probs(
-            ver_logits, rep([x.temperature for x in params]), rep([x.top_p for x in params]),
-            rep([x.top_k for x in params]), any_filter=any(x.top_p < 1 or x.top_k > 0 for x in params),
-            any_greedy=any(x.greedy for x in params),
-        ).view(R, K + 1, -1)
-        greedy = torch.tensor([x.greedy for x in params])
+        p = sampling.probs(ver_logits, repeat=K + 1).view(R, K + 1, -1)
         q = None if self.greedy_drafts else prop.probs[:, :K].float()
+        anchors = torch.tensor([len(s.token_ids) - 1 for s in dec_seqs], dtype=torch.int64)
         out = rejection_sample(
-            prop.tokens[:, :K], torch.as_tensor(l_dec, device=dev), p, q, greedy,
-            generators=[s.generator for s in dec_seqs], target_argmax=ver_logits.argmax(-1).view(R, K + 1),
+            prop.tokens[:, :K], torch.as_tensor(l_dec, device=dev), p, q, torch.tensor(sampling.greedy),
+            sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, K + 1),
         )
         toks = out.output_tokens.tolist()
         n_acc = out.num_accepted.tolist()
-        want_lp = [x.logprobs for x in params]
+        want_lp = sampling.logprobs
         lp_rows = None
-        if any(w is not None for w in want_lp):
+        if sampling.want_logprobs():
             chosen = out.output_tokens.clamp_min(0).view(-1)
             top_n = max(w or 0 for w in want_lp)
             c_lp, top_ids, top_lp = logprobs_of(ver_logits, chosen, top_n)

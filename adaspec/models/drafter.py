@@ -28,13 +28,14 @@ Inference API (what the engine calls each speculative step)
     token's position), written to ``slot_mapping``.
 
 ``propose(anchor_ids [R], anchor_pos [R], block_tables, block_size, kv_caches,
-temperature [R], top_p [R], top_k [R], generators) -> DraftProposal``
+sampling: SamplingBatch) -> DraftProposal``
     Context of request r = all positions < anchor_pos[r] (already written by
     write_context). One backbone pass for all R blocks: the block's own K/V is written
     TEMPORARILY into the slots of positions anchor_pos..anchor_pos+k-1 (the engine keeps
     those allocated; real context overwrites them later), every block query sees keys
     [0, anchor_pos + k). Then the Markov loop, left to right: greedy rows take the argmax,
-    sampled rows draw from ``processed_probs`` with the request's generator. Returns
+    sampled rows draw from ``processed_probs`` with the keyed uniform DRAFT(seed, position,
+    anchor) (sample/random.py). Returns
     tokens [R,k], probs [R,k,V] (the processed q_j each draft was drawn from: rejection
     sampling must use exactly these), logits [R,k,V] (raw U_j + B(x_{j-1})), confidences
     [R,k] (calibrated when the config holds temperatures: the greedy set for rows with
@@ -57,6 +58,8 @@ from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one imp
 )
 from adaspec.models.layers import RMSNorm, RotaryEmbedding
 from adaspec.models.target import DecoderLayer
+from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.random import DRAFT, keyed_uniforms, sample_categorical
 
 @dataclass
 class DraftProposal:
@@ -219,29 +222,25 @@ class DSparkDrafter(nn.Module):
         return self.norm(x).reshape(R, k, -1)
 
     @torch.no_grad()
-    def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches, temperature, top_p, top_k,
-                generators) -> DraftProposal:
-        from adaspec.engine.sampler import processed_probs, sample_from_probs
-
+    def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
+                sampling: SamplingBatch) -> DraftProposal:
         if anchor_ids.shape[0] == 0:
             V, k = self.config.base.vocab_size, self.block_size
             z = torch.zeros(0, k, device=anchor_ids.device)
             return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
         h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches)
-        greedy = [float(t) <= 0 for t in temperature.tolist()]
-        sampled = [i for i, g in enumerate(greedy) if not g]
-        any_filter = bool(((top_k > 0) | (top_p < 1.0)).any()) if sampled else False
-        idx = torch.tensor(sampled, device=h.device, dtype=torch.long)
+        all_greedy = sampling.all_greedy
+        anchors = anchor_pos.long()
         toks, probs, logits, confs = [], [], [], []
         prev = anchor_ids
         base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
         for j in range(self.block_size):  # k small rank-r matmuls: the semi-autoregressive part
             lg, cl = self.heads(h[:, j], prev, base[:, j])
-            tok = lg.argmax(-1)
-            if sampled:
-                pj = processed_probs(lg, temperature, top_p, top_k, any_filter=any_filter,
-                                     any_greedy=len(sampled) < len(greedy))
-                tok[idx] = sample_from_probs(pj[idx], [generators[i] for i in sampled])
+            if all_greedy:
+                tok = lg.argmax(-1)
+            else:  # greedy rows get a one-hot q, so the draw returns their argmax
+                pj = sampling.probs(lg)
+                tok = sample_categorical(pj, keyed_uniforms(sampling.seeds, anchors + 1 + j, DRAFT, anchors))
                 probs.append(pj)
             toks.append(tok)
             logits.append(lg)
@@ -249,9 +248,9 @@ class DSparkDrafter(nn.Module):
             prev = tok
         tokens = torch.stack(toks, 1)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
-        q = torch.stack(probs, 1) if sampled else F.one_hot(tokens, base.shape[-1]).float()
+        q = torch.stack(probs, 1) if probs else F.one_hot(tokens, base.shape[-1]).float()
         conf_logits = torch.stack(confs, 1)
-        return DraftProposal(tokens, q, torch.stack(logits, 1), self.confidences(conf_logits, temperature <= 0),
+        return DraftProposal(tokens, q, torch.stack(logits, 1), self.confidences(conf_logits, sampling.temperature <= 0),
                              conf_logits)
 
 

@@ -1,7 +1,6 @@
-"""Engine-independent pieces of speculative decoding. Import the submodules directly:
+"""Engine-independent pieces of speculative decoding (the rejection sampler lives in adaspec/sample/).
+Import the submodules directly:
 
-- rejection.py: ``rejection_sample`` (lossless greedy/probabilistic acceptance with the bonus
-  token, vectorized torch, no host sync) and ``sample_rows`` (per-row-generator categorical).
 - policy.py: survivals, ``choose_budget`` (B* over all B), ``allocate`` / ``allocate_torch``
   (top-B prefixes), ``AdaptiveBudget`` (B* from one-step-old confidences: lossless; the
   module docstring has the argument), ``apply_temperature`` (calibration temperatures).

@@ -71,7 +71,7 @@ class BlockResults:
 def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], temperature: float, k: int | None = None,
                    batch_size: int = 8, seed: int = 0) -> BlockResults:
     """seqs: prompt + continuation; starts[i]: first anchor (the last prompt token's position)."""
-    from adaspec.engine.sampler import processed_probs
+    from adaspec.sample.probs import processed_probs
     from adaspec.train.drafter_loss import block_forward
 
     device = next(drafter.parameters()).device

@@ -44,7 +44,7 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
 
 
 def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p, rng) -> list[list[int]]:
-    from adaspec.engine.sampler import processed_probs
+    from adaspec.sample.probs import processed_probs
 
     cfg = target.config
     device = next(target.parameters()).device

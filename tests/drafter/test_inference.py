@@ -1,7 +1,9 @@
 """The engine-facing API (write_context / propose over a paged cache) against the training forward."""
 import torch
 
-from adaspec.engine.sampler import processed_probs
+from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.probs import processed_probs
+from adaspec.sampling_params import SamplingParams
 from adaspec.models.loader import load_target
 from adaspec.train.drafter_loss import target_features
 
@@ -41,16 +43,14 @@ def _setup(micro_qwen3, R=3, T=40, k=5):
     return drafter, cfg, ids, feats, cache
 
 
-def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=None, generators=None):
+def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=None, seeds=None, tables=None):
     R = len(anchors)
     a = torch.tensor(anchors)
-    return drafter.propose(
-        ids[torch.arange(R), a], a, cache.tables, BS, cache.caches,
-        torch.zeros(R) if temperature is None else temperature,
-        torch.ones(R) if top_p is None else top_p,
-        torch.zeros(R, dtype=torch.long) if top_k is None else top_k,
-        generators or [None] * R,
-    )
+    params = [SamplingParams(temperature=0.0 if temperature is None else float(temperature[r]),
+                             top_p=1.0 if top_p is None else float(top_p[r]),
+                             top_k=0 if top_k is None else int(top_k[r])) for r in range(R)]
+    sampling = SamplingBatch.build(params, seeds or list(range(R)), "cpu")
+    return drafter.propose(ids[torch.arange(R), a], a, tables or cache.tables, BS, cache.caches, sampling)
 
 
 def _train_reference(drafter, ids, feats, anchors, tokens):
@@ -80,7 +80,7 @@ def test_propose_matches_training_forward(micro_qwen3):
     assert torch.equal(prop.probs, torch.nn.functional.one_hot(prop.tokens, V).float())
 
 
-def test_sampled_rows_use_processed_probs_and_generators(micro_qwen3):
+def test_sampled_rows_use_processed_probs_and_keyed_draws(micro_qwen3):
     drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
     anchors = [10, 10, 10]
     for r, a in enumerate(anchors):
@@ -88,10 +88,13 @@ def test_sampled_rows_use_processed_probs_and_generators(micro_qwen3):
     ids = ids.clone()
     ids[:, 10] = ids[0, 10]
     temp, top_p, top_k = torch.tensor([0.0, 1.3, 0.8]), torch.tensor([1.0, 0.9, 1.0]), torch.tensor([0, 0, 5])
-    gens = lambda: [None, torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
-    p1 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, gens())
-    p2 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, gens())
+    p1 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, seeds=[4, 5, 6])
+    p2 = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, seeds=[4, 5, 6])
     assert torch.equal(p1.tokens, p2.tokens)  # reproducible per request
+    # a row's draws depend on its own seed only, not on its neighbours
+    alone = _propose(drafter, cache, ids[1:2], [10], temp[1:2], top_p[1:2], top_k[1:2], seeds=[5],
+                     tables=cache.tables[1:2])
+    assert torch.equal(alone.tokens[0], p1.tokens[1])
     for j in range(cfg.block_size):
         want = processed_probs(p1.logits[:, j], temp, top_p, top_k)
         torch.testing.assert_close(p1.probs[:, j], want)
@@ -132,8 +135,7 @@ def test_greedy_rows_use_greedy_temperatures(micro_qwen3):
     drafter.config = replace(cfg, confidence_temperatures=t, confidence_temperatures_greedy=tg)
     for r in range(2):
         cache.write(drafter, r, feats[r], list(range(15)))
-    prop = _propose(drafter, cache, ids, [15, 15], temperature=torch.tensor([0.0, 1.0]),
-                    generators=[None, torch.Generator().manual_seed(0)])
+    prop = _propose(drafter, cache, ids, [15, 15], temperature=torch.tensor([0.0, 1.0]))
     torch.testing.assert_close(prop.confidences[0], torch.sigmoid(prop.conf_logits[0] / 0.5))
     torch.testing.assert_close(prop.confidences[1], torch.sigmoid(prop.conf_logits[1] / 2.0))
     drafter.config = replace(cfg, confidence_temperatures=t)  # no greedy set: every row uses the other

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.engine.sampler import processed_probs
+from adaspec.sample.probs import processed_probs
 from adaspec.models.loader import load_target
-from adaspec.spec.rejection import RejectionOutput
+from adaspec.sample.rejection import RejectionOutput
 from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
 from tests.spec.lossless_harness import enumerate_joint, lossless_pvalue
 from tests.spec.micro import broken_sampler

@@ -12,7 +12,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from adaspec.spec.rejection import rejection_sample, sample_rows
+from adaspec.sample.rejection import rejection_sample
+
+
+def sample_rows(probs: torch.Tensor) -> torch.Tensor:
+    """Test-side categorical draw from torch's global generator."""
+    return torch.multinomial(probs, 1).squeeze(-1)
 
 
 def broken_sampler(variant: str) -> Callable:
@@ -22,7 +27,7 @@ def broken_sampler(variant: str) -> Callable:
     if variant == "correct":
         return rejection_sample
 
-    def sampler(draft_tokens, num_verify, target_probs, draft_probs, is_greedy, **_):
+    def sampler(draft_tokens, num_verify, target_probs, draft_probs, is_greedy, *_, **__):
         N, K = draft_tokens.shape
         p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1)
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
@@ -74,12 +79,14 @@ class MicroSpec:
         out = torch.full((n, length), -1)
         count = torch.zeros(n, dtype=torch.long)
         anchor = torch.full((n,), self.anchor)
+        seeds = torch.randint(0, 1 << 62, (n,))  # the sampler's keyed randoms: per row, per position
         step = 0
         while bool((count < length).any()):
             x, q, p, conf = self.draft(anchor, deterministic_draft)
             lv = torch.as_tensor(np.asarray(lengths_fn(step, conf)), dtype=torch.long)
             self.length_log.append(lv.numpy().copy())
-            toks, _, n_emit = sampler(x, lv, p, None if deterministic_draft else q, torch.zeros(n, dtype=torch.bool))
+            toks, _, n_emit = sampler(x, lv, p, None if deterministic_draft else q, torch.zeros(n, dtype=torch.bool),
+                                      seeds, count)  # anchor of row r sits at position count[r]
             for e in range(self.k + 1):
                 m = (e < n_emit) & (count + e < length)
                 rows = m.nonzero().squeeze(1)

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from adaspec.spec.policy import allocate_torch, survival_torch
-from adaspec.spec.rejection import rejection_sample, sample_rows
+from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.rejection import rejection_sample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -16,14 +17,14 @@ def test_no_device_to_host_sync():
     x = torch.randint(0, V, (N, K), device=dev)
     conf = torch.rand(N, K, device=dev)
     greedy_host = torch.arange(N) % 3 == 0  # host copy: the engine knows it from the params
-    gens = [torch.Generator(device=dev).manual_seed(i) if i % 2 else None for i in range(N)]
+    seeds, anchors = torch.arange(N, device=dev) * 31, torch.full((N,), 100, device=dev)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         lengths = allocate_torch(survival_torch(conf), torch.tensor(40, device=dev))
         lengths2 = allocate_torch(survival_torch(conf), 40)
-        out = rejection_sample(x, lengths, p, q, greedy_host, generators=gens)
-        s = sample_rows(p[:, 0], gens)
+        out = rejection_sample(x, lengths, p, q, greedy_host, seeds, anchors)
+        s = sample_categorical(p[:, 0], keyed_uniforms(seeds, anchors, SAMPLE))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert out.output_tokens.shape == (N, K + 1) and s.shape == (N,)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from adaspec.spec.rejection import rejection_sample, sample_rows
+from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.rejection import rejection_sample
 
 from .lossless_harness import chi_square_pvalue, lossless_pvalue, marginal
 from .micro import MicroSpec, broken_sampler
@@ -43,7 +44,7 @@ def test_greedy_rows_match_reference_loop():
     x = torch.where(torch.rand(N, K, generator=g) < 0.7, am[:, :K], torch.randint(0, V, (N, K), generator=g))
     lv = torch.randint(0, K + 1, (N,), generator=g)
     greedy = torch.rand(N, generator=g) < 0.5
-    out, nacc, nemit = rejection_sample(x, lv, p, q, greedy)
+    out, nacc, nemit = rejection_sample(x, lv, p, q, greedy, torch.arange(N), torch.zeros(N, dtype=torch.long))
     for n in np.flatnonzero(greedy.numpy()):
         ref = []
         for j in range(int(lv[n])):
@@ -62,7 +63,7 @@ def test_greedy_rows_match_reference_loop():
 def test_target_argmax_override_is_used_for_greedy():
     p = torch.tensor([[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]])  # a tie in probs
     out, nacc, _ = rejection_sample(torch.tensor([[1]]), torch.tensor([1]), p, None, torch.tensor([True]),
-                                    target_argmax=torch.tensor([[1, 2]]))
+                                    torch.tensor([0]), torch.tensor([0]), target_argmax=torch.tensor([[1, 2]]))
     assert out.tolist() == [[1, 2]] and nacc.tolist() == [1]
 
 
@@ -99,47 +100,75 @@ def test_broken_samplers_fail_the_same_test(variant):
     assert chi_square_pvalue(samples, m.exact(2)) < 1e-6
 
 
-def test_rows_with_generators_ignore_their_neighbours():
-    V, K = 6, 3
+def test_rows_ignore_their_neighbours():
+    """A row's result is a function of its own inputs (seed, anchor, p, q): the batch it sits in
+    does not matter, and the same seed at another anchor position draws other randoms."""
+    V, K, N = 6, 3, 64
     base = torch.Generator().manual_seed(0)
-    p = torch.softmax(torch.randn(4, K + 1, V, generator=base), -1)
-    q = torch.softmax(torch.randn(4, K, V, generator=base), -1)
-    x = torch.randint(0, V, (4, K), generator=base)
-    lv = torch.tensor([3, 2, 3, 1])
-    greedy = torch.tensor([False, True, False, False])
+    p = torch.softmax(torch.randn(N, K + 1, V, generator=base), -1)
+    q = torch.softmax(torch.randn(N, K, V, generator=base), -1)
+    x = torch.randint(0, V, (N, K), generator=base)
+    lv = torch.randint(0, K + 1, (N,), generator=base)
+    greedy = torch.rand(N, generator=base) < 0.25
+    seeds, anchors = torch.arange(N) * 7919, torch.randint(0, 500, (N,), generator=base)
 
-    def run(rows, seed_rows):
-        gens = [torch.Generator().manual_seed(100 + r) if r in seed_rows else None for r in rows]
-        return rejection_sample(x[rows], lv[rows], p[rows], q[rows], greedy[rows], generators=gens)
+    def run(rows, anchor_shift=0):
+        return rejection_sample(x[rows], lv[rows], p[rows], q[rows], greedy[rows], seeds[rows],
+                                anchors[rows] + anchor_shift).output_tokens
 
-    full = run([0, 1, 2, 3], {0, 2, 3})
-    for r in (0, 2, 3):
-        alone = run([r], {r})
-        assert alone.output_tokens[0].tolist() == full.output_tokens[[0, 1, 2, 3].index(r)].tolist()
+    full = run(list(range(N)))
+    for r in range(N):
+        assert run([r]).tolist() == full[r:r + 1].tolist()
+    shuffled = torch.randperm(N, generator=base)
+    assert torch.equal(run(shuffled.tolist()), full[shuffled])
+    assert not torch.equal(run(list(range(N)), anchor_shift=1), full)  # other positions, other randoms
 
 
 def test_bonus_only_and_zero_residual_fallback():
     p = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]])
-    out, nacc, nemit = rejection_sample(torch.tensor([[0]]), torch.tensor([0]), p, None, torch.tensor([False]))
+    z = torch.tensor([0])
+    out, nacc, nemit = rejection_sample(torch.tensor([[0]]), torch.tensor([0]), p, None, torch.tensor([False]), z, z)
     assert out.tolist() == [[2, -1]] and nacc.tolist() == [0] and nemit.tolist() == [1]
     # unnormalized p = 0.5 q: max(p - q, 0) is all zero, the row falls back to p
     q = torch.tensor([[[0.2, 0.8, 0.0]]])
     p2 = torch.cat([0.5 * q, torch.tensor([[[0.0, 0.0, 1.0]]])], 1)
-    outs = [rejection_sample(torch.tensor([[1]]), torch.tensor([1]), p2, q, torch.tensor([False])).output_tokens
-            for _ in range(50)]
+    outs = [rejection_sample(torch.tensor([[1]]), torch.tensor([1]), p2, q, torch.tensor([False]), torch.tensor([s]),
+                             z).output_tokens for s in range(50)]
     assert all(o[0, 0] in (0, 1) for o in outs)
     # K = 0: just a sample from p_0
-    out0 = rejection_sample(torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), p[:, :1], None, torch.tensor([False]))
+    out0 = rejection_sample(torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), p[:, :1], None, torch.tensor([False]),
+                            z, z)
     assert out0.output_tokens.tolist() == [[2]]
 
 
-def test_sample_rows_distribution_and_generators():
-    torch.manual_seed(0)
+def test_keyed_categorical_distribution_and_reproducibility():
     probs = torch.tensor([0.1, 0.0, 0.3, 0.6]).expand(N_SAMPLES, 4).contiguous()
-    s = sample_rows(probs)
+    seeds, positions = torch.arange(N_SAMPLES) * 104729, torch.full((N_SAMPLES,), 17)
+    s = sample_categorical(probs, keyed_uniforms(seeds, positions, SAMPLE))
     assert (s != 1).all()
     exact = {(0,): 0.1, (2,): 0.3, (3,): 0.6}
     assert chi_square_pvalue(s.numpy()[:, None], exact) > 1e-3
-    gens = lambda: [torch.Generator().manual_seed(i) if i % 3 else None for i in range(9)]  # noqa: E731
-    a, b = sample_rows(probs[:9], gens()), sample_rows(probs[:9], gens())
-    assert a[1::3].tolist() == b[1::3].tolist() and a[2::3].tolist() == b[2::3].tolist()
+    # one seed along positions is a fresh draw per position too
+    along = sample_categorical(probs, keyed_uniforms(torch.tensor([5]), torch.arange(N_SAMPLES)[None], SAMPLE)[0])
+    assert chi_square_pvalue(along.numpy()[:, None], exact) > 1e-3
+    again = sample_categorical(probs[:9], keyed_uniforms(seeds[:9], positions[:9], SAMPLE))
+    assert again.tolist() == s[:9].tolist()
+
+
+def test_keyed_uniforms_are_uniform_and_independent_across_streams():
+    n = 200_000
+    seeds, pos = torch.arange(n) // 100, torch.arange(n) % 100
+    u = [keyed_uniforms(seeds, pos, stream).double().numpy() for stream in (1, 2, 3)]
+    for x in u:
+        hist = np.histogram(x, bins=20, range=(0, 1))[0]
+        assert chi_square_pvalue(np.repeat(np.arange(20), hist)[:, None], {(b,): 0.05 for b in range(20)}) > 1e-3
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert abs(np.corrcoef(u[a], u[b])[0, 1]) < 0.01
+
+
+def test_sample_categorical_edges():
+    assert sample_categorical(torch.zeros(2, 4), torch.tensor([0.5, 0.99])).tolist() == [0, 0]
+    # u at the very top never lands on the zero-weight tail
+    w = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    assert sample_categorical(w, torch.tensor([1.0 - 2 ** -24])).tolist() == [1]
+    assert sample_categorical(w, torch.tensor([0.0])).tolist() == [1]

@@ -3,7 +3,8 @@
 `processed_probs` is THE definition of "the distribution a request samples from" (temperature,
 then top-k, then top-p). Speculative decoding applies the very same function to the target's
 and the drafter's logits, which is what makes rejection sampling lossless for these params.
-Greedy rows (temperature 0) get a one-hot distribution on the argmax.
+Greedy rows (temperature 0) get a one-hot distribution on the argmax. Drawing from the
+distribution is sample/random.py's job (keyed uniforms, inverse CDF).
 """
 from __future__ import annotations
 
@@ -51,14 +52,6 @@ def processed_probs(
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
     return probs
-
-
-def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row; rows with a generator are reproducible per request whatever the batch.
-    The same exponential-race sampler that speculative acceptance uses (spec/rejection.py)."""
-    from adaspec.spec.rejection import sample_rows
-
-    return sample_rows(probs, generators)
 
 
 def logprobs_of(logits: torch.Tensor, chosen: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

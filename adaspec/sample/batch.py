@@ -1,0 +1,49 @@
+"""A step's sampling parameters as tensors, built once and shared by drafting, verification
+and plain sampling (instead of one torch.tensor([...]) per use)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.sample.probs import processed_probs
+
+# top_k only matters below the vocabulary size; a larger value means "off" and is clamped so
+# that any int the API let through fits the int64 tensor
+_TOP_K_CAP = 1 << 31
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor  # [N] float32, 0 = greedy
+    top_p: torch.Tensor  # [N] float32
+    top_k: torch.Tensor  # [N] int64, 0 = off
+    seeds: torch.Tensor  # [N] int64 (sample/random.py)
+    greedy: list[bool]  # host copy: decides code paths without a device sync
+    any_filter: bool  # some row uses top-k or top-p
+    logprobs: list[int | None]  # per row: top logprobs wanted (None: none)
+
+    @classmethod
+    def build(cls, params: list, seeds: list[int], device, force_greedy: bool = False) -> "SamplingBatch":
+        """params: SamplingParams per row; force_greedy: every row at temperature 0 (greedy drafting)."""
+        greedy = [force_greedy or p.greedy for p in params]
+        temps = [0.0 if g else float(p.temperature) for g, p in zip(greedy, params)]
+        host = torch.tensor(temps, dtype=torch.float32), torch.tensor([float(p.top_p) for p in params]), \
+            torch.tensor([min(int(p.top_k), _TOP_K_CAP) for p in params], dtype=torch.int64), \
+            torch.tensor(seeds, dtype=torch.int64)
+        t, tp, tk, sd = (x.to(device, non_blocking=True) for x in host)
+        return cls(t, tp, tk, sd, greedy, any(p.top_p < 1 or p.top_k > 0 for p in params),
+                   [p.logprobs for p in params])
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy)
+
+    def probs(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
+        """processed_probs of logits [N * repeat, V], row n*repeat + j using row n's params."""
+        rep = (lambda x: x.repeat_interleave(repeat)) if repeat > 1 else (lambda x: x)
+        return processed_probs(logits, rep(self.temperature), rep(self.top_p), rep(self.top_k),
+                               any_filter=self.any_filter, any_greedy=any(self.greedy))
+
+    def want_logprobs(self) -> bool:
+        return any(w is not None for w in self.logprobs)

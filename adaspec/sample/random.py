@@ -1,0 +1,94 @@
+"""Counter-based randomness: every random number the engine draws is a hash of
+(request seed, sequence position, purpose), never the next value of a stateful generator.
+
+Why: with a per-request ``torch.Generator`` the k-th draw of a request depends on how many
+draws came before it, which depends on the batch (whether a step drafted, how many slots the
+scheduler granted, whether the adaptive policy skipped drafting), so a seeded request's text
+changed under load. Keyed draws make "the token at position p" use the same uniform whatever
+the batch, and they are plain elementwise tensor ops: no host loop over requests, nothing a
+CUDA graph cannot capture, the same values on CPU and GPU.
+
+Purposes (streams):
+- SAMPLE: the one categorical draw that decides the token at position p (plain sampling, the
+  bonus token, or the residual after a rejection). Keyed by position only, so the plain arm is
+  reproducible whatever the batch.
+- ACCEPT: the uniform of the accept test of the draft at position p, also keyed by the block's
+  anchor position.
+- DRAFT: the drafter's draw at position p, keyed by the anchor too: a position re-drafted from a
+  later anchor gets fresh randomness, so confidences kept from an earlier step (which the
+  adaptive budget reads) are independent of the current draft (VERIFY.md, "Losslessness").
+
+Position p's final token is decided exactly once, and the three streams are independent, which
+is all rejection sampling needs to stay lossless.
+
+The hash works on 32-bit words held in int64 tensors; every product stays below 2**63, so
+nothing relies on signed overflow.
+"""
+from __future__ import annotations
+
+import torch
+
+SAMPLE, ACCEPT, DRAFT = 1, 2, 3
+
+_M32 = 0xFFFFFFFF
+_SEED_MAX = (1 << 64) - 1
+
+
+def new_seed() -> int:
+    """A fresh seed for a request that did not ask for one, from torch's global generator (so
+    torch.manual_seed makes a whole run of unseeded requests repeatable, as in vLLM)."""
+    return int(torch.randint(0, 1 << 62, (), dtype=torch.int64))
+
+
+def seed_to_int64(seed: int) -> int:
+    """Any integer seed in [-2**63, 2**64) as the int64 whose 64 bits are the seed's (mod 2**64)."""
+    if not -(1 << 63) <= seed <= _SEED_MAX:
+        raise ValueError(f"seed {seed} is outside the 64-bit range [-2**63, 2**64 - 1]")
+    s = seed & _SEED_MAX
+    return s - (1 << 64) if s >= (1 << 63) else s
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32), in two 16-bit halves of c (no int64 overflow)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (xorshift-multiply, full avalanche)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
+                   anchors: torch.Tensor | None = None) -> torch.Tensor:
+    """U[0, 1) float32 of the shape of ``positions``, a pure function of its keys.
+
+    seeds: [N] int64 (one per request); positions: [N] or [N, K] int64 sequence positions;
+    anchors: optional, broadcastable to positions (the draft block's anchor position).
+    """
+    seeds = seeds.to(torch.int64)
+    while seeds.dim() < positions.dim():
+        seeds = seeds.unsqueeze(-1)
+    seed_lo, seed_hi = seeds & _M32, (seeds >> 32) & _M32
+    h = _mix32((positions.to(torch.int64) & _M32) ^ (stream * 0x9E3779B9 & _M32))
+    if anchors is not None:
+        h = _mix32(h ^ (anchors.to(torch.int64) & _M32))
+    h = _mix32(h ^ seed_hi)
+    h = _mix32(h ^ seed_lo)
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def sample_categorical(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``weights`` [M, V] (unnormalized, non-negative) by inverse CDF:
+    the first index whose cumulative weight exceeds u * total. Zero-weight entries are never
+    chosen; an all-zero row gives 0."""
+    cum = weights.float().cumsum(-1)
+    total = cum[:, -1:]
+    # strictly below the total, so the last positive entry is the largest index reachable
+    target = torch.minimum(uniforms.to(cum.dtype).unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cum, target, right=True).squeeze(-1)
+    return torch.where(total.squeeze(-1) > 0, idx.clamp_max(weights.shape[-1] - 1), torch.zeros_like(idx))
