@@ -234,3 +234,21 @@ def test_drafter_uses_the_targets_rope(tmp_path):
     assert (again.base.rope_theta, again.base.rope_scaling) == (tcfg.rope_theta, tcfg.rope_scaling)
     drafter = DSparkDrafter(again)
     assert torch.equal(drafter.rope.cos, target.rope.cos) and torch.equal(drafter.rope.sin, target.rope.sin)
+
+
+def test_rope_variants_greedy_tokens_match_transformers_generate(rope_model_dir):
+    """End to end through the engine (the directory has no tokenizer: skip_tokenizer_init), prompts
+    long enough that decoding runs past original_max_position_embeddings."""
+    from adaspec import LLM, SamplingParams
+
+    hf = _hf(rope_model_dir)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (60, 75, 90)]
+    llm = LLM(str(rope_model_dir), skip_tokenizer_init=True, dtype="float32", device="cpu", num_kv_blocks=64)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            x = torch.tensor([p])  # an explicit mask: generate would take pad_token_id tokens for padding
+            ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=10, min_new_tokens=10,
+                              do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+        assert out.outputs[0].token_ids == ref
