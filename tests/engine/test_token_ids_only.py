@@ -106,3 +106,21 @@ def test_generate_cli_token_ids(no_tokenizer_dir, llm):
     assert r.returncode == 2 and "skip_tokenizer_init" in r.stderr and "Traceback" not in r.stderr
     r = _cli(no_tokenizer_dir, "--skip-tokenizer-init", "--prompt-token-ids", "1,x")
     assert r.returncode == 2 and "not a list of token ids" in r.stderr
+
+
+def test_speculative_decoding_runs_without_a_tokenizer(tmp_path):
+    """The drafter needs no tokenizer either (its mask token id is in its config.json)."""
+    from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+    target = make_micro_model_dir(tmp_path / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    drafter = make_bigram_drafter_dir(tmp_path / "drafter", target, block_size=4)
+    for name in TOKENIZER_FILES:
+        (target / name).unlink(missing_ok=True)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    plain = LLM(str(target), skip_tokenizer_init=True, **ARGS).generate(PROMPTS, params)
+    spec = LLM(str(target), skip_tokenizer_init=True, **ARGS, speculative_config={
+        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 4})
+    got = spec.generate(PROMPTS, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    assert all(o.outputs[0].text == "" for o in got)
+    assert spec.llm_engine.stats.num_accepted_tokens > 0
