@@ -39,7 +39,7 @@ def parse_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         raise ConfigError(f"rope_parameters must be a JSON object, got {params!r}")
     theta = _number("rope_theta", params.get("rope_theta") or d.get("rope_theta") or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if not isinstance(rope_type, str) or rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"rope_type {rope_type!r} is not supported; adaspec implements {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
@@ -53,14 +53,15 @@ def parse_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if d.get("original_max_position_embeddings") is not None:
         scaling["original_max_position_embeddings"] = d["original_max_position_embeddings"]
     scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 2048))
-    if rope_type == "yarn" and scaling.get("factor") is None:  # DeepSeek-style: the context ratio
-        scaling["factor"] = d.get("max_position_embeddings", 2048) / scaling["original_max_position_embeddings"]
-    missing = [k for k in SUPPORTED_ROPE_TYPES[rope_type] if scaling.get(k) is None]
-    if missing:
-        raise ConfigError(f"rope_type {rope_type!r} needs {', '.join(missing)} in rope_parameters")
     for k in _NUMERIC_KEYS:
         if scaling.get(k) is not None:
             _number(k, scaling[k])
+    if rope_type == "yarn" and scaling.get("factor") is None:  # DeepSeek-style: the context ratio
+        scaling["factor"] = _number("max_position_embeddings", d.get("max_position_embeddings", 2048)) / float(
+            scaling["original_max_position_embeddings"])
+    missing = [k for k in SUPPORTED_ROPE_TYPES[rope_type] if scaling.get(k) is None]
+    if missing:
+        raise ConfigError(f"rope_type {rope_type!r} needs {', '.join(missing)} in rope_parameters")
     return theta, scaling
 
 

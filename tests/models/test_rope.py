@@ -49,6 +49,9 @@ def test_spellings_and_precedence():
     # no RoPE fields at all: plain RoPE with base 10000
     assert parse_rope({}) == (10000.0, None)
     assert parse_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 5e4}}) == (5e4, None)
+    # yarn without a factor (DeepSeek style): the ratio of the context lengths
+    assert parse_rope({"max_position_embeddings": 1024, "rope_parameters": {
+        "rope_type": "yarn", "original_max_position_embeddings": 256}})[1]["factor"] == 4.0
 
 
 @pytest.mark.parametrize("rope, message", [
@@ -59,6 +62,8 @@ def test_spellings_and_precedence():
     ({"rope_type": "yarn", "factor": "4"}, r"rope parameter factor must be a number, got '4'"),
     ({"rope_type": "default", "rope_theta": "big"}, r"rope parameter rope_theta must be a number"),
     ({"rope_type": "default", "partial_rotary_factor": 0.5}, r"partial_rotary_factor"),
+    ({"rope_type": ["yarn"]}, r"rope_type \['yarn'\] is not supported"),
+    ({"rope_type": "yarn", "original_max_position_embeddings": "64"}, r"original_max_position_embeddings must be"),
 ])
 def test_unsupported_or_broken_rope_is_a_config_error(rope, message):
     with pytest.raises(ConfigError, match=message):
