@@ -12,6 +12,8 @@ from adaspec.errors import ConfigError
 class EngineConfig:
     model: str  # HF model directory or an embedded model name ("tiny")
     tokenizer: str | None = None  # defaults to the model directory
+    # token ids in and out, no tokenizer loaded (vLLM's name): text prompts and stop strings are refused
+    skip_tokenizer_init: bool = False
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": bf16 on CUDA, f32 on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_model_len: int | None = None  # default: the model's max_position_embeddings

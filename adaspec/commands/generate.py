@@ -30,7 +30,12 @@ def engine_kwargs(args) -> dict:
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for one prompt (offline)")
     p.add_argument("model", help="model directory or embedded name (tiny)")
-    p.add_argument("--prompt", required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-token-ids", type=_token_ids, metavar="IDS",
+                     help="the prompt as token ids, e.g. '[1, 2, 3]' or '1,2,3'")
+    p.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="load no tokenizer: the prompt must be --prompt-token-ids, the output is token ids")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -43,17 +48,30 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = json.loads(text) if text.strip().startswith("[") else [int(t) for t in text.split(",")]
+    except ValueError:
+        ids = None
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise argparse.ArgumentTypeError(f"not a list of token ids: {text!r} (use e.g. '[1, 2, 3]' or '1,2,3')")
+    return ids
+
+
 def run(args) -> int:
     from adaspec import LLM, SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, **engine_kwargs(args))
-    out = llm.generate([args.prompt], params)[0]
+    llm = LLM(args.model, skip_tokenizer_init=args.skip_tokenizer_init, **engine_kwargs(args))
+    prompt = args.prompt if args.prompt is not None else args.prompt_token_ids
+    out = llm.generate([prompt], params)[0]
     c = out.outputs[0]
     if args.json:
-        print(json.dumps({"prompt": args.prompt, "text": c.text, "token_ids": c.token_ids,
-                          "finish_reason": c.finish_reason}))
+        print(json.dumps({"prompt": args.prompt, "prompt_token_ids": out.prompt_token_ids, "text": c.text,
+                          "token_ids": c.token_ids, "finish_reason": c.finish_reason}))
+    elif args.prompt is None:  # token ids in, token ids out
+        print(json.dumps(c.token_ids))
     else:
         print(args.prompt + c.text)
     return 0

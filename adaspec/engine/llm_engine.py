@@ -20,7 +20,7 @@ from adaspec.errors import ConfigError, InvalidRequestError
 from adaspec.models.attention import varlen_available
 from adaspec.models.loader import load_target, model_dir, read_json, resolve_dtype
 from adaspec.models.registry import model_display_name, resolve_model_path
-from adaspec.models.tokenizer import Tokenizer
+from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
@@ -50,8 +50,13 @@ class LLMEngine:
         path = model_dir(config.model)
         self.model_name = model_display_name(config.model)
         self.model, self.model_config = load_target(path, self.dtype, self.device)
-        tok_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
-        self.tokenizer = Tokenizer.from_dir(tok_path, read_json(path / "config.json", "config.json"))
+        if config.skip_tokenizer_init:  # token ids only: outputs carry token_ids and empty text
+            self.tokenizer = None
+            eos_ids = config_eos_token_ids(path, read_json(path / "config.json", "config.json"))
+        else:
+            tok_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+            self.tokenizer = Tokenizer.from_dir(tok_path, read_json(path / "config.json", "config.json"))
+            eos_ids = self.tokenizer.eos_token_ids
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         if self.max_model_len > self.model_config.max_position_embeddings:
             raise ConfigError(
@@ -96,7 +101,7 @@ class LLMEngine:
         )
         if drafter is not None:  # after the runner: adaptive mode profiles dummy steps through it
             self.spec = drafter.build(self, num_slots)
-        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
+        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
@@ -110,6 +115,12 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="sampling_params")
+        if self.tokenizer is None and isinstance(prompt, str):
+            raise InvalidRequestError("a text prompt needs a tokenizer, and this engine runs with "
+                                      "skip_tokenizer_init=True: send the prompt as a list of token ids", param="prompt")
+        if self.tokenizer is None and params.stop:
+            raise InvalidRequestError("stop strings need a tokenizer, and this engine runs with "
+                                      "skip_tokenizer_init=True: use stop_token_ids instead", param="stop")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

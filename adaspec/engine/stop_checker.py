@@ -22,9 +22,10 @@ def _partial_stop_suffix(text: str, stops: list[str]) -> int:
 
 
 class StopChecker:
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, eos_token_ids: set[int] | None = None):
+        self.tokenizer = tokenizer  # None: skip_tokenizer_init, no text (stop strings are refused earlier)
         self.max_model_len = max_model_len
+        self.eos_token_ids = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
 
     def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
         """Append tokens until one ends the request. Returns how many were appended."""
@@ -36,7 +37,7 @@ class StopChecker:
             if seq.logprobs is not None and logprobs is not None:
                 seq.logprobs.append(logprobs[i])
             appended += 1
-            if not p.ignore_eos and tok in self.tokenizer.eos_token_ids:
+            if not p.ignore_eos and tok in self.eos_token_ids:
                 self._finish(seq, "stop", tok)
             elif tok in p.stop_token_ids:
                 self._finish(seq, "stop", tok)
@@ -48,7 +49,7 @@ class StopChecker:
                 self._finish(seq, "length", None)
             if seq.finish_reason is not None:
                 break
-        if not text_set:
+        if not text_set and self.tokenizer is not None:
             self._update_text(seq)
         return appended
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adaspec.errors import ModelLoadError
+from adaspec.models.rope import parse_rope
 
 # HF architecture name -> our family. Qwen3 = Llama + per-head q/k RMSNorm.
 SUPPORTED_ARCHITECTURES = {
@@ -25,6 +26,8 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # rope_type + its parameters (models/rope.py) for scaled RoPE (llama3, yarn); None: plain RoPE
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -49,9 +52,7 @@ class ModelConfig:
                 f"unsupported architecture {archs or d.get('model_type')!r}; "
                 f"adaspec supports {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        rope_scaling = d.get("rope_scaling")
-        if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
-            raise ModelLoadError(f"rope_scaling {rope_scaling!r} is not supported yet (only plain RoPE)")
+        rope_theta, rope_scaling = parse_rope(d)  # ConfigError naming an unsupported rope type
         try:
             hidden = int(d["hidden_size"])
             heads = int(d["num_attention_heads"])
@@ -65,7 +66,8 @@ class ModelConfig:
                 num_key_value_heads=int(d.get("num_key_value_heads") or heads),
                 head_dim=int(d.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(d.get("rope_theta", 10000.0)),
+                rope_theta=rope_theta,
+                rope_scaling=rope_scaling,
                 max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 attention_bias=bool(d.get("attention_bias", False)),
@@ -107,4 +109,9 @@ class ModelConfig:
             eos_token_id=self.eos_token_id,
         )
         d.pop("extra", None)
+        # RoPE in both spellings: transformers 5 reads rope_parameters, 4.x rope_theta + rope_scaling
+        d["rope_parameters"] = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        d.pop("rope_scaling", None)
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = dict(self.rope_scaling)
         return d

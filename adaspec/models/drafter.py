@@ -102,7 +102,7 @@ class DSparkDrafter(nn.Module):
             self.confidence_head = ConfidenceHead(d + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
         else:
             self.confidence_head = None
-        self.rope = RotaryEmbedding(b.head_dim, b.max_position_embeddings, b.rope_theta)
+        self.rope = RotaryEmbedding.from_config(b)
         self.freeze_target_parts()
 
     def freeze_target_parts(self) -> None:

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaspec.models.rope import rope_inv_freq
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -21,23 +23,30 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Non-interleaved ("rotate half") RoPE, cos/sin tables precomputed once for all positions."""
+    """Non-interleaved ("rotate half") RoPE, cos/sin tables precomputed once for all positions.
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float):
+    `scaling` is the config's rope_type and its parameters (models/rope.py), None for plain RoPE;
+    a type's attention factor (yarn) is folded into the tables."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        self.head_dim, self.max_positions, self.theta = head_dim, max_positions, theta
+        self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.build_tables()
 
+    @classmethod
+    def from_config(cls, cfg, max_positions: int | None = None) -> "RotaryEmbedding":
+        """The one factory for a ModelConfig's RoPE (target and drafter alike)."""
+        return cls(cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
     def build_tables(self, device=None) -> None:
         """(Re)compute the tables; needed after a meta-device init, which leaves buffers empty."""
-        d = self.head_dim
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+        inv_freq, attention_scaling = rope_inv_freq(self.head_dim, self.theta, self.scaling, device=device)
         t = torch.arange(self.max_positions, dtype=torch.float64, device=device)
         emb = torch.outer(t, inv_freq).repeat(1, 2)
-        self.cos = emb.cos().float()
-        self.sin = emb.sin().float()
+        self.cos = (emb.cos() * attention_scaling).float()
+        self.sin = (emb.sin() * attention_scaling).float()
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate each x [..., T, H, D] by the angles of positions [..., T]."""

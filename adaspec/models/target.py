@@ -94,7 +94,7 @@ class TargetModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope = RotaryEmbedding.from_config(cfg)
 
     def _run(self, input_ids, positions, capture_layers, kv_caches=None, meta=None):
         x = self.model.embed_tokens(input_ids)

@@ -31,6 +31,19 @@ def _read_optional_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> set[int]:
+    """EOS ids named by generation_config.json and config.json: all an engine without a
+    tokenizer (skip_tokenizer_init) knows; Tokenizer.from_dir adds tokenizer_config's eos_token."""
+    gcfg = _read_optional_json(Path(path) / "generation_config.json")
+    eos: set[int] = set()
+    for src in (gcfg.get("eos_token_id"), (model_config or {}).get("eos_token_id")):
+        if isinstance(src, int):
+            eos.add(src)
+        elif isinstance(src, list):
+            eos.update(int(x) for x in src)
+    return eos
+
+
 class Tokenizer:
     def __init__(self, tok, tokenizer_config: dict, eos_ids: set[int]):
         self._tok = tok
@@ -53,13 +66,7 @@ class Tokenizer:
         except Exception as e:  # the Rust library raises a plain Exception on a bad file
             raise ModelLoadError(f"corrupt tokenizer.json in {path}: {e}") from None
         tcfg = _read_optional_json(path / "tokenizer_config.json")
-        gcfg = _read_optional_json(path / "generation_config.json")
-        eos: set[int] = set()
-        for src in (gcfg.get("eos_token_id"), (model_config or {}).get("eos_token_id")):
-            if isinstance(src, int):
-                eos.add(src)
-            elif isinstance(src, list):
-                eos.update(int(x) for x in src)
+        eos = config_eos_token_ids(path, model_config)
         name = _token_str(tcfg.get("eos_token"))
         if name is not None and tok.token_to_id(name) is not None:
             eos.add(tok.token_to_id(name))

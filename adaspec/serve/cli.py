@@ -39,6 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) clients use; default: MODEL as given")
     p.add_argument("--tokenizer", default=None)
+    p.add_argument("--skip-tokenizer-init", action="store_true", default=None,
+                   help="load no tokenizer: only token-id prompts (completions' prompt as a list of ints)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -63,7 +65,7 @@ def add_parser(subparsers) -> None:
 
 _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "kv_cache_memory", "enforce_eager", "dtype", "device", "attention_backend",
-                 "seed", "speculative_config")
+                 "seed", "speculative_config", "skip_tokenizer_init")
 
 
 def engine_config_from_args(args: argparse.Namespace):

@@ -31,7 +31,8 @@ class LogprobFormatter:
         self.offset = 0  # completions' text_offset runs across chunks
 
     def _s(self, tid: int) -> str:
-        return self.tok.decode([tid])
+        # no tokenizer (--skip-tokenizer-init): vLLM's "token_id:N" spelling of a token
+        return self.tok.decode([tid]) if self.tok is not None else f"token_id:{tid}"
 
     def _top(self, d: dict[int, float]) -> list[tuple[int, float]]:
         return sorted(d.items(), key=lambda kv: -kv[1])[: self.top_n]

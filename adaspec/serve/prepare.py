@@ -44,7 +44,14 @@ def _tok(fn, param: str, what: str):
         raise _bad(f"Cannot {what}: {type(e).__name__}: {e}", param) from None
 
 
+def _need_tokenizer(state: ServeState, what: str, param: str) -> None:
+    if state.tokenizer is None:
+        raise _bad(f"This server runs with --skip-tokenizer-init: it cannot {what}. "
+                   "Send the completions prompt as a list of token ids.", param)
+
+
 def detokenize(state: ServeState, ids: list[int]) -> str:
+    _need_tokenizer(state, "decode tokens", "tokens")
     _check_ids(state, ids, "tokens")
     return _tok(lambda: state.tokenizer.decode(ids), "tokens", "decode these tokens")
 
@@ -90,6 +97,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams
 def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
     """One prompt (a string or token ids) -> token ids."""
     if isinstance(prompt, str):
+        _need_tokenizer(state, "tokenize a text prompt", "prompt")
         return list(_tok(lambda: state.tokenizer.encode(prompt), "prompt", "tokenize the prompt"))
     ids = list(prompt)
     _check_ids(state, ids, "prompt")
@@ -121,6 +129,7 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
 
 
 def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:
+    _need_tokenizer(state, "apply a chat template", "messages")
     msgs = [{"role": m.role, "content": m.text()} for m in messages]
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs), "messages", "apply the chat template")
     return list(_tok(lambda: state.tokenizer.encode(text), "messages", "tokenize the messages"))
