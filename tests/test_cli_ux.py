@@ -56,6 +56,8 @@ def test_every_option_shows_its_default_or_is_a_flag_or_required():
             flag_like = isinstance(a, _FLAG_ACTIONS) or a.nargs == 0
             if not flag_like and not re.search(r"\bdefault\b|\(required\)", text, re.IGNORECASE):
                 missing.append(f"adaspec {' '.join(words)} {flag}: {text!r}")
+            if text.count("(required)") > 1 or text.count("(default:") > 1:
+                missing.append(f"adaspec {' '.join(words)} {flag} says it twice: {text!r}")
     assert not missing, "options whose help shows no default:\n" + "\n".join(missing)
 
 

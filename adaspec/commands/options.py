@@ -70,7 +70,7 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if text == argparse.SUPPRESS or is_flag(action) or not action.option_strings:
             return text
-        if "%(default)" in text or re.search(r"\bdefault\b", text, re.IGNORECASE):
+        if "%(default)" in text or re.search(r"\bdefault\b|\(required\)", text, re.IGNORECASE):
             return text  # the help already says what happens without the option
         if action.required:
             return f"{text} (required)".strip()
@@ -168,8 +168,8 @@ def _engine_options() -> dict[str, Option]:
                '{"method": "dspark", "num_speculative_tokens": 7}; the README lists every key',
                "no speculation", (("metavar", "JSON"),)),
         Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (always the case for now)"),
-        Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its sampling repeatable", str(d["seed"]),
-               (("type", int), ("metavar", "N"))),
+        Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its "
+               "sampling repeatable", str(d["seed"]), (("type", int), ("metavar", "N"))),
     ]
     return {o.dest: o for o in opts}
 
