@@ -277,6 +277,23 @@ def test_startup_profiling_says_what_it_does_then_that_it_read_the_cache(micro_q
     assert f"read cached cost tables from {path}" in said and "profiling the" not in said
 
 
+def test_profiling_progress_bar_only_on_a_terminal(monkeypatch):
+    import io
+    import sys
+
+    from adaspec.engine.profiler import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with progress_bar(3, "cost tables") as bar:
+            bar.update(3)
+        assert ("cost tables" in stream.getvalue()) == shown
+
+
 def test_eval_drafter_says_what_each_long_step_does(micro_qwen3, tmp_path, capsys):
     from adaspec.testing import make_micro_drafter_dir
 

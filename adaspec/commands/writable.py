@@ -20,7 +20,7 @@ def refuse_package_path(path: str | Path, what: str, hint: str = "pass a path ou
     p = Path(path).expanduser()
     if inside_package(p):
         raise AdaspecError(
-            f"{what}: {path} is inside the installed adaspec package ({PACKAGE_DIR}), and adaspec never writes "
+            f"{what + ': ' if what else ''}{path} is inside the installed adaspec package ({PACKAGE_DIR}), and adaspec never writes "
             f"there (the packaged models must stay as shipped); {hint}")
     return p
 
@@ -36,7 +36,7 @@ class OutputPath:
     def __call__(self, text: str):
         value = self.convert(text)
         try:
-            refuse_package_path(value, "output path")
+            refuse_package_path(value, "")  # argparse names the option
         except AdaspecError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return value
