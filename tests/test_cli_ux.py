@@ -112,7 +112,8 @@ def test_engine_options_have_one_help_text_in_every_engine_command():
     assert "(default: 4096)" in gen["--max-num-batched-tokens"][1]
 
 
-@pytest.mark.parametrize("flag", ["--device", "--target", "--drafter"])
+@pytest.mark.parametrize("flag", ["--device", "--target", "--drafter", "--tokenizer", "--corpus", "--save-dtype",
+                                  "--resume"])
 def test_shared_options_read_the_same_everywhere(flag):
     texts = {}
     for p, words in walk(build_parser()):

@@ -146,7 +146,8 @@ def _engine_options() -> dict[str, Option]:
     opts = [
         Option(("model",), "model directory (Hugging Face layout: config.json, safetensors weights, "
                "tokenizer.json) or an embedded model name (tiny)", kwargs=(("metavar", "MODEL"),)),
-        Option(("--tokenizer",), "tokenizer directory", "the model directory", (("metavar", "DIR"),)),
+        Option(("--tokenizer",), "tokenizer directory (a Hugging Face tokenizer.json, as adaspec train tokenizer "
+               "writes)", "the model directory", (("metavar", "DIR"),)),
         Option(("--dtype",), "weight and activation dtype; auto is bfloat16 on CUDA, float32 on CPU", d["dtype"],
                (("choices", ["auto", "float32", "bfloat16", "float16"]),)),
         Option(("--device",), "auto, cpu, cuda or cuda:N; auto picks CUDA when it is available", d["device"]),
@@ -181,6 +182,15 @@ SHARED_OPTIONS = {
     "target": Option(("--target",), "target model directory or embedded name, e.g. tiny"),
     "drafter": Option(("--drafter",), "DSpark drafter directory or embedded name, e.g. tiny-dspark",
                       "the target's own drafter, tiny-dspark for tiny"),
+}
+
+
+# options that mean the same thing in every `adaspec train` subcommand that has them
+TRAIN_OPTIONS = {
+    "tokenizer": ENGINE_OPTIONS["tokenizer"],
+    "corpus": Option(("--corpus",), "corpus directory, as adaspec train corpus writes it"),
+    "save_dtype": Option(("--save-dtype",), "dtype of the saved weights"),
+    "resume": Option(("--resume",), "continue from OUT/checkpoint.pt when it exists"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from adaspec.commands.options import TRAIN_OPTIONS, apply_shared_help
 from adaspec.commands.writable import mark_outputs
 
 _SUBCOMMAND_MODULES = [
@@ -40,4 +41,6 @@ def add_parser(subparsers) -> None:
     for name, parser in sub.choices.items():
         dests = _OUTPUT_DESTS.get(name, ("out",) if any(a.dest == "out" for a in parser._actions) else ())
         mark_outputs(parser, *dests)
+    # the subcommand modules declare these themselves; one help text for each, here
+    apply_shared_help(p, TRAIN_OPTIONS)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
