@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from adaspec.commands.options import ENGINE_OPTIONS, SHARED_OPTIONS, ArgumentParser, apply_shared_help
+from adaspec.commands.writable import mark_outputs
 from adaspec.errors import AdaspecError
 
 # Order = order in `adaspec --help`.
@@ -24,10 +26,26 @@ _GROUP_MODULES = [
 ]
 
 
+# Output paths of commands whose modules declare them as plain options (module: dests); the
+# check that refuses paths inside the installed package is added here, in one place.
+_OUTPUTS = {("bench", "serve"): ("save_result",), ("bench", "sweep"): ("out",), ("bench", "report"): ("dir",),
+            ("demo",): ("out",)}
+
+
+def _subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+    for name in path:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if action is None or name not in action.choices:
+            return None
+        parser = action.choices[name]
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="adaspec",
         description="LLM inference with confidence-scheduled speculative decoding, and its benchmark.",
+        epilog="Run adaspec COMMAND --help for the options of a command.",
     )
     from adaspec import __version__
 
@@ -41,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(sub)
+    for path, dests in _OUTPUTS.items():
+        p = _subparser(parser, path)
+        if p is not None:
+            mark_outputs(p, *dests)
+    serve = _subparser(parser, ("serve",))
+    if serve is not None:  # serve declares its engine flags itself; their help is the shared one
+        apply_shared_help(serve, ENGINE_OPTIONS)
+    apply_shared_help(parser, SHARED_OPTIONS)
     return parser
 
 

@@ -1,48 +1,35 @@
-"""`adaspec generate MODEL --prompt TEXT`: one offline generation, printed."""
+"""Generate a completion for one prompt with the offline engine and print it.
+
+The engine flags are the same as adaspec serve's (vLLM's names); with --speculative-config the
+completion is drafted by a DSpark drafter and verified by the target (the output distribution
+does not change).
+"""
 from __future__ import annotations
 
 import argparse
 import json
 
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine flags shared by generate / profile (vLLM's names)."""
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "varlen"])
-    p.add_argument("--speculative-config", default=None, help='JSON, e.g. \'{"method": "dspark", "num_speculative_tokens": 7}\'')
-
-
-def engine_kwargs(args) -> dict:
-    return dict(
-        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory=args.kv_cache_memory, attention_backend=args.attention_backend,
-        speculative_config=args.speculative_config,
-    )
+from adaspec.commands.options import ENGINE_OPTIONS, add_engine_args, add_option, engine_kwargs
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="generate a completion for one prompt (offline)")
-    p.add_argument("model", help="model directory or embedded name (tiny)")
+    p = sub.add_parser("generate", help="generate a completion for one prompt (offline)", description=__doc__)
+    add_option(p, ENGINE_OPTIONS["model"])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-token-ids", type=_token_ids, metavar="IDS",
                      help="the prompt as token ids, e.g. '[1, 2, 3]' or '1,2,3'")
     p.add_argument("--skip-tokenizer-init", action="store_true",
                    help="load no tokenizer: the prompt must be --prompt-token-ids, the output is token ids")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None)
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=64, help="most tokens generated")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this share of the probability")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 keeps all")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (default: none, a random one); see README, Seeds: what is reproducible")
+    p.add_argument("--stop", action="append", default=None,
+                   help="stop string, repeatable (default: none; generation stops at EOS)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--json", action="store_true", help="print the output as JSON")
     add_engine_args(p)
     p.set_defaults(func=run)

@@ -1,19 +1,28 @@
-"""`adaspec profile MODEL`: build (or load from the disk cache) the adaptive policy's cost tables,
-print them and plot both curves."""
+"""Build the adaptive policy's step-cost tables (verify cost by token count, draft cost by
+request count), print them and plot both curves.
+
+The tables are the ones the engine builds at startup with enable_adaptive_verification: read
+from the disk cache when a run with the same model, drafter, device and limits made them
+before (--fresh profiles again). --speculative-config picks the drafter and k; adaptive
+verification is always turned on.
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from adaspec.commands.generate import add_engine_args, engine_kwargs
+from adaspec.commands.options import ENGINE_OPTIONS, add_engine_args, add_option, engine_kwargs
+from adaspec.commands.writable import OutputPath
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("profile", help="measure the verify/draft step-cost tables of the adaptive policy")
-    p.add_argument("model", help="target model directory or embedded name (tiny)")
-    p.add_argument("--out", default="profile_out", help="folder for cost_model.json and cost_model.png")
+    p = sub.add_parser("profile", help="measure the verify/draft step-cost tables of the adaptive policy",
+                       description=__doc__)
+    add_option(p, ENGINE_OPTIONS["model"])
+    p.add_argument("--out", type=OutputPath(Path), default=Path("profile_out"),
+                   help="folder for cost_model.json and cost_model.png")
     p.add_argument("--fresh", action="store_true", help="ignore the disk cache and profile again")
-    add_engine_args(p)
+    add_engine_args(p, speculative_config='{"method": "dspark"}; adaptive verification is always on')
     p.set_defaults(func=run)
 
 
@@ -25,7 +34,10 @@ def run(args) -> int:
     from adaspec.errors import ConfigError
     from adaspec.spec.cost_model import plot_cost_model
 
-    spec = json.loads(args.speculative_config) if args.speculative_config else {"method": "dspark"}
+    try:
+        spec = json.loads(args.speculative_config) if args.speculative_config else {"method": "dspark"}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--speculative-config is not valid JSON: {e}") from None
     if not isinstance(spec, dict):
         raise ConfigError("--speculative-config must be a JSON object")
     spec["enable_adaptive_verification"] = True

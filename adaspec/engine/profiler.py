@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from adaspec.engine.runner import ForwardItem
 from adaspec.sample.probs import processed_probs
 from adaspec.spec.cost_model import (
-    CostModel, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
+    CostModel, cache_path, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
 )
 
 log = logging.getLogger("adaspec.profile")
@@ -74,14 +75,48 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
+    cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()
+    where = f" (cached at {cache_path(cache_dir, key)} afterwards)" if cache else ""
+    profiled = []
 
     def run_profile() -> CostModel:
-        log.info("profiling verify (up to %d tokens) and draft (up to %d requests) steps", max_tokens, cfg.max_num_seqs)
-        with torch.inference_mode():
-            return profile(verify_fn, draft_fn, verify_grid(max_tokens), draft_grid(cfg.max_num_seqs),
-                           repeats=decoder.cfg.profile_repeats, warmup=1, sync=sync)
+        vgrid, dgrid, repeats = verify_grid(max_tokens), draft_grid(cfg.max_num_seqs), decoder.cfg.profile_repeats
+        announce(f"profiling the adaptive policy's cost tables: {len(vgrid) + len(dgrid)} shapes x {repeats} runs"
+                 f"{where}")
+        warmup = 1
+        with progress_bar((len(vgrid) + len(dgrid)) * (repeats + warmup), "cost tables") as bar:
+            def counted(fn):
+                def run(n: int) -> None:
+                    fn(n)
+                    bar.update(1)
+                return run
+
+            with torch.inference_mode():
+                model = profile(counted(verify_fn), counted(draft_fn), vgrid, dgrid, repeats=repeats, warmup=warmup,
+                                sync=sync)
+        profiled.append(True)
+        return model
 
     if not cache:
         return run_profile()
-    cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()
-    return load_or_profile(cache_dir, key, run_profile)
+    model = load_or_profile(cache_dir, key, run_profile)
+    if not profiled:
+        announce(f"read cached cost tables from {cache_path(cache_dir, key)}")
+    return model
+
+
+def announce(message: str) -> None:
+    """A startup step the user waits for: to the adaspec log when logging is set up (the
+    server), else one line on stderr (the offline LLM and the CLI)."""
+    if log.hasHandlers() and log.isEnabledFor(logging.INFO):
+        log.info(message)
+    else:
+        print(f"adaspec: {message}", file=sys.stderr, flush=True)
+
+
+def progress_bar(total: int, desc: str):
+    """tqdm on stderr when it is a terminal; otherwise a no-op (announce() said it already)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False,
+                disable=not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()))

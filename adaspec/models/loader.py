@@ -8,7 +8,8 @@ import torch
 
 from adaspec.errors import ModelLoadError
 from adaspec.models.config import ModelConfig
-from adaspec.models.registry import resolve_model_path
+from adaspec.models.registry import (drafter_as_target_message, is_drafter_config, missing_model_message,
+                                     resolve_model_path)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -27,7 +28,7 @@ def read_json(path: Path, what: str) -> dict:
 def model_dir(name_or_path: str | Path) -> Path:
     path = resolve_model_path(name_or_path)
     if not path.is_dir():
-        raise ModelLoadError(f"model directory not found: {name_or_path} (looked at {path})")
+        raise ModelLoadError(missing_model_message(name_or_path, path))
     return path
 
 
@@ -92,7 +93,10 @@ def load_target(name_or_path, dtype=None, device="cpu"):
 
     device = torch.device(device)
     path = model_dir(name_or_path)
-    cfg = load_config(path)
+    raw = read_json(path / "config.json", "config.json")
+    if is_drafter_config(raw):
+        raise ModelLoadError(drafter_as_target_message(name_or_path, path))
+    cfg = ModelConfig.from_hf(raw)
     state = load_state_dict(path)
     with torch.device("meta"):
         model = TargetModel(cfg)

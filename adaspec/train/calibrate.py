@@ -17,23 +17,37 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adaspec.commands.eval import add_drafter_eval_args
+from adaspec.commands.writable import OutputPath
+
 
 def add_subparser(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit per-slot confidence temperatures of a drafter (STS)")
-    p.add_argument("--target", required=True)
-    p.add_argument("--drafter", required=True, help="drafter directory (its config.json is updated)")
-    p.add_argument("--prompts", default="eval-code", help="'eval-code', a .jsonl file or a .npy of token ids")
-    p.add_argument("--num-prompts", type=int, default=200)
-    p.add_argument("--max-prompt-len", type=int, default=512)
-    p.add_argument("--gen-len", type=int, default=128)
+    p = sub.add_parser("calibrate", help="fit per-slot confidence temperatures of a drafter (STS)",
+                       description=__doc__)
+    add_drafter_eval_args(p, num_prompts=200)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature the acceptance is measured at")
     p.add_argument("--samples", type=int, default=4, help="accepted-length samples per block at T > 0")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", type=Path, help="reliability PNG (default DRAFTER/calibration.png)")
+    p.add_argument("--plot", type=OutputPath(Path),
+                   help="reliability PNG (default: DRAFTER/calibration.png, or calibration-greedy.png at T = 0)")
     p.add_argument("--dry-run", action="store_true", help="report only, leave config.json as it is")
     p.set_defaults(func=run)
+
+
+def output_paths(args) -> tuple[Path, Path | None]:
+    """-> the plot path and (None with --dry-run) the drafter directory whose config.json is
+    rewritten. Refused before any work when either lies inside the installed package."""
+    from adaspec.commands.writable import refuse_package_path
+    from adaspec.models.loader import model_dir
+
+    drafter_dir = model_dir(args.drafter)
+    plot = args.plot or drafter_dir / ("calibration-greedy.png" if args.temperature <= 0 else "calibration.png")
+    if not args.dry_run:
+        refuse_package_path(drafter_dir, "--drafter", "calibrating rewrites the drafter's config.json: copy the "
+                            "directory elsewhere and calibrate the copy, or only report with --dry-run")
+    if not args.plot:
+        refuse_package_path(plot, "the reliability plot (default: in the drafter directory)",
+                            "set --plot to a path outside it")
+    return plot, None if args.dry_run else drafter_dir
 
 
 def fit_and_report(fit, rep, n_bins: int = 15) -> dict:
@@ -71,30 +85,23 @@ def replicate(res, samples: int, seed: int):
 
 
 def run(args) -> int:
-    import torch
-
-    from adaspec.models.drafter import load_drafter, save_drafter_config, with_temperatures
-    from adaspec.models.loader import load_target, model_dir
-    from adaspec.models.tokenizer import Tokenizer
+    from adaspec.commands.eval import load_pair, status
+    from adaspec.models.drafter import save_drafter_config, with_temperatures
     from adaspec.spec.calibration import plot_reliability
-    from adaspec.train.drafter_eval import generate_eval_set, load_prompts, measure_blocks
+    from adaspec.train.drafter_eval import generate_eval_set, measure_blocks
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    dtype = "bfloat16" if device.type == "cuda" else "float32"
-    target, tcfg = load_target(args.target, dtype=dtype, device=device)
-    drafter, dcfg = load_drafter(args.drafter, target_cfg=tcfg, dtype=dtype, device=device)
-    tok = Tokenizer.from_dir(model_dir(args.target))
-    prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len)
+    plot, drafter_dir = output_paths(args)
+    target, _, drafter, dcfg, prompts = load_pair(args)
+    status(f"the target generates {args.gen_len} tokens for each of {len(prompts)} prompts at T={args.temperature:g}")
     seqs, starts = generate_eval_set(target, prompts, args.gen_len, args.temperature, seed=args.seed)
     half = len(seqs) // 2  # fit on the first half of the prompts, report on the second
+    status("scoring the drafter's block at every generated position")
     fit = measure_blocks(target, drafter, seqs[:half], starts[:half], args.temperature, batch_size=args.batch_size,
                          seed=args.seed)
     rep = measure_blocks(target, drafter, seqs[half:], starts[half:], args.temperature, batch_size=args.batch_size,
                          seed=args.seed + 1)
     out = fit_and_report(replicate(fit, args.samples, args.seed), replicate(rep, args.samples, args.seed + 1))
     curves = out.pop("_curves")
-    plot = args.plot or Path(model_dir(args.drafter)) / ("calibration-greedy.png" if args.temperature <= 0
-                                                          else "calibration.png")
     plot_reliability(curves, plot, title=f"drafter survival vs prefix acceptance (T={args.temperature:g})")
     out.update(prompts=args.prompts, num_prompts=len(prompts), temperature=args.temperature,
                fit_blocks=int(fit.alpha.shape[0]), report_blocks=int(rep.alpha.shape[0]), plot=str(plot))
@@ -104,10 +111,10 @@ def run(args) -> int:
         b, a = out["before"]["per_slot"][j], out["after"]["per_slot"][j]
         print(f"{j + 1:>4}  {out['temperatures'][j]:5.3f}  {b['ece']:10.4f}  {a['ece']:9.4f}  {a['auc']:.3f}")
     print(f"all   ECE {out['before']['ece']:.4f} -> {out['after']['ece']:.4f}, AUC {out['after']['auc']:.3f}")
-    if not args.dry_run:
+    if drafter_dir is not None:
         greedy = args.temperature <= 0
-        save_drafter_config(with_temperatures(dcfg, out["temperatures"], greedy=greedy), model_dir(args.drafter))
-        name = "calibration-greedy.json" if greedy else "calibration.json"
-        (Path(model_dir(args.drafter)) / name).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"temperatures saved in {model_dir(args.drafter) / 'config.json'}")
+        save_drafter_config(with_temperatures(dcfg, out["temperatures"], greedy=greedy), drafter_dir)
+        (drafter_dir / ("calibration-greedy.json" if greedy else "calibration.json")).write_text(
+            json.dumps(out, indent=2) + "\n")
+        print(f"temperatures saved in {drafter_dir / 'config.json'}")
     return 0
