@@ -15,6 +15,7 @@ class EngineConfig:
     # token ids in and out, no tokenizer loaded (vLLM's name): text prompts and stop strings are refused
     skip_tokenizer_init: bool = False
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 ("auto": bf16 on CUDA, f32 on CPU)
+    load_format: str = "auto"  # auto | safetensors | dummy (random weights of the configured shape, for timing)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int = 256
@@ -44,6 +45,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
         if self.attention_backend not in ("auto", "reference", "varlen"):
             raise ConfigError(
                 f"attention_backend must be one of auto, reference, varlen; got {self.attention_backend!r}"

@@ -151,6 +151,9 @@ def _engine_options() -> dict[str, Option]:
         Option(("--dtype",), "weight and activation dtype; auto is bfloat16 on CUDA, float32 on CPU", d["dtype"],
                (("choices", ["auto", "float32", "bfloat16", "float16"]),)),
         Option(("--device",), "auto, cpu, cuda or cuda:N; auto picks CUDA when it is available", d["device"]),
+        Option(("--load-format",), "how weights are loaded: auto or safetensors read the model directory; dummy "
+               "makes random weights of the configured shape (config.json only), for timing", d["load_format"],
+               (("choices", ["auto", "safetensors", "dummy"]),)),
         Option(("--max-model-len",), "longest sequence (prompt plus output) in tokens",
                "the model's max_position_embeddings", (("type", int), ("metavar", "N"))),
         Option(("--max-num-seqs",), "most requests running at once", str(d["max_num_seqs"]),
@@ -205,19 +208,22 @@ def add_option(parser, option: Option, default=None, default_text: str | None = 
     return parser.add_argument(*option.flags, help=text, **kw)
 
 
+# the engine flags of the offline commands (generate, profile), by EngineConfig field name
+ENGINE_ARGS = ("tokenizer", "dtype", "load_format", "device", "max_model_len", "max_num_seqs",
+               "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend",
+               "speculative_config")
+
+
 def add_engine_args(parser, **default_texts: str) -> None:
     """The engine flags (vLLM's names). Defaults stay None: EngineConfig's are the only ones,
     and each help says what it is; `default_texts` (by dest) restate one for this command."""
-    for name in ("tokenizer", "dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend", "speculative_config"):
+    for name in ENGINE_ARGS:
         add_option(parser, ENGINE_OPTIONS[name], default_text=default_texts.get(name))
 
 
 def engine_kwargs(args) -> dict:
     """EngineConfig keywords for the engine flags the user gave."""
-    names = ("tokenizer", "dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-             "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend", "speculative_config")
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return {n: getattr(args, n) for n in ENGINE_ARGS if getattr(args, n, None) is not None}
 
 
 def _parsers(parser: argparse.ArgumentParser):

@@ -49,7 +49,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         path = model_dir(config.model)
         self.model_name = model_display_name(config.model)
-        self.model, self.model_config = load_target(path, self.dtype, self.device)
+        self.model, self.model_config = load_target(path, self.dtype, self.device, config.load_format)
         if config.skip_tokenizer_init:  # token ids only: outputs carry token_ids and empty text
             self.tokenizer = None
             eos_ids = config_eos_token_ids(path, read_json(path / "config.json", "config.json"))

@@ -87,16 +87,46 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def load_target(name_or_path, dtype=None, device="cpu"):
-    """-> (TargetModel in eval mode on `device`, ModelConfig)."""
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights in place, on whatever device the model lives (vLLM's load_format="dummy"):
+    N(0, std) for matrices and embeddings, 1 for norm weights, 0 for biases. Only for timing
+    real architectures without their checkpoints: the outputs mean nothing."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
+def load_target(name_or_path, dtype=None, device="cpu", load_format: str = "auto"):
+    """-> (TargetModel in eval mode on `device`, ModelConfig). load_format "dummy": random
+    weights of the configured shape, built directly on `device` (the directory needs only
+    config.json)."""
     from adaspec.models.target import TargetModel
 
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {load_format!r}")
     device = torch.device(device)
     path = model_dir(name_or_path)
     raw = read_json(path / "config.json", "config.json")
     if is_drafter_config(raw):
         raise ModelLoadError(drafter_as_target_message(name_or_path, path))
     cfg = ModelConfig.from_hf(raw)
+    if load_format == "dummy":
+        with torch.device("meta"):
+            model = TargetModel(cfg)
+        # dtype first, on meta: an 8B model never exists in float32 on the device
+        model = model.to(dtype=resolve_dtype(dtype, device)).to_empty(device=device)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        init_dummy_weights(model)
+        model.rope.build_tables(device=device)
+        return model.eval(), cfg
     state = load_state_dict(path)
     with torch.device("meta"):
         model = TargetModel(cfg)

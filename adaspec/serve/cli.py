@@ -50,6 +50,7 @@ def add_parser(subparsers) -> None:
                    help="KV cache size, e.g. 4GiB (ignored when --num-kv-blocks is given)")
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
     p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen"])
     p.add_argument("--seed", type=int, default=None)
@@ -65,7 +66,7 @@ def add_parser(subparsers) -> None:
 
 _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "kv_cache_memory", "enforce_eager", "dtype", "device", "attention_backend",
-                 "seed", "speculative_config", "skip_tokenizer_init")
+                 "seed", "speculative_config", "skip_tokenizer_init", "load_format")
 
 
 def engine_config_from_args(args: argparse.Namespace):
