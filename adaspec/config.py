@@ -24,7 +24,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # explicit KV block count (overrides kv_cache_memory)
     kv_cache_memory: int | None = None  # bytes for the KV cache; default: 1 GiB CPU, 30% of free on CUDA
     attention_backend: str = "auto"  # auto | reference | varlen
-    enforce_eager: bool = True  # CUDA graphs arrive in a later issue
+    enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
     enable_chunked_prefill: bool = True
     seed: int = 0
     speculative_config: dict[str, Any] | None = None
@@ -47,9 +47,9 @@ class EngineConfig:
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
-        if self.attention_backend not in ("auto", "reference", "varlen"):
+        if self.attention_backend not in ("auto", "reference", "varlen", "triton"):
             raise ConfigError(
-                f"attention_backend must be one of auto, reference, varlen; got {self.attention_backend!r}"
+                f"attention_backend must be one of auto, reference, varlen, triton; got {self.attention_backend!r}"
             )
 
     @classmethod

@@ -165,13 +165,15 @@ def _engine_options() -> dict[str, Option]:
                "sized from --kv-cache-memory", (("type", int), ("metavar", "N"))),
         Option(("--kv-cache-memory",), "KV cache size, in bytes or e.g. 512MiB, 4GiB",
                "1 GiB on CPU, 30%% of free GPU memory on CUDA", (("type", _bytes), ("metavar", "BYTES"))),
-        Option(("--attention-backend",), "attention kernel: reference (plain torch) or varlen (flash attention, "
-               "CUDA with bfloat16 or float16); auto picks varlen when it can", d["attention_backend"],
-               (("choices", ["auto", "reference", "varlen"]),)),
+        Option(("--attention-backend",), "attention kernel: triton (paged kernel reading the block tables; CUDA), "
+               "varlen (gather + flash attention, CUDA with bfloat16 or float16) or reference (plain torch); auto "
+               "picks triton on CUDA, else reference", d["attention_backend"],
+               (("choices", ["auto", "reference", "varlen", "triton"]),)),
         Option(("--speculative-config",), "speculative decoding as a JSON object with vLLM's key names, e.g. "
                '{"method": "dspark", "num_speculative_tokens": 7}; the README lists every key',
                "no speculation", (("metavar", "JSON"),)),
-        Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (always the case for now)"),
+        Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (graphs are captured on CUDA with "
+               "the triton attention backend)"),
         Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its "
                "sampling repeatable", str(d["seed"]), (("type", int), ("metavar", "N"))),
     ]

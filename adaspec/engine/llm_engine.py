@@ -17,7 +17,7 @@ from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
 from adaspec.engine.stop_checker import StopChecker
 from adaspec.errors import ConfigError, InvalidRequestError
-from adaspec.models.attention import varlen_available
+from adaspec.models.attention import triton_available, varlen_available
 from adaspec.models.loader import load_target, model_dir, read_json, resolve_dtype
 from adaspec.models.registry import model_display_name, resolve_model_path
 from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
@@ -28,6 +28,23 @@ from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sampling_params import SamplingParams
 
 log = logging.getLogger("adaspec.engine")
+
+
+def choose_attention_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """"auto": the Triton paged kernel on CUDA (no gather of the cache, CUDA-graph safe), else
+    plain torch ("reference"). "varlen" (gather + flash) stays available on CUDA in half precision."""
+    half = dtype in (torch.bfloat16, torch.float16)  # the flash kernel has no float32
+    if name == "auto":
+        if device.type == "cuda" and triton_available():
+            return "triton"
+        return "varlen" if varlen_available(device) and half else "reference"
+    if name == "varlen" and not (varlen_available(device) and half):
+        raise ConfigError("attention_backend 'varlen' needs CUDA, torch.nn.attention.varlen and dtype "
+                          "bfloat16/float16; use 'reference'")
+    if name == "triton" and not triton_available():
+        raise ConfigError("attention_backend 'triton' needs the triton package (and CUDA, or TRITON_INTERPRET=1 "
+                          "on CPU for tests); use 'reference'")
+    return name
 
 
 def resolve_device(name: str) -> torch.device:
@@ -63,15 +80,7 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
                 f"{self.model_config.max_position_embeddings}"
             )
-        backend = config.attention_backend
-        half = self.dtype in (torch.bfloat16, torch.float16)  # the flash kernel has no float32
-        if backend == "auto":
-            backend = "varlen" if varlen_available(self.device) and half else "reference"
-        elif backend == "varlen" and not (varlen_available(self.device) and half):
-            raise ConfigError(
-                "attention_backend 'varlen' needs CUDA, torch.nn.attention.varlen and dtype bfloat16/float16; "
-                "use 'reference'")
-        self.attention_backend = backend
+        self.attention_backend = backend = choose_attention_backend(config.attention_backend, self.device, self.dtype)
 
         self.spec = None  # speculative decoding (adaspec.spec.decoding), built below when configured
         mc = self.model_config
@@ -85,7 +94,9 @@ class LLMEngine:
         # a request's draft block may reach block_size positions past its last token
         lookahead = drafter.drafter_cfg.block_size if drafter else 0
         self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len + lookahead, self.device)
-        num_slots = self.num_blocks * config.block_size
+        # one block past the allocator's: the scratch block where CUDA-graph padding writes its K/V
+        self.scratch_block = self.num_blocks
+        num_slots = (self.num_blocks + 1) * config.block_size
         self.kv_caches = allocate_kv_caches(
             mc.num_hidden_layers, num_slots, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device
         )
@@ -99,7 +110,10 @@ class LLMEngine:
             reserve_all_spec_slots=drafter.spec_cfg.reserve_all_spec_slots if drafter else False,
             draft_lookahead=drafter.drafter_cfg.block_size if drafter else 0,
         )
-        if drafter is not None:  # after the runner: adaptive mode profiles dummy steps through it
+        self.use_cuda_graphs = self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
+        if self.use_cuda_graphs:
+            self._capture_graphs(drafter, lookahead)
+        if drafter is not None:  # after the graphs: adaptive mode profiles dummy steps through them
             self.spec = drafter.build(self, num_slots)
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
@@ -107,6 +121,20 @@ class LLMEngine:
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
+
+    def _capture_graphs(self, drafter, lookahead: int) -> None:
+        from adaspec.engine.cuda_graphs import GraphedForward
+
+        k = drafter.spec_cfg.num_speculative_tokens if drafter else 0
+        bs = self.config.block_size
+        graphs = GraphedForward(
+            self.model, self.kv_caches, bs, self.device, self.config.max_num_seqs,
+            query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
+            max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
+            capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
+        )
+        graphs.capture()
+        self.runner.graphs = graphs
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,

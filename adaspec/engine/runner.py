@@ -39,12 +39,22 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.backend = backend
+        self.graphs = None  # engine/cuda_graphs.GraphedForward once captured
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
 
     @torch.inference_mode()
     def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None) -> ForwardResult:
         qlens = np.fromiter((len(it.token_ids) for it in items), dtype=np.int64, count=len(items))
         starts = np.fromiter((it.start_pos for it in items), dtype=np.int64, count=len(items))
         ids = np.fromiter((t for it in items for t in it.token_ids), dtype=np.int64, count=int(qlens.sum()))
+        qstart = np.concatenate([[0], np.cumsum(qlens)])
+        key = self._graph_key(items, qlens, capture_layers)
+        if key is not None:
+            logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items])
+            self.num_graph_steps += 1
+            return ForwardResult(logits, hidden, captured, qstart)
+        self.num_eager_steps += 1
         positions = np.concatenate([np.arange(s, s + q) for s, q in zip(starts, qlens)])
         meta = build_attention_metadata(
             self.backend, [it.block_table for it in items], qlens.tolist(), (starts + qlens).tolist(),
@@ -55,10 +65,19 @@ class ModelRunner:
             torch.from_numpy(positions).to(self.device, non_blocking=True),
             self.kv_caches, meta, capture_layers,
         )
-        qstart = np.concatenate([[0], np.cumsum(qlens)])
         rows = np.concatenate(
             [np.arange(qstart[b + 1] - it.num_logits, qstart[b + 1]) for b, it in enumerate(items)]
             + [np.zeros(0, dtype=np.int64)]
         )
         logits = self.model.compute_logits(hidden[torch.from_numpy(rows).to(self.device)])
         return ForwardResult(logits, hidden, captured, qstart)
+
+    def _graph_key(self, items, qlens, capture_layers):
+        """A captured graph covers the step when every query row needs logits (decode and
+        verification; prefill chunks do not) and the graph captures the layers asked for."""
+        g = self.graphs
+        if g is None or not len(items) or any(it.num_logits != len(it.token_ids) for it in items):
+            return None
+        if capture_layers and not set(capture_layers) <= set(g.capture_layers):
+            return None
+        return g.pick(len(items), int(qlens.max()))

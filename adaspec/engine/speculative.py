@@ -69,6 +69,7 @@ def load_speculative_drafter(config: EngineConfig, engine) -> DrafterSetup:
     # the draft block may run past the target's last position: give the drafter's RoPE room
     drafter.rope.max_positions = max(drafter.rope.max_positions, engine.model_config.max_position_embeddings + dcfg.block_size)
     drafter.rope.build_tables(device=engine.device)
+    drafter.attention_backend = "triton" if engine.attention_backend == "triton" else "reference"
     return DrafterSetup(spec_cfg, drafter, dcfg, str(name))
 
 

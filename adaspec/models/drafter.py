@@ -102,6 +102,9 @@ class DSparkDrafter(nn.Module):
             self.confidence_head = ConfidenceHead(d + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
         else:
             self.confidence_head = None
+        # the engine sets "triton" on CUDA (its kernel does the block's bidirectional mask);
+        # "varlen" is causal-only, so the drafter never uses it
+        self.attention_backend = "reference"
         self.rope = RotaryEmbedding.from_config(b)
         self.freeze_target_parts()
 
@@ -208,7 +211,7 @@ class DSparkDrafter(nn.Module):
         pos_list = [int(p) for p in anchor_pos.tolist()]
         ends = [p + k for p in pos_list]
         meta = build_attention_metadata(
-            "reference", block_tables, [k] * R, ends, [[e] * k for e in ends], block_size, anchor_ids.device
+            self.attention_backend, block_tables, [k] * R, ends, [[e] * k for e in ends], block_size, anchor_ids.device
         )
         positions = (anchor_pos.unsqueeze(-1) + torch.arange(k, device=anchor_pos.device)).reshape(-1)
         x = self.block_inputs(anchor_ids).reshape(R * k, -1)

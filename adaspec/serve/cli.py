@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen"])
+    p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen", "triton"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-queue", type=int, default=None,
                    help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited)")

@@ -1,0 +1,186 @@
+"""CUDA graphs of the target forward for decode and verification steps.
+
+On the H200 an eager step of any model size costs ~40 ms of Python and kernel launches
+(../shared/spec/GPU.md); a graph replays the whole forward in one launch. Graphs are captured at
+startup for a grid of request counts B and two query shapes:
+
+- Q = 1: plain decode, one token per request;
+- Q = k + 1: verification, where ONE graph per B serves any mix of 0..k drafts per request
+  (vLLM's "varlen verification graphs"): the real tokens are packed first, the tail up to
+  B * Q is padding, and per-request query starts, key lengths, block tables and slot mappings
+  live in static buffers that are refreshed before each replay.
+
+Padding: padded tokens write their K/V to a scratch block that no request owns and their rows
+are never read; padded requests have no queries and no keys. The attention kernel's grid depends
+only on (B, T), which is what makes one capture valid for every mix of lengths.
+
+Steps the graphs do not cover (prefill chunks, more requests or tokens than captured) run
+eagerly through the same model code.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from adaspec.models.attention import AttentionMetadata
+
+log = logging.getLogger("adaspec.graphs")
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to max_num_seqs (as vLLM's default capture sizes)."""
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs + 1, 8))
+    if not sizes or sizes[-1] != max_num_seqs:
+        sizes.append(max_num_seqs)
+    return sizes
+
+
+class _Graph:
+    """A captured graph and its static outputs; `graph=None` replays by running the forward
+    eagerly over the same static buffers (CPU tests of the buffer logic, see capture(eager=True))."""
+
+    def __init__(self, graph, outputs, forward=None):
+        self.graph, self.outputs, self.forward = graph, outputs, forward
+
+    def replay(self):
+        if self.graph is None:
+            return self.forward()
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphedForward:
+    """Static input buffers, the captured graphs, and the per-step refresh of the buffers."""
+
+    def __init__(self, model, kv_caches, block_size: int, device: torch.device, max_num_seqs: int,
+                 query_lens: tuple[int, ...], max_model_len: int, max_blocks_per_seq: int, scratch_block: int,
+                 capture_layers: list[int] | None):
+        self.model, self.kv_caches, self.block_size, self.device = model, kv_caches, block_size, device
+        self.query_lens = tuple(sorted(set(query_lens)))
+        self.max_model_len = max_model_len
+        self.capture_layers = list(capture_layers or [])
+        self.batch_sizes = capture_sizes(max_num_seqs)
+        self.scratch_block = scratch_block
+        max_b, max_t = self.batch_sizes[-1], self.batch_sizes[-1] * self.query_lens[-1]
+        self.max_blocks = max_blocks_per_seq
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(max_t, **i64)
+        self.positions = torch.zeros(max_t, **i64)
+        self.slot_mapping = torch.zeros(max_t, **i64)
+        self.query_start = torch.zeros(max_b + 1, **i32)
+        self.kv_lens = torch.zeros(max_b, **i32)
+        self.block_tables = torch.zeros(max_b, max_blocks_per_seq, **i32)
+        # pinned host mirrors: filled with numpy, copied asynchronously
+        pin = dict(pin_memory=device.type == "cuda")
+        self.h_i64 = torch.zeros(3, max_t, dtype=torch.int64, **pin)
+        self.h_qs = torch.zeros(max_b + 1, dtype=torch.int32, **pin)
+        self.h_kvl = torch.zeros(max_b, dtype=torch.int32, **pin)
+        self.h_bt = torch.zeros(max_b, max_blocks_per_seq, dtype=torch.int32, **pin)
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool = None
+
+    # -- capture -------------------------------------------------------------------------------
+    def _meta(self, b: int, t: int, q: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            backend="triton", slot_mapping=self.slot_mapping[:t], num_seqs=b, max_q=q, max_k=self.max_model_len,
+            cu_q=self.query_start[: b + 1], block_tables=self.block_tables[:b], kv_lens=self.kv_lens[:b],
+            causal=True, block_size=self.block_size,
+        )
+
+    def _forward(self, b: int, t: int, q: int):
+        hidden, captured = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, q),
+                                      self.capture_layers)
+        return self.model.compute_logits(hidden), hidden, captured
+
+    @torch.inference_mode()
+    def capture(self, eager: bool = False) -> None:
+        """Capture every (B, Q) graph. eager=True captures nothing and replays run the forward
+        eagerly on the static buffers: the same padding and buffer logic, testable on CPU."""
+        if eager:
+            for q in self.query_lens:
+                for b in self.batch_sizes:
+                    self.graphs[(b, q)] = _Graph(None, None, lambda b=b, q=q: self._forward(b, b * q, q))
+            return
+        t0 = time.perf_counter()
+        free0 = torch.cuda.mem_get_info(self.device)[0]
+        # dummy inputs: every request has q tokens at positions 0..q-1 of the scratch block
+        self.block_tables.fill_(self.scratch_block)
+        scratch = self.scratch_block * self.block_size
+        for q in reversed(self.query_lens):
+            for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
+                t = b * q
+                self.input_ids[:t].zero_()
+                self.positions[:t] = torch.arange(q, device=self.device).repeat(b)
+                self.slot_mapping[:t] = scratch + self.positions[:t] % self.block_size
+                self.query_start[: b + 1] = torch.arange(b + 1, device=self.device, dtype=torch.int32) * q
+                self.kv_lens[:b] = q
+                self._forward(b, t, q)  # warm-up: Triton compiles, allocator settles
+                torch.cuda.synchronize(self.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool):
+                    outputs = self._forward(b, t, q)
+                if self.pool is None:
+                    self.pool = g.pool()
+                self.graphs[(b, q)] = _Graph(g, outputs)
+        torch.cuda.synchronize(self.device)
+        used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        log.info("captured %d CUDA graphs (requests %s x query tokens %s) in %.1f s, %.0f MiB",
+                 len(self.graphs), _ranges(self.batch_sizes), list(self.query_lens), time.perf_counter() - t0, used)
+
+    # -- replay --------------------------------------------------------------------------------
+    def pick(self, num_requests: int, max_query: int) -> tuple[int, int] | None:
+        """The captured (B, Q) that covers a batch, or None (run eagerly)."""
+        q = next((x for x in self.query_lens if x >= max_query), None)
+        if q is None or num_requests > self.batch_sizes[-1]:
+            return None
+        b = next(x for x in self.batch_sizes if x >= num_requests)
+        return b, q
+
+    def run(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
+            block_tables: list[list[int]]):
+        """Refresh the static buffers for this step's real tokens and requests, then replay.
+        ids: the packed query tokens; request r has qlens[r] of them at positions starts[r]...
+        Returns views (logits, hidden, captured) of the first T rows, valid until the next run.
+        The pinned mirrors are rewritten only after the previous step read its tokens back (a
+        device sync), so an async copy still in flight is never overwritten."""
+        b_pad, q = key
+        t_pad = b_pad * q
+        n_req, n_tok = len(qlens), len(ids)
+        bs, scratch = self.block_size, self.scratch_block
+        width = max(len(row) for row in block_tables)
+        if width > self.max_blocks:
+            raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.max_blocks}")
+        bt = self.h_bt.numpy()
+        bt[:b_pad, :width] = scratch
+        for r, row in enumerate(block_tables):
+            bt[r, : len(row)] = row
+        req = np.repeat(np.arange(n_req), qlens)
+        pos = np.arange(n_tok) - np.repeat(np.cumsum(qlens) - qlens, qlens) + np.repeat(starts, qlens)
+        h = self.h_i64.numpy()
+        h[0, :n_tok], h[1, :n_tok] = ids, pos
+        h[2, :n_tok] = bt[req, pos // bs].astype(np.int64) * bs + pos % bs
+        h[0, n_tok:t_pad] = 0
+        h[1, n_tok:t_pad] = 0
+        h[2, n_tok:t_pad] = scratch * bs  # padding writes to the scratch block
+        qs, kvl = self.h_qs.numpy(), self.h_kvl.numpy()
+        qs[0] = 0
+        np.cumsum(qlens, out=qs[1: n_req + 1])
+        qs[n_req + 1: b_pad + 1] = n_tok
+        kvl[:n_req] = starts + qlens
+        kvl[n_req:b_pad] = 0
+        self.input_ids[:t_pad].copy_(self.h_i64[0, :t_pad], non_blocking=True)
+        self.positions[:t_pad].copy_(self.h_i64[1, :t_pad], non_blocking=True)
+        self.slot_mapping[:t_pad].copy_(self.h_i64[2, :t_pad], non_blocking=True)
+        self.query_start[: b_pad + 1].copy_(self.h_qs[: b_pad + 1], non_blocking=True)
+        self.kv_lens[:b_pad].copy_(self.h_kvl[:b_pad], non_blocking=True)
+        self.block_tables[:b_pad, :width].copy_(self.h_bt[:b_pad, :width], non_blocking=True)
+        logits, hidden, captured = self.graphs[key].replay()
+        return logits[:n_tok], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+
+
+def _ranges(sizes: list[int]) -> str:
+    return f"{sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)" if len(sizes) > 3 else str(sizes)
