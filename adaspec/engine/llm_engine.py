@@ -108,6 +108,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="sampling_params")
+        params.verify()  # fields are mutable: a value the step cannot use must fail here, for this request only
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

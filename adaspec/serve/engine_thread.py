@@ -67,6 +67,9 @@ class EngineThread:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self.error: BaseException | None = None  # set when a step raised: the engine is dead
+        # called (on the engine thread) once the engine is dead: the server exits non-zero, as
+        # vLLM does, so a supervisor restarts it instead of it answering 503 forever
+        self.on_death: Callable[[BaseException], None] | None = None
         self._thread = threading.Thread(target=self._run, name="adaspec-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -236,8 +239,13 @@ class EngineThread:
                 try:
                     outputs = self.engine.step()
                 except Exception as e:  # noqa: BLE001 - the engine is dead; tell every client
-                    log.exception("engine step failed; the server stops serving requests")
+                    # Its state is unknown after a failed step, so no request can continue.
+                    # Request parameters are validated in add_request, so that one request
+                    # cannot get here; what does is an engine fault.
+                    log.exception("engine step failed; the server shuts down")
                     self._fail_all(e)
+                    if self.on_death is not None:
+                        self.on_death(e)
                     return
                 self._publish(outputs)
                 self._snapshot_counts()
