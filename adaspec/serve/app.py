@@ -141,7 +141,7 @@ def build_app(state: ServeState) -> FastAPI:
     app.state.serve = state
     started = int(time.time())
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers and AIPerf probe with HEAD
+    @app.get("/health")
     async def health():
         if not state.engine_thread.alive:
             return error_response(503, "The engine is not running.", code="engine_dead")
@@ -151,9 +151,12 @@ def build_app(state: ServeState) -> FastAPI:
     async def version():
         return {"version": __version__}
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.get("/metrics")
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    for path, fn in (("/health", health), ("/metrics", metrics)):  # load balancers and AIPerf probe with HEAD
+        app.add_api_route(path, fn, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/v1/models")
     async def models():
