@@ -140,3 +140,24 @@ def test_head_probes_are_answered(http, path):
     r = http.head(path)
     assert r.status_code == 200
     assert r.content == b""
+
+
+def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog):
+    import logging
+
+    from conftest import LiveServer
+    from fake_engine import FakeEngine
+
+    caplog.set_level(logging.INFO, logger="adaspec.serve")
+    quiet = LiveServer(lambda: FakeEngine(), names=("fake",), disable_log_requests=True)
+    try:
+        r = httpx.post(fake_server.url + C, json={"prompt": "a-secret-prompt", "max_tokens": 2})
+        rid = r.json()["id"]
+        r = httpx.post(quiet.url + C, json={"prompt": "quiet", "max_tokens": 2})
+        quiet_rid = r.json()["id"]
+    finally:
+        quiet.close()
+    logged = [rec.getMessage() for rec in caplog.records if rec.name == "adaspec.serve"]
+    assert any(rid in m and "max_tokens=2" in m for m in logged), logged
+    assert not any(quiet_rid in m for m in logged)
+    assert not any("a-secret-prompt" in m for m in logged)  # prompts are never logged
