@@ -179,3 +179,21 @@ def test_engine_failure_is_500_then_the_server_exits_nonzero():
             httpx.get(s.url + "/health")
     finally:
         s.close()
+
+
+def test_an_engine_fault_outside_the_step_also_exits_instead_of_lingering():
+    # Before, an exception in the thread's bookkeeping ended the thread silently: /health then
+    # answered 503 forever while the process stayed up.
+    class FaultyCounts(FakeEngine):
+        def num_waiting(self):
+            if self.waiting:
+                raise RuntimeError("counting failed")
+            return 0
+
+    s = LiveServer(lambda: FaultyCounts(), names=("fake",))
+    try:
+        _assert_openai_error(httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 3}), 500)
+        s._thread.join(30)
+        assert not s._thread.is_alive() and s.server.exit_code == 1
+    finally:
+        s.close()
