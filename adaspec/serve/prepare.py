@@ -81,7 +81,8 @@ def _check_ids(state: ServeState, ids: list[int], param: str) -> None:
             raise _bad(f"Token id {t} is out of the vocabulary.", param)
 
 
-def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, param: str) -> None:
+def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, param: str,
+                  max_tokens_param: str = "max_tokens") -> None:
     limit = state.max_model_len
     if n_prompt == 0:
         raise _bad("The prompt is empty.", param)
@@ -92,7 +93,7 @@ def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, para
     if max_tokens is not None and n_prompt + max_tokens > limit:
         raise _bad(f"This model's maximum context length is {limit} tokens. However, you requested "
                    f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
-                   f"completion). Reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
+                   f"completion). Reduce the prompt or {max_tokens_param}.", max_tokens_param, "context_length_exceeded")
 
 
 def _check_text_length(state: ServeState, text: str, param: str) -> None:
@@ -191,7 +192,8 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     ids = chat_prompt_ids(state, req.messages)
-    _check_length(state, len(ids), params.max_tokens, "messages")
+    _check_length(state, len(ids), params.max_tokens, "messages",
+                  "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
         params.max_tokens = state.max_model_len - len(ids)
     return ids, params

@@ -161,3 +161,10 @@ def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog):
     assert any(rid in m and "max_tokens=2" in m for m in logged), logged
     assert not any(quiet_rid in m for m in logged)
     assert not any("a-secret-prompt" in m for m in logged)  # prompts are never logged
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_huge_max_tokens_is_a_400_naming_the_field_the_client_used(http, field):
+    r = http.post(CHAT, json={"messages": MSGS, field: 2**63})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
