@@ -3,7 +3,7 @@
 The routes run this in a worker thread (tokenizing a long prompt takes a while and must not
 stall the event loop), so length errors are answered before the request reaches the engine and
 the chat default ``max_tokens`` (the rest of the context) can be computed. A text that cannot
-fit the context whatever its tokenization (``ServeState.max_prompt_chars``) is refused before
+fit the context whatever its tokenization (``ServeState.prompt_bound``) is refused before
 it is tokenized.
 """
 from __future__ import annotations
@@ -97,8 +97,8 @@ def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, para
 
 
 def _check_text_length(state: ServeState, text: str, param: str) -> None:
-    bound = state.max_prompt_chars
-    if bound is not None and len(text) > bound:
+    bound = state.prompt_bound
+    if bound is not None and bound.cannot_fit(text, state.max_model_len):
         raise _bad(f"This model's maximum context length is {state.max_model_len} tokens, and your prompt has "
                    f"{len(text)} characters: more than any tokenization of it could fit. Shorten the prompt.",
                    param, "context_length_exceeded")

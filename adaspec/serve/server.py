@@ -54,7 +54,7 @@ class DrainingServer(uvicorn.Server):
         if self.serve_state.draining or self._loop is None:
             # The second signal: leave now. Letting uvicorn cancel the running streams would print
             # a CancelledError traceback per stream; the client sees a closed connection either way.
-            log.warning("signal %s again: exiting now", sig)
+            log.warning("signal %s while draining: exiting now", sig)
             logging.shutdown()
             sys.stderr.flush()
             os._exit(128 + sig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaspec.serve.errors import APIError
-from adaspec.serve.prompt_bound import max_prompt_chars
+from adaspec.serve.prompt_bound import PromptBound
 
 # Room for a long-context prompt as token ids (~7 bytes each in JSON) or a small batch of them;
 # a larger body is refused before it is read, let alone tokenized. --max-request-body-bytes.
@@ -35,8 +35,8 @@ class ServeState:
         # read-only after load, so the event loop may use them (the tokenizer is stateless)
         self.tokenizer = engine.tokenizer
         self.max_model_len = int(engine.max_model_len)
-        # longer texts cannot fit whatever their tokenization: refused before tokenizing them
-        self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)
+        # what tells a text that cannot fit whatever its tokenization: refused before tokenizing it
+        self.prompt_bound = PromptBound.of(self.tokenizer)
         self.model_name = self.settings.served_model_names[0]
         self.accepted_names = set(self.settings.served_model_names)
         # a client may name the model by its path or by the engine's name when none was set

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 tokenizers = pytest.importorskip("tokenizers")
 from adaspec import testing  # noqa: E402
 from adaspec.models.tokenizer import Tokenizer  # noqa: E402
-from adaspec.serve.prompt_bound import max_chars_per_token, max_prompt_chars  # noqa: E402
+from adaspec.serve.prompt_bound import PromptBound, max_chars_per_token  # noqa: E402
 
 
 def _wrap(hf) -> Tokenizer:
@@ -45,6 +45,9 @@ def test_no_text_is_longer_than_the_bound_for_its_token_count(plain, nfc, text):
         assert per_token is not None
         n = len(tok.encode(text))
         assert len(text) <= per_token * n or (n == 0 and text == ""), (text, n, per_token)
+        # and the text-dependent bound (no composition margin for text already in NFC)
+        assert len(text) <= PromptBound.of(tok).per_token(text) * n or text == ""
+        assert PromptBound.of(tok).cannot_fit(text, n) is False
 
 
 def _trained(normalizer, pre, decoder, corpus):
@@ -68,6 +71,7 @@ def test_tight_cases_composition_and_a_stripped_leading_space():
     text = unicodedata.normalize("NFD", "한국어")
     assert len(hangul.encode(text)) == 1 and len(text) == 8
     assert len(text) <= max_chars_per_token(hangul)
+    assert len(text) <= PromptBound.of(hangul).per_token(text)  # not in NFC: the margin applies
     # Metaspace: "▁thethe" covers 7 characters, but decoded alone it is "thethe"
     meta = _trained(None, pt.Metaspace(), dec.Metaspace(), ["the the thethe"])
     assert len(meta.encode(" thethe")) == 1
@@ -75,7 +79,15 @@ def test_tight_cases_composition_and_a_stripped_leading_space():
 
 
 def test_the_bound_scales_with_max_model_len(plain):
-    assert max_prompt_chars(plain, 100) == 100 * max_chars_per_token(plain)
+    per = max_chars_per_token(plain)
+    assert not PromptBound.of(plain).cannot_fit("x" * 100 * per, 100)
+    assert PromptBound.of(plain).cannot_fit("x" * (100 * per + 1), 100)
+
+
+def test_text_already_in_nfc_needs_no_composition_margin(nfc):
+    b = PromptBound.of(nfc)
+    assert b.per_token("plain ascii, and 한국어 composed") * 8 == b.per_token()
+    assert b.per_token("\u1100\u1161") == b.per_token()  # decomposed jamo: the margin applies
 
 
 @pytest.mark.parametrize("make", [
@@ -95,4 +107,4 @@ def test_a_tokenizer_without_a_known_pipeline_has_no_bound():
         def encode(self, text):
             return []
 
-    assert max_prompt_chars(Opaque(), 100) is None
+    assert PromptBound.of(Opaque()) is None
