@@ -106,3 +106,14 @@ def test_fuzzed_numbers_never_5xx_and_the_engine_lives(http, path, fields):
 
 def test_a_normal_request_works_after_the_fuzz(http):
     _still_serving(http)
+
+
+def test_a_text_far_longer_than_the_context_is_refused_by_the_vocabulary_bound(http, server):
+    bound = server.state.prompt_bound
+    assert bound is not None  # byte-level BPE without a normalizer: a sound bound exists
+    text = "def f(x):\n    return x\n" * 100_000  # 2.4 MB
+    assert bound.cannot_fit(text, server.state.max_model_len)
+    r = http.post("/v1/completions", json={"prompt": text, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "characters" in r.json()["error"]["message"]  # refused by the bound, not after tokenizing
+    _still_serving(http)
