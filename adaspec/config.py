@@ -23,6 +23,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit KV block count (overrides kv_cache_memory)
     kv_cache_memory: int | None = None  # bytes for the KV cache; default: 1 GiB CPU, 30% of free on CUDA
+    gpu_memory_utilization: float | None = None  # vLLM's: GPU fraction for weights + KV (CUDA only)
     attention_backend: str = "auto"  # auto | reference | varlen
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
     enable_chunked_prefill: bool = True
@@ -43,6 +44,9 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        g = self.gpu_memory_utilization
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):

@@ -5,10 +5,18 @@ from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
 
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by e.g. 1e-39
+# overflows to inf and the softmax to NaN, so such a request would end at once.
+SAMPLING_EPS = 1e-5
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 2**31 - 1  # the step builds int tensors from top_k; larger means "off" anyway
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's bound (torch.long): a seed fits a tensor
+MAX_TOKEN_ID = 2**63 - 1
+
 
 @dataclass
 class SamplingParams:
-    """How one request samples. Temperature 0 means greedy.
+    """How one request samples. Temperature 0 (or below ``SAMPLING_EPS``) means greedy.
 
     Field names follow vLLM's ``SamplingParams`` so code can move between the two.
     """
@@ -34,6 +42,13 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0  # greedy, as vLLM does below _SAMPLING_EPS
+
+    def verify(self) -> None:
+        """Validate again (fields are mutable): the engine calls this when a request is added, so
+        a value the step could not use fails that request alone, never the step of a batch."""
+        self.__post_init__()
 
     def _validate(self) -> None:
         def bad(msg: str, param: str) -> InvalidRequestError:
@@ -49,21 +64,24 @@ class SamplingParams:
                 raise bad(f"{name} must be a number, got NaN", name)
         if self.temperature < 0:
             raise bad(f"temperature must be >= 0, got {self.temperature}", "temperature")
-        if self.temperature > 100:
-            raise bad(f"temperature must be <= 100, got {self.temperature}", "temperature")
+        if self.temperature > MAX_TEMPERATURE:
+            raise bad(f"temperature must be <= {MAX_TEMPERATURE:g}, got {self.temperature}", "temperature")
         if not (0 < self.top_p <= 1):
             raise bad(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad(f"top_k must be a non-negative integer (0 or -1 disables it), got {self.top_k!r}", "top_k")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise bad(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 or -1 disables it), got {self.top_k!r}",
+                      "top_k")
         if self.max_tokens is not None:
             if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
                 raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise bad(f"seed must be an integer, got {self.seed!r}", "seed")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise bad(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}", "seed")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop must be a non-empty string or a list of non-empty strings", "stop")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids must be a list of non-negative integers", "stop_token_ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+                   for t in self.stop_token_ids):
+            raise bad("stop_token_ids must be a list of non-negative 64-bit integers", "stop_token_ids")
         if self.logprobs is not None:
             if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= 20):
                 raise bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}", "logprobs")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -57,10 +58,14 @@ class ServerProcess:
             cmd += ["--speculative-config", json.dumps(self.spec_config)]
         return cmd + self.extra_args
 
+    def command_line(self) -> str:
+        """The command as one pasteable shell line (the JSON of --speculative-config quoted)."""
+        return shlex.join(self.command())
+
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(f"$ {' '.join(self.command())}\n".encode())
+        log.write(f"$ {self.command_line()}\n".encode())
         log.flush()
         # New session: SIGTERM reaches the server only, never the sweep's own terminal group.
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

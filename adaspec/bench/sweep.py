@@ -161,7 +161,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
             spec = arm.speculative_config(cfg.drafter, cfg.temperature, cfg.spec_extra)
             server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout,
                                    cfg.launcher)
-            cfg.log(f"[{arm.name}] starting server: {' '.join(server.command())}")
+            cfg.log(f"[{arm.name}] starting server: {server.command_line()}")
             server.start()
             url = server.url
         try:

@@ -15,7 +15,8 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_siz
 
 
 def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device) -> int:
-    """Blocks to allocate: explicit count, else memory budget / block bytes, capped at what
+    """Blocks to allocate: explicit count, else memory budget (kv_cache_memory, else what
+    gpu_memory_utilization leaves on CUDA; CPU ignores it) / block bytes, capped at what
     max_num_seqs full-length requests could ever use. Refuses a cache that cannot hold one
     full-length request (the scheduler's preemption relies on it)."""
     per_seq = -(-max_model_len // cfg.block_size)
@@ -24,6 +25,15 @@ def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, devic
     else:
         if cfg.kv_cache_memory is not None:
             budget = cfg.kv_cache_memory
+        elif cfg.gpu_memory_utilization is not None and device.type == "cuda":
+            # vLLM's meaning: this process may use that fraction of the GPU; the weights (and
+            # whatever else is resident) are already in use, the KV cache gets the rest.
+            free, total = torch.cuda.mem_get_info(device)
+            budget = int(total * cfg.gpu_memory_utilization) - (total - free)
+            if budget <= 0:
+                raise ConfigError(
+                    f"gpu_memory_utilization={cfg.gpu_memory_utilization} leaves no room for the KV cache: "
+                    f"{(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB are in use after loading")
         elif device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             budget = int(free * DEFAULT_CUDA_KV_FRACTION)

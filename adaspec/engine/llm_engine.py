@@ -143,6 +143,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="sampling_params")
+        params.verify()  # fields are mutable: a value the step cannot use must fail here, for this request only
         if self.tokenizer is None and isinstance(prompt, str):
             raise InvalidRequestError("a text prompt needs a tokenizer, and this engine runs with "
                                       "skip_tokenizer_init=True: send the prompt as a list of token ids", param="prompt")

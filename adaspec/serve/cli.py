@@ -6,6 +6,7 @@ Only argparse at import time: the server stack and torch load inside the handler
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 
@@ -48,6 +49,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="explicit KV block count")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="BYTES",
                    help="KV cache size, e.g. 4GiB (ignored when --num-kv-blocks is given)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="FRACTION",
+                   help="fraction of the GPU's memory for weights + KV cache, as vLLM's (the KV cache gets "
+                        "what the weights leave); ignored on CPU and under --kv-cache-memory/--num-kv-blocks")
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
@@ -55,7 +59,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen", "triton"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-queue", type=int, default=None,
-                   help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited)")
+                   help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited, "
+                        "nothing is shed)")
+    p.add_argument("--max-request-body-bytes", type=parse_bytes, default=None, metavar="BYTES",
+                   help="larger request bodies get 413, e.g. 64MiB (default: 32MiB)")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="do not log each request's id, prompt lengths and sampling parameters (as vllm serve's)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -65,8 +74,19 @@ def add_parser(subparsers) -> None:
 
 
 _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
-                 "num_kv_blocks", "kv_cache_memory", "enforce_eager", "dtype", "device", "attention_backend",
-                 "seed", "speculative_config", "skip_tokenizer_init", "load_format")
+                 "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization", "enforce_eager", "dtype", "device",
+                 "attention_backend", "seed", "speculative_config", "skip_tokenizer_init", "load_format")
+
+
+def _speculative_config(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--speculative-config must be a JSON object like '{{\"method\": \"dspark\"}}', "
+                          f"got a JSON {type(value).__name__}")
+    return value
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -74,6 +94,8 @@ def engine_config_from_args(args: argparse.Namespace):
 
     # Only flags the user gave: EngineConfig's defaults stay the single source of defaults.
     kwargs = {k: getattr(args, k) for k in _ENGINE_FLAGS if getattr(args, k, None) is not None}
+    if "speculative_config" in kwargs:
+        kwargs["speculative_config"] = _speculative_config(kwargs["speculative_config"])
     return EngineConfig(model=args.model, **kwargs)
 
 
@@ -84,8 +106,16 @@ def settings_from_args(args: argparse.Namespace):
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.drain_timeout < 0:
         raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    extra = {}
+    if args.max_request_body_bytes is not None:
+        if args.max_request_body_bytes < 1:
+            raise ConfigError(f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}")
+        extra["max_request_body_bytes"] = args.max_request_body_bytes
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
-                          api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout)
+                          api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
+                          disable_log_requests=args.disable_log_requests, **extra)
 
 
 def _handler(args: argparse.Namespace) -> int:

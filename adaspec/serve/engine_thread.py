@@ -67,6 +67,9 @@ class EngineThread:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self.error: BaseException | None = None  # set when a step raised: the engine is dead
+        # called (on the engine thread) once the engine is dead: the server exits non-zero, as
+        # vLLM does, so a supervisor restarts it instead of it answering 503 forever
+        self.on_death: Callable[[BaseException], None] | None = None
         self._thread = threading.Thread(target=self._run, name="adaspec-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -216,34 +219,40 @@ class EngineThread:
             self._ready.set()
             return
         self._ready.set()
-        running = True
-        while running:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - the engine is dead; tell every client, then exit
+            # Its state is unknown after a failed step (or abort, or bookkeeping), so no request
+            # can continue. Request parameters are verified by add_request, so that no one
+            # request can get here: what does is an engine fault.
+            log.exception("the engine failed; the server shuts down")
+            self._fail_all(e)
+            if self.on_death is not None:
+                self.on_death(e)
+            return
+        # stop: whoever still waits gets an abort
+        self._handle(("abort_all", "abort"))
+        self._fail_pending(APIError(503, "The server is shutting down.", code="shutting_down"))
+
+    def _loop(self) -> None:
+        """Take every queued command, step once, publish; until a stop command."""
+        while True:
             busy = self.engine.has_unfinished_requests()
             try:
                 cmd = self._inbox.get() if not busy else self._inbox.get_nowait()
             except queue.Empty:
                 cmd = None
-            while cmd is not None and running:  # take everything queued, then step once
-                running = self._handle(cmd)
+            while cmd is not None:
+                if not self._handle(cmd):
+                    return
                 try:
                     cmd = self._inbox.get_nowait()
                 except queue.Empty:
                     cmd = None
-            if not running:
-                break
             self._snapshot_counts()
             if self.engine.has_unfinished_requests():
-                try:
-                    outputs = self.engine.step()
-                except Exception as e:  # noqa: BLE001 - the engine is dead; tell every client
-                    log.exception("engine step failed; the server stops serving requests")
-                    self._fail_all(e)
-                    return
-                self._publish(outputs)
+                self._publish(self.engine.step())
                 self._snapshot_counts()
-        # stop: whoever still waits gets an abort
-        self._handle(("abort_all", "abort"))
-        self._fail_pending(APIError(503, "The server is shutting down.", code="shutting_down"))
 
     def _fail_all(self, e: BaseException) -> None:
         self.error = e

@@ -96,15 +96,16 @@ class Formatter:
         body.update(choices=choices, usage=use)
         return body
 
-    def role_chunk(self, with_usage: bool) -> dict:
+    def role_chunk(self, with_usage: bool, use: dict | None = None) -> dict:
         body = self._head("chat.completion.chunk")
         body["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}]
         if with_usage:
-            body["usage"] = None
+            body["usage"] = use
         return body
 
-    def chunk(self, index: int, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool) -> dict:
+    def chunk(self, index: int, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool,
+              use: dict | None = None) -> dict:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         choice: dict = {"index": index}
         if self.chat:
@@ -115,8 +116,8 @@ class Formatter:
         if finish is not None:
             choice["stop_reason"] = stop_reason
         body["choices"] = [choice]
-        if with_usage:  # OpenAI sends usage: null on every chunk but the last when asked
-            body["usage"] = None
+        if with_usage:  # OpenAI: usage null on every chunk but the last; vLLM's continuous stats: so far
+            body["usage"] = use
         return body
 
     def usage_chunk(self, use: dict) -> dict:

@@ -8,6 +8,7 @@ it in the engine (freeing its KV blocks) exactly once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -19,6 +20,8 @@ from adaspec.serve.engine_thread import Chunk
 from adaspec.serve.errors import APIError, error_body
 from adaspec.serve.formatting import SSE_DONE, Formatter, sse, usage
 from adaspec.serve.state import ServeState
+
+log = logging.getLogger("adaspec.serve")
 
 _CLIENT_GONE = object()
 
@@ -77,8 +80,14 @@ class _ClosingStreamingResponse(StreamingResponse):
 
 
 async def generate(state: ServeState, request: Request, prompts: list[list[int]], params, *, chat: bool,
-                   stream: bool, include_usage: bool):
+                   stream: bool, stream_options=None):
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    include_usage = bool(stream_options and stream_options.include_usage)
+    # vLLM's continuous_usage_stats: the usage so far in every chunk
+    continuous_usage = bool(stream_options and stream_options.continuous_usage_stats)
+    if not state.settings.disable_log_requests:
+        log.info("request %s: %d prompt(s) of %s tokens, %s", rid, len(prompts),
+                 ",".join(str(len(p)) for p in prompts), params)
     arrival = time.monotonic()
     gens: list[_Generation] = []
     try:
@@ -91,7 +100,7 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
         raise
     fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs)
     if stream:
-        return _ClosingStreamingResponse(_events(gens, fmt, chat, include_usage), gens,
+        return _ClosingStreamingResponse(_events(gens, fmt, chat, include_usage, continuous_usage), gens,
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
@@ -130,11 +139,17 @@ async def _chunks(gens: list[_Generation]) -> AsyncIterator[tuple[_Generation, C
             p.cancel()
 
 
-async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_usage: bool):
+async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_usage: bool,
+                  continuous_usage: bool = False):
     sent = {g.index: "" for g in gens}
+    usage_field = include_usage or continuous_usage  # chunks carry "usage" (null unless continuous)
+
+    def so_far(g: _Generation):
+        return usage(g.prompt_tokens, g.num_tokens) if continuous_usage else None
+
     try:
         if chat:
-            yield sse(fmt.role_chunk(include_usage))
+            yield sse(fmt.role_chunk(usage_field, so_far(gens[0])))
         async for g, c in _chunks(gens):
             prev = sent[g.index]
             delta = c.text[len(prev):] if c.text.startswith(prev) else c.text
@@ -142,7 +157,7 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
             if not delta and not c.finished and not (c.new_logprobs and c.new_token_ids):
                 continue  # nothing visible this step (e.g. a held-back partial stop string)
             yield sse(fmt.chunk(g.index, delta, c.new_token_ids, c.new_logprobs, c.finish_reason, c.stop_reason,
-                                include_usage))
+                                usage_field, so_far(g)))
         if include_usage:
             yield sse(fmt.usage_chunk(_usage(gens)))
     except APIError as e:  # headers are gone already: report in-band, as OpenAI does

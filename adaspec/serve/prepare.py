@@ -1,8 +1,10 @@
 """Turn a validated request body into (prompt token ids, SamplingParams), or a 400.
 
-The prompt is tokenized here, on the event loop, so length errors are answered before the
-request reaches the engine and the chat default ``max_tokens`` (the rest of the context) can
-be computed.
+The routes run this in a worker thread (tokenizing a long prompt takes a while and must not
+stall the event loop), so length errors are answered before the request reaches the engine and
+the chat default ``max_tokens`` (the rest of the context) can be computed. A text that cannot
+fit the context whatever its tokenization (``ServeState.prompt_bound``) is refused before
+it is tokenized.
 """
 from __future__ import annotations
 
@@ -14,21 +16,44 @@ from adaspec.serve.state import ServeState
 
 
 MAX_BATCH = 256  # prompts in one completions request; larger batches belong in several requests
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null means this too
+
+# Parameters adaspec does not implement, with the values that ask for nothing: any other value
+# is a 400 (silently ignoring it would return something other than what was asked for).
+_NEUTRAL: dict[str, tuple] = {
+    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
+    "logit_bias": ({},), "min_tokens": (0,), "min_p": (0.0,), "use_beam_search": (False,),
+    "length_penalty": (1.0,), "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (),
+    "bad_words": ([],), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "structured_outputs": (),
+}
+_NEUTRAL_CHAT: dict[str, tuple] = {
+    "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],),
+}
 
 
 def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
     return APIError(400, msg, param, code)
 
 
-def _reject_unsupported(req) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0, 0.0):
-            raise _bad(f"{name} is not supported by adaspec (only 0).", name, "unsupported_parameter")
-    if req.repetition_penalty not in (None, 1, 1.0):
-        raise _bad("repetition_penalty is not supported by adaspec (only 1).", "repetition_penalty",
-                   "unsupported_parameter")
-    if req.logit_bias:
-        raise _bad("logit_bias is not supported by adaspec.", "logit_bias", "unsupported_parameter")
+def _is_neutral(value, neutral: tuple) -> bool:
+    if value is None:
+        return True
+    for n in neutral:
+        same_kind = type(value) is type(n) or (type(n) is float and type(value) is int)
+        if same_kind and value == n:
+            return True
+    return False
+
+
+def _reject_unsupported(req, table: dict[str, tuple]) -> None:
+    for name, neutral in table.items():
+        value = getattr(req, name)
+        if not _is_neutral(value, neutral):
+            only = " or ".join(repr(n) for n in neutral) if neutral else "null"
+            raise _bad(f"{name} is not supported by adaspec (only {only}), got {value!r}.", name,
+                       "unsupported_parameter")
     if req.stream_options is not None and not req.stream:
         raise _bad("stream_options is only allowed when stream is true.", "stream_options")
 
@@ -63,7 +88,8 @@ def _check_ids(state: ServeState, ids: list[int], param: str) -> None:
             raise _bad(f"Token id {t} is out of the vocabulary.", param)
 
 
-def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, param: str) -> None:
+def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, param: str,
+                  max_tokens_param: str = "max_tokens") -> None:
     limit = state.max_model_len
     if n_prompt == 0:
         raise _bad("The prompt is empty.", param)
@@ -74,10 +100,20 @@ def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, para
     if max_tokens is not None and n_prompt + max_tokens > limit:
         raise _bad(f"This model's maximum context length is {limit} tokens. However, you requested "
                    f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
-                   f"completion). Reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
+                   f"completion). Reduce the prompt or {max_tokens_param}.", max_tokens_param, "context_length_exceeded")
 
 
-def _params(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def _check_text_length(state: ServeState, text: str, param: str) -> None:
+    bound = state.prompt_bound
+    if bound is not None and bound.cannot_fit(text, state.max_model_len):
+        raise _bad(f"This model's maximum context length is {state.max_model_len} tokens, and your prompt has "
+                   f"{len(text)} characters: more than any tokenization of it could fit. Shorten the prompt.",
+                   param, "context_length_exceeded")
+
+
+def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState) -> SamplingParams:
+    if req.stop_token_ids:
+        _check_ids(state, req.stop_token_ids, "stop_token_ids")
     return SamplingParams(
         n=1 if req.n is None else req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -98,6 +134,7 @@ def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
     """One prompt (a string or token ids) -> token ids."""
     if isinstance(prompt, str):
         _need_tokenizer(state, "tokenize a text prompt", "prompt")
+        _check_text_length(state, prompt, "prompt")
         return list(_tok(lambda: state.tokenizer.encode(prompt), "prompt", "tokenize the prompt"))
     ids = list(prompt)
     _check_ids(state, ids, "prompt")
@@ -114,14 +151,15 @@ def completion_prompts(state: ServeState, prompt) -> list[list[int]]:
 
 
 def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[list[int]], SamplingParams]:
-    _reject_unsupported(req)
+    _reject_unsupported(req, _NEUTRAL)
     if req.best_of not in (None, 1):
         raise _bad("best_of must be 1: adaspec returns one completion per prompt.", "best_of")
     if req.echo:
         raise _bad("echo is not supported by adaspec.", "echo", "unsupported_parameter")
     if req.suffix:
         raise _bad("suffix is not supported by adaspec.", "suffix", "unsupported_parameter")
-    params = _params(req, req.max_tokens, req.logprobs)
+    max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    params = _params(req, max_tokens, req.logprobs, state)
     prompts = completion_prompts(state, req.prompt)
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
@@ -130,15 +168,22 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
 
 def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:
     _need_tokenizer(state, "apply a chat template", "messages")
-    msgs = [{"role": m.role, "content": m.text()} for m in messages]
+    msgs = []
+    for i, m in enumerate(messages):
+        if m.tool_calls:
+            raise _bad("tool_calls are not supported by adaspec.", f"messages.{i}.tool_calls", "unsupported_parameter")
+        msg = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            msg["name"] = m.name
+        msgs.append(msg)
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs), "messages", "apply the chat template")
+    _check_text_length(state, text, "messages")
     return list(_tok(lambda: state.tokenizer.encode(text), "messages", "tokenize the messages"))
 
 
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
-    _reject_unsupported(req)
-    if req.tools:
-        raise _bad("tools are not supported by adaspec.", "tools", "unsupported_parameter")
+    _reject_unsupported(req, _NEUTRAL)
+    _reject_unsupported(req, _NEUTRAL_CHAT)
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise _bad("response_format other than text is not supported by adaspec.", "response_format",
                    "unsupported_parameter")
@@ -147,7 +192,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
-        params = _params(req, max_tokens, logprobs)
+        params = _params(req, max_tokens, logprobs, state)
     except InvalidRequestError as e:
         if e.param == "logprobs":  # chat's name for the count
             raise InvalidRequestError(str(e).replace("logprobs", "top_logprobs", 1), "top_logprobs") from None
@@ -156,7 +201,8 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     ids = chat_prompt_ids(state, req.messages)
-    _check_length(state, len(ids), params.max_tokens, "messages")
+    _check_length(state, len(ids), params.max_tokens, "messages",
+                  "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
         params.max_tokens = state.max_model_len - len(ids)
     return ids, params

@@ -17,6 +17,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM: usage so far in every chunk
 
 
 class _SamplingFields(_Strict):
@@ -26,7 +27,10 @@ class _SamplingFields(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension (vLLM)
-    seed: int | None = None
+    seed: int | None = Field(None, description=(
+        "Sampling seed (signed 64-bit). The same seed gives the same text without speculation whatever the "
+        "batch, with fixed k as long as every step verifies all k drafts; with adaptive verification only for "
+        "the same arm, cost tables and batch composition (the README's 'Seeds: what is reproducible')."))
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension (vLLM)
     # null is accepted wherever a default exists: some clients send every field, unset ones as null
@@ -42,6 +46,24 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None  # vLLM extension; only 0 (it changes the sampled distribution)
+    # vLLM sampling extensions adaspec does not implement: declared so that a non-neutral value
+    # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
+    min_p: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    add_special_tokens: Any = None
+    spaces_between_special_tokens: Any = None
+    return_tokens_as_token_ids: Any = None
     user: str | None = None
 
 
@@ -63,7 +85,8 @@ class TextPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
+    name: str | None = None  # passed to the chat template
+    tool_calls: list[Any] | None = None  # refused when non-empty: adaspec has no tool calling
 
     def text(self) -> str:
         if self.content is None:
@@ -82,6 +105,13 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    # vLLM's chat extensions at their defaults only (refused otherwise)
+    echo: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    documents: Any = None
 
 
 class TokenizeRequest(_Strict):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -33,6 +35,15 @@ class DrainingServer(uvicorn.Server):
         self.serve_state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self.exit_code = 0
+        state.engine_thread.on_death = self.engine_died
+
+    def engine_died(self, error: BaseException) -> None:
+        """Engine thread: the engine failed. Exit non-zero (as vLLM) instead of answering 503 forever."""
+        log.error("the engine failed (%s: %s): the server exits", type(error).__name__, error)
+        self.exit_code = 1
+        self.serve_state.draining = True  # what still arrives gets 503 until the socket closes
+        self.should_exit = True
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -41,9 +52,12 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame) -> None:
         # Not calling super(): it records the signal to re-raise it after shutdown (exit != 0).
         if self.serve_state.draining or self._loop is None:
-            self.force_exit = True
-            self.should_exit = True
-            return
+            # The second signal: leave now. Letting uvicorn cancel the running streams would print
+            # a CancelledError traceback per stream; the client sees a closed connection either way.
+            log.warning("signal %s while draining: exiting now", sig)
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(128 + sig)
         self.serve_state.draining = True
         log.info("signal %s: draining (no new requests; %.0fs for running ones)", sig,
                  self.serve_state.settings.drain_timeout)
@@ -96,24 +110,39 @@ def _load_exiting_on_sigterm(engine_factory: Callable[[], Any], settings: Server
         signal.signal(signal.SIGTERM, previous)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind (not yet listen) the server socket: done before the model loads, so a busy port or a
+    bad address is a one-line error in a second, not after minutes of loading and profiling."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise AdaspecError(f"--port must be in [0, 65535], got {port}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise AdaspecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
         log_level: str = "info", access_log: bool = True) -> int:
-    """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status (0)."""
+    """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status: 0, or 1
+    when the engine failed (a supervisor then restarts the server)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    et = _load_exiting_on_sigterm(engine_factory, settings)
+    sock = bind_socket(host, port)
+    try:
+        et = _load_exiting_on_sigterm(engine_factory, settings)
+    except BaseException:
+        sock.close()
+        raise
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            raise AdaspecError(f"cannot listen on {host}:{port}: {e}") from None
         log.info("adaspec serving %s on http://%s:%d", settings.served_model_names[0], host,
                  sock.getsockname()[1])
         server.run(sockets=[sock])
     finally:
         et.stop()
-    return 0
-
+        sock.close()
+    return server.exit_code

@@ -4,6 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaspec.serve.errors import APIError
+from adaspec.serve.prompt_bound import PromptBound
+
+# Room for a long-context prompt as token ids (~7 bytes each in JSON) or a small batch of them;
+# a larger body is refused before it is read, let alone tokenized. --max-request-body-bytes.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -13,6 +18,8 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int | None = None  # None: unlimited
     drain_timeout: float = 30.0  # seconds running requests get after SIGTERM before being aborted
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies get a 413
+    disable_log_requests: bool = False  # no per-request log line
 
 
 @dataclass
@@ -28,6 +35,8 @@ class ServeState:
         # read-only after load, so the event loop may use them (the tokenizer is stateless)
         self.tokenizer = engine.tokenizer
         self.max_model_len = int(engine.max_model_len)
+        # what tells a text that cannot fit whatever its tokenization: refused before tokenizing it
+        self.prompt_bound = PromptBound.of(self.tokenizer)
         self.model_name = self.settings.served_model_names[0]
         self.accepted_names = set(self.settings.served_model_names)
         # a client may name the model by its path or by the engine's name when none was set

@@ -19,10 +19,44 @@ from adaspec.errors import ConfigError, InvalidRequestError, ModelLoadError
     (dict(stop=[""]), "stop"),
     (dict(logprobs=99), "logprobs"),
     (dict(temperature="hot"), "temperature"),
+    (dict(temperature=1e308), "temperature"),
+    (dict(top_k=2**31), "top_k"),
+    (dict(top_k=9223372036854775808), "top_k"),
+    (dict(seed=2**63), "seed"),
+    (dict(seed=-(2**63) - 1), "seed"),
+    (dict(stop_token_ids=[2**63]), "stop_token_ids"),
 ])
 def test_invalid_sampling_params(kwargs, needle):
     with pytest.raises(InvalidRequestError, match=needle):
         SamplingParams(**kwargs)
+
+
+def test_tiny_positive_temperature_is_greedy():
+    # dividing logits by 1e-39 gives inf/NaN: below vLLM's _SAMPLING_EPS a temperature is greedy
+    for t in (1e-39, 5e-324, 9e-6):
+        p = SamplingParams(temperature=t)
+        assert p.greedy and p.temperature == 0.0
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+def test_a_value_the_step_cannot_use_fails_its_request_alone(micro_qwen3):
+    # SamplingParams is mutable: add_request verifies it again, so a bad value never reaches the
+    # step, where it would fail every request of the batch (the server's engine thread died of it).
+    llm = LLM(str(micro_qwen3), max_model_len=64)
+    eng = llm.llm_engine
+    ok = SamplingParams(temperature=0.7, max_tokens=3, seed=1)
+    eng.add_request("ok", [1, 2, 3], ok)
+    for field, value in (("top_k", 9223372036854775808), ("seed", 2**64), ("temperature", float("nan")),
+                         ("top_p", 0.0)):
+        bad = SamplingParams(temperature=0.7, max_tokens=3)
+        setattr(bad, field, value)
+        with pytest.raises(InvalidRequestError, match=field):
+            eng.add_request(f"bad-{field}", [1, 2, 3], bad)
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert [o.request_id for o in outs if o.finished] == ["ok"]
+    assert len(outs[-1].outputs[0].token_ids) == 3
 
 
 def test_missing_model_dir(tmp_path):

@@ -20,6 +20,7 @@ EOS = 0
 class FakeTokenizer:
     eos_token_ids = {EOS}
     vocab_size = 0x110000
+    max_chars_per_token = 1  # one token per character (adaspec.serve.prompt_bound)
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]

@@ -1,5 +1,6 @@
 """`python fake_serve_proc.py PORT DRAIN_TIMEOUT STEP_DELAY [LOAD_DELAY]`: adaspec.serve.server.run on the fake engine,
-in its own process (main thread, real signal handling), for the SIGTERM drain tests."""
+in its own process (main thread, real signal handling), for the SIGTERM drain tests.
+$FAKE_FAIL_ON_STEP makes the engine's step raise from that step on."""
 import os
 import sys
 import time
@@ -18,7 +19,8 @@ load_delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 
 def factory():
     time.sleep(load_delay)  # stands in for a slow model load
-    return FakeEngine(step_delay=delay, max_model_len=4096)
+    fail = os.environ.get("FAKE_FAIL_ON_STEP")
+    return FakeEngine(step_delay=delay, max_model_len=4096, fail_on_step=int(fail) if fail else None)
 
 
 settings = ServerSettings(served_model_names=["fake"], drain_timeout=drain)

@@ -81,3 +81,53 @@ def test_missing_model_is_a_clean_error(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path / "nope"), "--port", "0"]) == 2
     assert "adaspec: error:" in capsys.readouterr().err
+
+
+def _main_err(capsys, *argv):
+    from adaspec.cli import main
+
+    rc = main(["serve", *argv])
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def test_a_busy_port_is_reported_before_the_model_loads(tmp_path, capsys):
+    # the model does not exist: had it been loaded first, that would be the error
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, err = _main_err(capsys, str(tmp_path / "nope"), "--port", str(port))
+    assert rc == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--port", "99999"], "--port must be in [0, 65535], got 99999"),
+    (["--port", "-1"], "--port must be in [0, 65535]"),
+    (["--speculative-config", "[1,2]"], "--speculative-config must be a JSON object"),
+    (["--speculative-config", "7"], "--speculative-config must be a JSON object"),
+    (["--speculative-config", "{nope"], "--speculative-config is not valid JSON"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1]"),
+    (["--gpu-memory-utilization", "0"], "gpu_memory_utilization must be in (0, 1]"),
+    (["--max-request-body-bytes", "0"], "--max-request-body-bytes must be >= 1"),
+])
+def test_bad_serve_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
+    rc, err = _main_err(capsys, str(tmp_path / "nope"), *argv)
+    assert rc == 2
+    assert needle in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_new_serve_flags_map_onto_config_and_settings():
+    a = _args("m", "--gpu-memory-utilization", "0.8", "--max-request-body-bytes", "4MiB", "--disable-log-requests")
+    assert engine_config_from_args(a).gpu_memory_utilization == 0.8
+    st = settings_from_args(a)
+    assert st.max_request_body_bytes == 4 * 2**20 and st.disable_log_requests is True
+    st = settings_from_args(_args("m"))
+    from adaspec.serve.state import DEFAULT_MAX_REQUEST_BODY_BYTES
+
+    assert st.max_request_body_bytes == DEFAULT_MAX_REQUEST_BODY_BYTES and st.disable_log_requests is False

@@ -133,3 +133,56 @@ def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path):
            "--served-model-name", "micro", "--max-model-len", "8192", "--num-kv-blocks", "600",
            "--drain-timeout", "1", "--log-level", "warning"]
     _drain_scenario(cmd, port, max_tokens=8000, expect_reason="abort")
+
+
+def test_a_second_signal_with_a_stream_in_flight_exits_at_once_and_quietly():
+    port = _free_port()
+    p = _start([sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "60", "0.01"], port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": 3000,
+                                                                          "ignore_eos": True})
+        assert first.wait(30)
+        p.send_signal(signal.SIGINT)
+        for _ in range(600):  # until the first one is handled: draining
+            if httpx.get(base + "/health", timeout=5).status_code == 503:
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 128 + signal.SIGINT
+        out = p.stdout.read()
+        t.join(30)
+        assert "Traceback" not in out and "CancelledError" not in out, out
+        assert len([ln for ln in out.splitlines() if ln.strip()]) <= 3, out  # "loading" + one line each
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_dead_engine_makes_the_server_exit_nonzero():
+    # Once the engine failed nothing can be served: exit (as vLLM does) so a supervisor restarts it.
+    port = _free_port()
+    env = dict(os.environ, FAKE_FAIL_ON_STEP="3")
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "30", "0"], cwd=ROOT,
+                         env=dict(env, PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", "")),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline().strip() == "loading"
+        r = None
+        for _ in range(1200):
+            if r is not None:
+                break
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "x", "max_tokens": 10},
+                               timeout=30)
+            except httpx.TransportError:  # not listening yet
+                if p.poll() is not None:
+                    break
+                time.sleep(0.05)
+        assert r is not None and r.status_code == 500, r and r.text
+        assert p.wait(30) == 1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -165,12 +165,35 @@ def test_queue_full_is_503_with_retry_after():
         s.close()
 
 
-def test_engine_failure_is_500_then_health_503():
+def test_engine_failure_is_500_then_the_server_exits_nonzero():
+    # An engine whose step failed is dead: the server stops (exit 1, as vLLM) so a supervisor
+    # restarts it, instead of staying up answering 503 forever.
     s = LiveServer(lambda: FakeEngine(fail_on_step=3), names=("fake",))
     try:
         r = httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 10})
         _assert_openai_error(r, 500)
-        assert httpx.get(s.url + "/health").status_code == 503
-        _assert_openai_error(httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 1}), 503)
+        s._thread.join(30)
+        assert not s._thread.is_alive()
+        assert s.server.exit_code == 1
+        with pytest.raises(httpx.TransportError):
+            httpx.get(s.url + "/health")
+    finally:
+        s.close()
+
+
+def test_an_engine_fault_outside_the_step_also_exits_instead_of_lingering():
+    # Before, an exception in the thread's bookkeeping ended the thread silently: /health then
+    # answered 503 forever while the process stayed up.
+    class FaultyCounts(FakeEngine):
+        def num_waiting(self):
+            if self.waiting:
+                raise RuntimeError("counting failed")
+            return 0
+
+    s = LiveServer(lambda: FaultyCounts(), names=("fake",))
+    try:
+        _assert_openai_error(httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 3}), 500)
+        s._thread.join(30)
+        assert not s._thread.is_alive() and s.server.exit_code == 1
     finally:
         s.close()

@@ -8,13 +8,15 @@ from hypothesis import strategies as st
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "seed", "stop", "stop_token_ids", "stream", "stream_options", "n", "logprobs", "top_logprobs", "echo",
-          "ignore_eos", "best_of", "presence_penalty", "logit_bias", "tools", "response_format", "tokens"]
+          "ignore_eos", "best_of", "presence_penalty", "logit_bias", "tools", "response_format", "tokens",
+          "min_tokens", "min_p", "tool_choice", "chat_template_kwargs", "add_generation_prompt"]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
                     st.text(max_size=8), st.sampled_from(["fake", "user", "text", "x"]))
 json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["role", "content", "type", "text",
-                                                                  "include_usage"]), inner, max_size=3)),
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["role", "content", "type", "text", "include_usage",
+                                                                  "continuous_usage_stats", "name", "tool_calls"]),
+                                   inner, max_size=3)),
     max_leaves=8)
 # small values that often pass validation, so the engine path gets exercised too
 plausible = {"prompt": st.one_of(st.text(min_size=1, max_size=5), st.lists(st.integers(0, 200), max_size=4)),

@@ -1,0 +1,140 @@
+"""What a request costs is bounded before the work is done (issue 11): JSON only, a body-size
+cap, texts that cannot fit refused before they are tokenized, tokenizing off the event loop,
+and /tokenize behind the API key."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from conftest import LiveServer
+from fake_engine import FakeEngine, FakeTokenizer
+
+C = "/v1/completions"
+
+
+def _err(r, status, code=None, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert err["code"] == code, err
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def small_body_server():
+    s = LiveServer(lambda: FakeEngine(max_model_len=64), names=("fake",), max_request_body_bytes=1000,
+                   api_key="sekrit")
+    yield s
+    s.close()
+
+
+AUTH = {"Authorization": "Bearer sekrit"}
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None])
+@pytest.mark.parametrize("path", [C, "/v1/chat/completions", "/tokenize"])
+def test_a_body_that_is_not_declared_json_is_415(small_body_server, path, ctype):
+    headers = dict(AUTH)
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+    body = b'{"prompt": "x", "max_tokens": 2, "top_k": 9223372036854775808}'
+    r = httpx.post(small_body_server.url + path, content=body, headers=headers)
+    _err(r, 415, "unsupported_media_type")
+
+
+def test_json_with_a_charset_is_accepted(small_body_server):
+    r = httpx.post(small_body_server.url + C, content=b'{"prompt": "x", "max_tokens": 2}',
+                   headers={**AUTH, "Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200, r.text
+
+
+def test_a_body_over_the_limit_is_413_from_its_content_length(small_body_server):
+    r = httpx.post(small_body_server.url + C, json={"prompt": "x" * 2000, "max_tokens": 2}, headers=AUTH)
+    _err(r, 413, "request_too_large")
+    assert httpx.get(small_body_server.url + "/health").status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_413(small_body_server):
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        yield b'{"prompt": "'
+        for _ in range(50):
+            yield b"x" * 100
+        yield b'", "max_tokens": 2}'
+
+    r = httpx.post(small_body_server.url + C, content=chunks(),
+                   headers={**AUTH, "Content-Type": "application/json"})
+    _err(r, 413, "request_too_large")
+    r = httpx.post(small_body_server.url + C, json={"prompt": "x", "max_tokens": 2}, headers=AUTH)
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("path, body", [("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [65]})])
+def test_tokenize_needs_the_api_key(small_body_server, path, body):
+    _err(httpx.post(small_body_server.url + path, json=body), 401, "invalid_api_key")
+    assert httpx.post(small_body_server.url + path, json=body, headers=AUTH).status_code == 200
+
+
+class _RecordingTokenizer(FakeTokenizer):
+    """Records what it was asked to encode; ``gate``, when set, holds encode until released."""
+
+    def __init__(self):
+        self.encoded: list[int] = []
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def encode(self, text):
+        self.encoded.append(len(text))
+        if self.gate is not None:
+            self.entered.set()
+            assert self.gate.wait(60)
+        return super().encode(text)
+
+
+@pytest.fixture
+def recording():
+    tok = _RecordingTokenizer()
+
+    def factory():
+        e = FakeEngine(max_model_len=64)
+        e.tokenizer = tok
+        return e
+
+    s = LiveServer(factory, names=("fake",))
+    yield s, tok
+    s.close()
+
+
+@pytest.mark.parametrize("path, body", [
+    (C, {"prompt": "y" * 100_000}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 100_000}]}),
+    ("/tokenize", {"prompt": "y" * 100_000}),
+])
+def test_a_text_that_cannot_fit_is_refused_without_tokenizing_it(recording, path, body):
+    s, tok = recording
+    err = _err(httpx.post(s.url + path, json=body), 400, "context_length_exceeded")
+    assert "64 tokens" in err["message"]
+    assert all(n < 1000 for n in tok.encoded), tok.encoded  # the long text never reached encode
+    # the bound is exact for one character per token: 63 characters fit, 64 do not
+    assert httpx.post(s.url + C, json={"prompt": "y" * 63, "max_tokens": 1}).status_code == 200
+    assert httpx.post(s.url + "/tokenize", json={"prompt": "y" * 64}).status_code == 200  # (tokenize has no limit)
+
+
+def test_tokenizing_does_not_block_the_event_loop(recording):
+    s, tok = recording
+    tok.gate = threading.Event()
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        r=httpx.post(s.url + C, json={"prompt": "slow", "max_tokens": 2}, timeout=60)))
+    t.start()
+    try:
+        assert tok.entered.wait(30)  # the request is inside encode now...
+        assert httpx.get(s.url + "/health", timeout=30).status_code == 200  # ...and the server answers
+        assert not tok.gate.is_set()
+    finally:
+        tok.gate.set()
+        t.join(60)
+    assert result["r"].status_code == 200
