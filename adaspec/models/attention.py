@@ -133,7 +133,7 @@ def paged_attention(
         from adaspec.models.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_q, meta.kv_lens, scale,
-                                      meta.causal, block_size=meta.block_size, max_q=meta.max_q)
+                                      meta.causal, block_size=meta.block_size, max_q=meta.max_q, max_k=meta.max_k)
     B, max_q = meta.num_seqs, meta.max_q
     T, Hq, D = q.shape
     q_pad = q.new_zeros(B, max_q, Hq, D)

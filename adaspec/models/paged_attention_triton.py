@@ -27,6 +27,7 @@ partial (unnormalised output, max, sum) triples, merged by a second small kernel
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -143,25 +144,22 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_o_ptr, part_ml_ptr, o_ptr, Hq, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    part_o_ptr, part_ml_ptr, o_ptr, num_tokens, num_q_heads, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """One program per (token, query head): rescale each split's partial to the global max."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    T = tl.num_programs(0)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_ok = offs_s < NUM_SPLITS
     offs_d = tl.arange(0, BLOCK_D)
-    m = -1.0e30
-    for s in range(NUM_SPLITS):
-        m = tl.maximum(m, tl.load(part_ml_ptr + ((s * T + tok) * Hq + head) * 2))
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    denom = 0.0
-    for s in range(NUM_SPLITS):
-        row = (s * T + tok) * Hq + head
-        w = tl.exp2(tl.load(part_ml_ptr + row * 2) - m)
-        denom += w * tl.load(part_ml_ptr + row * 2 + 1)
-        acc += w * tl.load(part_o_ptr + row * BLOCK_D + offs_d)
-    out = acc / tl.where(denom > 0, denom, 1.0)
+    row = (offs_s * num_tokens + tok) * num_q_heads + head  # [SPLITS_PAD]
+    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
+    l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(part_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # empty splits carry l = 0, acc = 0
+    denom = tl.sum(w * l, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(denom > 0, denom, 1.0)
     tl.store(o_ptr + tok * stride_ot + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
 
@@ -190,7 +188,8 @@ def paged_attention_triton(
     *,
     block_size: int,
     max_q: int,
-    num_splits: int = 1,
+    max_k: int | None = None,
+    num_splits: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -199,7 +198,9 @@ def paged_attention_triton(
     block_tables [B, max_blocks] int32, query_start [B+1] int32 (cumulative query counts, so
     query_start[-1] == T), kv_lens [B] int32 (keys of each request, this step's included; they
     must already be in the cache). max_q (host int, an upper bound on any request's query count)
-    only picks the tile shape; num_splits > 1 splits each tile's keys over that many programs.
+    and max_k (the same for keys; optional)
+    only picks the tile shape; num_splits > 1 splits each tile's keys over that many programs,
+    None picks it from the SM count (choose_num_splits; always 1 off CUDA).
     """
     T, Hq, D = q.shape
     num_slots, Hkv, Dk = k_cache.shape
@@ -231,6 +232,8 @@ def paged_attention_triton(
     if block_n is None:
         block_n = 64 if q.is_cuda else 16
     num_tiles = T // block_q + B  # see the module docstring: covers every request's tiles
+    if num_splits is None:
+        num_splits = choose_num_splits(num_tiles, Hkv, int(k_cache.shape[0]) if max_k is None else max_k, q.device)
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         part_o = torch.empty(num_splits, T, Hq, block_d, dtype=torch.float32, device=q.device)
@@ -253,10 +256,15 @@ def paged_attention_triton(
     )
     if num_splits > 1:
         _merge_splits_kernel[(T, Hq)](
-            part_o, part_ml, out, Hq, out.stride(0), out.stride(1),
-            HEAD_DIM=D, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            part_o, part_ml, out, T, Hq, out.stride(0), out.stride(1),
+            HEAD_DIM=D, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits),
         )
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def choose_num_splits(num_tiles: int, num_kv_heads: int, max_k: int, device: torch.device) -> int:
@@ -264,7 +272,7 @@ def choose_num_splits(num_tiles: int, num_kv_heads: int, max_k: int, device: tor
     least ~256 keys per split (below that the merge costs more than the parallelism buys)."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     programs = max(1, num_tiles * num_kv_heads)
     if programs >= sms:
         return 1

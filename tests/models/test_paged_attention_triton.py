@@ -164,7 +164,7 @@ def test_engine_greedy_tokens_match_reference_backend(micro_qwen3):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 4, None])
 def test_gpu_half_precision_matches_reference(dtype, num_splits):
     q_lens = [1] * 8 + [8] * 4 + [100]
     kv_lens = [513, 64, 1000, 1, 77, 200, 2048, 31] + [9, 400, 1500, 8] + [700]
