@@ -87,6 +87,14 @@ def test_mixed_batch_causal_matches_reference(block_size, d, hq, hkv):
     assert_close(run_triton(q, kc, vc, tables, MIXED_Q, MIXED_K, block_size, scale), ref)
 
 
+@pytest.mark.parametrize("block_size,block_n", [(16, 64), (4, 16)])
+def test_key_tile_spanning_several_cache_blocks(block_size, block_n):
+    """The GPU default key tile (64) covers several cache blocks, each looked up separately."""
+    q, kc, vc, tables = make_case(MIXED_Q, MIXED_K, block_size, 4, 2, 64, seed=block_n)
+    ref = reference(q, kc, vc, tables, MIXED_Q, MIXED_K, block_size, 0.125)
+    assert_close(run_triton(q, kc, vc, tables, MIXED_Q, MIXED_K, block_size, 0.125, block_n=block_n), ref)
+
+
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 1)])
 def test_non_causal_block_matches_reference(hq, hkv):
     """The drafter's block: every query of a request sees all kv_len keys."""
