@@ -95,6 +95,20 @@ def test_key_tile_spanning_several_cache_blocks(block_size, block_n):
     assert_close(run_triton(q, kc, vc, tables, MIXED_Q, MIXED_K, block_size, 0.125, block_n=block_n), ref)
 
 
+def test_empty_requests_and_spare_rows_are_harmless():
+    """CUDA-graph padding: requests with no queries (and no keys) inside the batch, and spare
+    query rows after query_start[-1], leave the real rows' results unchanged."""
+    q_lens, kv_lens = [3, 0, 1, 0, 6], [9, 0, 33, 0, 6]
+    q, kc, vc, tables = make_case(q_lens, kv_lens, 16, 4, 2, 64, seed=2)
+    keep = [i for i, n in enumerate(q_lens) if n]
+    ref = reference(q, kc, vc, [tables[i] for i in keep], [q_lens[i] for i in keep], [kv_lens[i] for i in keep],
+                    16, 0.125)
+    spare = torch.cat([q, torch.randn(5, 4, 64, device=DEVICE)])  # 5 rows no request owns
+    out = run_triton(spare, kc, vc, tables, q_lens, kv_lens, 16, 0.125)
+    assert_close(out[: q.shape[0]], ref)
+    assert out[q.shape[0]:].isnan().all()  # never written
+
+
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 1)])
 def test_non_causal_block_matches_reference(hq, hkv):
     """The drafter's block: every query of a request sees all kv_len keys."""
