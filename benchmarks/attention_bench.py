@@ -93,10 +93,19 @@ def arms_for(q, kc, vc, tables, q_lens, kv_lens, scale):
     dev = q.device
     m_tri = build_attention_metadata("triton", tables, q_lens, kv_lens, None, BLOCK_SIZE, dev)
     m_var = build_attention_metadata("varlen", tables, q_lens, kv_lens, None, BLOCK_SIZE, dev)
-    from torch.nn.attention.varlen import varlen_attn
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as e:  # the varlen arms then record this error
+        err = e
+
+        def varlen_attn(*a, **k):
+            raise err
 
     # torch >= 2.13's varlen_attn refuses Hq != Hkv unless told enable_gqa=True (older ones lack the flag)
-    gqa = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
+    try:
+        gqa = {"enable_gqa": True} if "enable_gqa" in inspect.signature(varlen_attn).parameters else {}
+    except (TypeError, ValueError):
+        gqa = {}
 
     def varlen():  # what backend "varlen" does: gather this step's K/V, then flash varlen
         keys, values = kc[m_var.kv_gather_flat], vc[m_var.kv_gather_flat]
@@ -165,10 +174,15 @@ def main():
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "dtype": "bfloat16", "block_size": BLOCK_SIZE,
               "head_dim": D, "num_kv_heads": HKV, "rows": [], "errors": []}
-    mixed = check_mixed_batch(device, dtype)
-    report["mixed_batch_max_abs_err_vs_reference"] = mixed
-    print("mixed batch vs reference (max abs err):", {k: f"{v:.2e}" for k, v in mixed.items()}, flush=True)
-    ok = all(v < 3e-2 for v in mixed.values())
+    try:
+        mixed = check_mixed_batch(device, dtype)
+        report["mixed_batch_max_abs_err_vs_reference"] = mixed
+        print("mixed batch vs reference (max abs err):", {k: f"{v:.2e}" for k, v in mixed.items()}, flush=True)
+        ok = all(v < 3e-2 for v in mixed.values())
+    except Exception:  # noqa: BLE001 - report it and still time what runs
+        report["errors"].append(traceback.format_exc()[-3000:])
+        print(report["errors"][-1], flush=True)
+        ok = False
     report["mixed_batch_ok"] = ok
     if not ok:
         print("!! the Triton kernel disagrees with the reference on the mixed batch", flush=True)
