@@ -52,9 +52,9 @@ def _find_request(tile, qs_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,
-    part_o_ptr, part_ml_ptr,  # split-K partials (unused when NUM_SPLITS == 1)
+    part_o_ptr, part_ml_ptr,  # split-K partials (unused without SPLIT_K)
     bt_ptr, qs_ptr, kvl_ptr,
-    scale_log2, num_seqs, num_tokens, num_q_heads,
+    scale_log2, num_seqs, num_tokens, num_q_heads, num_splits,
     stride_qt, stride_qh,
     stride_kt, stride_kh,
     stride_vt, stride_vh,
@@ -63,7 +63,7 @@ def _paged_attention_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    CAUSAL: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     tile = tl.program_id(0)
@@ -101,7 +101,7 @@ def _paged_attention_kernel(
 
     # this split's share of the tile's keys, in whole BLOCK_N steps
     n_steps = tl.cdiv(tile_end, BLOCK_N)
-    steps_per_split = tl.cdiv(n_steps, NUM_SPLITS)
+    steps_per_split = tl.cdiv(n_steps, num_splits)
     lo = split * steps_per_split * BLOCK_N
     hi = tl.minimum(tile_end, (split + 1) * steps_per_split * BLOCK_N)
 
@@ -130,12 +130,12 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT_K:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
-        # partials laid out [NUM_SPLITS, T, Hq, BLOCK_D] and [NUM_SPLITS, T, Hq, 2] (max, sum), contiguous
+        # partials laid out [num_splits, T, Hq, BLOCK_D] and [num_splits, T, Hq, 2] (max, sum), contiguous
         row = (split * num_tokens + tok) * num_q_heads + head
         tl.store(part_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=row_ok)
@@ -144,16 +144,16 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_o_ptr, part_ml_ptr, o_ptr, num_tokens, num_q_heads, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    part_o_ptr, part_ml_ptr, o_ptr, num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_SPLITS: tl.constexpr,
 ):
     """One program per (token, query head): rescale each split's partial to the global max."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    s_ok = offs_s < NUM_SPLITS
+    offs_s = tl.arange(0, MAX_SPLITS)
+    s_ok = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
-    row = (offs_s * num_tokens + tok) * num_q_heads + head  # [SPLITS_PAD]
+    row = (offs_s * num_tokens + tok) * num_q_heads + head  # [MAX_SPLITS]
     m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
     l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
     acc = tl.load(part_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
@@ -162,6 +162,9 @@ def _merge_splits_kernel(
     out = tl.sum(w[:, None] * acc, 0) / tl.where(denom > 0, denom, 1.0)
     tl.store(o_ptr + tok * stride_ot + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
+
+
+MAX_SPLITS = 16  # split-K programs per tile at most (the merge kernel reads them all at once)
 
 
 def _pow2(n: int) -> int:
@@ -199,7 +202,8 @@ def paged_attention_triton(
     query_start[-1] == T), kv_lens [B] int32 (keys of each request, this step's included; they
     must already be in the cache). max_q (host int, an upper bound on any request's query count)
     and max_k (the same for keys; optional)
-    only picks the tile shape; num_splits > 1 splits each tile's keys over that many programs,
+    only picks the tile shape; num_splits > 1 splits each tile's keys over that many programs
+    (at most MAX_SPLITS),
     None picks it from the SM count (choose_num_splits; always 1 off CUDA).
     """
     T, Hq, D = q.shape
@@ -234,7 +238,8 @@ def paged_attention_triton(
     num_tiles = T // block_q + B  # see the module docstring: covers every request's tiles
     if num_splits is None:
         num_splits = choose_num_splits(num_tiles, Hkv, int(k_cache.shape[0]) if max_k is None else max_k, q.device)
-    num_splits = max(1, int(num_splits))
+    # a runtime argument, not a constant: a new split count must not mean a new compile
+    num_splits = min(max(1, int(num_splits)), MAX_SPLITS)
     if num_splits > 1:
         part_o = torch.empty(num_splits, T, Hq, block_d, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_splits, T, Hq, 2, dtype=torch.float32, device=q.device)
@@ -243,7 +248,7 @@ def paged_attention_triton(
     _paged_attention_kernel[(num_tiles, Hkv, num_splits)](
         q, k_cache, v_cache, out, part_o, part_ml,
         block_tables, query_start, kv_lens,
-        float(scale) * math.log2(math.e), B, T, Hq,
+        float(scale) * math.log2(math.e), B, T, Hq, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
@@ -251,13 +256,13 @@ def paged_attention_triton(
         block_tables.stride(0),
         G=G, G_PAD=g_pad, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_SIZE=block_size,
-        CAUSAL=bool(causal), NUM_SPLITS=num_splits,
+        CAUSAL=bool(causal), SPLIT_K=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     if num_splits > 1:
         _merge_splits_kernel[(T, Hq)](
-            part_o, part_ml, out, T, Hq, out.stride(0), out.stride(1),
-            HEAD_DIM=D, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits),
+            part_o, part_ml, out, T, Hq, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=D, BLOCK_D=block_d, MAX_SPLITS=MAX_SPLITS,
         )
     return out
 
@@ -276,4 +281,4 @@ def choose_num_splits(num_tiles: int, num_kv_heads: int, max_k: int, device: tor
     programs = max(1, num_tiles * num_kv_heads)
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), max_k // 256, 16))
+    return max(1, min(triton.cdiv(2 * sms, programs), max_k // 256, MAX_SPLITS))
