@@ -144,12 +144,14 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_o_ptr, part_ml_ptr, o_ptr, num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,
+    part_o_ptr, part_ml_ptr, o_ptr, qs_ptr, num_seqs, num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_SPLITS: tl.constexpr,
 ):
     """One program per (token, query head): rescale each split's partial to the global max."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    if tok >= tl.load(qs_ptr + num_seqs):  # a spare row no request owns: left as it was
+        return
     offs_s = tl.arange(0, MAX_SPLITS)
     s_ok = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
@@ -261,7 +263,7 @@ def paged_attention_triton(
     )
     if num_splits > 1:
         _merge_splits_kernel[(T, Hq)](
-            part_o, part_ml, out, T, Hq, num_splits, out.stride(0), out.stride(1),
+            part_o, part_ml, out, query_start, B, T, Hq, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=D, BLOCK_D=block_d, MAX_SPLITS=MAX_SPLITS,
         )
     return out

@@ -97,7 +97,8 @@ def test_key_tile_spanning_several_cache_blocks(block_size, block_n):
     assert_close(run_triton(q, kc, vc, tables, MIXED_Q, MIXED_K, block_size, 0.125, block_n=block_n), ref)
 
 
-def test_empty_requests_and_spare_rows_are_harmless():
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_empty_requests_and_spare_rows_are_harmless(num_splits):
     """CUDA-graph padding: requests with no queries (and no keys) inside the batch, and spare
     query rows after query_start[-1], leave the real rows' results unchanged."""
     q_lens, kv_lens = [3, 0, 1, 0, 6], [9, 0, 33, 0, 6]
@@ -106,7 +107,7 @@ def test_empty_requests_and_spare_rows_are_harmless():
     ref = reference(q, kc, vc, [tables[i] for i in keep], [q_lens[i] for i in keep], [kv_lens[i] for i in keep],
                     16, 0.125)
     spare = torch.cat([q, torch.randn(5, 4, 64, device=DEVICE)])  # 5 rows no request owns
-    out = run_triton(spare, kc, vc, tables, q_lens, kv_lens, 16, 0.125)
+    out = run_triton(spare, kc, vc, tables, q_lens, kv_lens, 16, 0.125, num_splits=num_splits)
     assert_close(out[: q.shape[0]], ref)
     assert out[q.shape[0]:].isnan().all()  # never written
 
