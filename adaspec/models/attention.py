@@ -15,6 +15,9 @@ Backends:
   a boolean mask. Works on any device; the CPU path.
 - "varlen": gather keys into a packed [sum_k] tensor and call torch's flash varlen kernel
   (`torch.nn.attention.varlen.varlen_attn`, CUDA only, causal masks only).
+- "triton": adaspec.models.paged_attention_triton reads K/V through the block tables (no gather);
+  causal, or every query of a request seeing all its keys (the drafter's block). CUDA, or CPU
+  under TRITON_INTERPRET=1 (tests).
 """
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ class AttentionMetadata:
     cu_q: torch.Tensor | None = None  # [B+1] int32
     cu_k: torch.Tensor | None = None  # [B+1] int32
     kv_gather_flat: torch.Tensor | None = None  # [sum_k] cache slots
+    # triton backend (cu_q doubles as its query_start)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+    kv_lens: torch.Tensor | None = None  # [B] int32
+    causal: bool = True
+    block_size: int = 0
 
 
 def build_attention_metadata(
@@ -85,6 +93,17 @@ def build_attention_metadata(
         meta.cu_q = to(np.concatenate([[0], np.cumsum(ql)]), torch.int32)
         meta.cu_k = to(np.concatenate([[0], np.cumsum(kl)]), torch.int32)
         return meta
+    if backend == "triton":
+        if kv_limits is not None:
+            lim = np.concatenate([np.asarray(x, dtype=np.int64) for x in kv_limits])
+            meta.causal = not np.array_equal(lim, np.repeat(kl, ql))  # else: every query sees all its keys
+            if meta.causal and not np.array_equal(lim, q_pos + 1):
+                raise ValueError("the triton backend supports causal masks or kv_limits == kv_lens only")
+        meta.block_tables = to(bt, torch.int32)
+        meta.cu_q = to(np.concatenate([[0], np.cumsum(ql)]), torch.int32)
+        meta.kv_lens = to(kl, torch.int32)
+        meta.block_size = block_size
+        return meta
     if kv_limits is None:
         limit = q_pos + 1
     else:
@@ -110,6 +129,11 @@ def paged_attention(
     """q: [T, Hq, D] -> [T, Hq, D], over keys already written to the cache."""
     if meta.backend == "varlen":
         return _varlen(q, k_cache, v_cache, meta, scale)
+    if meta.backend == "triton":
+        from adaspec.models.paged_attention_triton import paged_attention_triton
+
+        return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_q, meta.kv_lens, scale,
+                                      meta.causal, block_size=meta.block_size, max_q=meta.max_q, max_k=meta.max_k)
     B, max_q = meta.num_seqs, meta.max_q
     T, Hq, D = q.shape
     q_pad = q.new_zeros(B, max_q, Hq, D)
