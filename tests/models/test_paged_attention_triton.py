@@ -197,3 +197,46 @@ def test_gpu_half_precision_matches_reference(dtype, num_splits):
     ref = reference(q, kc, vc, tables, q_lens, kv_lens, 16, 128 ** -0.5)
     out = run_triton(q, kc, vc, tables, q_lens, kv_lens, 16, 128 ** -0.5, num_splits=num_splits)
     assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_with_new_lengths():
+    """The grid depends only on (T, B): one captured launch (split count included) stays right
+    when the lengths in query_start / kv_lens change between replays."""
+    B, hq, hkv, d, bs, scale = 4, 32, 8, 128, 16, 128 ** -0.5
+    steps = [([1, 1, 2, 8], [100, 600, 40, 1000]), ([8, 2, 1, 1], [1500, 9, 2000, 300])]  # T = 12 both
+    width = 2048 // bs
+    g = torch.Generator().manual_seed(4)
+    perm = torch.randperm(B * width + 3, generator=g).tolist()
+    tables = [perm[i * width:(i + 1) * width] for i in range(B)]
+    q = torch.randn(12, hq, d, generator=g).to(DEVICE, torch.bfloat16)
+    kc = torch.randn((B * width + 3) * bs, hkv, d, generator=g).to(DEVICE, torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.tensor(tables, dtype=torch.int32, device=DEVICE)
+    qs = torch.zeros(B + 1, dtype=torch.int32, device=DEVICE)
+    kl = torch.zeros(B, dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(q)
+
+    def set_lengths(q_lens, kv_lens):
+        qs.copy_(torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32))
+        kl.copy_(torch.tensor(kv_lens, dtype=torch.int32))
+
+    def launch():
+        paged_attention_triton(q, kc, vc, bt, qs, kl, scale, True, block_size=bs, max_q=8, max_k=2048, out=out)
+
+    set_lengths(*steps[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    for q_lens, kv_lens in steps:
+        set_lengths(q_lens, kv_lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        used = [t[: -(-k // bs)] for t, k in zip(tables, kv_lens)]
+        assert_close(out, reference(q, kc, vc, used, q_lens, kv_lens, bs, scale), rtol=2e-2, atol=2e-2)
