@@ -177,6 +177,15 @@ def _varlen(q, k_cache, v_cache, meta, scale):
     )
 
 
+def triton_available() -> bool:
+    """The Triton kernel can run: triton imports (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def varlen_available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
