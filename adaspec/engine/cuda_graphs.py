@@ -57,12 +57,12 @@ class GraphedForward:
 
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, max_num_seqs: int,
                  query_lens: tuple[int, ...], max_model_len: int, max_blocks_per_seq: int, scratch_block: int,
-                 capture_layers: list[int] | None):
+                 capture_layers: list[int] | None, batch_sizes: list[int] | None = None):
         self.model, self.kv_caches, self.block_size, self.device = model, kv_caches, block_size, device
         self.query_lens = tuple(sorted(set(query_lens)))
         self.max_model_len = max_model_len
         self.capture_layers = list(capture_layers or [])
-        self.batch_sizes = capture_sizes(max_num_seqs)
+        self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(max_num_seqs)
         self.scratch_block = scratch_block
         max_b, max_t = self.batch_sizes[-1], self.batch_sizes[-1] * self.query_lens[-1]
         self.max_blocks = max_blocks_per_seq

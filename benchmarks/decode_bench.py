@@ -1,0 +1,259 @@
+"""GPU step benchmarks of the engine on Qwen3 shapes with random weights (load_format="dummy").
+
+1. Decode step time vs batch (512-token prompts): the engine's whole step (schedule, CUDA-graph
+   replay, sampling, bookkeeping) as a user gets it, the device-to-host syncs of one step, and
+   the fraction of the memory floor (weights + KV bytes / copy bandwidth measured in this run).
+2. Verification step time vs query tokens per request (1, 2, 4, 8) at several batch sizes: the
+   captured forward alone (refresh + replay), against the decode step and against
+   max(bytes / bandwidth, FLOPs / matmul peak), both measured in this run.
+3. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
+
+Prints a short table per part, writes everything to $OUT/decode_bench.json (default ./out).
+Usage on the GPU machine: python3 benchmarks/decode_bench.py --shapes qwen3-0.6b,qwen3-8b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from qwen3_shapes import kv_bytes_per_token, param_count, write_shape  # noqa: E402
+
+from adaspec.config import EngineConfig  # noqa: E402
+from adaspec.engine.cuda_graphs import GraphedForward  # noqa: E402
+from adaspec.engine.llm_engine import LLMEngine  # noqa: E402
+from adaspec.sampling_params import SamplingParams  # noqa: E402
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second of a 2 GiB device-to-device copy (median of 10)."""
+    x = torch.empty(1 << 30, dtype=torch.int16, device="cuda").random_()
+    y = torch.empty_like(x)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        y.copy_(x)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * x.numel() * 2 / statistics.median(times[2:])
+
+
+def matmul_peak() -> float:
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ b
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        a @ b
+    e.record()
+    e.synchronize()
+    return 10 * 2 * 8192**3 / (s.elapsed_time(e) / 1e3)
+
+
+def count_syncs(fn) -> int:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
+    g = torch.Generator().manual_seed(batch)
+    for r in range(batch):
+        ids = torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist()
+        eng.add_request(f"b{batch}-{r}", ids, SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
+        eng.step()
+    eng.step()  # a first decode step (any lazy init)
+    syncs = count_syncs(eng.step)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    for s in list(eng.scheduler.running):
+        eng.abort_request(s.request_id)
+    eng.step()
+    return {"step_ms": 1e3 * statistics.median(times), "step_ms_p90": 1e3 * float(np.percentile(times, 90)),
+            "syncs_per_step": syncs}
+
+
+def verify_costs(eng: LLMEngine, batches: list[int], qs: list[int], ctx: int, reps: int) -> list[dict]:
+    """Replay time of captured forwards with q query tokens per request over ctx tokens of context."""
+    bs = eng.config.block_size
+    n_blocks = -(-(ctx + max(qs)) // bs)
+    graphs = GraphedForward(eng.model, eng.kv_caches, bs, eng.device, max(batches), query_lens=tuple(qs),
+                            max_model_len=eng.max_model_len, max_blocks_per_seq=n_blocks,
+                            scratch_block=eng.scratch_block, capture_layers=None, batch_sizes=batches)
+    graphs.capture()
+    out = []
+    for b in batches:
+        tables = [[(r * n_blocks + i) % eng.num_blocks for i in range(n_blocks)] for r in range(b)]
+        for q in qs:
+            qlens = np.full(b, q, dtype=np.int64)
+            starts = np.full(b, ctx, dtype=np.int64)
+            ids = np.ones(b * q, dtype=np.int64)
+            key = (b, q)
+            for _ in range(3):
+                graphs.run(key, ids, qlens, starts, tables)
+            times = []
+            for _ in range(reps):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                graphs.run(key, ids, qlens, starts, tables)
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e))
+            out.append({"batch": b, "q": q, "ms": statistics.median(times)})
+    del graphs
+    torch.cuda.empty_cache()
+    return out
+
+
+def hf_generate_step_ms(model_dir: Path, eng: LLMEngine, batch: int, prompt_len: int, steps: int) -> float:
+    """transformers generate, static cache (compiled by transformers), greedy, same weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        hf = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    hf.load_state_dict({k: v for k, v in eng.model.state_dict().items() if not k.startswith("rope.")}, strict=False)
+    hf.eval()
+
+    class Stamps(BaseStreamer):
+        def __init__(self):
+            self.t = []
+
+        def put(self, value):
+            self.t.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    ids = torch.randint(10, cfg.vocab_size - 10, (batch, prompt_len), device="cuda")
+    kw = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, cache_implementation="static",
+              pad_token_id=0)
+    with torch.inference_mode():
+        hf.generate(ids, **kw)  # compiles
+        st = Stamps()
+        hf.generate(ids, streamer=st, **kw)
+    gaps = np.diff(st.t[2:])  # put #0 is the prompt, #1 the first token (prefill)
+    del hf
+    torch.cuda.empty_cache()
+    return 1e3 * float(np.median(gaps))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3-0.6b,qwen3-4b,qwen3-8b")
+    ap.add_argument("--batches", default="1,4,16,64,256")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--verify-batches", default="1,16,64,256")
+    ap.add_argument("--verify-q", default="1,2,4,8")
+    ap.add_argument("--hf", default="", help="shape:batch pairs for the transformers comparison, e.g. "
+                                             "qwen3-0.6b:1,qwen3-4b:16")
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=500, help="skip remaining parts past this many seconds")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    out_dir = Path(os.environ.get("OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    batches = [int(x) for x in args.batches.split(",")]
+    bw, peak = copy_bandwidth(), matmul_peak()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
+          f"torch {torch.__version__}", flush=True)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": bw,
+              "matmul_flops_per_s": peak, "prompt_len": args.prompt_len, "steps": args.steps,
+              "enforce_eager": args.enforce_eager, "decode": [], "verify": [], "hf": [], "skipped": []}
+    hf_pairs = [tuple(p.split(":")) for p in args.hf.split(",") if p]
+    tmp = Path(tempfile.mkdtemp())
+    for shape in args.shapes.split(","):
+        if time.perf_counter() - t_start > args.budget_s:
+            result["skipped"].append(f"{shape}: time budget")
+            continue
+        d = write_shape(shape, tmp)
+        max_len = args.prompt_len + args.steps + 64
+        t0 = time.perf_counter()
+        eng = LLMEngine(EngineConfig(
+            model=str(d), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
+            max_num_seqs=max(batches), max_model_len=max_len, max_num_batched_tokens=8192,
+            num_kv_blocks=max(batches) * (-(-max_len // 16)) + 8, enforce_eager=args.enforce_eager))
+        startup = time.perf_counter() - t0
+        weights = param_count(shape) * 2
+        kvt = kv_bytes_per_token(shape)
+        print(f"\n{shape}: {param_count(shape) / 1e9:.2f} B params, engine start {startup:.1f} s "
+              f"(graphs: {eng.runner.graphs is not None})", flush=True)
+        print(f"{'batch':>6} {'step ms':>9} {'p90':>7} {'floor ms':>9} {'of floor':>8} {'syncs':>5}")
+        for b in batches:
+            r = decode_steps(eng, b, args.prompt_len, args.steps, 151936)
+            ctx = args.prompt_len + args.steps / 2
+            floor = 1e3 * (weights + b * ctx * kvt) / bw
+            r.update(shape=shape, batch=b, floor_ms=floor, fraction_of_floor=floor / r["step_ms"])
+            result["decode"].append(r)
+            print(f"{b:>6} {r['step_ms']:>9.2f} {r['step_ms_p90']:>7.2f} {floor:>9.3f} "
+                  f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5}", flush=True)
+        if not args.enforce_eager and time.perf_counter() - t_start < args.budget_s:
+            vb = [int(x) for x in args.verify_batches.split(",")]
+            vq = [int(x) for x in args.verify_q.split(",")]
+            rows = verify_costs(eng, vb, vq, args.prompt_len, 20)
+            print(f"{'batch':>6} " + " ".join(f"{'q=' + str(q):>8}" for q in vq) + f" {'q8/q1':>6} {'bound q8':>8}")
+            for b in vb:
+                ms = {r["q"]: r["ms"] for r in rows if r["batch"] == b}
+                fl = 2 * param_count(shape) * b * max(vq)
+                by = weights + b * (args.prompt_len + max(vq)) * kvt
+                bound = 1e3 * max(by / bw, fl / peak)
+                print(f"{b:>6} " + " ".join(f"{ms[q]:>8.2f}" for q in vq)
+                      + f" {ms[max(vq)] / ms[min(vq)]:>6.2f} {bound:>8.2f}", flush=True)
+                for r in rows:
+                    if r["batch"] == b:
+                        r.update(shape=shape, bound_ms_at_qmax=bound)
+            result["verify"].extend(rows)
+        for s, b in hf_pairs:
+            if s != shape:
+                continue
+            if time.perf_counter() - t_start > args.budget_s:
+                result["skipped"].append(f"hf {s}:{b}: time budget")
+                continue
+            try:
+                ms = hf_generate_step_ms(d, eng, int(b), args.prompt_len, args.steps)
+                ours = next(r["step_ms"] for r in result["decode"] if r["shape"] == s and r["batch"] == int(b))
+                result["hf"].append({"shape": s, "batch": int(b), "hf_step_ms": ms, "adaspec_step_ms": ours,
+                                     "speedup": ms / ours})
+                print(f"transformers generate (static cache, compiled) {s} batch {b}: {ms:.2f} ms/step; adaspec "
+                      f"{ours:.2f} ms ({ms / ours:.2f}x)", flush=True)
+            except Exception as e:  # report and go on: the engine's figures stand alone
+                result["hf"].append({"shape": s, "batch": int(b), "error": f"{type(e).__name__}: {e}"[:500]})
+                print(f"transformers comparison {s}:{b} failed: {type(e).__name__}: {e}"[:300], flush=True)
+        del eng
+        torch.cuda.empty_cache()
+        (out_dir / "decode_bench.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "decode_bench.json").write_text(json.dumps(result, indent=1))
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; skipped: {result['skipped'] or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

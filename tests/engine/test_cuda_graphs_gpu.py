@@ -1,0 +1,59 @@
+"""CUDA graphs on the GPU: replays give the same greedy tokens as the eager engine (decode, and
+verification with mixed draft lengths, at batch sizes that pad), and one decode step makes one
+device-to-host sync (the sampled tokens read back)."""
+import warnings
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _prompts(n, vocab=8000):
+    g = torch.Generator().manual_seed(n)
+    return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in torch.randint(5, 60, (n,), generator=g)]
+
+
+def _llm(eager: bool, spec: bool):
+    cfg = {"method": "dspark", "num_speculative_tokens": 5} if spec else None
+    return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda")
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["decode", "verify"])
+def test_graphs_match_eager_greedy(spec):
+    prompts = _prompts(19)  # 19 -> 24, then fewer as requests finish: padded sizes
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
+    eager, graphed = _llm(True, spec), _llm(False, spec)
+    assert eager.llm_engine.runner.graphs is None and graphed.llm_engine.runner.graphs is not None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    same = sum(a == b for a, b in zip(want, got))
+    assert same == len(want), f"{same}/{len(want)} requests identical"
+    assert graphed.llm_engine.runner.num_graph_steps > 5
+
+
+def _syncs_in(fn) -> int:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_decode_step_syncs_once(temperature):
+    llm = _llm(False, False)
+    eng = llm.llm_engine
+    for i, p in enumerate(_prompts(8)):
+        eng.add_request(str(i), p, SamplingParams(temperature=temperature, max_tokens=50, ignore_eos=True, seed=i))
+    for _ in range(3):  # prefill, then decodes
+        eng.step()
+    assert all(s.is_decoding for s in eng.scheduler.running)
+    n = _syncs_in(eng.step)
+    assert n == 1, f"a decode step made {n} device-to-host syncs"
