@@ -15,6 +15,7 @@ _SUBCOMMAND_MODULES = [
     "adaspec.train.card",
     "adaspec.train.drafter",
     "adaspec.train.calibrate",
+    "adaspec.train.pair",
 ]
 
 
