@@ -20,8 +20,8 @@ Within a source, nested ``site-packages`` / ``dist-packages`` and ``__pycache__`
 The split depends only on the file's key (sha1 of the POSIX form), so the same files land in
 the same split on every machine, in any listing order, and whatever other sources are added.
 Identical files (same content) are kept once: the copy in the most held-out split (test, then
-val, then train; ties: the earlier source, then the smaller key), so no text of a held-out
-split is ever trained on, and the choice does not depend on the order of the listing.
+val, then train; ties: the smaller key), so no text of a held-out split is ever trained on, and
+the choice depends neither on the order of the sources nor on which other sources are given.
 Output: ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (one ``{"text", "path", "source"}`` per
 line, sorted by path) and ``stats.json`` (per split and per source: files, bytes, duplicates
 dropped; per-source token counts are added once a tokenizer has tokenized the corpus, see
@@ -201,7 +201,7 @@ def build_corpus(
     best: dict[str, tuple] = {}  # content sha256 -> (rank, record)
     skipped: list[str] = []
     empty = 0
-    for si, src in enumerate(srcs):
+    for src in srcs:
         for key, text, name in _iter_source_docs(src, suffixes):
             st = source_stats(name or src.name, src)
             if text is None:
@@ -215,7 +215,7 @@ def build_corpus(
             split = split_of(key, val_pct, test_pct)
             rec = {"text": text, "path": key, "source": st["name"], "_split": split}
             digest = hashlib.sha256(text.encode("utf-8")).digest()
-            rank = (SPLIT_RANK[split], si, key)
+            rank = (SPLIT_RANK[split], key, src.name)
             old = best.get(digest)
             if old is None or rank < old[0]:
                 if old is not None:
@@ -238,7 +238,7 @@ def build_corpus(
         "python_executable": sys.executable,
         "split_rule": f"sha1(key) % 100: <{100 - val_pct - test_pct} train, <{100 - test_pct} val, else test; "
                       "key = source prefix + relative path (stdlib: no prefix)",
-        "dedup_rule": "identical content kept once: the copy in the most held-out split, then the earlier source",
+        "dedup_rule": "identical content kept once: the copy in the most held-out split, then the smallest key",
         "skipped_not_utf8": len(skipped),
         "skipped_paths": skipped,
         "skipped_empty": empty,

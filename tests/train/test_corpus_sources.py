@@ -42,7 +42,13 @@ def two_sources(tmp_path, source_tree):
     test_a = by_split["test"][0]  # an A file in test ...
     down = _name_in_split("B/", "train", **PCT)  # ... copied to a B name in train: the A copy must stay
     shutil.copyfile(a / test_a[len("A/"):], b / down)
-    return a, b, {"train_a": train_a, "up": "B/" + up, "test_a": test_a, "down": "B/" + down}
+    same = _name_in_split("B/", "train", **PCT).replace("copy_", "zz_copy_")  # B key sorts after A's
+    while split_of("B/" + same, **PCT) != "train":
+        same = "z" + same
+    train_a2 = by_split["train"][1]  # an A file copied to a B name in the same split: the smaller key stays
+    shutil.copyfile(a / train_a2[len("A/"):], b / same)
+    return a, b, {"train_a": train_a, "up": "B/" + up, "test_a": test_a, "down": "B/" + down,
+                  "same_a": train_a2, "same_b": "B/" + same}
 
 
 def _build(out, sources):
@@ -58,12 +64,13 @@ def test_dedup_keeps_one_copy_in_the_most_held_out_split(tmp_path, two_sources):
     assert names["train_a"] not in recs  # dropped: its content is held out under B's key
     assert names["test_a"] in recs and recs[names["test_a"]][0] == "test"
     assert names["down"] not in recs  # the train copy of a test file is dropped
+    assert names["same_a"] in recs and names["same_b"] not in recs  # same split: the smaller key
     texts = [r["text"] for _, r in recs.values()]
     assert len(texts) == len(set(texts))  # no content twice
     stats = json.loads((out / "stats.json").read_text())
     src = {s["name"]: s for s in stats["sources"]}
-    assert src["A"]["duplicates_dropped"] == 1 and src["B"]["duplicates_dropped"] == 1
-    assert stats["duplicates_dropped"] == 2
+    assert src["A"]["duplicates_dropped"] == 1 and src["B"]["duplicates_dropped"] == 2
+    assert stats["duplicates_dropped"] == 3
     # the same corpus whatever the order of the sources (dedup does not depend on the listing)
     swapped = _build(tmp_path / "ba", [f"B={b}", f"A={a}"])
     for split in ("train", "val", "test"):
