@@ -212,3 +212,22 @@ def test_cli_lists_pair_and_rejects_a_bad_set(tmp_path, capsys):
     assert "--restart-from" in capsys.readouterr().out
     assert main(["train", "pair", "--preset", "micro", "--out", str(tmp_path), "--set", "target.bogus=1"]) == 2
     assert "unknown key 'bogus'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_build_script_runs_and_reports(pair, tmp_path):
+    """benchmarks/build_pair_h200.sh at micro size on the CPU: its plumbing (argument forwarding, the
+    figures folder, the summary at the end) must work the first time it meets the GPU machine."""
+    out, src, _, _ = pair
+    copy, figs = tmp_path / "out", tmp_path / "figs"
+    shutil.copytree(out, copy)
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHON=sys.executable, PRESET="micro", DEVICE="cpu")
+    r = subprocess.run(["bash", "benchmarks/build_pair_h200.sh", str(copy), str(figs), "--", "--source", str(src)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-4:]
+    assert last[0].startswith("stage seconds:") and last[-1].startswith("held-out T=1: tau")
+    assert json.loads((figs / "pair.json").read_text())["complete"]
+    for f in ("target/MODEL_CARD.md", "drafter/MODEL_CARD.md", "drafter/eval.json", "build.log", "manifest/eval.json"):
+        assert (figs / f).is_file(), f
+    assert not (figs / "target" / "model.safetensors").exists()  # weights stay in DIR
