@@ -12,6 +12,10 @@ Sources (``--source``, repeatable; default ``stdlib``):
 - ``DIR`` or ``NAME=DIR``: any directory tree, keyed ``NAME/<path>`` (NAME: the directory's
   name unless given).
 
+``--max-source-bytes N`` takes at most about N bytes of each source: the files in the order of a
+hash of their key, while the budget lasts (a smaller source is taken whole). The sample of a source
+does not depend on the other sources, and each file keeps its key's split.
+
 Within a source, nested ``site-packages`` / ``dist-packages`` and ``__pycache__`` are skipped.
 - ``test/`` packages are KEPT: tests are Python code too, and they are about half the bytes.
 - Files that are not valid UTF-8 (the stdlib has a few on purpose, e.g. ``bad_coding*.py``)
@@ -159,11 +163,14 @@ def build_corpus(
     val_pct: int = 5,
     test_pct: int = 5,
     sources: Iterable[str | Path | Source] | None = None,
+    max_source_bytes: int | None = None,
 ) -> dict:
     """Write the three split files and stats.json into ``out``; returns the stats.
 
     ``sources``: specs for resolve_source (or Source objects). ``source``: one directory keyed by
-    its bare relative paths (the single-tree form). Neither: the standard library."""
+    its bare relative paths (the single-tree form). Neither: the standard library.
+    ``max_source_bytes``: at most about this many bytes of each source (a deterministic sample by
+    key hash; a source smaller than that is taken whole)."""
     suffixes = tuple(suffixes)
     given = sum(x is not None for x in (source, jsonl, sources))
     if given > 1:
@@ -202,8 +209,10 @@ def build_corpus(
     skipped: list[str] = []
     empty = 0
     for src in srcs:
-        for key, text, name in _iter_source_docs(src, suffixes):
+        found: dict = {}
+        for key, text, name in _iter_source_docs(src, suffixes, max_source_bytes, found):
             st = source_stats(name or src.name, src)
+            st.setdefault("found", found)
             if text is None:
                 skipped.append(key)
                 st["skipped_not_utf8"] += 1
@@ -239,6 +248,7 @@ def build_corpus(
         "split_rule": f"sha1(key) % 100: <{100 - val_pct - test_pct} train, <{100 - test_pct} val, else test; "
                       "key = source prefix + relative path (stdlib: no prefix)",
         "dedup_rule": "identical content kept once: the copy in the most held-out split, then the smallest key",
+        "max_source_bytes": max_source_bytes,
         "skipped_not_utf8": len(skipped),
         "skipped_paths": skipped,
         "skipped_empty": empty,
@@ -264,14 +274,30 @@ def build_corpus(
     return stats
 
 
-def _iter_source_docs(src: Source, suffixes: tuple[str, ...]) -> Iterator[tuple[str, str | None, str | None]]:
-    """(key, text or None, source name or None) of one source's documents, in key order within each root."""
+def _iter_source_docs(src: Source, suffixes: tuple[str, ...], max_bytes: int | None = None,
+                      found: dict | None = None) -> Iterator[tuple[str, str | None, str | None]]:
+    """(key, text or None, source name or None) of one source's documents, in key order within each root.
+
+    ``max_bytes``: only a sample of about that many bytes (files in the order of a hash of their key,
+    taken while the budget lasts), so the sample of a source is the same whatever else is given, and a
+    file's split is still its key's. ``found`` receives the files and bytes before sampling."""
     if src.name == "jsonl" and src.roots[0].is_file():
         yield from iter_jsonl_docs(src.roots[0])
         return
-    for root in src.roots:
-        for rel, p in iter_source_files(root, suffixes):
-            yield src.prefix + rel, read_text(p), None
+    files = [(src.prefix + rel, p) for root in src.roots for rel, p in iter_source_files(root, suffixes)]
+    sizes = {key: p.stat().st_size for key, p in files} if (max_bytes is not None or found is not None) else {}
+    if found is not None:
+        found.update(files=len(files), bytes=sum(sizes.values()))
+    if max_bytes is not None:
+        keep, total = set(), 0
+        for key in sorted(sizes, key=lambda k: hashlib.sha1(("sample:" + k).encode("utf-8")).digest()):
+            if total >= max_bytes:
+                break
+            keep.add(key)
+            total += sizes[key]
+        files = [(key, p) for key, p in files if key in keep]
+    for key, p in files:
+        yield key, read_text(p), None
 
 
 def iter_split(corpus: Path, split: str) -> Iterator[dict]:
@@ -298,6 +324,8 @@ def add_subparser(sub) -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--suffix", action="append", dest="suffixes", metavar=".EXT",
                    help="file suffixes to take from --source (repeatable; default .py)")
+    p.add_argument("--max-source-bytes", type=float, default=None,
+                   help="at most about this many bytes of each source (a deterministic sample by key hash)")
     p.add_argument("--val-pct", type=int, default=5)
     p.add_argument("--test-pct", type=int, default=5)
     p.set_defaults(func=_run)
@@ -307,6 +335,7 @@ def _run(args) -> int:
     stats = build_corpus(
         args.out, sources=None if args.jsonl else args.sources, jsonl=args.jsonl,
         suffixes=args.suffixes or DEFAULT_SUFFIXES, val_pct=args.val_pct, test_pct=args.test_pct,
+        max_source_bytes=int(args.max_source_bytes) if args.max_source_bytes else None,
     )
     print(summary_line(stats) + f" -> {args.out}")
     return 0

@@ -28,8 +28,8 @@ def tokenize_split(corpus: Path, split: str, tok, eos_id: int, by_source: dict |
 
     recs = [(r["text"], r.get("source", "corpus")) for r in iter_split(corpus, split)]
     parts = []
-    for i in range(0, len(recs), 256):
-        chunk = recs[i:i + 256]
+    for i in range(0, len(recs), 2048):  # big chunks: the tokenizer's threads balance unequal documents
+        chunk = recs[i:i + 2048]
         for (_, source), enc in zip(chunk, tok.encode_batch([t for t, _ in chunk], add_special_tokens=False)):
             parts.append(np.asarray(enc.ids, dtype=np.int64))
             parts.append(np.asarray([eos_id], dtype=np.int64))

@@ -238,7 +238,8 @@ def _corpus(ctx: Context) -> dict:
 
     c = ctx.settings["corpus"]
     stats = build_corpus(ctx.corpus, sources=c["sources"], suffixes=c["suffixes"], val_pct=c["val_pct"],
-                         test_pct=c["test_pct"])
+                         test_pct=c["test_pct"],
+                         max_source_bytes=int(c["max_source_bytes"]) if c.get("max_source_bytes") else None)
     print(summary_line(stats), file=sys.stderr, flush=True)
     return {"files": stats["files"], "bytes": stats["bytes"], "duplicates_dropped": stats["duplicates_dropped"],
             "sources": [{k: s[k] for k in ("name", "roots", "files", "bytes", "duplicates_dropped")}
@@ -250,15 +251,19 @@ def _tokenizer(ctx: Context) -> dict:
     from adaspec.train.tokenizer import save_tokenizer, train_tokenizer
 
     t = ctx.settings["tokenizer"]
+    t0 = time.time()
     tok = train_tokenizer(ctx.corpus, t["vocab_size"], t["min_frequency"],
                           max_bytes=int(t["max_bytes"]) if t.get("max_bytes") else None)
     save_tokenizer(tok, ctx.tokenizer, model_max_length=ctx.settings["target"]["max_position"])
+    t1 = time.time()
+    print(f"tokenizer: BPE trained in {t1 - t0:.1f} s; tokenizing the corpus", file=sys.stderr, flush=True)
     tokens = load_tokens(ctx.corpus, ctx.tokenizer, ("train", "val"))
     stats = json.loads((ctx.corpus / "stats.json").read_text())
     val_bytes = stats["splits"]["val"]["bytes"]
     res = {"vocab_size": tok.get_vocab_size(), "tokens": {s: int(a.size) for s, a in tokens.items()},
            "by_source": {s: v["by_source"] for s, v in stats["tokens"]["splits"].items()},
-           "val_bytes_per_token": round(val_bytes / max(1, int(tokens["val"].size)), 3)}
+           "val_bytes_per_token": round(val_bytes / max(1, int(tokens["val"].size)), 3),
+           "train_seconds": round(t1 - t0, 1), "tokenize_seconds": round(time.time() - t1, 1)}
     print(f"tokenizer: vocab {res['vocab_size']}, train {res['tokens']['train']:,} tokens, val "
           f"{res['tokens']['val']:,} ({res['val_bytes_per_token']} bytes/token)", file=sys.stderr, flush=True)
     return res

@@ -31,8 +31,10 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               (``max_minutes`` 1.0 guards it).
   calibrate   200 val-split prompts x 128 tokens, at T = 1 and at T = 0: ~10 s each.
   eval        the first 250 eval-code prompts x 128 tokens at T = 0 and T = 1: ~10 s each.
-  corpus + tokenizer: reading and deduplicating the stdlib and site-packages (~150-300 MB of .py),
-              BPE on a 32 MB sample, tokenizing everything on 16 cores: ~30-40 s.
+  corpus + tokenizer: the stdlib (31 MB) and a 64 MB sample of site-packages (a developer machine
+              has 270 MB of .py there; the target needs 15M tokens = ~50 MB), deduplicated (~10 s);
+              BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
+              (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
   total       ~290 s.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
 design of the time limit. If it does not reach a useful loss, the lead picks a shallower shape with --set
@@ -45,8 +47,9 @@ import copy
 from adaspec.errors import AdaspecError
 
 _CODE_06B = {
-    "corpus": {"sources": ["stdlib", "site-packages"], "suffixes": [".py"], "val_pct": 5, "test_pct": 5},
-    "tokenizer": {"vocab_size": 16384, "min_frequency": 2, "max_bytes": 32_000_000},
+    "corpus": {"sources": ["stdlib", "site-packages"], "suffixes": [".py"], "val_pct": 5, "test_pct": 5,
+               "max_source_bytes": 64_000_000},
+    "tokenizer": {"vocab_size": 16384, "min_frequency": 2, "max_bytes": 24_000_000},
     "target": {
         # Qwen3-0.6B's shape (head_dim 128, GQA 16/8, MLP 3072, tied embeddings) with our vocabulary
         "layers": 28, "hidden": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128, "intermediate": 3072,
@@ -72,7 +75,7 @@ _CODE_06B = {
 # Seconds on two CPU cores, for tests and for trying the recipe anywhere: a 2-layer target and a
 # 1-layer drafter; the stdlib corpus by default (tests point --source at a small tree).
 _MICRO = {
-    "corpus": {"sources": ["stdlib"], "suffixes": [".py"], "val_pct": 20, "test_pct": 20},
+    "corpus": {"sources": ["stdlib"], "suffixes": [".py"], "val_pct": 20, "test_pct": 20, "max_source_bytes": None},
     "tokenizer": {"vocab_size": 512, "min_frequency": 2, "max_bytes": 2_000_000},
     "target": {
         "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128,

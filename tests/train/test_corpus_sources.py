@@ -153,3 +153,26 @@ def test_tokenizer_sample_is_deterministic_and_order_free():
     s1 = sample_records(recs, 500)
     assert 500 <= sum(len(r["text"]) for r in s1) < 500 + 210
     assert s1 == sample_records(list(reversed(recs)), 500)
+
+
+def test_max_source_bytes_samples_each_source_alone(tmp_path, two_sources):
+    a, b, _ = two_sources
+    sizes = {f"A/{p.relative_to(a).as_posix()}": p.stat().st_size for p in a.rglob("*.py")
+             if "site-packages" not in p.parts}
+    cap = sum(sizes.values()) // 3
+    alone = _records(_build_capped(tmp_path / "a", [f"A={a}"], cap))
+    both = _records(_build_capped(tmp_path / "ab", [f"A={a}", f"B={b}"], cap))
+    assert 0 < len(alone) < len(sizes)
+    assert sum(sizes[p] for p in alone) < cap + max(sizes.values())
+    # A's sample is the same with or without B (dedup aside); B, under the cap, is taken whole
+    assert {p for p, (_, r) in both.items() if r["source"] == "A"} <= set(alone)
+    sb = {s["name"]: s for s in json.loads((tmp_path / "ab" / "stats.json").read_text())["sources"]}["B"]
+    assert sb["found"]["bytes"] < cap and sb["files"] + sb["duplicates_dropped"] == sb["found"]["files"]
+    assert all(split_of(p, **PCT) == s for p, (s, _) in both.items())
+    stats = json.loads((tmp_path / "a" / "stats.json").read_text())
+    assert stats["sources"][0]["found"]["files"] == len(sizes) and stats["max_source_bytes"] == cap
+
+
+def _build_capped(out, sources, cap):
+    build_corpus(out, sources=sources, max_source_bytes=cap, **PCT)
+    return out

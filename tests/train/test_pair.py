@@ -231,3 +231,22 @@ def test_gpu_build_script_runs_and_reports(pair, tmp_path):
     for f in ("target/MODEL_CARD.md", "drafter/MODEL_CARD.md", "drafter/eval.json", "build.log", "manifest/eval.json"):
         assert (figs / f).is_file(), f
     assert not (figs / "target" / "model.safetensors").exists()  # weights stay in DIR
+
+
+@pytest.mark.parametrize("name", ["micro", "code-0.6b"])
+def test_every_preset_setting_is_a_flag_of_its_command(name, tmp_path):
+    """The stages pass target/drafter settings as command flags: each must parse, to the value given."""
+    from adaspec.train import drafter, target
+    from adaspec.train.pair import SELF_DISTILL_KEYS, _flags, _parse
+
+    s = preset(name)
+    t = _parse(target.add_subparser, ["target", "--corpus", "c", "--tokenizer", "t", "--out", "o", *_flags(s["target"])])
+    for k, v in s["target"].items():
+        assert getattr(t, k) == (v if v is not None else getattr(t, k)), k
+    d_set = {k: v for k, v in s["drafter"].items() if not k.startswith("sd_")}
+    d = _parse(drafter.add_subparser, ["drafter", "--target", "x", "--out", "o", *_flags(d_set)])
+    for k, v in s["drafter"].items():
+        assert hasattr(d, k), k  # sd_* keys are flags too (the selfdistill stage reads them by these names)
+        if not k.startswith("sd_") and v is not None:
+            assert getattr(d, k) == v, k
+    assert set(SELF_DISTILL_KEYS) <= set(s["drafter"])
