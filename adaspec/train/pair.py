@@ -23,6 +23,7 @@ every later stage's outputs to rebuild them.
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import shutil
@@ -42,7 +43,7 @@ def add_subparser(sub) -> None:
     from adaspec.train.pair_presets import PRESETS
 
     p = sub.add_parser("pair", help="build a target and its DSpark drafter from nothing (all stages, resumable)",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", required=True, choices=list(PRESETS), help="settings of every stage (pair_presets.py)")
     p.add_argument("--out", type=Path, required=True, help="output directory (stages, manifests, both models)")
     p.add_argument("--source", action="append", dest="sources", metavar="SRC",
@@ -145,6 +146,7 @@ class Context:
         self.corpus, self.tokenizer = self.out / "corpus", self.out / "tokenizer"
         self.target, self.drafter = self.out / "target", self.out / "drafter"
         self.rows = self.out / "selfdistill" / "rows.npy"
+        self.running: str | None = None  # the stage in progress
 
 
 def build_pair(out: Path, settings: dict, preset_name: str, name: str, device: str = "auto",
@@ -161,6 +163,20 @@ def build_pair(out: Path, settings: dict, preset_name: str, name: str, device: s
             man.path(stage).unlink(missing_ok=True)
         log(f"pair: restarting from stage {restart_from} (its outputs and every later stage's deleted)")
     t_build = time.time()
+    try:
+        _run_stages(ctx, man, settings, name, stop_after, log)
+    except BaseException as e:  # a stage failed: the summary says which, then the error goes on
+        if ctx.running is not None:  # (a refusal before any stage ran leaves pair.json alone)
+            summary = _summary(ctx, man, time.time() - t_build)
+            summary["failed"] = {"stage": ctx.running, "error": f"{type(e).__name__}: {e}"}
+            (out / "pair.json").write_text(json.dumps(summary, indent=2) + "\n")
+        raise
+    summary = _summary(ctx, man, time.time() - t_build)
+    (out / "pair.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _run_stages(ctx: Context, man: Manifests, settings: dict, name: str, stop_after: str | None, log) -> None:
     prev_id = None
     for i, stage in enumerate(STAGES, 1):
         want = {"stage": stage, "settings": stage_settings(stage, settings, name), "input_build": prev_id}
@@ -183,7 +199,9 @@ def build_pair(out: Path, settings: dict, preset_name: str, name: str, device: s
             man.write(stage, {**want, "done": False, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
             log(f"{tag}: running")
             t0 = time.time()
+            ctx.running = stage
             result = STAGE_FUNCS[stage](ctx)
+            ctx.running = None
             seconds = time.time() - t0
             _release_memory(stage)
             have = {**want, "done": True, "build_id": uuid.uuid4().hex, "seconds": round(seconds, 1),
@@ -193,9 +211,6 @@ def build_pair(out: Path, settings: dict, preset_name: str, name: str, device: s
         prev_id = have["build_id"]
         if stage == stop_after:
             break
-    summary = _summary(ctx, man, time.time() - t_build)
-    (out / "pair.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 def _release_memory(stage: str) -> None:
@@ -212,8 +227,6 @@ def _release_memory(stage: str) -> None:
 
 
 def _parse(add_subparser, argv: list[str]):
-    import argparse
-
     parser = argparse.ArgumentParser(prog="adaspec train")
     add_subparser(parser.add_subparsers())
     return parser.parse_args(argv)
@@ -303,8 +316,6 @@ def _load_target(ctx: Context):
 
 
 def _selfdistill(ctx: Context) -> dict:
-    import argparse
-
     import numpy as np
 
     from adaspec.train.drafter import self_distill_rows
@@ -363,8 +374,6 @@ def _calibrate(ctx: Context) -> dict:
 
 
 def _eval(ctx: Context) -> dict:
-    import argparse
-
     from adaspec.commands import eval as eval_cmd
 
     e = ctx.settings["eval"]
@@ -463,6 +472,8 @@ def format_summary(s: dict) -> str:
              + ("" if s["complete"] else " (incomplete)")]
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items())
                  + f"; total {s['build_seconds']:.0f} s")
+    if s.get("failed"):
+        lines.append(f"FAILED in stage {s['failed']['stage']}: {s['failed']['error'][:500]}")
     if s.get("target"):
         t = s["target"]
         lines.append(f"target: {t['params'] / 1e6:.1f}M params, {t['steps']} steps, {t['tokens_seen'] / 1e6:.1f}M "

@@ -250,3 +250,28 @@ def test_every_preset_setting_is_a_flag_of_its_command(name, tmp_path):
         if not k.startswith("sd_") and v is not None:
             assert getattr(d, k) == v, k
     assert set(SELF_DISTILL_KEYS) <= set(s["drafter"])
+
+
+@pytest.mark.slow
+def test_a_failing_stage_is_named_in_pair_json_and_a_refusal_leaves_it(pair, tmp_path, monkeypatch):
+    from adaspec.train import pair as pair_mod
+
+    out, src, _, _ = pair
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    good = (copy / "pair.json").read_text()
+    with pytest.raises(AdaspecError):
+        _build(copy, src, "target.lr=0.01")
+    assert (copy / "pair.json").read_text() == good
+
+    def boom(ctx):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setitem(pair_mod.STAGE_FUNCS, "eval", boom)
+    with pytest.raises(RuntimeError, match="simulated"):
+        _build(copy, src, restart_from="eval")
+    s = json.loads((copy / "pair.json").read_text())
+    assert not s["complete"] and s["failed"]["stage"] == "eval" and "simulated" in s["failed"]["error"]
+    assert s["heldout"] is None and s["target"]["val_loss"] > 0  # done stages still reported
+    assert "FAILED in stage eval" in pair_mod.format_summary(s)
+    assert json.loads((copy / "manifest" / "eval.json").read_text())["done"] is False
