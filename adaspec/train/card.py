@@ -75,7 +75,6 @@ def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: 
     c = stats["model_config"]
     corpus = stats.get("corpus", {})
     hp = stats.get("hyperparameters", {})
-    sp = corpus.get("splits", {})
     rows = [
         ("architecture", f"{c['architectures'][0]} ({c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
                          f"{c['num_attention_heads']} heads x {c['head_dim']}, {c['num_key_value_heads']} KV heads, "
