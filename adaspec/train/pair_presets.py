@@ -17,7 +17,7 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
   target      470 steps x 64 x 512 = 15.4M tokens = 45 PFLOP -> 114 s at 40% MFU; plus torch.compile,
               per decoder layer (``compile_mode`` layers: the 28 layers share one graph; compiling the
               whole depth as one graph took 297 s against 26 s per layer for a narrow 28-layer model on
-              a developer CPU), plus 2 evaluations of 131k tokens -> ~150 s. ``time_budget`` 165 s is a
+              a loaded developer CPU), plus 2 evaluations of 131k tokens -> ~150 s. ``time_budget`` 165 s is a
               guard: on a slower machine it cuts the step count (the cosine schedule follows), on the
               expected one it does not bind, so two builds train the same steps on the same batches.
               ``checkpoint_every`` 0: no 7 GB optimizer checkpoints (the machine keeps nothing anyway).
@@ -35,7 +35,8 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               has 270 MB of .py there; the target needs 15M tokens = ~50 MB), deduplicated (~10 s);
               BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
               (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
-  total       ~290 s.
+  cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s.
+  total       ~35 + 150 + 25 + 50 + 20 + 20 + 10 = ~310 s; every stage's seconds land in pair.json.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
 design of the time limit. If it does not reach a useful loss, the lead picks a shallower shape with --set
 (e.g. target.layers=12) and names the preset after its shape.
