@@ -352,8 +352,10 @@ def _train(args) -> dict:
                 elif probe_from is not None and step >= probe_from[0] + 30:
                     per_step = (time.time() - probe_from[1]) / (step - probe_from[0])
                     left = args.time_budget - (time.time() - t_start)
-                    evals_left = max(1, (total_steps - step) // args.eval_every)
-                    fit = step + int(0.92 * left / per_step) - evals_left * 2
+                    fit = step + int(0.92 * left / per_step)
+                    # evaluations still to come (counted on the steps that fit, not on the asked total)
+                    evals_left = max(1, (min(total_steps, fit) - step) // args.eval_every)
+                    fit -= evals_left * 2
                     if fit < total_steps:
                         total_steps = max(step + 1, fit)
                         bar.total = total_steps
