@@ -47,11 +47,34 @@ def _fence(text: str) -> str:
     return "```python\n" + text.replace("```", "`\u200b``") + ("" if text.endswith("\n") else "\n") + "```"
 
 
-def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: str | None) -> str:
+TINY_DESCRIPTION = (
+    "A small Qwen3-architecture code model trained from scratch by `adaspec train target` on the Python "
+    "standard library. It is adaspec's embedded default target: small enough to run on two CPU cores, "
+    "trained enough that its completions look like Python, so speculative decoding can be measured on "
+    "real acceptance rates. It is not a useful assistant: it has no instruction tuning and knows only "
+    "the standard library's style.")
+
+
+def corpus_description(corpus: dict) -> str:
+    """One line: what the corpus held, per source when it has several."""
+    sp = corpus.get("splits", {})
+    sources = corpus.get("sources") or []
+    if len(sources) > 1 or (sources and sources[0].get("name") != "stdlib"):
+        what = "; ".join(f"{s['name']} {s['files']:,} files {s['bytes'] / 1e6:.1f} MB" for s in sources)
+        what = f"Python sources of several trees ({what}; {corpus.get('duplicates_dropped', 0)} duplicate files dropped)"
+    else:
+        what = f"Python {corpus.get('python_version', '?')} standard library sources"
+    return (f"{what}: {corpus.get('files', '?')} files, {corpus.get('bytes', 0) / 1e6:.1f} MB; "
+            f"{corpus.get('skipped_not_utf8', 0)} non-UTF-8 files skipped; split by sha1 of the key: "
+            f"train {sp.get('train', {}).get('files', '?')} / val {sp.get('val', {}).get('files', '?')} / "
+            f"test {sp.get('test', {}).get('files', '?')} files")
+
+
+def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: str | None,
+                description: str = TINY_DESCRIPTION, extra: str | None = None) -> str:
     c = stats["model_config"]
     corpus = stats.get("corpus", {})
     hp = stats.get("hyperparameters", {})
-    sp = corpus.get("splits", {})
     rows = [
         ("architecture", f"{c['architectures'][0]} ({c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
                          f"{c['num_attention_heads']} heads x {c['head_dim']}, {c['num_key_value_heads']} KV heads, "
@@ -60,10 +83,7 @@ def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: 
                          f"context {c['max_position_embeddings']})"),
         ("parameters", f"{stats['params']:,} ({stats['params_non_embedding']:,} without embeddings)"),
         ("weights", f"{c.get('torch_dtype', 'float32')} safetensors"),
-        ("corpus", f"Python {corpus.get('python_version', '?')} standard library sources ({corpus.get('files', '?')} files, "
-                   f"{corpus.get('bytes', 0) / 1e6:.1f} MB; {corpus.get('skipped_not_utf8', 0)} non-UTF-8 files skipped); "
-                   f"split by sha1 of the relative path: train {sp.get('train', {}).get('files', '?')} / "
-                   f"val {sp.get('val', {}).get('files', '?')} / test {sp.get('test', {}).get('files', '?')} files"),
+        ("corpus", corpus_description(corpus)),
         ("corpus tokens", f"train {stats['corpus_tokens']['train']:,}, val {stats['corpus_tokens']['val']:,}"),
         ("tokens seen", f"{stats['tokens_seen']:,} ({stats['epochs']:.1f} epochs; {stats['steps']} steps of "
                         f"{hp.get('batch_size')} x {hp.get('seq_len')} tokens)"),
@@ -76,13 +96,10 @@ def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: 
         ("device", f"{stats['device']}, torch {stats['torch']}, {'torch.compile' if stats['compiled'] else 'eager'}"),
         ("wall time", f"{stats['wall_time_s']:.0f} s training loop ({stats['tokens_per_s']:,} tokens/s)"),
     ]
-    out = [f"# {name}", "",
-           "A small Qwen3-architecture code model trained from scratch by `adaspec train target` on the Python "
-           "standard library. It is adaspec's embedded default target: small enough to run on two CPU cores, "
-           "trained enough that its completions look like Python, so speculative decoding can be measured on "
-           "real acceptance rates. It is not a useful assistant: it has no instruction tuning and knows only "
-           "the standard library's style.", "", "| | |", "|---|---|"]
+    out = [f"# {name}", "", description, "", "| | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in rows]
+    if extra:
+        out += ["", extra.rstrip("\n")]
     out += ["", "## Recipe", ""]
     if recipe:
         out += ["```sh", recipe.rstrip("\n"), "```", ""]
@@ -106,12 +123,14 @@ def render_card(name: str, stats: dict, samples: list[tuple[str, str]], recipe: 
             "`config.json` (Qwen3ForCausalLM), `model.safetensors`, `tokenizer.json` (byte-level BPE, special tokens "
             "`<|endoftext|>` = EOS/pad, `<|mask|>` reserved for the drafter, `<|im_start|>`/`<|im_end|>`), "
             "`tokenizer_config.json`, `generation_config.json`, `train_stats.json` (every figure above). Loads with "
-            "`adaspec.models.loader.load_target(\"tiny\")` and `transformers.AutoModelForCausalLM`.", ""]
+            f"`adaspec.models.loader.load_target({name!r})` (this directory, or its name when embedded) and "
+            "`transformers.AutoModelForCausalLM`.", ""]
     return "\n".join(out)
 
 
 def write_card(model_dir: Path, name: str, prompt_set: str = "eval-code", num_samples: int = 3,
-               recipe_file: Path | None = None, max_new_tokens: int = 64) -> Path:
+               recipe_file: Path | None = None, max_new_tokens: int = 64, description: str = TINY_DESCRIPTION,
+               extra: str | None = None, device: str = "cpu") -> Path:
     from adaspec.models.loader import load_target
     from adaspec.train.prompts import load_prompt_set
     from adaspec.train.tokenizer import load_raw
@@ -122,13 +141,13 @@ def write_card(model_dir: Path, name: str, prompt_set: str = "eval-code", num_sa
     stats = json.loads(stats_path.read_text())
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     stats["model_config"] = {**stats["model_config"], "torch_dtype": hf_config.get("torch_dtype", "float32")}
-    model, _ = load_target(model_dir, dtype="float32")
+    model, _ = load_target(model_dir, dtype="float32", device=device)
     tok = load_raw(model_dir)
-    samples = [(p, greedy_complete(model, tok, p, max_new_tokens))
+    samples = [(p, greedy_complete(model, tok, p, max_new_tokens, device=device))
                for p in pick_samples(load_prompt_set(prompt_set), tok, num_samples)]
     recipe = Path(recipe_file).read_text() if recipe_file else None
     path = Path(model_dir) / "MODEL_CARD.md"
-    path.write_text(render_card(name, stats, samples, recipe))
+    path.write_text(render_card(name, stats, samples, recipe, description, extra))
     return path
 
 

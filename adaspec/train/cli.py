@@ -20,6 +20,7 @@ _SUBCOMMAND_MODULES = [
     "adaspec.train.card",
     "adaspec.train.drafter",
     "adaspec.train.calibrate",
+    "adaspec.train.pair",
 ]
 # what each subcommand writes (its --out; card writes MODEL_CARD.md into --model): never
 # inside the installed package

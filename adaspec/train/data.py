@@ -1,8 +1,10 @@
 """Token streams for training: each split tokenized once, documents joined by EOS, cached as npy.
 
 The cache lives in ``CORPUS/tokens/`` (``{split}.npy``, uint16 when the vocabulary fits, and
-``meta.json`` with the sha256 of the tokenizer.json that made it). A corpus folder that holds
-only ``tokens/`` (no jsonl) still trains, which keeps what travels to a GPU machine small.
+``meta.json`` with the sha256 of the tokenizer.json that made it, and each split's token count
+per corpus source). The per-source counts are also written into the corpus's ``stats.json``
+(``tokens``), next to the per-source file and byte counts. A corpus folder that holds only
+``tokens/`` (no jsonl) still trains, which keeps what travels to a GPU machine small.
 """
 from __future__ import annotations
 
@@ -19,19 +21,35 @@ def tokenizer_sha(tokenizer_dir: Path) -> str:
     return hashlib.sha256((Path(tokenizer_dir) / "tokenizer.json").read_bytes()).hexdigest()
 
 
-def tokenize_split(corpus: Path, split: str, tok, eos_id: int) -> np.ndarray:
-    """One flat array: doc0 EOS doc1 EOS ... (documents in the split file's order)."""
+def tokenize_split(corpus: Path, split: str, tok, eos_id: int, by_source: dict | None = None) -> np.ndarray:
+    """One flat array: doc0 EOS doc1 EOS ... (documents in the split file's order). ``by_source``,
+    when given, receives the token count (EOS included) of each corpus source."""
     from adaspec.train.corpus import iter_split
 
-    texts = [r["text"] for r in iter_split(corpus, split)]
+    recs = [(r["text"], r.get("source", "corpus")) for r in iter_split(corpus, split)]
     parts = []
-    for i in range(0, len(texts), 256):
-        for enc in tok.encode_batch(texts[i:i + 256], add_special_tokens=False):
+    for i in range(0, len(recs), 2048):  # big chunks: the tokenizer's threads balance unequal documents
+        chunk = recs[i:i + 2048]
+        for (_, source), enc in zip(chunk, tok.encode_batch([t for t, _ in chunk], add_special_tokens=False)):
             parts.append(np.asarray(enc.ids, dtype=np.int64))
             parts.append(np.asarray([eos_id], dtype=np.int64))
+            if by_source is not None:
+                by_source[source] = by_source.get(source, 0) + len(enc.ids) + 1
     flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     dtype = np.uint16 if tok.get_vocab_size() <= 65536 else np.int32
     return flat.astype(dtype)
+
+
+def _record_token_stats(corpus: Path, meta: dict) -> None:
+    """Copy the per-split, per-source token counts into the corpus's stats.json (when it has one)."""
+    path = Path(corpus) / "stats.json"
+    if not path.is_file():
+        return
+    stats = json.loads(path.read_text())
+    stats["tokens"] = {"tokenizer_sha256": meta["tokenizer_sha256"],
+                       "splits": {sp: {"total": m["tokens"], "by_source": m.get("by_source", {})}
+                                  for sp, m in meta["splits"].items()}}
+    path.write_text(json.dumps(stats, indent=2) + "\n")
 
 
 def load_tokens(corpus: Path, tokenizer_dir: Path, splits=("train", "val")) -> dict[str, np.ndarray]:
@@ -57,11 +75,13 @@ def load_tokens(corpus: Path, tokenizer_dir: Path, splits=("train", "val")) -> d
             )
         if tok is None:
             tok = load_raw(tokenizer_dir)
-        arr = tokenize_split(corpus, split, tok, tok.token_to_id(EOS))
+        by_source: dict[str, int] = {}
+        arr = tokenize_split(corpus, split, tok, tok.token_to_id(EOS), by_source)
         cache.mkdir(parents=True, exist_ok=True)
         np.save(path, arr)
-        meta["splits"][split] = {"tokens": int(arr.size), "dtype": str(arr.dtype)}
+        meta["splits"][split] = {"tokens": int(arr.size), "dtype": str(arr.dtype), "by_source": by_source}
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        _record_token_stats(corpus, meta)
         out[split] = arr
     return out
 

@@ -33,7 +33,7 @@ def add_subparser(sub) -> None:
     src.add_argument("--sd-greedy-frac", type=float, default=0.25, help="share of self-distilled rows decoded greedily")
     src.add_argument("--sd-batch", type=int, default=256)
     src.add_argument("--corpus-frac", type=float, default=0.0,
-                     help="with --self-distill: share of each batch taken from corpus text instead")
+                     help="with --self-distill or --data, and --corpus: share of each batch taken from corpus text")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--block-size", type=int, default=7)
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
@@ -109,19 +109,22 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
 
     from adaspec.train.drafter_data import MixedSampler, RowSampler, StreamSampler, corpus_tokens, load_sequences
 
-    if args.data:
+    if args.data and not (args.corpus and args.corpus_frac > 0):
         return RowSampler(load_sequences(args.data), args.seq_len, args.batch_size, args.seed)
     if not args.corpus:
         raise AdaspecError("give --corpus DIR (with or without --self-distill) or --data FILE")
     tokens = corpus_tokens(args.corpus, target_dir)
-    if not args.self_distill:
+    if not args.self_distill and not args.data:
         return StreamSampler(tokens, args.seq_len, args.batch_size, args.seed)
-    path = out / "selfdistill.npy"
-    if not (args.resume and path.is_file()):
-        rows = self_distill_rows(target, tokens, args, device)
-        np.save(path, rows)
+    if args.data:  # sequences made elsewhere (e.g. `adaspec train pair`'s self-distill stage)
+        rows = load_sequences(args.data)
+    else:
+        path = out / "selfdistill.npy"
+        if not (args.resume and path.is_file()):
+            np.save(path, self_distill_rows(target, tokens, args, device))
+        rows = np.load(path)
     n_corpus = int(round(args.batch_size * args.corpus_frac))
-    sd = RowSampler(np.load(path), args.seq_len, args.batch_size - n_corpus, args.seed)
+    sd = RowSampler(rows, args.seq_len, args.batch_size - n_corpus, args.seed)
     if n_corpus == 0:
         return sd
     return MixedSampler(sd, StreamSampler(tokens, sd.seq_len, n_corpus, args.seed + 1))

@@ -57,6 +57,12 @@ def add_subparser(sub) -> None:
     r.add_argument("--eval-tokens", type=int, default=262144, help="validation tokens per evaluation")
     r.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     r.add_argument("--compile", action="store_true", help="torch.compile the training step (falls back to eager)")
+    r.add_argument("--compile-mode", choices=["model", "layers"], default="model",
+                   help="model: the whole loss in one graph; layers: each decoder layer compiled, all layers sharing "
+                        "one graph (compile time of one layer, not of the whole depth: for deep models)")
+    r.add_argument("--checkpoint-every", type=int, default=None, metavar="EVALS",
+                   help="write OUT/checkpoint.pt every N evaluations (default 1); 0: never (no --resume, no "
+                        "multi-GB writes of optimizer state for large models)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     r.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -164,6 +170,13 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _uncompile_layers(model) -> None:
+    """Undo ``layer.compile()`` (nn.Module keeps the compiled callable in ``_compiled_call_impl``)."""
+    for layer in model.model.layers:
+        if getattr(layer, "_compiled_call_impl", None) is not None:
+            layer._compiled_call_impl = None
+
+
 def train_target(args) -> dict:
     import torch
 
@@ -254,9 +267,14 @@ def _train(args) -> dict:
     compiled = False
     if args.compile:
         try:
-            loss_fn = torch.compile(raw_loss)
+            if getattr(args, "compile_mode", "model") == "layers":
+                for layer in model.model.layers:
+                    layer.compile()
+            else:
+                loss_fn = torch.compile(raw_loss)
             compiled = True
         except Exception as e:  # noqa: BLE001 - any backend problem: train eagerly instead
+            _uncompile_layers(model)
             print(f"torch.compile unavailable ({e}); training eagerly", file=sys.stderr)
 
     def run_eval(at_step: int) -> dict:
@@ -271,7 +289,13 @@ def _train(args) -> dict:
                         state={k: t.detach().to("cpu", copy=True) for k, t in model.state_dict().items()})
         return rec
 
+    n_evals = [0]
+
     def checkpoint() -> None:
+        every = 1 if getattr(args, "checkpoint_every", None) is None else args.checkpoint_every
+        n_evals[0] += 1
+        if every <= 0 or n_evals[0] % every:
+            return
         _save_checkpoint(ckpt_path, {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
             "total_steps": total_steps, "tokens_seen": tokens_seen, "sampler_rng": sampler.gen.get_state(),
@@ -303,6 +327,7 @@ def _train(args) -> dict:
                 raise
             print(f"compiled step failed ({type(e).__name__}: {e}); training eagerly", file=sys.stderr)
             loss_fn, compiled = raw_loss, False
+            _uncompile_layers(model)
             opt.zero_grad(set_to_none=True)
             with autocast():
                 loss = loss_fn(x, y)
@@ -327,8 +352,10 @@ def _train(args) -> dict:
                 elif probe_from is not None and step >= probe_from[0] + 30:
                     per_step = (time.time() - probe_from[1]) / (step - probe_from[0])
                     left = args.time_budget - (time.time() - t_start)
-                    evals_left = max(1, (total_steps - step) // args.eval_every)
-                    fit = step + int(0.92 * left / per_step) - evals_left * 2
+                    fit = step + int(0.92 * left / per_step)
+                    # evaluations still to come (counted on the steps that fit, not on the asked total)
+                    evals_left = max(1, (min(total_steps, fit) - step) // args.eval_every)
+                    fit -= evals_left * 2
                     if fit < total_steps:
                         total_steps = max(step + 1, fit)
                         bar.total = total_steps

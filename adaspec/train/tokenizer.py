@@ -36,11 +36,14 @@ CHAT_TEMPLATE = (
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _texts(corpus: Path, batch: int = 256) -> Iterator[list[str]]:
+def _texts(corpus: Path, batch: int = 256, max_bytes: int | None = None) -> Iterator[list[str]]:
     from adaspec.train.corpus import iter_split
 
+    recs: Iterator[dict] = iter_split(corpus, "train")
+    if max_bytes is not None:
+        recs = iter(sample_records(list(recs), max_bytes))
     buf: list[str] = []
-    for rec in iter_split(corpus, "train"):
+    for rec in recs:
         buf.append(rec["text"])
         if len(buf) == batch:
             yield buf
@@ -49,8 +52,26 @@ def _texts(corpus: Path, batch: int = 256) -> Iterator[list[str]]:
         yield buf
 
 
-def train_tokenizer(corpus: Path, vocab_size: int = 8192, min_frequency: int = 2, model_max_length: int = 2048):
-    """A trained ``tokenizers.Tokenizer`` (byte-level BPE) over ``corpus``'s train split."""
+def sample_records(recs: list[dict], max_bytes: int) -> list[dict]:
+    """A deterministic sample of about ``max_bytes`` of documents: records in the order of a hash of
+    their path (not of their listing), taken until the budget is spent, so every source is represented
+    in proportion to its size and the sample does not depend on the order of the sources."""
+    import hashlib
+
+    order = sorted(recs, key=lambda r: hashlib.sha1(("tok:" + r["path"]).encode("utf-8")).digest())
+    out, total = [], 0
+    for r in order:
+        if total >= max_bytes:
+            break
+        out.append(r)
+        total += len(r["text"].encode("utf-8"))
+    return out
+
+
+def train_tokenizer(corpus: Path, vocab_size: int = 8192, min_frequency: int = 2, model_max_length: int = 2048,
+                    max_bytes: int | None = None):
+    """A trained ``tokenizers.Tokenizer`` (byte-level BPE) over ``corpus``'s train split (or a
+    ``max_bytes`` sample of it, see sample_records)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 256 + len(SPECIAL_TOKENS):
@@ -68,7 +89,7 @@ def train_tokenizer(corpus: Path, vocab_size: int = 8192, min_frequency: int = 2
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_texts(corpus), trainer=trainer)
+    tok.train_from_iterator(_texts(corpus, max_bytes=max_bytes), trainer=trainer)
     return tok
 
 
@@ -132,13 +153,15 @@ def add_subparser(sub) -> None:
     p.add_argument("--corpus", type=Path, required=True, help="directory written by `adaspec train corpus`")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--max-bytes", type=float, help="train on a deterministic sample of about this many bytes")
     p.add_argument("--model-max-length", type=int, default=2048)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
-    tok = train_tokenizer(args.corpus, args.vocab_size, args.min_frequency)
+    tok = train_tokenizer(args.corpus, args.vocab_size, args.min_frequency,
+                          max_bytes=int(args.max_bytes) if args.max_bytes else None)
     save_tokenizer(tok, args.out, args.model_max_length)
     print(f"tokenizer: vocab {tok.get_vocab_size()} (specials {special_ids(tok)}) -> {args.out}")
     return 0

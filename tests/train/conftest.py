@@ -40,6 +40,11 @@ def source_tree(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def make_tree():
+    return make_source_tree
+
+
+@pytest.fixture(scope="session")
 def make_target_args():
     return target_args
 

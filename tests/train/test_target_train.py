@@ -58,3 +58,18 @@ def test_cli_target_runs(micro_corpus, micro_tokenizer, tmp_path):
     stats = json.loads((out / "train_stats.json").read_text())
     assert stats["steps"] == 5
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+def test_layer_compile_mode_and_no_checkpoints(micro_corpus, micro_tokenizer, tmp_path, make_target_args):
+    """--compile-mode layers: every decoder layer compiled (one graph shared by all), training runs and
+    learns; --checkpoint-every 0 writes no checkpoint.pt."""
+    from adaspec.train.target import train_target
+
+    out = tmp_path / "m"
+    stats = train_target(make_target_args(micro_corpus, micro_tokenizer, out, steps=40, eval_every=20,
+                                          compile=True, compile_mode="layers", checkpoint_every=0))
+    assert stats["compiled"] and stats["history"][-1]["val_loss"] < stats["history"][0]["val_loss"]
+    assert not (out / "checkpoint.pt").exists()
+    eager = train_target(make_target_args(micro_corpus, micro_tokenizer, tmp_path / "e", steps=40, eval_every=20))
+    assert abs(eager["val_loss"] - stats["val_loss"]) < 0.05  # same model, same batches: compiled == eager

@@ -1,0 +1,130 @@
+"""Presets of `adaspec train pair`: every setting of every stage, in one nested dict per preset.
+
+Keys of ``target`` and ``drafter`` are the flags of `adaspec train target` / `adaspec train
+drafter` (dashes as underscores), so a stage runs exactly what its command would. Any key can be
+overridden with ``--set SECTION.KEY=VALUE``; the manifest of each stage records what it ran with.
+
+code-0.6b: sizing for one H200 (the GPU machine keeps nothing between commands and a command runs
+at most 10 minutes, so the whole pair must build in ~4-5 minutes and leave the rest for
+measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28 layers:
+
+  per layer   attention q/k/v/o 1024x2048 + 2 x 1024x1024 + 2048x1024 = 6.29M
+              MLP 3 x 1024x3072 = 9.44M                                -> 15.73M
+  28 layers   440.4M; tied embedding / LM head 16.8M                   -> N = 457.2M parameters
+  train FLOPs per token  6 N = 2.743 GFLOP, + causal attention 6 x S x (16 x 128) x 28 at S = 512
+              = 0.176 GFLOP                                            -> 2.92 GFLOP/token
+  H200 bf16 dense peak 989 TFLOP/s; at 40% MFU 396 TFLOP/s             -> 135k tokens/s
+  target      470 steps x 64 x 512 = 15.4M tokens = 45 PFLOP -> 114 s at 40% MFU; plus torch.compile,
+              per decoder layer (``compile_mode`` layers: the 28 layers share one graph; compiling the
+              whole depth as one graph took 297 s against 26 s per layer for a narrow 28-layer model on
+              a loaded developer CPU), plus 2 evaluations of 131k tokens -> ~150 s. ``time_budget`` 165 s is a
+              guard: on a slower machine it cuts the step count (the cosine schedule follows), on the
+              expected one it does not bind, so two builds train the same steps on the same batches.
+              ``checkpoint_every`` 0: no 7 GB optimizer checkpoints (the machine keeps nothing anyway).
+  self-distill 1024 rows x (32 prompt + 224 sampled) tokens, two batches (greedy 256, sampled 768)
+              of 224 decode steps; eager decode of this shape is launch-bound at ~40-60 ms/step
+              (GPU.md) -> ~25 s.
+  drafter     1 layer (15.7M) + fc 5x1024->1024 (5.2M) trained; per step 32 rows x 256 tokens through
+              the frozen target (2 N x 8192 = 7.5 TFLOP) and 32 x 64 anchors x 7 slots = 14.3k block
+              tokens through drafter layer, LM head and target head (~3.5 TFLOP) -> 11 TFLOP = 28 ms at
+              40% MFU, ~70 ms with the [32, 64, 7, V] float32 loss tensors -> 600 steps ~45 s
+              (``max_minutes`` 1.0 guards it).
+  calibrate   200 val-split prompts x 128 tokens, at T = 1 and at T = 0: ~10 s each.
+  eval        the first 250 eval-code prompts x 128 tokens at T = 0 and T = 1: ~10 s each.
+  corpus + tokenizer: the stdlib (31 MB) and a 64 MB sample of site-packages (a developer machine
+              has 270 MB of .py there; the target needs 15M tokens = ~50 MB), deduplicated (~10 s);
+              BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
+              (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
+  cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s.
+  total       ~35 + 150 + 25 + 50 + 20 + 20 + 10 = ~310 s; every stage's seconds land in pair.json.
+The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
+design of the time limit. If it does not reach a useful loss, the lead picks a shallower shape with --set
+(e.g. target.layers=12) and names the preset after its shape.
+"""
+from __future__ import annotations
+
+import copy
+
+from adaspec.errors import AdaspecError
+
+_CODE_06B = {
+    "corpus": {"sources": ["stdlib", "site-packages"], "suffixes": [".py"], "val_pct": 5, "test_pct": 5,
+               "max_source_bytes": 64_000_000},
+    "tokenizer": {"vocab_size": 16384, "min_frequency": 2, "max_bytes": 24_000_000},
+    "target": {
+        # Qwen3-0.6B's shape (head_dim 128, GQA 16/8, MLP 3072, tied embeddings) with our vocabulary
+        "layers": 28, "hidden": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128, "intermediate": 3072,
+        "max_position": 2048, "rope_theta": 1_000_000.0,
+        "seq_len": 512, "batch_size": 64, "steps": 470, "lr": 1e-3, "warmup": 50, "min_lr_ratio": 0.1,
+        "weight_decay": 0.1, "grad_clip": 1.0, "time_budget": 165, "eval_every": 235, "eval_tokens": 131072,
+        "compile": True, "compile_mode": "layers", "checkpoint_every": 0, "seed": 0, "save_dtype": "bfloat16",
+    },
+    "drafter": {
+        "layers": 1, "block_size": 7, "markov_rank": 64, "init": "target",
+        "sd_num_seqs": 1024, "sd_prompt_len": 32, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 1024,
+        "corpus_frac": 0.25, "seq_len": 256, "batch_size": 32, "anchors_per_seq": 64,
+        "steps": 600, "max_minutes": 1.0, "lr": 1e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
+        "save_dtype": "bfloat16", "log_every": 100,
+    },
+    # calibration prompts: windows of the val split (the eval prompts come from the stdlib's test split)
+    "calibrate": {"num_prompts": 200, "prompt_len": 128, "gen_len": 128, "samples": 4, "batch_size": 32, "seed": 0},
+    "eval": {"prompts": "eval-code", "num_prompts": 250, "max_prompt_len": 512, "gen_len": 128,
+             "temperatures": [0.0, 1.0], "batch_size": 32, "seed": 0},
+    "card": {"num_samples": 3, "max_new_tokens": 64},
+}
+
+# Seconds on two CPU cores, for tests and for trying the recipe anywhere: a 2-layer target and a
+# 1-layer drafter; the stdlib corpus by default (tests point --source at a small tree).
+_MICRO = {
+    "corpus": {"sources": ["stdlib"], "suffixes": [".py"], "val_pct": 20, "test_pct": 20, "max_source_bytes": None},
+    "tokenizer": {"vocab_size": 512, "min_frequency": 2, "max_bytes": 2_000_000},
+    "target": {
+        "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128,
+        "max_position": 256, "rope_theta": 10000.0,
+        "seq_len": 64, "batch_size": 16, "steps": 120, "lr": 3e-3, "warmup": 20, "min_lr_ratio": 0.1,
+        "weight_decay": 0.1, "grad_clip": 1.0, "time_budget": None, "eval_every": 60, "eval_tokens": 4096,
+        "compile": False, "seed": 0, "save_dtype": "float32", "threads": 1,
+    },
+    "drafter": {
+        "layers": 1, "block_size": 4, "markov_rank": 8, "init": "target",
+        "sd_num_seqs": 48, "sd_prompt_len": 16, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 48,
+        "corpus_frac": 0.25, "seq_len": 48, "batch_size": 8, "anchors_per_seq": 16,
+        "steps": 40, "max_minutes": None, "lr": 3e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
+        "save_dtype": "float32", "log_every": 20,
+    },
+    "calibrate": {"num_prompts": 16, "prompt_len": 24, "gen_len": 16, "samples": 2, "batch_size": 8, "seed": 0},
+    "eval": {"prompts": "eval-code", "num_prompts": 6, "max_prompt_len": 48, "gen_len": 16,
+             "temperatures": [0.0, 1.0], "batch_size": 8, "seed": 0},
+    "card": {"num_samples": 1, "max_new_tokens": 8},
+}
+
+PRESETS = {"micro": _MICRO, "code-0.6b": _CODE_06B}
+DRAFTER_SUFFIX = "-dspark"
+
+
+def preset(name: str) -> dict:
+    if name not in PRESETS:
+        raise AdaspecError(f"--preset {name!r}: unknown; choose one of {', '.join(PRESETS)}")
+    return copy.deepcopy(PRESETS[name])
+
+
+def apply_overrides(settings: dict, items: list[str]) -> dict:
+    """``SECTION.KEY=VALUE`` items (VALUE parsed as JSON when it parses, else kept as a string)."""
+    import json
+
+    for item in items:
+        path, sep, raw = item.partition("=")
+        section, dot, key = path.partition(".")
+        if not sep or not dot or not key:
+            raise AdaspecError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. target.layers=12")
+        if section not in settings:
+            raise AdaspecError(f"--set {item!r}: unknown section {section!r}; sections: {', '.join(settings)}")
+        if key not in settings[section]:
+            raise AdaspecError(f"--set {item!r}: unknown key {key!r} in {section}; keys: "
+                               f"{', '.join(settings[section])}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        settings[section][key] = value
+    return settings

@@ -1,0 +1,277 @@
+"""`adaspec train pair`: the micro preset end to end on CPU, resumability, refusals, presets."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from adaspec.errors import AdaspecError
+from adaspec.train.pair import STAGES, build_pair
+from adaspec.train.pair_presets import apply_overrides, preset
+
+
+def _micro_settings(src, *overrides):
+    s = apply_overrides(preset("micro"), list(overrides))
+    s["corpus"]["sources"] = [str(src)]
+    return s
+
+
+def _build(out, src, *overrides, **kw):
+    logs = []
+    summary = build_pair(out, _micro_settings(src, *overrides), preset_name="micro", name="micro", device="cpu",
+                         log=logs.append, **kw)
+    return summary, logs
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, make_tree):
+    root = tmp_path_factory.mktemp("pair")
+    src = make_tree(root / "src")
+    summary, logs = _build(root / "out", src)
+    return root / "out", src, summary, logs
+
+
+def _manifests(out):
+    return {s: json.loads((out / "manifest" / f"{s}.json").read_text()) for s in STAGES}
+
+
+@pytest.mark.slow
+def test_micro_pair_builds_every_stage(pair):
+    out, _, summary, logs = pair
+    assert summary["complete"] and set(summary["stage_seconds"]) == set(STAGES)
+    assert [line for line in logs if line.endswith("running")] == [f"[{i}/8] {s}: running"
+                                                                   for i, s in enumerate(STAGES, 1)]
+    man = _manifests(out)
+    assert all(m["done"] for m in man.values())
+    assert [man[s]["input_build"] for s in STAGES[1:]] == [man[s]["build_id"] for s in STAGES[:-1]]
+    # the figures of pair.json are the eval's, the target's and the calibration's own files
+    on_disk = json.loads((out / "pair.json").read_text())
+    assert on_disk["heldout"] == summary["heldout"]
+    ev = json.loads((out / "drafter" / "eval.json").read_text())
+    assert [summary["heldout"][f"T={r['temperature']:g}"]["tau"] for r in ev["runs"]] == [r["tau"] for r in ev["runs"]]
+    assert ev["prompts"] == "eval-code" and [r["temperature"] for r in ev["runs"]] == [0.0, 1.0]
+    for r in ev["runs"]:
+        assert 1.0 <= r["tau"] <= 1.0 + r["k"] and r["blocks"] > 0
+    stats = json.loads((out / "target" / "train_stats.json").read_text())
+    assert summary["target"]["val_loss"] == stats["val_loss"] < math.log(512) - 1.0  # learned something
+    cfg = json.loads((out / "drafter" / "config.json").read_text())
+    assert cfg["block_size"] == 4 and len(cfg["adaspec"]["confidence_temperatures"]) == 4
+    assert len(cfg["adaspec"]["confidence_temperatures_greedy"]) == 4
+    # per-source token counts reached the corpus stats
+    cstats = json.loads((out / "corpus" / "stats.json").read_text())
+    assert sum(cstats["tokens"]["splits"]["train"]["by_source"].values()) == summary["tokenizer"]["tokens"]["train"]
+    # cards carry the held-out figures and the settings
+    tcard = (out / "target" / "MODEL_CARD.md").read_text()
+    dcard = (out / "drafter" / "MODEL_CARD.md").read_text()
+    for r in ev["runs"]:
+        assert f"**{r['tau']:.2f}**" in tcard and f"**{r['tau']:.2f}**" in dcard
+    assert "target.layers = 2" in tcard and '"markov_rank": 8' in dcard and "# micro-dspark" in dcard
+
+
+@pytest.mark.slow
+def test_pair_loads_in_the_engine_and_speculation_is_lossless(pair):
+    from adaspec import LLM, SamplingParams
+
+    out = pair[0]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = ["def add(a, b):\n", "import os\n\n\nclass Config:\n"]
+    plain = [o.outputs[0].token_ids for o in LLM(str(out / "target")).generate(prompts, params)]
+    llm = LLM(str(out / "target"), speculative_config={"method": "dspark", "model": str(out / "drafter")})
+    spec = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert spec == plain
+    assert llm.llm_engine.stats.num_draft_tokens > 0
+
+
+@pytest.mark.slow
+def test_rerun_skips_every_stage(pair):
+    out, src, _, _ = pair
+    before = _manifests(out)
+    mtime = (out / "drafter" / "model.safetensors").stat().st_mtime_ns
+    _, logs = _build(out, src)
+    assert [line for line in logs if "skipped" in line] and not [line for line in logs if "running" in line]
+    assert _manifests(out) == before
+    assert (out / "drafter" / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+def test_changed_setting_is_refused_naming_it(pair):
+    out, src, _, _ = pair
+    before = _manifests(out)
+    with pytest.raises(AdaspecError, match=r"target\.lr: built with 0\.003, now 0\.01.*--restart-from target"):
+        _build(out, src, "target.lr=0.01")
+    with pytest.raises(AdaspecError, match=r"stage 'drafter'.*drafter\.steps: built with 40, now 41"):
+        _build(out, src, "drafter.steps=41")
+    with pytest.raises(AdaspecError, match=r"stage 'selfdistill'.*drafter\.sd_num_seqs"):
+        _build(out, src, "drafter.sd_num_seqs=64")
+    assert _manifests(out) == before  # a refusal changes nothing
+
+
+@pytest.mark.slow
+def test_restart_from_rebuilds_that_stage_and_later_ones(pair, tmp_path):
+    out, src, _, _ = pair
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    before = _manifests(copy)
+    _, logs = _build(copy, src, restart_from="eval")
+    after = _manifests(copy)
+    assert [s for s in STAGES if after[s]["build_id"] != before[s]["build_id"]] == ["eval", "cards"]
+    assert after["eval"]["result"] == before["eval"]["result"]  # fixed seeds: the same figures again
+    assert (copy / "target" / "MODEL_CARD.md").is_file()
+
+
+@pytest.mark.slow
+def test_interrupted_stage_resumes_and_a_rebuilt_input_is_refused(pair, tmp_path):
+    out, src, _, _ = pair
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    m = json.loads((copy / "manifest" / "cards.json").read_text())
+    m["done"] = False  # as if the process died inside the stage
+    (copy / "manifest" / "cards.json").write_text(json.dumps(m))
+    _, logs = _build(copy, src)
+    assert [line for line in logs if "running" in line] == ["[8/8] cards: running"]
+    assert "[8/8] cards: resuming an interrupted run" in logs
+    m = json.loads((copy / "manifest" / "eval.json").read_text())
+    m["build_id"] = "another"
+    (copy / "manifest" / "eval.json").write_text(json.dumps(m))
+    with pytest.raises(AdaspecError, match=r"stage 'cards'.*another build of stage 'eval'"):
+        _build(copy, src)
+
+
+@pytest.mark.slow
+def test_train_path_never_imports_the_server(pair, tmp_path):
+    """The GPU machine has no fastapi/uvicorn: the pair command must run without them."""
+    out, src, _, _ = pair
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    blocked = ["fastapi", "uvicorn", "starlette", "pydantic", "aiohttp", "httpx", "openai", "hypothesis"]
+    code = ("import sys\n"
+            f"for m in {blocked!r}: sys.modules[m] = None\n"
+            "from adaspec.cli import main\n"
+            f"sys.exit(main(['train', 'pair', '--preset', 'micro', '--out', {str(copy)!r}, '--source', {str(src)!r},"
+            " '--device', 'cpu', '--restart-from', 'calibrate']))\n")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held-out T=0: tau" in r.stdout
+
+
+def test_presets_and_overrides():
+    s = preset("code-0.6b")
+    t = s["target"]
+    # Qwen3-0.6B's shape
+    assert (t["layers"], t["hidden"], t["heads"], t["kv_heads"], t["head_dim"], t["intermediate"]) == \
+        (28, 1024, 16, 8, 128, 3072)
+    assert s["drafter"]["block_size"] == 7 and s["drafter"]["layers"] == 1
+    assert s["eval"]["prompts"] == "eval-code" and "stdlib" in s["corpus"]["sources"]
+    assert preset("code-0.6b") == s and preset("code-0.6b") is not s  # a copy each time
+    o = apply_overrides(preset("micro"), ["target.layers=3", "corpus.sources=[\"stdlib\"]", "drafter.init=random"])
+    assert o["target"]["layers"] == 3 and o["corpus"]["sources"] == ["stdlib"] and o["drafter"]["init"] == "random"
+    for bad, msg in [("target.nope=1", "unknown key 'nope'"), ("nope.x=1", "unknown section"),
+                     ("target.layers", "SECTION.KEY=VALUE")]:
+        with pytest.raises(AdaspecError, match=msg):
+            apply_overrides(preset("micro"), [bad])
+    with pytest.raises(AdaspecError, match="unknown"):
+        preset("nope")
+
+
+def test_code_06b_sizing_matches_the_written_arithmetic():
+    """The preset's comment: 457.2M parameters, 2.92 GFLOP per token, target ~114 s at 40% MFU."""
+    import torch
+
+    from adaspec.models.target import TargetModel
+    from adaspec.train.pair import target_flops_per_token
+    from adaspec.train.target import build_config, count_params
+
+    s = preset("code-0.6b")
+    t = s["target"]
+
+    class A:  # the fields build_config reads
+        arch, layers, hidden, heads, kv_heads, head_dim = "qwen3", t["layers"], t["hidden"], t["heads"], t["kv_heads"], \
+            t["head_dim"]
+        intermediate, max_position, rope_theta, untied, seq_len = t["intermediate"], t["max_position"], \
+            t["rope_theta"], False, t["seq_len"]
+
+    cfg = build_config(A, s["tokenizer"]["vocab_size"], 0)
+    with torch.device("meta"):
+        n = count_params(TargetModel(cfg))
+    assert abs(n - 457.2e6) < 0.1e6
+    fpt = target_flops_per_token(cfg.to_hf(), t["seq_len"])
+    assert abs(fpt - 2.92e9) < 0.01e9
+    seconds = t["steps"] * t["batch_size"] * t["seq_len"] * fpt / (0.4 * 989e12)
+    assert 100 < seconds < t["time_budget"] - 30  # leaves room for compile and evaluation
+
+
+def test_cli_lists_pair_and_rejects_a_bad_set(tmp_path, capsys):
+    from adaspec.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "pair", "--help"])
+    assert "--restart-from" in capsys.readouterr().out
+    assert main(["train", "pair", "--preset", "micro", "--out", str(tmp_path), "--set", "target.bogus=1"]) == 2
+    assert "unknown key 'bogus'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_build_script_runs_and_reports(pair, tmp_path):
+    """benchmarks/build_pair_h200.sh at micro size on the CPU: its plumbing (argument forwarding, the
+    figures folder, the summary at the end) must work the first time it meets the GPU machine."""
+    out, src, _, _ = pair
+    copy, figs = tmp_path / "out", tmp_path / "figs"
+    shutil.copytree(out, copy)
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHON=sys.executable, PRESET="micro", DEVICE="cpu")
+    r = subprocess.run(["bash", "benchmarks/build_pair_h200.sh", str(copy), str(figs), "--", "--source", str(src)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-4:]
+    assert last[0].startswith("stage seconds:") and last[-1].startswith("held-out T=1: tau")
+    assert json.loads((figs / "pair.json").read_text())["complete"]
+    for f in ("target/MODEL_CARD.md", "drafter/MODEL_CARD.md", "drafter/eval.json", "build.log", "manifest/eval.json"):
+        assert (figs / f).is_file(), f
+    assert not (figs / "target" / "model.safetensors").exists()  # weights stay in DIR
+
+
+@pytest.mark.parametrize("name", ["micro", "code-0.6b"])
+def test_every_preset_setting_is_a_flag_of_its_command(name, tmp_path):
+    """The stages pass target/drafter settings as command flags: each must parse, to the value given."""
+    from adaspec.train import drafter, target
+    from adaspec.train.pair import SELF_DISTILL_KEYS, _flags, _parse
+
+    s = preset(name)
+    t = _parse(target.add_subparser, ["target", "--corpus", "c", "--tokenizer", "t", "--out", "o", *_flags(s["target"])])
+    for k, v in s["target"].items():
+        assert getattr(t, k) == (v if v is not None else getattr(t, k)), k
+    d_set = {k: v for k, v in s["drafter"].items() if not k.startswith("sd_")}
+    d = _parse(drafter.add_subparser, ["drafter", "--target", "x", "--out", "o", *_flags(d_set)])
+    for k, v in s["drafter"].items():
+        assert hasattr(d, k), k  # sd_* keys are flags too (the selfdistill stage reads them by these names)
+        if not k.startswith("sd_") and v is not None:
+            assert getattr(d, k) == v, k
+    assert set(SELF_DISTILL_KEYS) <= set(s["drafter"])
+
+
+@pytest.mark.slow
+def test_a_failing_stage_is_named_in_pair_json_and_a_refusal_leaves_it(pair, tmp_path, monkeypatch):
+    from adaspec.train import pair as pair_mod
+
+    out, src, _, _ = pair
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    good = (copy / "pair.json").read_text()
+    with pytest.raises(AdaspecError):
+        _build(copy, src, "target.lr=0.01")
+    assert (copy / "pair.json").read_text() == good
+
+    def boom(ctx):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setitem(pair_mod.STAGE_FUNCS, "eval", boom)
+    with pytest.raises(RuntimeError, match="simulated"):
+        _build(copy, src, restart_from="eval")
+    s = json.loads((copy / "pair.json").read_text())
+    assert not s["complete"] and s["failed"]["stage"] == "eval" and "simulated" in s["failed"]["error"]
+    assert s["heldout"] is None and s["target"]["val_loss"] > 0  # done stages still reported
+    assert "FAILED in stage eval" in pair_mod.format_summary(s)
+    assert json.loads((copy / "manifest" / "eval.json").read_text())["done"] is False
