@@ -66,7 +66,8 @@ def matmul_peak() -> float:
     return 10 * 2 * 8192**3 / (s.elapsed_time(e) / 1e3)
 
 
-def count_syncs(fn) -> int:
+def sync_sites(fn) -> list[str]:
+    """file:line of every device-to-host sync fn makes (sync debug mode's warnings)."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -75,7 +76,7 @@ def count_syncs(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
@@ -86,7 +87,7 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
     while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
         eng.step()
     eng.step()  # a first decode step (any lazy init)
-    syncs = count_syncs(eng.step)
+    sites = sync_sites(eng.step)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -96,7 +97,7 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
         eng.abort_request(s.request_id)
     eng.step()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_p90": 1e3 * float(np.percentile(times, 90)),
-            "syncs_per_step": syncs}
+            "syncs_per_step": len(sites), "sync_sites": sites}
 
 
 def verify_costs(eng: LLMEngine, batches: list[int], qs: list[int], ctx: int, reps: int) -> list[dict]:
@@ -214,7 +215,7 @@ def main() -> int:
             r.update(shape=shape, batch=b, floor_ms=floor, fraction_of_floor=floor / r["step_ms"])
             result["decode"].append(r)
             print(f"{b:>6} {r['step_ms']:>9.2f} {r['step_ms_p90']:>7.2f} {floor:>9.3f} "
-                  f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5}", flush=True)
+                  f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5} {' '.join(r['sync_sites']) if r['syncs_per_step'] > 1 else ''}", flush=True)
         if not args.enforce_eager and time.perf_counter() - t_start < args.budget_s:
             vb = [int(x) for x in args.verify_batches.split(",")]
             vq = [int(x) for x in args.verify_q.split(",")]

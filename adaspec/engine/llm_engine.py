@@ -67,6 +67,7 @@ class LLMEngine:
         path = model_dir(config.model)
         self.model_name = model_display_name(config.model)
         self.model, self.model_config = load_target(path, self.dtype, self.device, config.load_format)
+        self.model.fuse_projections()
         if config.skip_tokenizer_init:  # token ids only: outputs carry token_ids and empty text
             self.tokenizer = None
             eos_ids = config_eos_token_ids(path, read_json(path / "config.json", "config.json"))
@@ -124,6 +125,9 @@ class LLMEngine:
 
     def _capture_graphs(self, drafter, lookahead: int) -> None:
         from adaspec.engine.cuda_graphs import GraphedForward
+        from adaspec.models.fused import use_compiled
+
+        use_compiled()  # norms, RoPE, activation, residual adds: one kernel each inside the graphs
 
         k = drafter.spec_cfg.num_speculative_tokens if drafter else 0
         bs = self.config.block_size

@@ -70,6 +70,9 @@ def load_speculative_drafter(config: EngineConfig, engine) -> DrafterSetup:
     drafter.rope.max_positions = max(drafter.rope.max_positions, engine.model_config.max_position_embeddings + dcfg.block_size)
     drafter.rope.build_tables(device=engine.device)
     drafter.attention_backend = "triton" if engine.attention_backend == "triton" else "reference"
+    for layer in drafter.layers:  # fused qkv / gate_up projections, as the target's
+        layer.self_attn.fuse()
+        layer.mlp.fuse()
     return DrafterSetup(spec_cfg, drafter, dcfg, str(name))
 
 

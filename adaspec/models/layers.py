@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaspec.models.fused import ops
 from adaspec.models.rope import rope_inv_freq
 
 
@@ -16,10 +17,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # normalize in float32 like the reference implementations, cast back after
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -67,6 +65,26 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse()
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """One [2I, d] weight for gate and up (one matmul instead of two); the two Linear weights
+        become views into it, so checkpoints keep Hugging Face's names and nothing is duplicated."""
+        self.gate_up_weight, (self.gate_proj.weight, self.up_proj.weight) = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, list[nn.Parameter]]:
+    """Concatenate bias-free Linear weights along the output dim -> (fused, per-Linear views)."""
+    fused = torch.cat([m.weight.detach() for m in linears]).contiguous()
+    views, start = [], 0
+    for m in linears:
+        n = m.weight.shape[0]
+        views.append(nn.Parameter(fused[start:start + n], requires_grad=False))
+        start += n
+    return fused, views

@@ -10,11 +10,13 @@ decoder layer L, -1 = embedding output); nothing extra is kept when none are ask
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from adaspec.models.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
-from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from adaspec.models.fused import ops
+from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears
 
 
 class Attention(nn.Module):
@@ -34,15 +36,32 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.eps = cfg.rms_norm_eps
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse()
+        self.qkv_bias: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """One [(Hq + 2 Hkv) D, d] projection instead of three (one matmul per step); the q/k/v
+        weights become views into it, so the state dict keeps Hugging Face's names."""
+        self.qkv_weight, (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight) = fuse_linears(
+            self.q_proj, self.k_proj, self.v_proj)
+        if self.q_proj.bias is not None:
+            self.qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
         shape = x.shape[:-1]
-        q = self.q_proj(x).view(*shape, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*shape, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split([nq, nkv, nkv], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(*shape, self.num_heads, self.head_dim)
+        k = k.reshape(*shape, self.num_kv_heads, self.head_dim)
+        v = v.reshape(*shape, self.num_kv_heads, self.head_dim)
+        q_w = self.q_norm.weight if self.q_norm is not None else None
+        k_w = self.k_norm.weight if self.k_norm is not None else None
+        q, k = ops.qk_norm_rope(q, k, positions, rope.cos, rope.sin, q_w, k_w, self.eps)
         return q, k, v
 
     def forward(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
@@ -66,14 +85,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv_cache=None, meta=None):
-        h = self.input_layernorm(x)
+    def forward(self, h, residual, positions, rope, kv_cache=None, meta=None):
+        """Residual-stream form: the layer's input is h + residual (residual None: h alone);
+        returns (mlp output, residual), whose sum is the layer's output. Each residual add is
+        fused into the norm that follows it (fused.add_rms_norm)."""
+        w_in, w_post = self.input_layernorm.weight, self.post_attention_layernorm.weight
+        if residual is None:
+            residual, h = h, ops.rms_norm(h, w_in, self.input_layernorm.eps)
+        else:
+            h, residual = ops.add_rms_norm(h, residual, w_in, self.input_layernorm.eps)
         if meta is None:
             h = self.self_attn.forward_dense(h, positions, rope)
         else:
             h = self.self_attn(h, positions, rope, kv_cache, meta)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = ops.add_rms_norm(h, residual, w_post, self.post_attention_layernorm.eps)
+        return self.mlp(h), residual
 
 
 class Backbone(nn.Module):
@@ -96,17 +122,24 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding.from_config(cfg)
 
+    def fuse_projections(self) -> None:
+        """Inference: fused qkv and gate_up projections in every layer (see Attention.fuse)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def _run(self, input_ids, positions, capture_layers, kv_caches=None, meta=None):
-        x = self.model.embed_tokens(input_ids)
+        h, residual = self.model.embed_tokens(input_ids), None
         captured: dict[int, torch.Tensor] = {}
         want = set(capture_layers or ())
         if -1 in want:
-            captured[-1] = x
+            captured[-1] = h
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rope, None if kv_caches is None else kv_caches[i], meta)
+            h, residual = layer(h, residual, positions, self.rope, None if kv_caches is None else kv_caches[i], meta)
             if i in want:
-                captured[i] = x
-        return self.model.norm(x), captured
+                captured[i] = h + residual
+        norm = self.model.norm
+        return ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0], captured
 
     def forward(
         self,

@@ -16,9 +16,11 @@ def _prompts(n, vocab=8000):
     return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in torch.randint(5, 60, (n,), generator=g)]
 
 
-def _llm(eager: bool, spec: bool):
+def _llm(eager: bool, spec: bool, dtype: str = "float32"):
+    # float32: padding changes the matmuls' batch size, and in bf16 that alone can flip a greedy
+    # near-tie; in float32 the graph and the eager step must agree token for token
     cfg = {"method": "dspark", "num_speculative_tokens": 5} if spec else None
-    return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda")
+    return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda", dtype=dtype)
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["decode", "verify"])
@@ -34,7 +36,8 @@ def test_graphs_match_eager_greedy(spec):
     assert graphed.llm_engine.runner.num_graph_steps > 5
 
 
-def _syncs_in(fn) -> int:
+def _syncs_in(fn) -> list[str]:
+    """Where fn synchronized with the device: file:line of each warning sync debug mode raised."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -43,17 +46,18 @@ def _syncs_in(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_decode_step_syncs_once(temperature):
-    llm = _llm(False, False)
+    llm = _llm(False, False, dtype="bfloat16")
     eng = llm.llm_engine
     for i, p in enumerate(_prompts(8)):
         eng.add_request(str(i), p, SamplingParams(temperature=temperature, max_tokens=50, ignore_eos=True, seed=i))
     for _ in range(3):  # prefill, then decodes
         eng.step()
     assert all(s.is_decoding for s in eng.scheduler.running)
-    n = _syncs_in(eng.step)
-    assert n == 1, f"a decode step made {n} device-to-host syncs"
+    for _ in range(5):  # several steps: blocks fill up, requests cross block boundaries
+        where = _syncs_in(eng.step)
+        assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"

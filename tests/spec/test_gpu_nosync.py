@@ -18,10 +18,11 @@ def test_no_device_to_host_sync():
     conf = torch.rand(N, K, device=dev)
     greedy_host = torch.arange(N) % 3 == 0  # host copy: the engine knows it from the params
     seeds, anchors = torch.arange(N, device=dev) * 31, torch.full((N,), 100, device=dev)
+    budget = torch.tensor(40, device=dev)  # a host scalar copied to the device: made before the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        lengths = allocate_torch(survival_torch(conf), torch.tensor(40, device=dev))
+        lengths = allocate_torch(survival_torch(conf), budget)
         lengths2 = allocate_torch(survival_torch(conf), 40)
         out = rejection_sample(x, lengths, p, q, greedy_host, seeds, anchors)
         s = sample_categorical(p[:, 0], keyed_uniforms(seeds, anchors, SAMPLE))

@@ -117,7 +117,12 @@ def test_flat_verification_cost_verifies_everything(conf, base, draft):
     cost = CostModel(CostTable([1, 1000], [3.0, 3.0], capture_limit=None), CostTable([1], [draft]))
     a = survival(conf)
     b = choose_budget(a, conf.shape[0], base, conf.shape[0], cost)
-    assert b == a.size and (allocate(a, b) == conf.shape[1]).all()
+    # every slot is worth verifying, except survivals too small to change the float sum (ties go
+    # to the smaller budget)
+    left_out = np.sort(a.ravel())[::-1][b:]
+    assert b == a.size or left_out.sum() <= 1e-12 * (conf.shape[0] + a.sum())
+    if b == a.size:
+        assert (allocate(a, b) == conf.shape[1]).all()
 
 
 def test_max_budget_caps_and_scalar_only_cost_functions_work():

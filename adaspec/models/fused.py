@@ -1,0 +1,70 @@
+"""The pointwise parts of a decoder layer as pure functions, each compiled into one kernel on CUDA.
+
+A decode step of a small model is bound by the number of kernels, not by bytes: written as
+plain torch ops, RMSNorm is ~6 kernels, RoPE on q and k ~12, SwiGLU's activation 3, and every
+residual add one more (../shared/spec/GPU.md: 4 ms for a 0.6B step in one CUDA graph, 8% of the
+memory floor). `use_compiled()` swaps in torch.compile'd versions (dynamic shapes, so one
+compilation serves every batch size; captured inside the CUDA graphs like any kernel), as
+nano-vllm does per layer op. Eager stays the default (CPU, tests, training).
+
+Numerics: the same formulas in float32 as the eager versions; compiled code may skip rounding an
+intermediate to bf16, which changes results in the last bits only.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """-> (rms_norm(x + residual), x + residual): the residual add fused into the next norm."""
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+                 sin_table: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float):
+    """Per-head RMSNorm of q and k (Qwen3; skipped when the weights are None), then RoPE at
+    `positions`. q [..., T, Hq, D], k [..., T, Hkv, D]."""
+    if q_weight is not None:
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    cos = cos_table[positions].unsqueeze(-2)
+    sin = sin_table[positions].unsqueeze(-2)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class _Ops:
+    """The implementations in use: eager functions, or their compiled versions."""
+
+    def __init__(self):
+        self.compiled = False
+        self.rms_norm, self.add_rms_norm, self.qk_norm_rope, self.silu_mul = rms_norm, add_rms_norm, qk_norm_rope, silu_mul
+
+
+ops = _Ops()
+
+
+def use_compiled() -> None:
+    """Compile the pointwise ops (idempotent). Called by the engine on CUDA before capturing graphs."""
+    if ops.compiled:
+        return
+    compile_ = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
+    ops.rms_norm, ops.add_rms_norm = compile_(rms_norm), compile_(add_rms_norm)
+    ops.qk_norm_rope, ops.silu_mul = compile_(qk_norm_rope), compile_(silu_mul)
+    ops.compiled = True
