@@ -114,6 +114,8 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
         "total_token_throughput": (in_tok + out_tok) / dur,
         "max_concurrent_requests": peak_in_flight(results),
         "usage_missing_requests": sum(r.usage_missing for r in ok),
+        # complete streams that ended on a finish_reason without `data: [DONE]` (not failures)
+        "streams_without_done": sum(r.without_done for r in ok),
         "prompt_tokens_missing_requests": sum(r.prompt_tokens is None for r in ok),
         "total_chunks": chunks,
         "mean_tokens_per_chunk": out_tok / chunks if chunks else None,

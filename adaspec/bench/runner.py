@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable
 
 from adaspec.bench import client, metrics, specstats
 from adaspec.errors import AdaspecError
@@ -36,6 +38,7 @@ class BenchConfig:
     request_timeout: float = 6 * 3600
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is in the result (sweep's arm, repeat, ...)
+    clock: Callable[[], float] = time.perf_counter  # request timestamps; tests inject a fake clock
 
 
 def normalize_base_url(url: str) -> str:
@@ -88,7 +91,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
         warm = [payload(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.num_warmups)]
         wres, _, _ = await client.run_requests(
-            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout
+            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout,
+            clock=cfg.clock,
         )
         if all(not r.success for r in wres):
             raise BenchError(f"every warm-up request to {url} failed; first error: {wres[0].error}")
@@ -107,7 +111,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     try:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
-            on_done=(lambda r: bar.update(1)) if bar else None,
+            on_done=(lambda r: bar.update(1)) if bar else None, clock=cfg.clock,
         )
     finally:
         if bar:
@@ -197,6 +201,8 @@ def format_summary(res: dict) -> str:
         lines.append(f"{'Mean accepted length:':<40}{f('spec_mean_accepted_length', '', 3)}")
         per = res.get("spec_acceptance_rate_per_pos") or []
         lines.append(f"{'Per-position acceptance:':<40}{' '.join(f'{x:.2f}' for x in per)}")
+    if res.get("streams_without_done"):
+        lines.append(f"NOTE: {res['streams_without_done']} streams ended on a finish_reason without data: [DONE] (counted as complete)")
     if res.get("usage_missing_requests"):
         lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
     lines.append("=" * 70)
