@@ -72,7 +72,10 @@ def add_parser(subparsers) -> None:
     w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
     w.add_argument("--num-warmups", type=int, default=2,
                    help="unmeasured requests before each point, sent at its concurrency")
-    w.add_argument("--out", required=True, help="results directory (rerun with the same --out to resume)")
+    w.add_argument("--out", required=True,
+                   help="results directory (rerun with the same --out and settings to resume)")
+    w.add_argument("--force-new", action="store_true",
+                   help="discard the points, logs and report an earlier sweep left in --out and start over")
     _add_dataset_args(w)
     _add_request_args(w, 128)
     w.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -149,6 +152,7 @@ def sweep_config_from_args(args, log=print):
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=args.endpoint, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout,
+        force_new=getattr(args, "force_new", False),
         progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
