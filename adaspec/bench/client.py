@@ -2,7 +2,7 @@
 
 Times are seconds of an injected clock (`time.perf_counter` by default; tests pass a fake one).
 A chunk is timed when the bytes that complete its SSE event arrive (the clock is read once per
-block of bytes that completes at least one event); only chunks that carry `choices` count (the
+completed event, never otherwise while streaming); only chunks that carry `choices` count (the
 usage-only chunk does not).
 """
 from __future__ import annotations
@@ -141,9 +141,10 @@ async def send_request(
                 return r
             parser = SSEParser()
 
-            def handle(events: list[str], now: float) -> None:
+            def handle(events: list[str]) -> None:
                 nonlocal usage, done
                 for ev in events:
+                    now = clock()  # per event: a fake clock can tell events of one read apart
                     if ev.strip() == "[DONE]":
                         done = True
                         continue
@@ -170,12 +171,8 @@ async def send_request(
                     cum_tokens.append(u.get("completion_tokens"))
 
             async for data in resp.content.iter_any():
-                events = parser.feed(data)
-                if events:  # read the clock only when an event completed (a fake clock counts reads)
-                    handle(events, clock())
-            events = parser.close()
-            if events:
-                handle(events, clock())
+                handle(parser.feed(data))
+            handle(parser.close())
     except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ConnectionError) as e:
         r.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         r.end_time = clock()

@@ -182,7 +182,7 @@ def test_refused_extension_field_names_the_flag(capsys):
         ok = run_benchmark(BenchConfig(base_url=srv.url, model="m", prompts=["x"], progress=False))
         assert ok["completed"] == 1
         # and the CLI says so, also when the warm-up is what fails
-        argv = ["bench", "serve", "--base-url", srv.url, "--model", "m", "--dataset", "random", "--num-prompts", "1",
+        argv = ["bench", "serve", "--base-url", srv.url, "--model", "m", "--dataset", "random", "--tokenizer", "tiny", "--num-prompts", "1",
                 "--ignore-eos", "--disable-tqdm"]
         assert main(argv) == 1
         assert "sent because of --ignore-eos" in capsys.readouterr().err

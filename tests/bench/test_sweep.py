@@ -29,7 +29,7 @@ def test_sweep_external_servers_then_resume(tmp_path, capsys):
     with FakeServer({}, default=FAST) as a, FakeServer({}, default=FAST, metrics=False) as b:
         argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}",
                 "--base-url", f"fixed:3={b.url}/v1", "--concurrency", "1,4", "--repeats", "1",
-                "--num-prompts", "4", "--num-warmups", "1", "--dataset", "random", "--output-len", "8",
+                "--num-prompts", "4", "--num-warmups", "1", "--dataset", "random", "--tokenizer", "tiny", "--output-len", "8",
                 "--out", str(out), "--disable-tqdm"]
         assert main(argv) == 0
         pts = sorted(p.name for p in (out / "points").glob("*.json"))
@@ -71,7 +71,7 @@ def test_resume_with_changed_settings_is_refused_and_points_keep_their_condition
     monkeypatch.setenv("FAKE_SERVE_LOG", str(tmp_path / "calls.jsonl"))
     out = tmp_path / "o"
     base = ["--model", "m0", "--arms", "none,fixed:3", "--concurrency", "1,2", "--repeats", "1", "--num-prompts", "2",
-            "--dataset", "random", "--out", str(out), "--disable-tqdm", "--startup-timeout", "30"]
+            "--dataset", "random", "--tokenizer", "tiny", "--out", str(out), "--disable-tqdm", "--startup-timeout", "30"]
 
     def sweep(extra):
         cfg = sweep_config_from_args(_args(["bench", "sweep"] + base + extra), log=print)
@@ -109,7 +109,7 @@ def test_report_reads_conditions_from_points_and_flags_a_mixture(tmp_path, capsy
     out = tmp_path / "s"
     with FakeServer({}, default=FAST) as a:
         argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1,2",
-                "--repeats", "1", "--num-prompts", "2", "--num-warmups", "1", "--dataset", "random",
+                "--repeats", "1", "--num-prompts", "2", "--num-warmups", "1", "--dataset", "random", "--tokenizer", "tiny",
                 "--output-len", "8", "--out", str(out), "--disable-tqdm"]
         assert main(argv) == 0
     md = (out / "report.md").read_text()
@@ -131,7 +131,7 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SERVE_LOG", str(log))
     args = _args(["bench", "sweep", "--model", "m0", "--drafter", "d0", "--arms", "none,adaptive:7",
                   "--concurrency", "1,4", "--repeats", "2", "--num-prompts", "4", "--num-warmups", "0",
-                  "--dataset", "random", "--temperature", "0", "--server-arg=--max-num-seqs=8",
+                  "--dataset", "random", "--tokenizer", "tiny", "--temperature", "0", "--server-arg=--max-num-seqs=8",
                   "--speculative-config-extra", '{"profile_repeats": 2}',
                   "--out", str(tmp_path / "o"), "--disable-tqdm", "--startup-timeout", "30"])
     cfg = sweep_config_from_args(args, log=lambda *a: None)
