@@ -145,6 +145,12 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
                 f"Differing: {'; '.join(diff)}. Rerun with the earlier settings to resume, or start over with "
                 "--force-new (discards the earlier points) or a new --out directory"
             )
+    for k in ("engine_commit", "hardware"):
+        if old and old.get(k) != m[k]:
+            # Not refused (the code or machine may change between sessions), but each point records
+            # its own, and the report marks the mixture.
+            cfg.log(f"note: {k} differs from the earlier points' ({old.get(k)!r} -> {m[k]!r}); "
+                    "the report will mark it as mixed")
     arms = {a["name"]: a for a in (old or {}).get("arms", [])}
     for arm in cfg.arms:
         arms[arm.name] = arm_record(cfg, arm)
