@@ -223,6 +223,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
                 cfg.log(
                     f"[{arm.name}] C={c} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
                     f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"
+                    + (f"; first error: {next((e for e in res['errors'] if e), '')}" if not res["completed"] else "")
                 )
                 if server is not None and server.proc.poll() is not None:
                     from adaspec.bench.server import tail

@@ -230,3 +230,18 @@ def test_sweep_against_real_adaspec_serve(tmp_path):
     assert (out / "manifest.json").is_file() and (out / "report.md").is_file() and (out / "frontier.png").is_file()
     spec = json.loads((out / "points" / "fixed-3_c4_r0.json").read_text())
     assert spec["spec_num_drafts"], "the speculative arm's /metrics counters did not move"
+
+
+def test_sweep_says_which_flag_a_server_refused(tmp_path, capsys):
+    """A server that refuses ignore_eos (transformers serve does): the sweep names the flag."""
+    refusing = Script(chunks=[(0.0, "a", 1)], refuse=("ignore_eos",))
+    with FakeServer({}, default=refusing) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1",
+                "--repeats", "1", "--num-prompts", "1", "--dataset", "random", "--tokenizer", "tiny",
+                "--ignore-eos", "--out", str(tmp_path / "o"), "--disable-tqdm", "--no-report"]
+        assert main(argv + ["--num-warmups", "1"]) == 2  # the warm-up fails first
+        assert "sent because of --ignore-eos" in capsys.readouterr().err
+        assert main(argv + ["--num-warmups", "0", "--force-new"]) == 0
+        out = capsys.readouterr().out
+        assert "0 ok, 1 failed" in out and "first error: HTTP 422" in out
+        assert "the server refused ignore_eos, sent because of --ignore-eos" in out
