@@ -1,7 +1,9 @@
 """`adaspec demo`: the README's main command. A small sweep on the embedded `tiny` target and its
 drafter, through the real server: no speculation, fixed k = 7, adaptive k = 7 at concurrency
-1, 4, 16; then the report table and the frontier plot. Sized for < 5 minutes on 2 CPU cores;
-the server picks the GPU itself when there is one.
+1, 4, 16. It prints the exact `adaspec bench sweep` command it runs, then the report tables and a
+reading computed from them (the Pareto edge per concurrency, the cost of a speculative step in
+target steps, the profiled draft/verify costs), and writes the report and frontier plot to
+runs/demo. Sized for < 5 minutes on 2 CPU cores; the server picks the GPU itself when there is one.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", default=None,
                    help=f"results directory (default: ./{DEFAULT_OUT}, ./{DEFAULT_OUT}-quick with --quick; runs/ is git-ignored)")
     p.add_argument("--quick", action="store_true", help="concurrency 1,4, fewer prompts, shorter outputs")
-    p.add_argument("--fresh", action="store_true", help="discard earlier results in --out instead of resuming")
+    p.add_argument("--fresh", action="store_true", help="discard earlier results in --out instead of resuming (the sweep's --force-new)")
     p.add_argument("--model", default="tiny", help="target model (default: the embedded tiny model)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the server's default for the model)")
     p.add_argument("--temperature", type=float, default=1.0, help="1.0 with probabilistic drafting is the headline")
