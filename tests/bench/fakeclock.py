@@ -18,6 +18,7 @@ class FakeClock:
         self._now = start
         self._reads = 0
         self._lock = threading.Lock()
+        self.stalled = False  # a wait for a read timed out (see wait_read_after)
 
     def __call__(self) -> float:
         with self._lock:
@@ -33,9 +34,14 @@ class FakeClock:
         with self._lock:
             self._now += dt
 
-    async def wait_read_after(self, seen: int, safety_s: float = 30.0) -> None:
-        """Until the clock was read more than `seen` times. The real-time bound only keeps a broken
-        test from hanging (a client that left); it never decides a measured value."""
+    async def wait_read_after(self, seen: int, safety_s: float = 5.0) -> None:
+        """Until the clock was read more than `seen` times. If it is not (a client that does not
+        stamp events with this clock, or one that left), the clock is marked `stalled` and never
+        waits again: the test then fails on its values and on `stalled`, quickly, never hangs.
+        The real-time bound decides no measured value."""
         give_up = time.monotonic() + safety_s
-        while self.reads <= seen and time.monotonic() < give_up:
+        while self.reads <= seen and not self.stalled:
+            if time.monotonic() > give_up:
+                self.stalled = True
+                return
             await asyncio.sleep(0.0005)

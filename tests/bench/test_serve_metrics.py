@@ -36,6 +36,7 @@ def result():
         )
         res = run_benchmark(cfg)
         res["_server_requests"] = list(srv.requests)
+    assert not clock.stalled, "the client did not stamp the chunks with the injected clock"
     return res
 
 
