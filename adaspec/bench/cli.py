@@ -18,20 +18,73 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", "--dataset-name", dest="dataset", choices=["eval-code", "jsonl", "random"],
-                   default="eval-code", help="prompt set (default: the packaged eval-code prompts)")
-    p.add_argument("--dataset-path", help="jsonl file, one {\"prompt\": ...} per line (with --dataset jsonl)")
-    p.add_argument("--random-input-len", type=int, default=64, help="words per prompt for --dataset random")
+    p.add_argument("--dataset", "--dataset-name", dest="dataset", choices=["eval-code", "jsonl", "custom", "random"],
+                   default="eval-code",
+                   help="prompt set (default: the packaged eval-code prompts; custom = jsonl, vLLM's name)")
+    p.add_argument("--dataset-path", help="jsonl file, one {\"prompt\": ...} per line (with --dataset jsonl/custom)")
+    p.add_argument("--random-input-len", type=int, default=64,
+                   help="tokens per prompt for --dataset random (counted with --tokenizer)")
+    p.add_argument("--tokenizer", help="tokenizer directory or embedded model name for --dataset random (default: --model)")
     p.add_argument("--seed", type=int, default=0)
 
 
 def _add_request_args(p: argparse.ArgumentParser, output_len: int) -> None:
-    p.add_argument("--output-len", type=int, default=output_len, help="max_tokens of every request")
+    p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=output_len,
+                   help="max_tokens of every request (--random-output-len: vLLM's name)")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --output-len tokens (server extension)")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                   help="openai or vllm: /v1/completions; openai-chat: /v1/chat/completions (as vLLM's bench serve)")
+    p.add_argument("--endpoint", default=None,
+                   help="completions, chat, or the path to post to (e.g. /v1/completions, /v1/chat/completions)")
     p.add_argument("--api-key", help="bearer token for servers started with --api-key")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
+
+
+def resolve_endpoint(backend: str | None, endpoint: str | None) -> tuple[str, str | None]:
+    """(kind, path) from --backend and --endpoint: kind is completions or chat, path the URL path
+    to post to (None: the kind's /v1 default)."""
+    path = None
+    kind = BACKENDS[backend] if backend else None
+    if endpoint in ("completions", "chat"):
+        ekind = endpoint
+    elif endpoint:
+        if not endpoint.startswith("/"):
+            raise AdaspecError(f"--endpoint takes completions, chat or a path starting with /, got {endpoint!r}")
+        path = endpoint.rstrip("/")
+        ekind = "chat" if path.endswith("/chat/completions") else "completions" if path.endswith("/completions") else None
+        if ekind is None and kind is None:
+            raise AdaspecError(f"--endpoint {endpoint}: not a .../completions or .../chat/completions path; "
+                               "give --backend openai or openai-chat to say which API it speaks")
+        ekind = ekind or kind
+    else:
+        ekind = None
+    if kind and ekind and kind != ekind:
+        raise AdaspecError(f"--backend {backend} speaks the {kind} API but --endpoint {endpoint} is {ekind}")
+    return ekind or kind or "completions", path
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not 0 < v <= 100 for v in vals):
+        raise argparse.ArgumentTypeError(f"percentiles must be in (0, 100], got {text!r}")
+    return vals
+
+
+def _metric_names(text: str) -> list[str]:
+    from adaspec.bench.metrics import PERCENTILE_METRICS
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in PERCENTILE_METRICS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected names from {','.join(PERCENTILE_METRICS)}, got {text!r}")
+    return names
 
 
 def add_parser(subparsers) -> None:
@@ -56,7 +109,14 @@ def add_parser(subparsers) -> None:
                    help="ask for usage in every chunk (vLLM extension): exact tokens per chunk")
     s.add_argument("--request-seeds", action="store_true",
                    help="send seed = --seed + i with every sampled request (repeatable sampling)")
-    s.add_argument("--save-result", metavar="FILE", help="write the result JSON here")
+    s.add_argument("--percentile-metrics", type=_metric_names, default=["ttft", "tpot", "itl"],
+                   help="metrics to report percentiles of: ttft,tpot,itl,e2el (default ttft,tpot,itl, as vLLM)")
+    s.add_argument("--metric-percentiles", type=_percentiles, default=[99.0],
+                   help="percentiles to report, e.g. 25,50,99 (default 99)")
+    s.add_argument("--save-result", action="store_true", help="write the result JSON (to --result-dir/--result-filename)")
+    s.add_argument("--result-dir", default=None, help="folder for --save-result (default: the current folder)")
+    s.add_argument("--result-filename", default=None,
+                   help="file name for --save-result (default: LABEL-RATEqps[-concurrencyC]-MODEL-DATE.json, as vLLM)")
     s.add_argument("--label", help="a name for this run, stored in the result")
     s.set_defaults(func=cmd_serve)
 
@@ -72,7 +132,10 @@ def add_parser(subparsers) -> None:
     w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
     w.add_argument("--num-warmups", type=int, default=2,
                    help="unmeasured requests before each point, sent at its concurrency")
-    w.add_argument("--out", required=True, help="results directory (rerun with the same --out to resume)")
+    w.add_argument("--out", required=True,
+                   help="results directory (rerun with the same --out and settings to resume)")
+    w.add_argument("--force-new", action="store_true",
+                   help="discard the points, logs and report an earlier sweep left in --out and start over")
     _add_dataset_args(w)
     _add_request_args(w, 128)
     w.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -90,19 +153,26 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_serve(args) -> int:
+    import os
+
     from adaspec.bench.dataset import load_prompts
-    from adaspec.bench.runner import BenchConfig, format_summary, run_benchmark, write_json_atomic
+    from adaspec.bench.runner import BenchConfig, format_summary, result_filename, run_benchmark, write_json_atomic
 
     if args.output_len is not None and args.output_len < 1:
         raise AdaspecError("--output-len must be at least 1")
-    prompts = load_prompts(args.dataset, args.num_prompts, args.dataset_path, args.random_input_len, args.seed)
+    if (args.result_dir or args.result_filename) and not args.save_result:
+        raise AdaspecError("--result-dir/--result-filename name where --save-result writes; add --save-result")
+    kind, path = resolve_endpoint(args.backend, args.endpoint)
+    prompts = load_prompts(args.dataset, args.num_prompts, args.dataset_path, args.random_input_len, args.seed,
+                           args.tokenizer or args.model)
     cfg = BenchConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
-        num_warmups=args.num_warmups, endpoint=args.endpoint, api_key=args.api_key, seed=args.seed,
+        num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path, api_key=args.api_key, seed=args.seed,
         label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
-        progress=not args.disable_tqdm,
+        progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
+        metric_percentiles=args.metric_percentiles,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)
@@ -111,8 +181,9 @@ def cmd_serve(args) -> int:
         first = next((e for e in res["errors"] if e), "")
         print(f"adaspec: no request completed; first error: {first}", file=sys.stderr)
     if args.save_result:
-        write_json_atomic(args.save_result, res)
-        print(f"result written to {args.save_result}")
+        out = os.path.join(args.result_dir or ".", args.result_filename or result_filename(res))
+        write_json_atomic(out, res)
+        print(f"result written to {out}")
     return 0 if res["completed"] else 1
 
 
@@ -141,14 +212,19 @@ def sweep_config_from_args(args, log=print):
         if not isinstance(spec_extra, dict):
             raise AdaspecError("--speculative-config-extra must be a JSON object")
     pool = max(args.num_prompts, max(args.concurrency))
-    prompts = dataset.load_prompts(args.dataset, pool, args.dataset_path, args.random_input_len, args.seed)
+    kind, path = resolve_endpoint(args.backend, args.endpoint)
+    if path is not None:
+        raise AdaspecError("bench sweep posts to the /v1 paths; give --endpoint completions or chat (or --backend)")
+    tokenizer = args.tokenizer or args.model
+    prompts = dataset.load_prompts(args.dataset, pool, args.dataset_path, args.random_input_len, args.seed, tokenizer)
     return SweepConfig(
         out=Path(args.out), model=args.model, arms=arms, concurrency=args.concurrency, prompts=prompts,
-        prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed),
+        prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed, tokenizer),
         num_prompts=args.num_prompts, repeats=args.repeats, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
-        endpoint=args.endpoint, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
+        endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout,
+        force_new=getattr(args, "force_new", False),
         progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )

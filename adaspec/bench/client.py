@@ -1,7 +1,9 @@
 """Timed streaming requests against an OpenAI-compatible server (aiohttp), and their schedule.
 
-Times are `time.perf_counter()` seconds. A chunk is timed when the bytes that complete its SSE
-event arrive; only chunks that carry `choices` count (the usage-only chunk does not).
+Times are seconds of an injected clock (`time.perf_counter` by default; tests pass a fake one).
+A chunk is timed when the bytes that complete its SSE event arrive (the clock is read once per
+completed event, never otherwise while streaming); only chunks that carry `choices` count (the
+usage-only chunk does not).
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ class RequestResult:
     end_time: float = 0.0
     text: str = ""
     finish_reason: str | None = None
+    # The stream ended cleanly after a chunk with a finish_reason but sent no `data: [DONE]`
+    # (transformers serve does that); complete, and counted so the result says so.
+    without_done: bool = False
 
     @property
     def ttft(self) -> float | None:
@@ -81,6 +86,22 @@ def build_payload(spec: RequestSpec, model: str, endpoint: str, continuous_usage
     return body
 
 
+# Request fields outside the OpenAI API, and the flag that makes the client send each one.
+EXTENSION_FLAGS = {
+    "ignore_eos": "--ignore-eos",
+    "continuous_usage_stats": "--continuous-usage-stats",
+}
+
+
+def refused_field_hint(status: int, body: str, payload: dict) -> str:
+    """For a 4xx whose body names an extension field this payload carried: which flag sent it."""
+    if not 400 <= status < 500:
+        return ""
+    sent = set(payload) | set(payload.get("stream_options") or {})
+    named = [f for f in EXTENSION_FLAGS if f in sent and f in body]
+    return "".join(f"; the server refused {f}, sent because of {EXTENSION_FLAGS[f]} (run without it)" for f in named)
+
+
 def _chunk_text(choice: dict, endpoint: str) -> str | None:
     """The chunk's text; None for a chat chunk that only announces the role (no token in it)."""
     if endpoint == "chat":
@@ -94,31 +115,36 @@ def _chunk_text(choice: dict, endpoint: str) -> str | None:
     return choice.get("text") or ""
 
 
+Clock = Callable[[], float]
+
+
 async def send_request(
     session: aiohttp.ClientSession,
     url: str,
     payload: dict,
     endpoint: str,
     headers: dict[str, str] | None = None,
+    clock: Clock = time.perf_counter,
 ) -> RequestResult:
     r = RequestResult()
     texts: list[str] = []
     cum_tokens: list[int | None] = []  # cumulative completion_tokens seen with each choices chunk
     usage: dict | None = None
     done = False
-    r.send_time = time.perf_counter()
+    r.send_time = clock()
     try:
         async with session.post(url, json=payload, headers=headers) as resp:
             r.status = resp.status
             if resp.status != 200:
                 body = (await resp.text())[:300]
-                r.error = f"HTTP {resp.status}: {body}"
+                r.error = f"HTTP {resp.status}: {body}" + refused_field_hint(resp.status, body, payload)
                 return r
             parser = SSEParser()
 
-            def handle(events: list[str], now: float) -> None:
+            def handle(events: list[str]) -> None:
                 nonlocal usage, done
                 for ev in events:
+                    now = clock()  # per event: a fake clock can tell events of one read apart
                     if ev.strip() == "[DONE]":
                         done = True
                         continue
@@ -145,19 +171,22 @@ async def send_request(
                     cum_tokens.append(u.get("completion_tokens"))
 
             async for data in resp.content.iter_any():
-                handle(parser.feed(data), time.perf_counter())
-            handle(parser.close(), time.perf_counter())
+                handle(parser.feed(data))
+            handle(parser.close())
     except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ConnectionError) as e:
         r.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        r.end_time = time.perf_counter()
+        r.end_time = clock()
         return r
     finally:
         if not r.end_time:
-            r.end_time = time.perf_counter()
+            r.end_time = clock()
     r.text = "".join(texts)
     if not done:
-        r.error = "stream ended before data: [DONE]"
-        return r
+        if r.finish_reason is None:
+            # Neither [DONE] nor a finish_reason: the stream was cut short.
+            r.error = "stream ended before a finish_reason or data: [DONE]"
+            return r
+        r.without_done = True  # as vLLM's client: a finished choice ends the stream
     if not r.chunk_times:
         r.error = "stream carried no tokens"
         return r
@@ -195,10 +224,12 @@ async def run_requests(
     headers: dict[str, str] | None = None,
     timeout_s: float = 6 * 3600,
     on_done: Callable[[RequestResult], None] | None = None,
+    clock: Clock = time.perf_counter,
 ) -> tuple[list[RequestResult], float, float]:
     """Send every payload at its offset with at most `max_concurrency` in flight.
 
-    Returns the results in payload order, the first send time and the last completion time.
+    Returns the results in payload order, the first send time and the last completion time
+    (both on `clock`; the send schedule itself runs on real time).
     """
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -212,10 +243,10 @@ async def run_requests(
             if delay > 0:
                 await asyncio.sleep(delay)
             if sem is None:
-                res = await send_request(session, url, payload, endpoint, headers)
+                res = await send_request(session, url, payload, endpoint, headers, clock)
             else:
                 async with sem:
-                    res = await send_request(session, url, payload, endpoint, headers)
+                    res = await send_request(session, url, payload, endpoint, headers, clock)
             if on_done:
                 on_done(res)
             return res

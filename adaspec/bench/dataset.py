@@ -1,4 +1,6 @@
-"""Prompt sets: the packaged eval-code set, a user's jsonl, or seeded random word prompts."""
+"""Prompt sets: the packaged eval-code set, a user's jsonl (`custom`, vLLM's name, is the same), or
+seeded random prompts of exactly --random-input-len tokens of the model's tokenizer (as vLLM's
+`random` dataset: random token ids, decoded)."""
 from __future__ import annotations
 
 import json
@@ -6,19 +8,6 @@ import random
 from pathlib import Path
 
 from adaspec.errors import AdaspecError
-
-# A fixed vocabulary so that `random` prompts are identical on every machine for one seed.
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there been one all we their has would when if so no will "
-    "more can out up into do any your what time about only other than then them these may its "
-    "some could new first two like over such our made after also did many before must through "
-    "years where much your way well down should because each just those people how too little "
-    "state good very make world still own see men work long get here between both life being under "
-    "never day same another know while last might us great old year off come since against go came "
-    "right used take three function return value list string number error class module import data"
-).split()
-
 
 class DatasetError(AdaspecError):
     """A prompt set that cannot be read."""
@@ -50,13 +39,64 @@ def read_jsonl_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def random_prompts(n: int, input_len: int, seed: int) -> list[str]:
+def tokenizer_dir(name: str | None) -> Path | None:
+    """The directory holding tokenizer.json for a model name (embedded, e.g. `tiny`) or directory."""
+    if not name:
+        return None
+    from adaspec.models.registry import resolve_model_path
+
+    d = resolve_model_path(name)
+    return d if (d / "tokenizer.json").is_file() else None
+
+
+def _word_tokens(tok) -> list[str]:
+    """Tokens that are one space and letters and encode back to themselves: joined, they tokenize
+    as the same tokens (BPE keeps a word after a space whole), so the length in tokens is exact."""
+    words, chars = [], []
+    for i in range(tok.get_vocab_size(with_added_tokens=False)):
+        w = tok.decode([i])
+        if not w.isascii() or tok.encode(w, add_special_tokens=False).ids != [i]:
+            continue
+        if len(w) > 2 and w[0] == " " and w[1:].isalpha():
+            words.append(w)
+        elif len(w) == 1 and w.isalpha():
+            chars.append(w)
+    # A byte-level tokenizer without merges (test micro models) has no word tokens: one letter is
+    # one token there, and the joined length is checked below either way.
+    return words if len(words) >= 20 else chars
+
+
+def random_prompts(n: int, input_len: int, seed: int, tokenizer: str | None) -> list[str]:
+    """n prompts of exactly input_len tokens of the tokenizer, drawn from its word tokens (seeded)."""
+    from tokenizers import Tokenizer
+
+    if input_len < 1:
+        raise DatasetError(f"--random-input-len must be at least 1, got {input_len}")
+    d = tokenizer_dir(tokenizer)
+    if d is None:
+        raise DatasetError(
+            "--dataset random counts --random-input-len in tokens, so it needs the model's tokenizer: "
+            f"give --tokenizer DIR (a directory with tokenizer.json){f'; {tokenizer!r} has none' if tokenizer else ''}")
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    words = _word_tokens(tok)
+    if len(words) < 10:
+        raise DatasetError(f"the tokenizer in {d} has too few plain word tokens for random prompts")
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(max(1, input_len))) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        for _ in range(20):
+            text = "".join(rng.choices(words, k=input_len))
+            if len(tok.encode(text, add_special_tokens=False).ids) == input_len:
+                break
+        else:
+            raise DatasetError(f"could not make a prompt of exactly {input_len} tokens with {d}")
+        out.append(text)
+    return out
 
 
 def load_prompts(
-    dataset: str, num_prompts: int, path: str | None = None, random_input_len: int = 64, seed: int = 0
+    dataset: str, num_prompts: int, path: str | None = None, random_input_len: int = 64, seed: int = 0,
+    tokenizer: str | None = None,
 ) -> list[str]:
     """Exactly `num_prompts` prompts, in file order, cycling when the set is smaller.
 
@@ -65,7 +105,7 @@ def load_prompts(
     if num_prompts < 1:
         raise DatasetError(f"--num-prompts must be at least 1, got {num_prompts}")
     if dataset == "random":
-        return random_prompts(num_prompts, random_input_len, seed)
+        return random_prompts(num_prompts, random_input_len, seed, tokenizer)
     if dataset == "eval-code":
         p = eval_code_path()
         if not p.is_file():
@@ -74,19 +114,20 @@ def load_prompts(
                 "use --dataset jsonl --dataset-path FILE or --dataset random"
             )
         base = read_jsonl_prompts(p)
-    elif dataset == "jsonl":
+    elif dataset in ("jsonl", "custom"):
         if not path:
-            raise DatasetError("--dataset jsonl needs --dataset-path FILE (one {\"prompt\": ...} per line)")
+            raise DatasetError(f"--dataset {dataset} needs --dataset-path FILE (one {{\"prompt\": ...}} per line)")
         base = read_jsonl_prompts(path)
     else:
-        raise DatasetError(f"unknown dataset {dataset!r}; use eval-code, jsonl or random")
+        raise DatasetError(f"unknown dataset {dataset!r}; use eval-code, jsonl (or custom) or random")
     return [base[i % len(base)] for i in range(num_prompts)]
 
 
-def describe(dataset: str, path: str | None, random_input_len: int, seed: int) -> dict:
+def describe(dataset: str, path: str | None, random_input_len: int, seed: int, tokenizer: str | None = None) -> dict:
     """The prompt set as the manifest records it."""
     if dataset == "random":
-        return {"dataset": "random", "random_input_len": random_input_len, "seed": seed}
+        return {"dataset": "random", "random_input_len": random_input_len, "tokenizer": str(tokenizer_dir(tokenizer)),
+                "seed": seed}
     if dataset == "eval-code":
         return {"dataset": "eval-code", "path": str(eval_code_path())}
     return {"dataset": dataset, "path": str(path)}

@@ -12,6 +12,15 @@ import numpy as np
 from adaspec.bench.client import RequestResult
 
 
+# Metrics `--percentile-metrics` can select (vLLM's names); itl also selects our per-token ITL.
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def pct_name(q: float) -> str:
+    """'99' for 99.0, '99.9' for 99.9: vLLM's spelling of a percentile in key names."""
+    return str(int(q)) if float(q).is_integer() else str(q)
+
+
 def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -24,7 +33,7 @@ def _stat(values: Sequence[float], name: str, unit: str, scale: float, pcts: Ite
         f"std_{name}_{unit}": float(np.std(v)) if v else None,
     }
     for q in pcts:
-        out[f"p{q}_{name}_{unit}"] = _pct(v, q)
+        out[f"p{pct_name(q)}_{name}_{unit}"] = _pct(v, q)
     return out
 
 
@@ -81,7 +90,15 @@ def peak_in_flight(results: list[RequestResult]) -> int:
     return peak
 
 
-def compute_metrics(results: list[RequestResult], duration: float, percentiles=(90, 99)) -> dict:
+def compute_metrics(results: list[RequestResult], duration: float, percentiles=(90, 99),
+                    percentile_metrics: Iterable[str] = PERCENTILE_METRICS) -> dict:
+    """Mean, median and std of every latency; `percentiles` of the `percentile_metrics` only (as
+    `vllm bench serve --percentile-metrics --metric-percentiles`)."""
+    sel = set(percentile_metrics)
+
+    def pcts(name: str):
+        return percentiles if name in sel else ()
+
     ok = [r for r in results if r.success]
     ttfts = [r.ttft for r in ok]
     e2els = [r.e2el for r in ok]
@@ -114,25 +131,27 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
         "total_token_throughput": (in_tok + out_tok) / dur,
         "max_concurrent_requests": peak_in_flight(results),
         "usage_missing_requests": sum(r.usage_missing for r in ok),
+        # complete streams that ended on a finish_reason without `data: [DONE]` (not failures)
+        "streams_without_done": sum(r.without_done for r in ok),
         "prompt_tokens_missing_requests": sum(r.prompt_tokens is None for r in ok),
         "total_chunks": chunks,
         "mean_tokens_per_chunk": out_tok / chunks if chunks else None,
     }
-    m.update(_stat(ttfts, "ttft", "ms", 1000.0, percentiles))
-    m.update(_stat(tpots, "tpot", "ms", 1000.0, percentiles))
-    m.update(_stat(itls, "itl", "ms", 1000.0, percentiles))
-    m.update(_stat(e2els, "e2el", "ms", 1000.0, percentiles))
+    m.update(_stat(ttfts, "ttft", "ms", 1000.0, pcts("ttft")))
+    m.update(_stat(tpots, "tpot", "ms", 1000.0, pcts("tpot")))
+    m.update(_stat(itls, "itl", "ms", 1000.0, pcts("itl")))
+    m.update(_stat(e2els, "e2el", "ms", 1000.0, pcts("e2el")))
     # Token-normalized ITL: what a user feels per token when chunks carry several tokens.
     if tok_wts:
         tot = sum(tok_wts)
         m["mean_itl_token_ms"] = 1000.0 * sum(v * w for v, w in zip(tok_vals, tok_wts)) / tot
         m["median_itl_token_ms"] = 1000.0 * weighted_percentile(tok_vals, tok_wts, 50)
-        for q in percentiles:
-            m[f"p{q}_itl_token_ms"] = 1000.0 * weighted_percentile(tok_vals, tok_wts, q)
+        for q in pcts("itl"):
+            m[f"p{pct_name(q)}_itl_token_ms"] = 1000.0 * weighted_percentile(tok_vals, tok_wts, q)
     else:
         m["mean_itl_token_ms"] = m["median_itl_token_ms"] = None
-        for q in percentiles:
-            m[f"p{q}_itl_token_ms"] = None
+        for q in pcts("itl"):
+            m[f"p{pct_name(q)}_itl_token_ms"] = None
     # Per-user speed: the decode rate one user sees; p10 is the slow tail.
     m["mean_per_user_tok_s"] = float(np.mean(speeds)) if speeds else None
     m["median_per_user_tok_s"] = _pct(speeds, 50)

@@ -20,6 +20,22 @@ def cell_points(cells: dict[tuple[str, int], Cell]) -> list[Point]:
     return pts
 
 
+def arm_color(arm: str) -> tuple:
+    """One colour per arm name in every plot, whatever other arms share it: grey for `none`, blues
+    for fixed:K and oranges for adaptive:K (darker for larger K), a stable pick for other labels."""
+    import zlib
+
+    from matplotlib import colormaps
+
+    kind, _, k = arm.partition(":")
+    if arm == "none":
+        return colormaps["Greys"](0.75)
+    if kind in ("fixed", "adaptive") and k.isdigit():
+        shade = 0.35 + 0.6 * min(int(k), 16) / 16
+        return colormaps["Blues" if kind == "fixed" else "Oranges"](shade)
+    return colormaps["tab10"](zlib.crc32(arm.encode()) % 10)  # crc32: the same across runs, unlike hash()
+
+
 def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str | Path, title: str = "") -> Path:
     import matplotlib
 
@@ -33,7 +49,7 @@ def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str
         if not mine:
             continue
         line = ax.errorbar([p.x for p in mine], [p.y for p in mine], xerr=[p.x_std for p in mine],
-                           yerr=[p.y_std for p in mine], marker="o", capsize=3, label=arm)
+                           yerr=[p.y_std for p in mine], marker="o", capsize=3, label=arm, color=arm_color(arm))
         for p in mine:
             ax.annotate(f"C={p.key[1]}", (p.x, p.y), textcoords="offset points", xytext=(5, 4),
                         fontsize=7, color=line[0].get_color())

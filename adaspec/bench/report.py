@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from adaspec.bench import point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
@@ -62,7 +63,16 @@ def verdict_lines(cells: dict[tuple[str, int], Cell], arms: list[str]) -> list[s
     return lines
 
 
-def conditions_lines(manifest: dict | None) -> list[str]:
+def conditions_lines(manifest: dict | None, points: list[dict] | None = None) -> list[str]:
+    """From the points when they record their conditions (they are what was measured), else
+    from the manifest (sweeps from before points recorded them)."""
+    if points and any(p.get("conditions") for p in points):
+        m = manifest or {}
+        return point_conditions.lines(points, describe_hardware) + [
+            f"- concurrency: {sorted({p.get('concurrency') for p in points})}; repeats: up to "
+            f"{max(p.get('repeat', 0) for p in points) + 1}",
+            f"- started {m.get('start_time')}, ended {m.get('end_time')}",
+        ]
     if not manifest:
         return ["(no manifest.json: conditions unknown)"]
     m = manifest
@@ -90,7 +100,7 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     concs = sorted({c for _, c in cells})
     reps = max((c.n for c in cells.values()), default=0)
     md = ["# adaspec benchmark report", ""]
-    md += ["## Conditions", ""] + conditions_lines(manifest) + [""]
+    md += ["## Conditions", ""] + conditions_lines(manifest, points) + [""]
     spread = f"mean ± sample std over {reps} repeats" if reps > 1 else "one repeat, no spread"
     md += [f"## Output throughput (tok/s, {spread})", ""]
     md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), Y) for a in arms] for c in concs]) + [""]
@@ -127,8 +137,12 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     md += verdict_lines(cells, arms) + [""]
     failed = sum(c.failed for c in cells.values())
     missing = sum(c.usage_missing for c in cells.values())
-    if failed or missing:
+    mixed = point_conditions.mixed_settings(points)
+    if failed or missing or mixed:
         md += ["## Warnings", ""]
+        if mixed:
+            md.append(f"- the points were measured under different settings ({', '.join(mixed)}): "
+                      "see Conditions; compare only points measured alike.")
         if failed:
             md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
         if missing:

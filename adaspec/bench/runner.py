@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable
 
 from adaspec.bench import client, metrics, specstats
 from adaspec.errors import AdaspecError
@@ -27,7 +29,8 @@ class BenchConfig:
     ignore_eos: bool = False
     temperature: float = 1.0
     num_warmups: int = 0
-    endpoint: str = "completions"
+    endpoint: str = "completions"  # the API spoken: completions or chat
+    endpoint_path: str | None = None  # the path posted to; None: /v1/completions or /v1/chat/completions
     api_key: str | None = None
     seed: int = 0
     label: str | None = None
@@ -36,6 +39,9 @@ class BenchConfig:
     request_timeout: float = 6 * 3600
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is in the result (sweep's arm, repeat, ...)
+    clock: Callable[[], float] = time.perf_counter  # request timestamps; tests inject a fake clock
+    percentile_metrics: tuple = metrics.PERCENTILE_METRICS
+    metric_percentiles: tuple = (90, 99)  # the sweep's report reads p99s; bench serve passes vLLM's defaults
 
 
 def normalize_base_url(url: str) -> str:
@@ -68,7 +74,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
         raise BenchError(f"--max-concurrency must be at least 1, got {cfg.max_concurrency}")
     base = normalize_base_url(cfg.base_url)
-    url = base + ("/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions")
+    url = base + (cfg.endpoint_path or ("/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"))
     headers = _headers(cfg)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         model = cfg.model or await _resolve_model(session, base, headers)
@@ -88,7 +94,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
         warm = [payload(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.num_warmups)]
         wres, _, _ = await client.run_requests(
-            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout
+            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout,
+            clock=cfg.clock,
         )
         if all(not r.success for r in wres):
             raise BenchError(f"every warm-up request to {url} failed; first error: {wres[0].error}")
@@ -107,7 +114,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     try:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
-            on_done=(lambda r: bar.update(1)) if bar else None,
+            on_done=(lambda r: bar.update(1)) if bar else None, clock=cfg.clock,
         )
     finally:
         if bar:
@@ -122,6 +129,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "label": cfg.label,
         "base_url": base,
         "endpoint": cfg.endpoint,
+        "endpoint_path": url[len(base):],
         "model_id": model,
         "num_prompts": len(payloads),
         "max_concurrency": cfg.max_concurrency,
@@ -134,7 +142,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "seed": cfg.seed,
         "metrics_available": after is not None,
     }
-    out.update(metrics.compute_metrics(results, last - first))
+    out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics))
     out.update(specstats.spec_delta(before, after))
     out.update(metrics.per_request_lists(results))
     out.update(cfg.extra)
@@ -167,6 +175,16 @@ def _finite(o):
     return o
 
 
+def result_filename(res: dict) -> str:
+    """vLLM's default --save-result name: LABEL-RATEqps[-concurrencyC]-MODEL-YYYYmmdd-HHMMSS.json."""
+    label = res.get("label") or res.get("backend")
+    conc = f"-concurrency{res['max_concurrency']}" if res.get("max_concurrency") is not None else ""
+    rate = res.get("request_rate")
+    model = str(res.get("model_id") or "model").rstrip("/").split("/")[-1]
+    when = datetime.fromisoformat(res["date"]).strftime("%Y%m%d-%H%M%S")
+    return f"{label}-{rate}qps{conc}-{model}-{when}.json"
+
+
 def format_summary(res: dict) -> str:
     """The console block `bench serve` prints (vLLM's layout, plus per-user speed and spec stats)."""
 
@@ -189,7 +207,9 @@ def format_summary(res: dict) -> str:
     ]
     for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL (per chunk)", "itl"), ("ITL (per token)", "itl_token"), ("E2EL", "e2el")):
         lines.append(f"{'-' * 20}{name:^30}{'-' * 20}")
-        for stat in ("mean", "median", "p99"):
+        pcts = [k.split("_", 1)[0] for k in res if k.startswith("p") and k.endswith(f"_{key}_ms")
+                and k.split("_", 1)[1] == f"{key}_ms"]
+        for stat in ["mean", "median"] + pcts:
             lines.append(f"{f'{stat.capitalize()} {name} (ms):':<40}{f(f'{stat}_{key}_ms')}")
     if res.get("spec_num_drafts"):
         lines.append(f"{'-' * 20}{'Speculative decoding':^30}{'-' * 20}")
@@ -197,6 +217,8 @@ def format_summary(res: dict) -> str:
         lines.append(f"{'Mean accepted length:':<40}{f('spec_mean_accepted_length', '', 3)}")
         per = res.get("spec_acceptance_rate_per_pos") or []
         lines.append(f"{'Per-position acceptance:':<40}{' '.join(f'{x:.2f}' for x in per)}")
+    if res.get("streams_without_done"):
+        lines.append(f"NOTE: {res['streams_without_done']} streams ended on a finish_reason without data: [DONE] (counted as complete)")
     if res.get("usage_missing_requests"):
         lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
     lines.append("=" * 70)

@@ -15,8 +15,14 @@ from adaspec.bench import conditions
 from adaspec.bench.arms import Arm, external_arm
 from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
 
-# Conditions that must match for a resumed sweep to continue in the same directory.
-_SAME = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256")
+# Every setting that changes what a point measures: a resumed sweep must match them all, and
+# each point records them (with its arm's server settings, hardware and engine commit).
+SETTINGS = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
+            "num_prompts", "num_warmups", "seed")
+# Per arm: what its server was started with.
+ARM_SETTINGS = ("speculative_config", "server_args", "base_url")
+# What a sweep writes into --out (and --force-new removes).
+OUTPUTS = ("points", "logs", "manifest.json", "report.md", "report.html", "frontier.png")
 
 
 @dataclass
@@ -41,6 +47,7 @@ class SweepConfig:
     server_args: list[str] = field(default_factory=list)
     spec_extra: dict = field(default_factory=dict)  # merged into every speculative arm's config
     startup_timeout: float = 600.0
+    force_new: bool = False  # discard what an earlier sweep left in `out` instead of resuming
     progress: bool = True
     report: bool = True
     log: callable = print
@@ -72,13 +79,13 @@ def arm_record(cfg: SweepConfig, arm: Arm) -> dict:
         rec["speculative_config"] = "set by the external server"
     else:
         rec["speculative_config"] = arm.speculative_config(cfg.drafter, cfg.temperature, cfg.spec_extra)
-        rec["server_args"] = cfg.server_args
+        rec["server_args"] = list(cfg.server_args)
     return rec
 
 
-def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
-    sha = hashlib.sha256("\x1e".join(cfg.prompts).encode()).hexdigest()
-    m = {
+def settings(cfg: SweepConfig) -> dict:
+    """The SETTINGS of this sweep, as stored in the manifest and in every point."""
+    return {
         "model": cfg.model,
         "drafter": cfg.drafter,
         "output_len": cfg.output_len,
@@ -86,31 +93,67 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
         "temperature": cfg.temperature,
         "endpoint": cfg.endpoint,
         "prompts": cfg.prompts_desc,
-        "prompts_sha256": sha,
+        "prompts_sha256": hashlib.sha256("\x1e".join(cfg.prompts).encode()).hexdigest(),
         "num_prompts": cfg.num_prompts,
-        "num_prompts_rule": "each point sends max(num_prompts, concurrency) prompts",
         "num_warmups": cfg.num_warmups,
         "seed": cfg.seed,
-        "hardware": conditions.hardware(),
-        "engine_commit": conditions.engine_commit(),
     }
+
+
+def _flag(key: str) -> str:
+    return {"prompts": "--dataset/--dataset-path/--random-input-len", "prompts_sha256": "the prompt texts",
+            "speculative_config": "--drafter/--temperature/--speculative-config-extra",
+            "server_args": "--server-arg", "base_url": "--base-url"}.get(key, "--" + key.replace("_", "-"))
+
+
+def differences(cfg: SweepConfig, old: dict) -> list[str]:
+    """Each setting where `old` (a manifest) differs from this sweep: 'name (flag): old -> new'."""
+    new = settings(cfg)
+    diff = [f"{k} ({_flag(k)}): {old.get(k)!r} -> {new[k]!r}" for k in SETTINGS if old.get(k) != new[k]]
+    prev_arms = {a["name"]: a for a in old.get("arms", [])}
+    for arm in cfg.arms:
+        prev, rec = prev_arms.get(arm.name), arm_record(cfg, arm)
+        if prev is None:
+            continue  # a new arm: nothing of it measured yet
+        diff += [f"arm {arm.name} {k} ({_flag(k)}): {prev.get(k)!r} -> {rec.get(k)!r}"
+                 for k in ARM_SETTINGS if prev.get(k) != rec.get(k)]
+    return diff
+
+
+def start_over(out: Path) -> None:
+    """Remove what an earlier sweep wrote in `out` (nothing else there)."""
+    import shutil
+
+    for name in OUTPUTS:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
+    m = settings(cfg)
+    m["num_prompts_rule"] = "each point sends max(num_prompts, concurrency) prompts"
+    m["hardware"] = conditions.hardware()
+    m["engine_commit"] = conditions.engine_commit()
     if old:
-        diff = [k for k in _SAME if old.get(k) != m[k]]
+        diff = differences(cfg, old)
         if diff:
             raise BenchError(
-                f"{cfg.out} holds a sweep with other conditions ({', '.join(f'{k}: {old.get(k)!r} -> {m[k]!r}' for k in diff)}); "
-                "use a new --out directory"
+                f"{cfg.out} holds points measured with other settings; a resumed sweep must use the same ones. "
+                f"Differing: {'; '.join(diff)}. Rerun with the earlier settings to resume, or start over with "
+                "--force-new (discards the earlier points) or a new --out directory"
             )
+    for k in ("engine_commit", "hardware"):
+        if old and old.get(k) != m[k]:
+            # Not refused (the code or machine may change between sessions), but each point records
+            # its own, and the report marks the mixture.
+            cfg.log(f"note: {k} differs from the earlier points' ({old.get(k)!r} -> {m[k]!r}); "
+                    "the report will mark it as mixed")
     arms = {a["name"]: a for a in (old or {}).get("arms", [])}
     for arm in cfg.arms:
-        rec = arm_record(cfg, arm)
-        prev = arms.get(arm.name)
-        if prev and prev.get("speculative_config") != rec["speculative_config"]:
-            raise BenchError(
-                f"{cfg.out} measured arm {arm.name} with speculative_config {prev.get('speculative_config')!r}, "
-                f"now {rec['speculative_config']!r}; use a new --out directory"
-            )
-        arms[arm.name] = rec
+        arms[arm.name] = arm_record(cfg, arm)
     m["arms"] = list(arms.values())
     m["concurrency"] = sorted(set((old or {}).get("concurrency", [])) | set(cfg.concurrency))
     m["repeats"] = max((old or {}).get("repeats", 0), cfg.repeats)
@@ -120,7 +163,7 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
     return m
 
 
-def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path) -> dict:
+def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path, machine: dict) -> dict:
     bc = BenchConfig(
         base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
         max_concurrency=c, output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
@@ -132,6 +175,9 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path)
     # A point where nothing completed says nothing about the arm: keep it for inspection but
     # not as done, so a rerun measures it again.
     res["complete"] = res["completed"] > 0
+    # The conditions this point was measured under, with the point: the report reads them from
+    # here, so a directory never claims settings a point was not measured with.
+    res["conditions"] = {**settings(cfg), "arm": arm_record(cfg, arm), **machine}
     write_json_atomic(str(path), res)
     return res
 
@@ -141,9 +187,15 @@ def run_sweep(cfg: SweepConfig) -> dict:
 
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.force_new:
+        start_over(out)
     mpath = out / "manifest.json"
     old = json.loads(mpath.read_text()) if mpath.is_file() else None
+    if old is None and any((out / "points").glob("*.json")):
+        raise BenchError(f"{out / 'points'} holds points but no manifest.json, so their settings are unknown; "
+                         "use --force-new or a new --out directory")
     manifest = build_manifest(cfg, old)
+    machine = {"hardware": manifest["hardware"], "engine_commit": manifest["engine_commit"]}
     run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0}
     manifest["runs"].append(run)
     write_json_atomic(str(mpath), manifest)
@@ -166,11 +218,12 @@ def run_sweep(cfg: SweepConfig) -> dict:
             url = server.url
         try:
             for c, r in todo:
-                res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r))
+                res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), machine)
                 run["points_run"] += 1
                 cfg.log(
                     f"[{arm.name}] C={c} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
                     f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"
+                    + (f"; first error: {next((e for e in res['errors'] if e), '')}" if not res["completed"] else "")
                 )
                 if server is not None and server.proc.poll() is not None:
                     from adaspec.bench.server import tail

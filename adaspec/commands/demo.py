@@ -1,27 +1,30 @@
 """`adaspec demo`: the README's main command. A small sweep on the embedded `tiny` target and its
 drafter, through the real server: no speculation, fixed k = 7, adaptive k = 7 at concurrency
-1, 4, 16; then the report table and the frontier plot. Sized for < 5 minutes on 2 CPU cores;
-the server picks the GPU itself when there is one.
+1, 4, 16. It prints the exact `adaspec bench sweep` command it runs, then the report tables and a
+reading computed from them (the Pareto edge per concurrency, the cost of a speculative step in
+target steps, the profiled draft/verify costs), and writes the report and frontier plot to
+runs/demo. Sized for < 5 minutes on 2 CPU cores; the server picks the GPU itself when there is one.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
+import shlex
 import sys
-from pathlib import Path
 
 from adaspec.errors import AdaspecError
 
 DEFAULTS = {"arms": "none,fixed:7,adaptive:7", "concurrency": "1,4,16", "num_prompts": 8, "output_len": 64}
+DEFAULT_OUT = "runs/demo"
 QUICK = {"concurrency": "1,4", "num_prompts": 4, "output_len": 32}
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run a small benchmark sweep on the tiny model and show the frontier",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="adaspec-demo", help="results directory (default: ./adaspec-demo)")
+    p.add_argument("--out", default=None,
+                   help=f"results directory (default: ./{DEFAULT_OUT}, ./{DEFAULT_OUT}-quick with --quick; runs/ is git-ignored)")
     p.add_argument("--quick", action="store_true", help="concurrency 1,4, fewer prompts, shorter outputs")
-    p.add_argument("--fresh", action="store_true", help="discard earlier results in --out instead of resuming")
+    p.add_argument("--fresh", action="store_true", help="discard earlier results in --out instead of resuming (the sweep's --force-new)")
     p.add_argument("--model", default="tiny", help="target model (default: the embedded tiny model)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the server's default for the model)")
     p.add_argument("--temperature", type=float, default=1.0, help="1.0 with probabilistic drafting is the headline")
@@ -35,8 +38,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def demo_sweep_args(opts) -> argparse.Namespace:
-    """The `bench sweep` arguments the demo stands for (printed, so users can rerun it bigger)."""
+def out_dir(opts) -> str:
+    # --quick measures other settings, so it keeps its own directory (a resume must not mix them).
+    return opts.out or (DEFAULT_OUT + "-quick" if opts.quick else DEFAULT_OUT)
+
+
+def demo_sweep_argv(opts) -> list[str]:
+    """The `bench sweep` arguments the demo runs. The demo parses exactly these with the CLI's own
+    parser and prints them, so the printed command is the same run."""
     from adaspec.bench.dataset import eval_code_path
 
     size = QUICK if opts.quick else DEFAULTS
@@ -47,45 +56,62 @@ def demo_sweep_args(opts) -> argparse.Namespace:
         raise AdaspecError(f"--concurrency takes comma-separated integers, got {conc_text!r}") from None
     if not concurrency or min(concurrency) < 1:
         raise AdaspecError(f"--concurrency takes positive integers, got {conc_text!r}")
-    return argparse.Namespace(
-        model=opts.model, drafter=opts.drafter, arms=opts.arms or DEFAULTS["arms"], base_url=None,
-        concurrency=concurrency,
-        repeats=1, num_prompts=opts.num_prompts or size["num_prompts"], num_warmups=1, out=opts.out,
-        dataset=opts.dataset or ("eval-code" if eval_code_path().is_file() else "random"), dataset_path=None,
-        random_input_len=32, seed=0, output_len=opts.output_len or size["output_len"], ignore_eos=True,
-        temperature=opts.temperature, endpoint="completions", api_key=None, disable_tqdm=False,
-        # the servers never need more slots than the sweep's concurrency, and the adaptive arm
-        # profiles its cost tables up to max_num_seqs at startup: keep that small
-        server_arg=(["--max-num-seqs", str(max(concurrency))]
-                    if not any(a.startswith("--max-num-seqs") for a in opts.server_arg) else []) + opts.server_arg,
-        startup_timeout=300.0, no_report=False,
-    )
+    dataset = opts.dataset or ("eval-code" if eval_code_path().is_file() else "random")
+    argv = ["bench", "sweep", "--model", opts.model]
+    if opts.drafter:
+        argv += ["--drafter", opts.drafter]
+    argv += ["--arms", opts.arms or DEFAULTS["arms"], "--concurrency", ",".join(map(str, concurrency)),
+             "--repeats", "1", "--num-prompts", str(opts.num_prompts or size["num_prompts"]), "--num-warmups", "1",
+             "--output-len", str(opts.output_len or size["output_len"]), "--ignore-eos",
+             "--temperature", repr(float(opts.temperature)), "--dataset", dataset]
+    if dataset == "random":
+        argv += ["--random-input-len", "32"]
+    # The servers never need more slots than the sweep's concurrency, and the adaptive arm
+    # profiles its cost tables up to max_num_seqs at startup: keep that small.
+    server_args = ([] if any(a.startswith("--max-num-seqs") for a in opts.server_arg)
+                   else [f"--max-num-seqs={max(concurrency)}"]) + list(opts.server_arg)
+    argv += [f"--server-arg={a}" for a in server_args]
+    argv += ["--startup-timeout", "300", "--out", str(out_dir(opts))]
+    if opts.fresh:
+        argv.append("--force-new")
+    return argv
+
+
+def demo_sweep_args(opts) -> argparse.Namespace:
+    """demo_sweep_argv parsed by the CLI's own parser."""
+    from adaspec.cli import build_parser
+
+    return build_parser().parse_args(demo_sweep_argv(opts))
 
 
 def run_demo(opts, launcher: list[str] | None = None, log=print) -> dict:
+    from adaspec.bench.aggregate import aggregate, arms_in_order
     from adaspec.bench.cli import sweep_config_from_args
+    from adaspec.bench.reading import max_num_seqs_of, reading_lines
+    from adaspec.bench.runner import BenchError
     from adaspec.bench.sweep import run_sweep
 
-    out = Path(opts.out)
-    if opts.fresh:
-        # Only what a sweep writes; anything else the user keeps there stays.
-        shutil.rmtree(out / "points", ignore_errors=True)
-        for name in ("manifest.json", "report.md", "frontier.png"):
-            (out / name).unlink(missing_ok=True)
+    argv = demo_sweep_argv(opts)
     args = demo_sweep_args(opts)
     cfg = sweep_config_from_args(args, log=log)
     cfg.launcher = launcher
-    cmd = (f"adaspec bench sweep --model {args.model}" + (f" --drafter {args.drafter}" if args.drafter else "")
-           + f" --arms {args.arms} --concurrency {','.join(map(str, args.concurrency))} --repeats 1"
-           f" --num-prompts {args.num_prompts} --output-len {args.output_len} --ignore-eos"
-           f" --temperature {args.temperature} --dataset {args.dataset} --out {args.out}")
-    log(f"adaspec demo: {len(cfg.arms)} arms x {len(args.concurrency)} concurrencies, 1 repeat; same as:\n  {cmd}")
-    res = run_sweep(cfg)
+    log(f"adaspec demo: {len(cfg.arms)} arms x {len(cfg.concurrency)} concurrencies, 1 repeat; "
+        f"same as:\n  {shlex.join(['adaspec'] + argv)}")
+    try:
+        res = run_sweep(cfg)
+    except BenchError as e:
+        raise BenchError(f"{e} (`adaspec demo --fresh` is the demo's --force-new)") from None
+    res["config"] = cfg  # the settings the demo ran (tests compare the printed command with them)
     rep = res["report"]
     md = rep["markdown"]
     # The tables and verdict are the demo's answer; the conditions stay in report.md.
     body = md[md.index("## Output throughput"):] if "## Output throughput" in md else md
     log("\n" + body)
+    from adaspec.bench.aggregate import load_points
+
+    points = load_points(cfg.out)
+    log("\n".join(reading_lines(aggregate(points), arms_in_order(points, None), cfg.model, cfg.drafter,
+                                max_num_seqs=max_num_seqs_of(cfg.server_args))))
     log(f"report: {rep['report_md']}\nplot:   {rep['frontier_png']}")
     log("This is one repeat on a toy model: a demonstration, not a published figure "
         "(use `adaspec bench sweep --repeats 3` for that).")
@@ -98,7 +124,7 @@ def cmd_demo(args) -> int:
     try:
         run_demo(args)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; rerun the same command to continue from the finished points in {args.out}",
+        print(f"\ninterrupted; rerun the same command to continue from the finished points in {out_dir(args)}",
               file=sys.stderr)
         return 130
     return 0

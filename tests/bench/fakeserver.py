@@ -2,6 +2,7 @@
 
 The prompt names its script ("s:NAME"); each script lists chunks as (delay_s, text, n_tokens).
 It runs an aiohttp app in its own thread and event loop, so tests can call asyncio.run freely.
+With a FakeClock the delays are virtual (see fakeclock.py): no test waits or depends on timing.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ class Script:
     usage: bool = True
     prompt_tokens: int = 4
     done: bool = True  # False: the stream ends cleanly but without data: [DONE]
+    finish: bool = True  # False: no chunk carries a finish_reason
     cut_after: int | None = None  # close the TCP connection after this many chunks
     counts_spec: bool = True
+    refuse: tuple = ()  # request fields answered with 422, as transformers serve does
 
 
 # Counters one streamed request adds to /metrics (hand-checkable in tests).
@@ -31,11 +34,12 @@ SPEC_PER_POS = [2, 2, 1, 0, 0, 0, 0]
 
 class FakeServer:
     def __init__(self, scripts: dict[str, Script], prefix: str = "adaspec:", metrics: bool = True,
-                 default: Script | None = None, port: int = 0):
+                 default: Script | None = None, port: int = 0, clock=None):
         self.scripts = scripts
         self.default = default
         self.prefix = prefix
         self.metrics = metrics
+        self.clock = clock  # a FakeClock: advance it instead of sleeping
         self.counters = {k: 0 for k in SPEC_PER_REQUEST}
         self.per_pos = [0] * len(SPEC_PER_POS)
         self.requests: list[dict] = []
@@ -97,6 +101,9 @@ class FakeServer:
         sc = self.scripts.get(prompt[2:] if prompt.startswith("s:") else prompt, self.default)
         if sc is None:
             return web.json_response({"error": {"message": f"no script {prompt!r}"}}, status=400)
+        unexpected = {f for f in sc.refuse if f in body}
+        if unexpected:  # transformers serve's wording
+            return web.json_response({"detail": f"Unexpected fields in the request: {unexpected}"}, status=422)
         if sc.status != 200:
             return web.json_response({"error": {"message": "scripted failure", "type": "server_error"}}, status=sc.status)
         if sc.counts_spec:
@@ -110,20 +117,32 @@ class FakeServer:
         cont = opts.get("continuous_usage_stats")
         kind = "chat.completion.chunk" if chat else "text_completion"
 
+        async def write(data: bytes) -> None:
+            seen = self.clock.reads if self.clock else 0
+            await resp.write(data)
+            if self.clock:  # the client stamps this event before the clock moves on
+                await self.clock.wait_read_after(seen)
+
         async def send(obj) -> None:
-            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+            await write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        async def pause(delay: float) -> None:
+            if self.clock:
+                self.clock.advance(delay)
+            else:
+                await asyncio.sleep(delay)
 
         if chat:  # vLLM announces the role first; that chunk carries no token
             await send({"object": kind, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         total = 0
         for i, (delay, text, ntok) in enumerate(sc.chunks):
-            await asyncio.sleep(delay)
+            await pause(delay)
             if sc.cut_after is not None and i >= sc.cut_after:
                 request.transport.close()  # abrupt: the client sees a broken chunked body
                 return resp
             total += ntok
             last = i == len(sc.chunks) - 1
-            choice = {"index": 0, "finish_reason": "length" if last else None}
+            choice = {"index": 0, "finish_reason": "length" if last and sc.finish else None}
             if chat:
                 choice["delta"] = {"content": text}
             else:
@@ -137,6 +156,6 @@ class FakeServer:
             await send({"object": kind, "choices": [], "usage": {
                 "prompt_tokens": sc.prompt_tokens, "completion_tokens": total, "total_tokens": sc.prompt_tokens + total}})
         if sc.done:
-            await resp.write(b"data: [DONE]\n\n")
+            await write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

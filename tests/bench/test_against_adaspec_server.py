@@ -1,6 +1,7 @@
 """`bench serve` against adaspec's own server (in process) with the serve tests' fake engine:
 the SSE format, usage chunk and /metrics names the server really emits are what the client reads.
 Skipped when the server or that fake engine is not there."""
+import itertools
 import os
 import socket
 import sys
@@ -31,7 +32,7 @@ def adaspec_server():
     srv = server_mod.make_server(eng, settings, port=sock.getsockname()[1], log_level="warning")
     th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     th.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound on a hang only (a loaded CI box starts slowly)
     while not srv.started:
         assert time.monotonic() < deadline and th.is_alive(), "server did not start"
         time.sleep(0.01)
@@ -41,11 +42,18 @@ def adaspec_server():
     eng.stop()
 
 
+def tick_clock(step: float = 0.001):
+    """Every read is one step later: stamps are distinct and ordered however the chunks arrive
+    (a loaded machine can deliver a whole stream in one read, which a real clock stamps alike)."""
+    n = itertools.count(1)
+    return lambda: next(n) * step
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_bench_serve_reads_adaspec_server(adaspec_server, endpoint):
     cfg = BenchConfig(base_url=adaspec_server, model="fake", prompts=[f"prompt {i}" for i in range(8)],
                       max_concurrency=4, output_len=12, ignore_eos=True, endpoint=endpoint,
-                      num_warmups=2, progress=False)
+                      num_warmups=2, progress=False, clock=tick_clock())
     res = run_benchmark(cfg)
     assert res["completed"] == 8 and res["failed"] == 0, res["errors"]
     assert res["usage_missing_requests"] == 0

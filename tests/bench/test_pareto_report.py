@@ -120,3 +120,25 @@ def test_aggregate_and_verdict(tmp_path):
 def test_md_to_html_escapes():
     h = md_to_html("# t\n\n- `a<b>`\n\n| x | y |\n|---|---|\n| 1 | 2 |\n")
     assert "<h1>t</h1>" in h and "<code>a&lt;b&gt;</code>" in h and "<td>1</td>" in h
+
+
+def test_arm_colours_are_the_same_in_every_plot(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from adaspec.bench.plot import plot_frontier
+
+    seen = []
+
+    def record(fig, path, *a, **k):
+        seen.append({c.get_label(): c.lines[0].get_color() for c in fig.axes[0].containers})
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    full = ["none", "fixed:3", "fixed:7", "adaptive:7"]
+    pts = [synthetic_point(a, c, 0, 100.0 - c, 10.0 * (i + 1) + c) for i, a in enumerate(full) for c in (1, 4)]
+    cells = aggregate(pts)
+    plot_frontier(cells, full, tmp_path / "a.png")
+    plot_frontier({k: v for k, v in cells.items() if k[0] != "none"}, full[1:], tmp_path / "b.png")
+    plot_frontier({k: v for k, v in cells.items() if k[0] == "adaptive:7"}, ["adaptive:7"], tmp_path / "c.png")
+    a, b, c = seen
+    assert len(set(a.values())) == 4  # distinct arms, distinct colours
+    assert b == {k: a[k] for k in b} and c == {"adaptive:7": a["adaptive:7"]}

@@ -29,7 +29,7 @@ def test_sweep_external_servers_then_resume(tmp_path, capsys):
     with FakeServer({}, default=FAST) as a, FakeServer({}, default=FAST, metrics=False) as b:
         argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}",
                 "--base-url", f"fixed:3={b.url}/v1", "--concurrency", "1,4", "--repeats", "1",
-                "--num-prompts", "4", "--num-warmups", "1", "--dataset", "random", "--output-len", "8",
+                "--num-prompts", "4", "--num-warmups", "1", "--dataset", "random", "--tokenizer", "tiny", "--output-len", "8",
                 "--out", str(out), "--disable-tqdm"]
         assert main(argv) == 0
         pts = sorted(p.name for p in (out / "points").glob("*.json"))
@@ -61,7 +61,69 @@ def test_sweep_external_servers_then_resume(tmp_path, capsys):
         bad = list(argv)
         bad[bad.index("--output-len") + 1] = "16"
         assert main(bad) == 2
-        assert "other conditions" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "other settings" in err and "output_len (--output-len): 8 -> 16" in err and "--force-new" in err
+
+
+def test_resume_with_changed_settings_is_refused_and_points_keep_their_conditions(tmp_path, monkeypatch, capsys):
+    """The issue's case: a resumed sweep with --num-warmups 0 --server-arg=--max-num-seqs=2 once
+    said "all points done, skipped" and rewrote the manifest with settings never measured."""
+    monkeypatch.setenv("FAKE_SERVE_LOG", str(tmp_path / "calls.jsonl"))
+    out = tmp_path / "o"
+    base = ["--model", "m0", "--arms", "none,fixed:3", "--concurrency", "1,2", "--repeats", "1", "--num-prompts", "2",
+            "--dataset", "random", "--tokenizer", "tiny", "--out", str(out), "--disable-tqdm", "--startup-timeout", "30"]
+
+    def sweep(extra):
+        cfg = sweep_config_from_args(_args(["bench", "sweep"] + base + extra), log=print)
+        cfg.launcher = [sys.executable, str(HERE / "fake_serve_main.py")]
+        return run_sweep(cfg)
+
+    sweep(["--num-warmups", "1", "--server-arg=--max-num-seqs=4"])
+    manifest = (out / "manifest.json").read_text()
+    p = json.loads((out / "points" / "fixed-3_c2_r0.json").read_text())
+    assert p["conditions"]["num_warmups"] == 1 and p["conditions"]["arm"]["server_args"] == ["--max-num-seqs=4"]
+    assert p["conditions"]["arm"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert p["conditions"]["hardware"]["cpu_cores"] and "engine_commit" in p["conditions"]
+    capsys.readouterr()
+
+    with pytest.raises(AdaspecError) as e:
+        sweep(["--num-warmups", "0", "--server-arg=--max-num-seqs=2"])
+    msg = str(e.value)
+    assert "num_warmups (--num-warmups): 1 -> 0" in msg
+    assert "arm none server_args (--server-arg): ['--max-num-seqs=4'] -> ['--max-num-seqs=2']" in msg
+    assert "--force-new" in msg and "points done, skipped" not in capsys.readouterr().out
+    assert (out / "manifest.json").read_text() == manifest  # the record is left as measured
+
+    # the same settings resume; --force-new starts over with the new ones
+    sweep(["--num-warmups", "1", "--server-arg=--max-num-seqs=4"])
+    assert "all 2 points done, skipped" in capsys.readouterr().out
+    res = sweep(["--num-warmups", "0", "--server-arg=--max-num-seqs=2", "--force-new"])
+    assert "points done, skipped" not in capsys.readouterr().out
+    p = json.loads((out / "points" / "none_c1_r0.json").read_text())
+    assert p["conditions"]["num_warmups"] == 0 and p["conditions"]["arm"]["server_args"] == ["--max-num-seqs=2"]
+    md = res["report"]["markdown"]
+    assert "- warm-up requests per point: `0`" in md and "--max-num-seqs=2" in md and "MIXED" not in md
+
+
+def test_report_reads_conditions_from_points_and_flags_a_mixture(tmp_path, capsys):
+    out = tmp_path / "s"
+    with FakeServer({}, default=FAST) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1,2",
+                "--repeats", "1", "--num-prompts", "2", "--num-warmups", "1", "--dataset", "random", "--tokenizer", "tiny",
+                "--output-len", "8", "--out", str(out), "--disable-tqdm"]
+        assert main(argv) == 0
+    md = (out / "report.md").read_text()
+    assert "- warm-up requests per point: `1`" in md and "MIXED" not in md
+    # a point measured under other settings (as an older adaspec's resume could leave behind)
+    path = out / "points" / "none_c2_r0.json"
+    p = json.loads(path.read_text())
+    p["conditions"]["num_warmups"] = 0
+    path.write_text(json.dumps(p))
+    assert main(["bench", "report", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "- **warm-up requests per point: MIXED**" in md
+    assert "  - `1`: none C=1 r=0" in md and "  - `0`: none C=2 r=0" in md
+    assert "measured under different settings (warm-up requests per point)" in md
 
 
 def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
@@ -69,7 +131,7 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SERVE_LOG", str(log))
     args = _args(["bench", "sweep", "--model", "m0", "--drafter", "d0", "--arms", "none,adaptive:7",
                   "--concurrency", "1,4", "--repeats", "2", "--num-prompts", "4", "--num-warmups", "0",
-                  "--dataset", "random", "--temperature", "0", "--server-arg=--max-num-seqs=8",
+                  "--dataset", "random", "--tokenizer", "tiny", "--temperature", "0", "--server-arg=--max-num-seqs=8",
                   "--speculative-config-extra", '{"profile_repeats": 2}',
                   "--out", str(tmp_path / "o"), "--disable-tqdm", "--startup-timeout", "30"])
     cfg = sweep_config_from_args(args, log=lambda *a: None)
@@ -168,3 +230,18 @@ def test_sweep_against_real_adaspec_serve(tmp_path):
     assert (out / "manifest.json").is_file() and (out / "report.md").is_file() and (out / "frontier.png").is_file()
     spec = json.loads((out / "points" / "fixed-3_c4_r0.json").read_text())
     assert spec["spec_num_drafts"], "the speculative arm's /metrics counters did not move"
+
+
+def test_sweep_says_which_flag_a_server_refused(tmp_path, capsys):
+    """A server that refuses ignore_eos (transformers serve does): the sweep names the flag."""
+    refusing = Script(chunks=[(0.0, "a", 1)], refuse=("ignore_eos",))
+    with FakeServer({}, default=refusing) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1",
+                "--repeats", "1", "--num-prompts", "1", "--dataset", "random", "--tokenizer", "tiny",
+                "--ignore-eos", "--out", str(tmp_path / "o"), "--disable-tqdm", "--no-report"]
+        assert main(argv + ["--num-warmups", "1"]) == 2  # the warm-up fails first
+        assert "sent because of --ignore-eos" in capsys.readouterr().err
+        assert main(argv + ["--num-warmups", "0", "--force-new"]) == 0
+        out = capsys.readouterr().out
+        assert "0 ok, 1 failed" in out and "first error: HTTP 422" in out
+        assert "the server refused ignore_eos, sent because of --ignore-eos" in out

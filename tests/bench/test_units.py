@@ -68,9 +68,18 @@ def test_datasets(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "one"}) + "\n\n" + json.dumps({"prompt": "two", "x": 1}) + "\n")
     assert dataset.load_prompts("jsonl", 5, str(f)) == ["one", "two", "one", "two", "one"]
-    r1 = dataset.load_prompts("random", 3, random_input_len=7, seed=1)
-    assert r1 == dataset.load_prompts("random", 3, random_input_len=7, seed=1)
-    assert r1 != dataset.load_prompts("random", 3, random_input_len=7, seed=2)
+    r1 = dataset.load_prompts("random", 3, random_input_len=7, seed=1, tokenizer="tiny")
+    assert r1 == dataset.load_prompts("random", 3, random_input_len=7, seed=1, tokenizer="tiny")
+    assert r1 != dataset.load_prompts("random", 3, random_input_len=7, seed=2, tokenizer="tiny")
+    # --random-input-len counts tokens of the model's tokenizer, as vLLM's random dataset
+    from adaspec.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(dataset.tokenizer_dir("tiny"))
+    for n in (1, 7, 100):
+        assert {len(tok.encode(p)) for p in dataset.load_prompts("random", 5, random_input_len=n, tokenizer="tiny")} == {n}
+    with pytest.raises(dataset.DatasetError, match="--tokenizer"):
+        dataset.load_prompts("random", 1, random_input_len=7, tokenizer=str(tmp_path))
+    assert dataset.load_prompts("custom", 3, str(f)) == ["one", "two", "one"]  # vLLM's name for a jsonl
     assert all(len(p.split()) == 7 for p in r1)
     f.write_text('{"prompt": "a"}\n{"text": "b"}\n')
     with pytest.raises(dataset.DatasetError, match=r"p.jsonl:2"):

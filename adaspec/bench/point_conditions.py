@@ -1,0 +1,75 @@
+"""The conditions a sweep's points were measured under, read from the points themselves.
+
+Each point file carries `conditions` (sweep settings, its arm's server settings, hardware,
+engine commit). The report states them from here, not from the manifest, and flags any setting
+whose value differs between points (a mixture the numbers would otherwise hide).
+"""
+from __future__ import annotations
+
+import json
+
+# Shared by every arm: (key, label). Arm settings are listed per arm.
+SHARED = (
+    ("hardware", "hardware"), ("engine_commit", "engine commit"), ("model", "model"), ("drafter", "drafter"),
+    ("prompts", "prompts"), ("prompts_sha256", "prompts sha256"), ("num_prompts", "prompts per point"),
+    ("output_len", "output length"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
+    ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
+)
+ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
+
+
+def _label(p: dict) -> str:
+    return f"{p.get('arm')} C={p.get('concurrency')} r={p.get('repeat')}"
+
+
+def values(points: list[dict], get) -> dict[str, list[str]]:
+    """Distinct values (as JSON text) of get(conditions) -> the points that had each."""
+    out: dict[str, list[str]] = {}
+    for p in points:
+        out.setdefault(json.dumps(get(p["conditions"]), sort_keys=True), []).append(_label(p))
+    return out
+
+
+def mixed_settings(points: list[dict]) -> list[str]:
+    """Names of the settings whose value differs between points (arm settings within an arm)."""
+    pts = [p for p in points if p.get("conditions")]
+    mixed = [label for key, label in SHARED if len(values(pts, lambda c, k=key: c.get(k))) > 1]
+    for arm in sorted({p.get("arm") for p in pts}, key=str):
+        mine = [p for p in pts if p.get("arm") == arm]
+        mixed += [f"{label} of arm {arm}" for key, label in ARM
+                  if len(values(mine, lambda c, k=key: (c.get("arm") or {}).get(k))) > 1]
+    return mixed
+
+
+def lines(points: list[dict], describe_hardware) -> list[str]:
+    """Markdown list items: one per setting; a mixed one lists every value with its points."""
+    pts = [p for p in points if p.get("conditions")]
+    out = []
+    if len(pts) < len(points):
+        out.append(f"- **{len(points) - len(pts)} points carry no conditions** (written before points recorded "
+                   "them); what follows describes the other points only")
+
+    def show(key, v):
+        v = json.loads(v)
+        if key == "hardware" and v:
+            return describe_hardware(v)
+        return f"`{v if isinstance(v, str) else json.dumps(v)}`"
+
+    def item(label, key, vals, indent=""):
+        if len(vals) == 1:
+            return [f"{indent}- {label}: {show(key, next(iter(vals)))}"]
+        res = [f"{indent}- **{label}: MIXED**, the points were measured with different values:"]
+        res += [f"{indent}  - {show(key, v)}: {', '.join(who)}" for v, who in vals.items()]
+        return res
+
+    for key, label in SHARED:
+        out += item(label, key, values(pts, lambda c, k=key: c.get(k)))
+    out.append("- arms:")
+    for arm in sorted({p.get("arm") for p in pts}, key=str):
+        mine = [p for p in pts if p.get("arm") == arm]
+        out.append(f"  - `{arm}`:")
+        for key, label in ARM:
+            vals = values(mine, lambda c, k=key: (c.get("arm") or {}).get(k))
+            if list(vals) != ["null"]:
+                out += item(label, key, vals, indent="    ")
+    return out
