@@ -50,21 +50,39 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class _Ops:
-    """The implementations in use: eager functions, or their compiled versions."""
+    """The implementations in use: eager functions, or, for CUDA tensors once use_compiled() ran,
+    their compiled versions (CPU tensors always take the eager ones: no C++ toolchain needed)."""
+
+    _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul")
 
     def __init__(self):
         self.compiled = False
-        self.rms_norm, self.add_rms_norm, self.qk_norm_rope, self.silu_mul = rms_norm, add_rms_norm, qk_norm_rope, silu_mul
+        self._eager = {n: globals()[n] for n in self._NAMES}
+        self._fast = dict(self._eager)
+        for n in self._NAMES:
+            setattr(self, n, self._dispatcher(n))
+
+    def _dispatcher(self, name):
+        eager, fast = self._eager[name], self._fast
+
+        def call(x, *args):
+            return fast[name](x, *args) if x.is_cuda else eager(x, *args)
+
+        call.__name__ = name
+        return call
+
+    def compile(self) -> None:
+        if self.compiled:
+            return
+        for n in self._NAMES:
+            self._fast[n] = torch.compile(self._eager[n], dynamic=True, fullgraph=True)
+        self.compiled = True
 
 
 ops = _Ops()
 
 
 def use_compiled() -> None:
-    """Compile the pointwise ops (idempotent). Called by the engine on CUDA before capturing graphs."""
-    if ops.compiled:
-        return
-    compile_ = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
-    ops.rms_norm, ops.add_rms_norm = compile_(rms_norm), compile_(add_rms_norm)
-    ops.qk_norm_rope, ops.silu_mul = compile_(qk_norm_rope), compile_(silu_mul)
-    ops.compiled = True
+    """Compile the pointwise ops for CUDA tensors (idempotent). Called by the engine before it
+    captures CUDA graphs; compilation happens at the first call of each op (the graphs' warm-up)."""
+    ops.compile()
