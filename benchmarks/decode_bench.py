@@ -76,7 +76,7 @@ def sync_sites(fn) -> list[str]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
 
 
 def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:

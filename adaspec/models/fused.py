@@ -74,6 +74,11 @@ class _Ops:
     def compile(self) -> None:
         if self.compiled:
             return
+        # one process may run several dtypes and head sizes (tests, benchmarks): each is a
+        # recompile of these small functions, beyond dynamo's default limit of 8
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         for n in self._NAMES:
             self._fast[n] = torch.compile(self._eager[n], dynamic=True, fullgraph=True)
         self.compiled = True

@@ -46,7 +46,7 @@ def _syncs_in(fn) -> list[str]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    return [f"{w.filename}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
