@@ -28,7 +28,7 @@ _GROUP_MODULES = [
 
 # Output paths of commands whose modules declare them as plain options (module: dests); the
 # check that refuses paths inside the installed package is added here, in one place.
-_OUTPUTS = {("bench", "serve"): ("save_result",), ("bench", "sweep"): ("out",), ("bench", "report"): ("dir",),
+_OUTPUTS = {("bench", "serve"): ("result_dir",), ("bench", "sweep"): ("out",), ("bench", "report"): ("dir",),
             ("demo",): ("out",)}
 
 

@@ -217,7 +217,7 @@ INSIDE = str(PKG / "assets" / "out-of-place")
     ["train", "card", "--model", str(PKG / "assets" / "models" / "tiny")],
     ["train", "drafter", "--target", "tiny", "--out", INSIDE],
     ["bench", "sweep", "--model", "tiny", "--out", INSIDE],
-    ["bench", "serve", "--save-result", INSIDE + ".json"],
+    ["bench", "serve", "--save-result", "--result-dir", INSIDE],
     ["bench", "report", str(PKG / "assets")],
     ["demo", "--out", INSIDE],
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adaspec.commands.options import ENGINE_OPTIONS
 from adaspec.errors import AdaspecError
 
 
@@ -24,7 +25,8 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-path", help="jsonl file, one {\"prompt\": ...} per line (with --dataset jsonl/custom)")
     p.add_argument("--random-input-len", type=int, default=64,
                    help="tokens per prompt for --dataset random (counted with --tokenizer)")
-    p.add_argument("--tokenizer", help="tokenizer directory or embedded model name for --dataset random (default: --model)")
+    p.add_argument("--tokenizer", help=ENGINE_OPTIONS["tokenizer"].help + " (default: --model; --dataset random "
+                                       "counts its prompt lengths with it)")
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -147,7 +147,7 @@ def _engine_options() -> dict[str, Option]:
         Option(("model",), "model directory (Hugging Face layout: config.json, safetensors weights, "
                "tokenizer.json) or an embedded model name (tiny)", kwargs=(("metavar", "MODEL"),)),
         Option(("--tokenizer",), "tokenizer directory (a Hugging Face tokenizer.json, as adaspec train tokenizer "
-               "writes)", "the model directory", (("metavar", "DIR"),)),
+               "writes) or an embedded model name", "the model directory", (("metavar", "DIR"),)),
         Option(("--dtype",), "weight and activation dtype; auto is bfloat16 on CUDA, float32 on CPU", d["dtype"],
                (("choices", ["auto", "float32", "bfloat16", "float16"]),)),
         Option(("--device",), "auto, cpu, cuda or cuda:N; auto picks CUDA when it is available", d["device"]),

@@ -73,7 +73,7 @@ def test_demo_output_defaults_under_git_ignored_runs(tmp_path):
         assert ignored.returncode == 0, f"{d} is not git-ignored"
     # `adaspec profile`'s default folder, and the demo's old default, are ignored too
     prof = build_parser().parse_args(["profile", "tiny"]).out
-    for d in (prof, "adaspec-demo"):
+    for d in (str(prof), "adaspec-demo"):
         assert __import__("subprocess").run(["git", "check-ignore", "-q", d + "/x.json"], cwd=root).returncode == 0, d
 
 

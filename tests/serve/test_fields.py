@@ -142,12 +142,17 @@ def test_head_probes_are_answered(http, path):
     assert r.content == b""
 
 
-def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog):
+def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog, monkeypatch):
     import logging
 
     from conftest import LiveServer
     from fake_engine import FakeEngine
 
+    # a logging setup run earlier in the session (a library's dictConfig) may have disabled or
+    # detached the logger; this test is about what the server logs, not about that
+    logger = logging.getLogger("adaspec.serve")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
     caplog.set_level(logging.INFO, logger="adaspec.serve")
     quiet = LiveServer(lambda: FakeEngine(), names=("fake",), disable_log_requests=True)
     try:
