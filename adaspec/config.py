@@ -80,7 +80,6 @@ class SpeculativeConfig:
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
     reserve_all_spec_slots: bool = False  # pre-v0.28 token budget: max_num_seqs * k reserved up front
-    leaky_budget: bool = False  # TESTS ONLY: budget from the current drafts (biased on purpose)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":

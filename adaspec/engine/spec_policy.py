@@ -34,9 +34,8 @@ class AdaptivePolicy:
     depends on a current draft (lossless). Every `probe_every`-th skipped step drafts anyway, to
     refresh confidences that would otherwise stay as old as the last drafted step."""
 
-    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, leaky: bool = False,
-                 probe_every: int = 16):
-        self.budget = AdaptiveBudget(cost_model, k, ema_alpha=ema_alpha, leaky=leaky)
+    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16):
+        self.budget = AdaptiveBudget(cost_model, k, ema_alpha=ema_alpha)
         self.cost = cost_model
         self.probe_every = probe_every
         self.skipped_in_a_row = 0
@@ -63,7 +62,7 @@ class AdaptivePolicy:
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
         b, self._budget_now = self._budget_now, None
-        if b is None or self.budget.leaky:
+        if b is None:
             return self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
         self.budget.last_budget = b
         return allocate(survival(conf), b, limits).astype(np.int64)

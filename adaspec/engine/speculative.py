@@ -92,8 +92,7 @@ class SpeculativeDecoder:
             from adaspec.engine.profiler import build_cost_model
 
             self.cost_model = build_cost_model(engine, self, setup.drafter_path)
-            self.policy = AdaptivePolicy(self.cost_model, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha,
-                                         leaky=self.cfg.leaky_budget)
+            self.policy = AdaptivePolicy(self.cost_model, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
         else:
             self.cost_model = None
             self.policy = FixedPolicy()

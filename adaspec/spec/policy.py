@@ -119,13 +119,6 @@ def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_
     return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
 
 
-def choose_budget_leaky(current_survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
-                        cost: Any, max_budget: int | None = None) -> int:
-    """DELIBERATELY BIASED: B* from the CURRENT step's survivals (global argmax). Exists so
-    tests can show that the statistical harness catches the leak; never use it to serve."""
-    return choose_budget(current_survivals, n_sampling, base_tokens, num_requests, cost, max_budget)
-
-
 # -- allocation ----------------------------------------------------------------------------
 def _masked(survivals, limits, K, xp_where, arange):
     # slots at or beyond a request's limit sort below every real slot (-1 < 0 <= a)
@@ -178,12 +171,10 @@ class AdaptiveBudget:
               ab.observe(ids, conf_now copied to host asynchronously); ab.forget(id) when done.
     """
 
-    def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None,
-                 leaky: bool = False):
+    def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None):
         if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
             raise ValueError("ema_alpha must be in (0, 1] or None")
         self.cost, self.k, self.ema_alpha, self.max_budget = cost, int(k), ema_alpha, max_budget
-        self.leaky = leaky  # tests only: budget from the current confidences (biased)
         # last confidences live in one array (row per request) so a step is a few numpy ops
         self._row: dict[Hashable, int] = {}
         self._conf = np.ones((64, self.k))
@@ -233,14 +224,8 @@ class AdaptiveBudget:
     def plan(self, request_ids: Sequence[Hashable], current_conf: np.ndarray, n_sampling: int, base_tokens: int,
              num_requests: int | None = None, limits: np.ndarray | None = None) -> np.ndarray:
         """Verify lengths l_r [R] for this step (current_conf: [R, K] conditional confidences)."""
-        a_now = survival(current_conf)
-        if self.leaky:
-            nreq = len(request_ids) if num_requests is None else num_requests
-            a_b = a_now if limits is None else np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a_now, 0.0)
-            self.last_budget = choose_budget_leaky(a_b, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
-        else:
-            self.budget(request_ids, n_sampling, base_tokens, num_requests, limits)
-        return allocate(a_now, self.last_budget, limits)
+        self.budget(request_ids, n_sampling, base_tokens, num_requests, limits)
+        return allocate(survival(current_conf), self.last_budget, limits)
 
     def observe(self, request_ids: Sequence[Hashable], conf: np.ndarray) -> None:
         """Store this step's confidences [R, K] (K may be < k: the rest count as 1.0)."""

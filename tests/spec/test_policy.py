@@ -184,7 +184,9 @@ def test_adaptive_budget_ema_and_leaky_flag():
     ab.observe(["x"], np.array([[0.8, 0.4]]))
     ab.observe(["x"], np.array([[0.4, 0.8]]))
     assert np.allclose(ab.last_conf["x"], [0.7, 0.5])
-    leaky = AdaptiveBudget(_cost(), k=2, leaky=True)
+    from .leaky_budget import LeakyBudget
+
+    leaky = LeakyBudget(_cost(), k=2)
     cur = np.array([[0.01, 0.01]])
     leaky.plan(["y"], cur, 1, 1)
     assert leaky.last_budget == choose_budget(survival(cur), 1, 1, 1, _cost())

@@ -6,6 +6,7 @@ import torch
 from adaspec.spec.cost_model import CostModel, CostTable
 from adaspec.spec.policy import AdaptiveBudget
 
+from .leaky_budget import LeakyBudget
 from .lossless_harness import chi_square_pvalue, marginal
 from .micro import MicroSpec
 
@@ -39,7 +40,7 @@ def paper_example():
 
 
 def run(spec, cost, n, length, group, leaky):
-    ab = AdaptiveBudget(cost, k=spec.k, leaky=leaky)
+    ab = (LeakyBudget if leaky else AdaptiveBudget)(cost, k=spec.k)
     lengths_fn, hook = grouped_policy(ab, n, group)
     return spec.generate(n, length, lengths_fn, step_hook=hook)
 
