@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # run from a checkout
-from adaspec.spec.cost_model import CostModel, CostTable, draft_grid, verify_grid
-from adaspec.spec.policy import AdaptiveBudget, allocate, allocate_torch, choose_budget, survival, survival_torch
+from adaspec.spec_decode.cost_model import CostModel, CostTable, draft_grid, verify_grid
+from adaspec.spec_decode.policy import AdaptiveBudget, allocate, allocate_torch, choose_budget, survival, survival_torch
 
 
 def cost_model(max_tokens: int, max_requests: int) -> CostModel:

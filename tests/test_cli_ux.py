@@ -282,7 +282,7 @@ def test_profiling_progress_bar_only_on_a_terminal(monkeypatch):
     import io
     import sys
 
-    from adaspec.engine.profiler import progress_bar
+    from adaspec.spec_decode.profiler import progress_bar
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -6,7 +6,7 @@ Two sources for the step cost, both measured:
   * the sweep itself: a plain step delivers 1 token per request, a speculative step delivers the
     mean accepted length L, so one speculative step took L * v_none / v_spec target steps of time
     (v = per-user speed at the same concurrency);
-  * the cost tables an adaptive server profiled at startup, cached on disk (adaspec/spec/cost_model.py):
+  * the cost tables an adaptive server profiled at startup, cached on disk (adaspec/spec_decode/cost_model.py):
     a draft step for R requests against a target step for R requests, and the verify of R*(k+1) tokens.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def step_cost_from_speeds(cells: dict[tuple[str, int], Cell], arm: str, c: int, 
 
 
 def default_cost_cache_dir() -> Path:
-    # The directory adaspec.engine.profiler caches to (same rule; not imported: that pulls in torch).
+    # The directory adaspec.spec_decode.profiler caches to (same rule; not imported: that pulls in torch).
     return Path(os.environ.get("ADASPEC_CACHE_DIR", Path.home() / ".cache" / "adaspec")) / "cost_models"
 
 
@@ -49,7 +49,7 @@ def find_cost_model(model: str, k: int, drafter: str | None = None, cache_dir: P
                     max_num_seqs: int | None = None):
     """The newest cached cost model profiled for this target and k (and drafter and max_num_seqs when
     given: the server's settings): (path, CostModel)."""
-    from adaspec.spec.cost_model import CostModel
+    from adaspec.spec_decode.cost_model import CostModel
 
     d = cache_dir or default_cost_cache_dir()
     names = {model, str(Path(model).expanduser())}

@@ -32,7 +32,7 @@ def run(args) -> int:
     from adaspec.config import EngineConfig
     from adaspec.engine.llm_engine import LLMEngine
     from adaspec.errors import ConfigError
-    from adaspec.spec.cost_model import plot_cost_model
+    from adaspec.spec_decode.cost_model import plot_cost_model
 
     try:
         spec = json.loads(args.speculative_config) if args.speculative_config else {"method": "dspark"}

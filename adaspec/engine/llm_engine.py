@@ -83,12 +83,12 @@ class LLMEngine:
             )
         self.attention_backend = backend = choose_attention_backend(config.attention_backend, self.device, self.dtype)
 
-        self.spec = None  # speculative decoding (adaspec.spec.decoding), built below when configured
+        self.spec = None  # speculative decoding (adaspec/spec_decode), built below when configured
         mc = self.model_config
         block_bytes = bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)
         drafter = None
         if config.speculative_config:
-            from adaspec.engine.speculative import load_speculative_drafter
+            from adaspec.spec_decode.step import load_speculative_drafter
 
             drafter = load_speculative_drafter(config, self)
             block_bytes += drafter.kv_block_bytes(config.block_size)

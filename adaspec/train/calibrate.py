@@ -2,7 +2,7 @@
 
 Measures per-block acceptance teacher-forced on target-generated continuations of held-out
 prompts (as `adaspec eval drafter` does), splits the prompts in two halves (fit / report),
-fits one temperature per slot on the fit half (adaspec.spec.calibration), and reports, on
+fits one temperature per slot on the fit half (adaspec.spec_decode.calibration), and reports, on
 the other half, per-slot ECE of the cumulative survival prod c_i against observed prefix
 acceptance before and after, plus AUC. Temperatures go into the drafter's config.json under
 our own key: ``adaspec.confidence_temperatures`` (fitted at T > 0, used for sampled requests)
@@ -52,7 +52,7 @@ def output_paths(args) -> tuple[Path, Path | None]:
 
 def fit_and_report(fit, rep, n_bins: int = 15) -> dict:
     """fit / rep: BlockResults. -> temperatures and before/after metrics on `rep`."""
-    from adaspec.spec.calibration import (auc, ece, per_slot_metrics, prefix_labels,
+    from adaspec.spec_decode.calibration import (auc, ece, per_slot_metrics, prefix_labels,
                                           sequential_temperature_scaling, survival_from_logits)
 
     temps = sequential_temperature_scaling(fit.conf_logits, fit.accepted, n_bins=n_bins)
@@ -87,7 +87,7 @@ def replicate(res, samples: int, seed: int):
 def run(args) -> int:
     from adaspec.commands.eval import load_pair, status
     from adaspec.models.drafter import save_drafter_config, with_temperatures
-    from adaspec.spec.calibration import plot_reliability
+    from adaspec.spec_decode.calibration import plot_reliability
     from adaspec.train.drafter_eval import generate_eval_set, measure_blocks
 
     plot, drafter_dir = output_paths(args)

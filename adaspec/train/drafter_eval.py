@@ -132,7 +132,7 @@ def _autocast(device):
 
 def summarize(res: BlockResults, temps=None) -> dict:
     """Per-slot acceptance, tau and confidence quality (survival vs prefix acceptance)."""
-    from adaspec.spec.calibration import auc, ece, per_slot_metrics, prefix_labels, survival_from_logits
+    from adaspec.spec_decode.calibration import auc, ece, per_slot_metrics, prefix_labels, survival_from_logits
 
     N, k = res.alpha.shape
     surv_exp = np.cumprod(res.alpha, axis=1).mean(0)  # expected P(slots 1..j accepted)

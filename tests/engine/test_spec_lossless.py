@@ -14,8 +14,8 @@ from adaspec.sample.probs import processed_probs
 from adaspec.models.loader import load_target
 from adaspec.sample.rejection import RejectionOutput
 from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
-from tests.spec.lossless_harness import enumerate_joint, lossless_pvalue
-from tests.spec.micro import broken_sampler
+from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
+from tests.spec_decode.micro import broken_sampler
 
 N = 20_000
 PROMPT = [1, 2, 3]
@@ -77,7 +77,7 @@ def test_speculative_engine_is_lossless(micro_pair, tmp_path, params, spec):
 
 def test_harness_catches_a_broken_sampler(micro_pair, tmp_path, monkeypatch):
     broken = broken_sampler("residual_from_p")
-    monkeypatch.setattr("adaspec.engine.speculative.rejection_sample",
+    monkeypatch.setattr("adaspec.spec_decode.step.rejection_sample",
                         lambda *a, **kw: RejectionOutput(*broken(*a, **kw)))
     p = lossless_pvalue(sample_fn(micro_pair, T1, tmp_path), exact_law(micro_pair[0], T1), n=N)
     assert p < 1e-6

@@ -58,8 +58,8 @@ def test_greedy_speculative_equals_plain(bigram_pair, plain_greedy, tmp_path, k,
 
 def test_adaptive_verifies_fewer_drafts_at_high_load(bigram_pair, tmp_path):
     """With many requests the budget is cut below the full block; B* and lengths are recorded."""
-    from adaspec.engine.spec_policy import AdaptivePolicy
-    from adaspec.spec.cost_model import CostModel, CostTable
+    from adaspec.spec_decode.policy import AdaptivePolicy
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
 
     llm = _spec_llm(bigram_pair, tmp_path, 7, adaptive=True, max_num_seqs=64)
     # a machine where drafting is cheap and verification cost grows with every token (compute

@@ -4,7 +4,7 @@ example: target (0.7, 0.3) comes out as (0.85, 0.15)); it exists so the lossless
 that their harness catches such a leak. Production code has no way to select it."""
 import numpy as np
 
-from adaspec.spec.policy import AdaptiveBudget, allocate, choose_budget, survival
+from adaspec.spec_decode.policy import AdaptiveBudget, allocate, choose_budget, survival
 
 
 class LeakyBudget(AdaptiveBudget):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaspec.spec.calibration import (CalibrationTracker, auc, ece, per_slot_metrics, plot_reliability,
+from adaspec.spec_decode.calibration import (CalibrationTracker, auc, ece, per_slot_metrics, plot_reliability,
                                       prefix_labels, sequential_temperature_scaling, survival_from_logits)
 
 

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaspec.spec.cost_model import CostModel, CostTable
-from adaspec.spec.policy import (AdaptiveBudget, allocate, allocate_torch, apply_temperature, budget_objective,
+from adaspec.spec_decode.cost_model import CostModel, CostTable
+from adaspec.spec_decode.policy import (AdaptiveBudget, allocate, allocate_torch, apply_temperature, budget_objective,
                                  choose_budget, survival, survival_torch)
 
 FAST = settings(max_examples=int(__import__("os").environ.get("SPEC_HYP_EXAMPLES", 60)), deadline=None)

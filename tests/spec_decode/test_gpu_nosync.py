@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from adaspec.spec.policy import allocate_torch, survival_torch
+from adaspec.spec_decode.policy import allocate_torch, survival_torch
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
 

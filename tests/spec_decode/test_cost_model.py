@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaspec.spec.cost_model import (CostModel, CostTable, cache_path, default_cache_key, draft_grid,
+from adaspec.spec_decode.cost_model import (CostModel, CostTable, cache_path, default_cache_key, draft_grid,
                                      load_or_profile, plot_cost_model, profile, verify_grid)
 
 

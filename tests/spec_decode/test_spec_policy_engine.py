@@ -2,8 +2,8 @@
 cost tables say a plain step yields more tokens per ms, with periodic probes."""
 import numpy as np
 
-from adaspec.engine.spec_policy import AdaptivePolicy, FixedPolicy
-from adaspec.spec.cost_model import CostModel, CostTable
+from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy
+from adaspec.spec_decode.cost_model import CostModel, CostTable
 
 
 def _cost(draft_ms, verify_slope=1.0):
@@ -36,7 +36,7 @@ def test_adaptive_drafts_when_drafting_is_cheap_and_confident():
 def test_plan_reuses_should_draft_budget_and_matches_a_fresh_search():
     """plan() after should_draft() allocates with the B* should_draft found; it must equal what
     AdaptiveBudget computes from scratch for the same old and current confidences."""
-    from adaspec.spec.policy import AdaptiveBudget
+    from adaspec.spec_decode.policy import AdaptiveBudget
 
     rng = np.random.default_rng(0)
     cost = _cost(draft_ms=2.0, verify_slope=0.5)

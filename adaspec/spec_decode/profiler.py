@@ -16,7 +16,7 @@ import torch
 
 from adaspec.engine.runner import ForwardItem
 from adaspec.sample.probs import processed_probs
-from adaspec.spec.cost_model import (
+from adaspec.spec_decode.cost_model import (
     CostModel, cache_path, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
 )
 

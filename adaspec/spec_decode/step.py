@@ -24,13 +24,12 @@ from adaspec.config import EngineConfig, SpeculativeConfig
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block
 from adaspec.engine.runner import ForwardItem
 from adaspec.engine.scheduler import ScheduledSeq
-from adaspec.engine.spec_policy import AdaptivePolicy, FixedPolicy
 from adaspec.errors import ConfigError
 from adaspec.models.registry import DEFAULT_DRAFTERS
-from adaspec.spec.policy import survival
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
+from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, survival
 
 log = logging.getLogger("adaspec.spec")
 
@@ -89,7 +88,7 @@ class SpeculativeDecoder:
         self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
         if self.cfg.enable_adaptive_verification:
-            from adaspec.engine.profiler import build_cost_model
+            from adaspec.spec_decode.profiler import build_cost_model
 
             self.cost_model = build_cost_model(engine, self, setup.drafter_path)
             self.policy = AdaptivePolicy(self.cost_model, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)

@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from adaspec.spec.cost_model import CostModel, CostTable
-from adaspec.spec.policy import AdaptiveBudget
+from adaspec.spec_decode.cost_model import CostModel, CostTable
+from adaspec.spec_decode.policy import AdaptiveBudget
 
 from .leaky_budget import LeakyBudget
 from .lossless_harness import chi_square_pvalue, marginal
