@@ -1,11 +1,8 @@
-"""Live servers for the serve tests: uvicorn in a background thread on a free loopback port."""
+"""Fixtures for the serve tests; the live-server helpers are in live_server.py."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import threading
-import time
 
 import pytest
 
@@ -13,54 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 
 from fake_engine import FakeEngine  # noqa: E402
-
-from adaspec.serve.server import make_server, start_engine  # noqa: E402
-from adaspec.serve.state import ServerSettings  # noqa: E402
-
-
-class LiveServer:
-    """An in-process server; ``engine_thread.call(fn)`` inspects the engine on its own thread."""
-
-    def __init__(self, engine_factory, names=("fake",), **settings):
-        self.settings = ServerSettings(served_model_names=list(names), **settings)
-        self.engine_thread = start_engine(engine_factory, self.settings)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = make_server(self.engine_thread, self.settings, port=self.port, log_level="warning")
-        self.state = self.server.serve_state
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    def engine(self, fn):
-        return self.engine_thread.call(fn)
-
-    def wait_idle(self, timeout=10.0):
-        """Wait until the engine has nothing running or waiting; return (free, total) KV blocks."""
-        deadline = time.monotonic() + timeout
-        while True:
-            busy, free, total = self.engine(
-                lambda e: (e.has_unfinished_requests(), e.kv_blocks_free(), e.kv_blocks_total()))
-            if (not busy and self.state.inflight == 0) or time.monotonic() > deadline:
-                return free, total
-            time.sleep(0.02)
-
-    def close(self):
-        self.server.should_exit = True
-        self._thread.join(15)
-        self.engine_thread.stop()
-
-
-def openai_client(server: LiveServer, key: str = "none"):
-    import openai
-
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+from live_server import LiveServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

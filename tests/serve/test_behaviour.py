@@ -5,7 +5,7 @@ import threading
 import time
 
 import httpx
-from conftest import LiveServer, openai_client
+from live_server import LiveServer, openai_client
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 

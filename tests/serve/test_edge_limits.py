@@ -7,7 +7,7 @@ import threading
 
 import httpx
 import pytest
-from conftest import LiveServer
+from live_server import LiveServer
 from fake_engine import FakeEngine, FakeTokenizer
 
 C = "/v1/completions"

@@ -8,7 +8,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import LiveServer, openai_client
+from live_server import LiveServer, openai_client
 from fake_engine import FakeEngine
 
 C, CH = "/v1/completions", "/v1/chat/completions"

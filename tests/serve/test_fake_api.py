@@ -5,7 +5,7 @@ import json
 
 import httpx
 import pytest
-from conftest import LiveServer, openai_client
+from live_server import LiveServer, openai_client
 from fake_engine import FakeEngine, FakeTokenizer, expected_text
 
 

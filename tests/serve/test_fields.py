@@ -5,6 +5,7 @@ import json
 
 import httpx
 import pytest
+from live_server import LiveServer
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -142,17 +143,11 @@ def test_head_probes_are_answered(http, path):
     assert r.content == b""
 
 
-def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog, monkeypatch):
+def test_requests_are_logged_unless_disable_log_requests(fake_server, caplog):
     import logging
 
-    from conftest import LiveServer
     from fake_engine import FakeEngine
 
-    # a logging setup run earlier in the session (a library's dictConfig) may have disabled or
-    # detached the logger; this test is about what the server logs, not about that
-    logger = logging.getLogger("adaspec.serve")
-    monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "propagate", True)
     caplog.set_level(logging.INFO, logger="adaspec.serve")
     quiet = LiveServer(lambda: FakeEngine(), names=("fake",), disable_log_requests=True)
     try:

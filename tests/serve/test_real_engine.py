@@ -5,7 +5,7 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import LiveServer, openai_client
+from live_server import LiveServer, openai_client
 
 pytest.importorskip("torch")
 testing = pytest.importorskip("adaspec.testing")

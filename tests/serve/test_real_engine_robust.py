@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from conftest import LiveServer
+from live_server import LiveServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ import shutil
 
 import httpx
 import pytest
-from conftest import LiveServer
+from live_server import LiveServer
 
 pytest.importorskip("torch")
 testing = pytest.importorskip("adaspec.testing")

@@ -1,0 +1,56 @@
+"""Live servers for the serve tests: uvicorn in a background thread on a free loopback port.
+A module of its own (not conftest.py): several test folders have a conftest.py, and which one
+`import conftest` finds depends on collection order."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from adaspec.serve.server import make_server, start_engine
+from adaspec.serve.state import ServerSettings
+
+
+class LiveServer:
+    """An in-process server; ``engine_thread.call(fn)`` inspects the engine on its own thread."""
+
+    def __init__(self, engine_factory, names=("fake",), **settings):
+        self.settings = ServerSettings(served_model_names=list(names), **settings)
+        self.engine_thread = start_engine(engine_factory, self.settings)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = make_server(self.engine_thread, self.settings, port=self.port, log_level="warning")
+        self.state = self.server.serve_state
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    def engine(self, fn):
+        return self.engine_thread.call(fn)
+
+    def wait_idle(self, timeout=10.0):
+        """Wait until the engine has nothing running or waiting; return (free, total) KV blocks."""
+        deadline = time.monotonic() + timeout
+        while True:
+            busy, free, total = self.engine(
+                lambda e: (e.has_unfinished_requests(), e.kv_blocks_free(), e.kv_blocks_total()))
+            if (not busy and self.state.inflight == 0) or time.monotonic() > deadline:
+                return free, total
+            time.sleep(0.02)
+
+    def close(self):
+        self.server.should_exit = True
+        self._thread.join(15)
+        self.engine_thread.stop()
+
+
+def openai_client(server: LiveServer, key: str = "none"):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
