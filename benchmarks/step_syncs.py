@@ -1,0 +1,59 @@
+"""Device-to-host syncs of one engine step, by where they happen (torch's sync debug mode), for
+the plain, fixed-k and adaptive arms on the tiny pair (CUDA). Prints a table and writes
+$OUT/step_syncs.json (default ./out).
+
+    python3 benchmarks/step_syncs.py
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from adaspec import LLM, SamplingParams  # noqa: E402
+
+
+def sync_sites(fn) -> list[str]:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    arms = {"none": None,
+            "fixed:7": {"method": "dspark", "num_speculative_tokens": 7},
+            "adaptive:7": {"method": "dspark", "num_speculative_tokens": 7, "enable_adaptive_verification": True}}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arms": {}}
+    for arm, spec in arms.items():
+        eng = LLM("tiny", speculative_config=spec, max_num_seqs=16, device="cuda").llm_engine
+        g = torch.Generator().manual_seed(0)
+        for i in range(8):
+            ids = torch.randint(10, 8000, (40,), generator=g).tolist()
+            eng.add_request(f"{arm}-{i}", ids, SamplingParams(temperature=1.0, max_tokens=200, ignore_eos=True, seed=i))
+        for _ in range(4):
+            eng.step()
+        counts = [sync_sites(eng.step) for _ in range(5)]
+        sites = collections.Counter(s for c in counts for s in c)
+        result["arms"][arm] = {"syncs_per_step": [len(c) for c in counts], "sites": dict(sites)}
+        print(f"{arm:<11} syncs per step {[len(c) for c in counts]}  sites: {dict(sites)}", flush=True)
+    (out / "step_syncs.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
