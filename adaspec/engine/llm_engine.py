@@ -17,6 +17,7 @@ from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
 from adaspec.engine.stop_checker import StopChecker
 from adaspec.errors import ConfigError, InvalidRequestError
+from adaspec.h2d import to_device
 from adaspec.models.attention import triton_available, varlen_available
 from adaspec.models.loader import load_target, model_dir, read_json, resolve_dtype
 from adaspec.models.registry import model_display_name, resolve_model_path
@@ -265,7 +266,7 @@ class LLMEngine:
         if batch.all_greedy:
             chosen = logits.argmax(-1)
         else:
-            positions = torch.tensor([len(s.token_ids) for s in seqs], dtype=torch.int64).to(logits.device, non_blocking=True)
+            positions = to_device([len(s.token_ids) for s in seqs], logits.device, torch.int64)
             chosen = sample_categorical(batch.probs(logits), keyed_uniforms(batch.seeds, positions, SAMPLE))
         tokens = chosen.tolist()
         return tokens, self.logprob_dicts(logits, chosen, tokens, batch.logprobs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaspec.h2d import to_device
 from adaspec.models.attention import build_attention_metadata
 
 
@@ -61,15 +62,13 @@ class ModelRunner:
             None, self.block_size, self.device,
         )
         hidden, captured = self.model(
-            torch.from_numpy(ids).to(self.device, non_blocking=True),
-            torch.from_numpy(positions).to(self.device, non_blocking=True),
-            self.kv_caches, meta, capture_layers,
+            to_device(ids, self.device), to_device(positions, self.device), self.kv_caches, meta, capture_layers,
         )
         rows = np.concatenate(
             [np.arange(qstart[b + 1] - it.num_logits, qstart[b + 1]) for b, it in enumerate(items)]
             + [np.zeros(0, dtype=np.int64)]
         )
-        logits = self.model.compute_logits(hidden[torch.from_numpy(rows).to(self.device)])
+        logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
         return ForwardResult(logits, hidden, captured, qstart)
 
     def _graph_key(self, items, qlens, capture_layers):

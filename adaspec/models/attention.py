@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from adaspec.h2d import to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -83,7 +85,7 @@ def build_attention_metadata(
     q_row = np.arange(int(ql.sum())) - np.repeat(starts, ql)
     q_pos = np.repeat(kl - ql, ql) + q_row  # sequence position of each query token
     slot_mapping = slots[q_seq, q_pos]
-    to = lambda a, dt=torch.long: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dt)
+    to = lambda a, dt=torch.long: to_device(np.ascontiguousarray(a), device, dt)  # noqa: E731
     meta = AttentionMetadata(backend=backend, slot_mapping=to(slot_mapping), num_seqs=B, max_q=max_q, max_k=max_k)
     if backend == "varlen":
         if kv_limits is not None:

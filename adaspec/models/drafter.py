@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaspec.h2d import to_device
 from adaspec.models.attention import build_attention_metadata, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
 from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one import for users)
@@ -160,9 +161,9 @@ class DSparkDrafter(nn.Module):
         k = conf_logits.shape[-1]
         t, tg = self.config.confidence_temperatures, self.config.confidence_temperatures_greedy
         dev = conf_logits.device
-        temps = torch.tensor(t, device=dev)[:k] if t is not None else torch.ones(k, device=dev)
+        temps = to_device(t, dev)[:k] if t is not None else torch.ones(k, device=dev)
         if tg is not None and greedy is not None:
-            temps = torch.where(greedy.unsqueeze(-1), torch.tensor(tg, device=dev)[:k], temps)
+            temps = torch.where(greedy.unsqueeze(-1), to_device(tg, dev)[:k], temps)
         return torch.sigmoid(conf_logits / temps)
 
     # ---- training path ---------------------------------------------------------------
@@ -205,10 +206,12 @@ class DSparkDrafter(nn.Module):
             write_kv(k_cache, v_cache, k, v, slot_mapping)
 
     @torch.no_grad()
-    def backbone_step(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches) -> torch.Tensor:
-        """One pass for R blocks over the paged cache -> final-normed hidden [R, k, d]."""
+    def backbone_step(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
+                      anchor_pos_host: list[int] | None = None) -> torch.Tensor:
+        """One pass for R blocks over the paged cache -> final-normed hidden [R, k, d].
+        anchor_pos_host: the positions as host ints (saves reading anchor_pos back from the GPU)."""
         R, k = anchor_ids.shape[0], self.block_size
-        pos_list = [int(p) for p in anchor_pos.tolist()]
+        pos_list = [int(p) for p in (anchor_pos.tolist() if anchor_pos_host is None else anchor_pos_host)]
         ends = [p + k for p in pos_list]
         meta = build_attention_metadata(
             self.attention_backend, block_tables, [k] * R, ends, [[e] * k for e in ends], block_size, anchor_ids.device
@@ -226,12 +229,12 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
-                sampling: SamplingBatch) -> DraftProposal:
+                sampling: SamplingBatch, anchor_pos_host: list[int] | None = None) -> DraftProposal:
         if anchor_ids.shape[0] == 0:
             V, k = self.config.base.vocab_size, self.block_size
             z = torch.zeros(0, k, device=anchor_ids.device)
             return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
-        h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches)
+        h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches, anchor_pos_host)
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
         toks, probs, logits, confs = [], [], [], []

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adaspec.h2d import to_device
 from adaspec.sample.probs import processed_probs
 
 # top_k only matters below the vocabulary size; a larger value means "off" and is clamped so
@@ -31,7 +32,7 @@ class SamplingBatch:
         host = torch.tensor(temps, dtype=torch.float32), torch.tensor([float(p.top_p) for p in params]), \
             torch.tensor([min(int(p.top_k), _TOP_K_CAP) for p in params], dtype=torch.int64), \
             torch.tensor(seeds, dtype=torch.int64)
-        t, tp, tk, sd = (x.to(device, non_blocking=True) for x in host)
+        t, tp, tk, sd = (to_device(x, device) for x in host)
         return cls(t, tp, tk, sd, greedy, any(p.top_p < 1 or p.top_k > 0 for p in params),
                    [p.logprobs for p in params])
 

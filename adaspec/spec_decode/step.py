@@ -25,6 +25,7 @@ from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block
 from adaspec.engine.runner import ForwardItem
 from adaspec.engine.scheduler import ScheduledSeq
 from adaspec.errors import ConfigError
+from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
@@ -107,8 +108,8 @@ class SpeculativeDecoder:
         if self.greedy_drafts and not sampling.all_greedy:
             sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev, force_greedy=True)
         return self.drafter.propose(
-            torch.tensor(anchor_ids, device=dev), torch.tensor(anchor_pos, device=dev), block_tables,
-            self.engine.config.block_size, self.kv_caches, sampling,
+            to_device(anchor_ids, dev, torch.int64), to_device(anchor_pos, dev, torch.int64), block_tables,
+            self.engine.config.block_size, self.kv_caches, sampling, anchor_pos_host=list(anchor_pos),
         )
 
     def forget(self, seq) -> None:
@@ -163,7 +164,7 @@ class SpeculativeDecoder:
                                              row_start, results)
         plain = [i for i in range(len(scheduled)) if samples[i] and i not in dec_set]
         if plain:
-            rows = torch.as_tensor(row_start[plain], device=res.logits.device)
+            rows = to_device(row_start[plain], res.logits.device)
             toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
             for n, i in enumerate(plain):
                 results[i] = ([toks[n]], [lps[n]] if lps is not None else None)
@@ -184,13 +185,13 @@ class SpeculativeDecoder:
         l_dec = lengths[dec]
         # [R, K+1] row index of each verify position (positions past l_r repeat the last row)
         idx = row_start[dec][:, None] + np.minimum(np.arange(K + 1)[None, :], l_dec[:, None])
-        idx_t = torch.as_tensor(idx.reshape(-1), device=dev)
+        idx_t = to_device(idx.reshape(-1), dev)
         ver_logits = logits[idx_t]  # [R*(K+1), V]
         p = sampling.probs(ver_logits, repeat=K + 1).view(R, K + 1, -1)
         q = None if self.greedy_drafts else prop.probs[:, :K].float()
-        anchors = torch.tensor([len(s.token_ids) - 1 for s in dec_seqs], dtype=torch.int64)
+        anchors = to_device([len(s.token_ids) - 1 for s in dec_seqs], dev, torch.int64)
         out = rejection_sample(
-            prop.tokens[:, :K], torch.as_tensor(l_dec, device=dev), p, q, torch.tensor(sampling.greedy),
+            prop.tokens[:, :K], to_device(l_dec, dev), p, q, to_device(sampling.greedy, dev),
             sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, K + 1),
         )
         toks = out.output_tokens.tolist()
@@ -248,9 +249,9 @@ class SpeculativeDecoder:
             rows.append(np.arange(start, start + n_valid))
             positions.append(pos)
             slots.append(bt[pos // bs] * bs + pos % bs)
-        rows_t = torch.as_tensor(np.concatenate(rows), device=eng.device)
+        rows_t = to_device(np.concatenate(rows), eng.device)
         feats = torch.cat([res.captured[l] for l in self.capture_layers], dim=-1)[rows_t]
         self.drafter.write_context(
-            feats, torch.as_tensor(np.concatenate(positions), device=eng.device),
-            torch.as_tensor(np.concatenate(slots), device=eng.device), self.kv_caches,
+            feats, to_device(np.concatenate(positions), eng.device), to_device(np.concatenate(slots), eng.device),
+            self.kv_caches,
         )
