@@ -159,3 +159,21 @@ def make_bigram_drafter_dir(path, target_dir, block_size: int = 7, seed: int = 0
         model.markov_head.markov_w1.weight.copy_(target.model.norm(emb))
         model.markov_head.markov_w2.weight.copy_(target.lm_head.weight)
     return save_drafter(model, cfg, Path(path))
+
+
+def device_sync_sites(fn) -> list[str]:
+    """Run fn and return "file:line" for each device-to-host sync it made on CUDA, as torch's sync
+    debug mode reports them (the debug mode's own "prototype feature" warning is not a sync)."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]

@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ from adaspec.config import EngineConfig  # noqa: E402
 from adaspec.engine.cuda_graphs import GraphedForward  # noqa: E402
 from adaspec.engine.llm_engine import LLMEngine  # noqa: E402
 from adaspec.sampling_params import SamplingParams  # noqa: E402
+from adaspec.testing import device_sync_sites  # noqa: E402
 
 
 def copy_bandwidth() -> float:
@@ -66,19 +66,6 @@ def matmul_peak() -> float:
     return 10 * 2 * 8192**3 / (s.elapsed_time(e) / 1e3)
 
 
-def sync_sites(fn) -> list[str]:
-    """file:line of every device-to-host sync fn makes (sync debug mode's warnings)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
-
-
 def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
     g = torch.Generator().manual_seed(batch)
     for r in range(batch):
@@ -87,7 +74,7 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
     while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
         eng.step()
     eng.step()  # a first decode step (any lazy init)
-    sites = sync_sites(eng.step)
+    sites = device_sync_sites(eng.step)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()

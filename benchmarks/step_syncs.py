@@ -10,7 +10,6 @@ import collections
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -18,18 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adaspec import LLM, SamplingParams  # noqa: E402
-
-
-def sync_sites(fn) -> list[str]:
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
+from adaspec.testing import device_sync_sites  # noqa: E402
 
 
 def main() -> int:
@@ -47,7 +35,7 @@ def main() -> int:
             eng.add_request(f"{arm}-{i}", ids, SamplingParams(temperature=1.0, max_tokens=200, ignore_eos=True, seed=i))
         for _ in range(4):
             eng.step()
-        counts = [sync_sites(eng.step) for _ in range(5)]
+        counts = [device_sync_sites(eng.step) for _ in range(5)]
         sites = collections.Counter(s for c in counts for s in c)
         result["arms"][arm] = {"syncs_per_step": [len(c) for c in counts], "sites": dict(sites)}
         print(f"{arm:<11} syncs per step {[len(c) for c in counts]}  sites: {dict(sites)}", flush=True)

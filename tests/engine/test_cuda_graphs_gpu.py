@@ -1,12 +1,12 @@
 """CUDA graphs on the GPU: replays give the same greedy tokens as the eager engine (decode, and
 verification with mixed draft lengths, at batch sizes that pad), and one decode step makes one
 device-to-host sync (the sampled tokens read back)."""
-import warnings
 
 import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
+from adaspec.testing import device_sync_sites
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -36,19 +36,6 @@ def test_graphs_match_eager_greedy(spec):
     assert graphed.llm_engine.runner.num_graph_steps > 5
 
 
-def _syncs_in(fn) -> list[str]:
-    """Where fn synchronized with the device: file:line of each warning sync debug mode raised."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [f"{w.filename}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_decode_step_syncs_once(temperature):
     llm = _llm(False, False, dtype="bfloat16")
@@ -59,5 +46,5 @@ def test_decode_step_syncs_once(temperature):
         eng.step()
     assert all(s.is_decoding for s in eng.scheduler.running)
     for _ in range(5):  # several steps: blocks fill up, requests cross block boundaries
-        where = _syncs_in(eng.step)
+        where = device_sync_sites(eng.step)
         assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"
