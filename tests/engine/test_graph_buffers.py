@@ -58,6 +58,7 @@ def test_capture_sizes():
     assert capture_sizes(1) == [1]
 
 
+@pytest.mark.slow  # ~40 s: the Triton interpreter runs every attention call
 @pytest.mark.parametrize("spec", [False, True], ids=["decode", "verify"])
 def test_graph_buffers_match_eager(pair, spec):
     # different max_tokens: requests finish at different steps, so batches shrink through
