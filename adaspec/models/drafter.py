@@ -37,7 +37,7 @@ sampling: SamplingBatch) -> DraftProposal``
     sampled rows draw from ``processed_probs`` with the keyed uniform DRAFT(seed, position,
     anchor) (sample/random.py). Returns
     tokens [R,k], probs [R,k,V] (the processed q_j each draft was drawn from: rejection
-    sampling must use exactly these), logits [R,k,V] (raw U_j + B(x_{j-1})), confidences
+    sampling must use exactly these), logits [R,k,V] (raw U_j + B(x_{j-1}); with return_logits only), confidences
     [R,k] (calibrated when the config holds temperatures: the greedy set for rows with
     temperature 0 when there is one) and conf_logits [R,k] (raw).
 """
@@ -66,7 +66,7 @@ from adaspec.sample.random import DRAFT, keyed_uniforms, sample_categorical
 class DraftProposal:
     tokens: torch.Tensor  # [R, k] long
     probs: torch.Tensor  # [R, k, V] processed q_j (what rejection sampling must use)
-    logits: torch.Tensor  # [R, k, V] raw draft logits U_j + B(x_{j-1}), float32
+    logits: torch.Tensor | None  # [R, k, V] raw draft logits U_j + B(x_{j-1}), float32 (return_logits only)
     confidences: torch.Tensor  # [R, k] c_j (calibrated if temperatures are set)
     conf_logits: torch.Tensor  # [R, k] raw confidence logits
 
@@ -229,7 +229,11 @@ class DSparkDrafter(nn.Module):
 
     @torch.no_grad()
     def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
-                sampling: SamplingBatch, anchor_pos_host: list[int] | None = None) -> DraftProposal:
+                sampling: SamplingBatch, anchor_pos_host: list[int] | None = None,
+                return_logits: bool = False) -> DraftProposal:
+        """return_logits: also stack the raw draft logits [R, k, V] (tests compare them with the
+        training forward; the engine never reads them, and at a 150k vocabulary they are ~0.6 MB
+        per draft slot)."""
         if anchor_ids.shape[0] == 0:
             V, k = self.config.base.vocab_size, self.block_size
             z = torch.zeros(0, k, device=anchor_ids.device)
@@ -249,15 +253,16 @@ class DSparkDrafter(nn.Module):
                 tok = sample_categorical(pj, keyed_uniforms(sampling.seeds, anchors + 1 + j, DRAFT, anchors))
                 probs.append(pj)
             toks.append(tok)
-            logits.append(lg)
+            if return_logits:
+                logits.append(lg)
             confs.append(cl)
             prev = tok
         tokens = torch.stack(toks, 1)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
         q = torch.stack(probs, 1) if probs else F.one_hot(tokens, base.shape[-1]).float()
         conf_logits = torch.stack(confs, 1)
-        return DraftProposal(tokens, q, torch.stack(logits, 1), self.confidences(conf_logits, sampling.temperature <= 0),
-                             conf_logits)
+        return DraftProposal(tokens, q, torch.stack(logits, 1) if return_logits else None,
+                             self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)
 
 
 def block_attention_mask(anchors: torch.Tensor, T: int, k: int) -> torch.Tensor:

@@ -50,7 +50,8 @@ def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=N
                              top_p=1.0 if top_p is None else float(top_p[r]),
                              top_k=0 if top_k is None else int(top_k[r])) for r in range(R)]
     sampling = SamplingBatch.build(params, seeds or list(range(R)), "cpu")
-    return drafter.propose(ids[torch.arange(R), a], a, tables or cache.tables, BS, cache.caches, sampling)
+    return drafter.propose(ids[torch.arange(R), a], a, tables or cache.tables, BS, cache.caches, sampling,
+                           return_logits=True)
 
 
 def _train_reference(drafter, ids, feats, anchors, tokens):
