@@ -23,6 +23,12 @@ from adaspec.spec_decode.cost_model import (
 log = logging.getLogger("adaspec.profile")
 
 
+# Bump when a change to the engine's step changes what a step costs (the cached tables would then
+# price a step the engine no longer runs). 2: CUDA graphs, fused projections and pointwise ops,
+# the Triton paged kernel, pinned host-to-device copies.
+STEP_REVISION = 2
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("ADASPEC_CACHE_DIR", Path.home() / ".cache" / "adaspec")) / "cost_models"
 
@@ -73,6 +79,7 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         device=device_name, threads=torch.get_num_threads(), max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size, k=k, context_len=ctx,
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
+        cuda_graphs=engine.use_cuda_graphs, step_revision=STEP_REVISION,
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

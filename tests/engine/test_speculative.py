@@ -115,3 +115,16 @@ def test_drafter_for_another_target_is_refused(bigram_pair, tmp_path):
         LLM(str(other), speculative_config={"method": "dspark", "model": bigram_pair[1]})
     with pytest.raises(ConfigError, match="needs \"model\""):
         LLM(str(other), speculative_config={"method": "dspark"})
+
+
+def test_cost_table_cache_key_names_the_step_it_priced(bigram_pair, tmp_path):
+    """Tables measured with CUDA graphs (or by an older step) must not price another step."""
+    import json
+
+    from adaspec.spec_decode.profiler import STEP_REVISION
+
+    _spec_llm(bigram_pair, tmp_path, 3, adaptive=True, max_num_seqs=4)
+    (cached,) = list(tmp_path.glob("*.json"))
+    key = json.loads(cached.read_text())["key"]
+    assert key["cuda_graphs"] is False and key["step_revision"] == STEP_REVISION
+    assert key["attention"] == "reference"
