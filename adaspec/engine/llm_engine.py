@@ -261,15 +261,16 @@ class LLMEngine:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
         """One token per row of logits, for each request's next position (len(token_ids)).
         -> (tokens: list[int], logprobs: list[dict] | None)."""
-        if batch is None:
-            batch = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device)
-        if batch.all_greedy:
+        params = [s.params for s in seqs]
+        if batch is None and all(p.greedy for p in params):  # no sampling tensors needed at all
             chosen = logits.argmax(-1)
         else:
+            if batch is None:
+                batch = SamplingBatch.build(params, [s.seed for s in seqs], logits.device)
             positions = to_device([len(s.token_ids) for s in seqs], logits.device, torch.int64)
             chosen = sample_categorical(batch.probs(logits), keyed_uniforms(batch.seeds, positions, SAMPLE))
         tokens = chosen.tolist()
-        return tokens, self.logprob_dicts(logits, chosen, tokens, batch.logprobs)
+        return tokens, self.logprob_dicts(logits, chosen, tokens, [p.logprobs for p in params])
 
     @staticmethod
     def logprob_dicts(logits: torch.Tensor, chosen: torch.Tensor, tokens: list[int],
