@@ -6,7 +6,9 @@
 2. Verification step time vs query tokens per request (1, 2, 4, 8) at several batch sizes: the
    captured forward alone (refresh + replay), against the decode step and against
    max(bytes / bandwidth, FLOPs / matmul peak), both measured in this run.
-3. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
+3. (--draft-layers 1,2) one DSpark propose step (k = 7) of 1- and 2-layer drafters shaped after
+   each target, against the target's decode step at the same batch.
+4. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
 
 Prints a short table per part, writes everything to $OUT/decode_bench.json (default ./out).
 Usage on the GPU machine: python3 benchmarks/decode_bench.py --shapes qwen3-0.6b,qwen3-8b
@@ -119,6 +121,72 @@ def verify_costs(eng: LLMEngine, batches: list[int], qs: list[int], ctx: int, re
     return out
 
 
+def _median_ms(fn, reps: int, device: torch.device) -> float:
+    """Median wall time of fn in ms: CUDA events on a GPU, perf_counter elsewhere (smoke tests)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def draft_costs(target_cfg, device: torch.device, dtype: torch.dtype, batches: list[int], ctx: int,
+                layers: list[int], k: int = 7, reps: int = 10, block_size: int = 16) -> list[dict]:
+    """Time of one DSpark propose step (backbone pass over the block, Markov loop, confidences) for
+    R requests over ctx tokens of (random) drafter context, for drafters of `layers` backbone
+    layers shaped after the target (dummy weights), as the engine runs it (Triton attention on
+    CUDA, fused projections)."""
+    from adaspec.engine.kv_cache import allocate_kv_caches
+    from adaspec.models.drafter import DrafterConfig, DSparkDrafter
+    from adaspec.models.loader import init_dummy_weights
+    from adaspec.sample.batch import SamplingBatch
+
+    out = []
+    for n_layers in layers:
+        cfg = DrafterConfig.from_target(target_cfg, mask_token_id=1, block_size=k, num_layers=n_layers)
+        with torch.device("meta"):
+            drafter = DSparkDrafter(cfg)
+        drafter = drafter.to(dtype=dtype).to_empty(device=device)
+        init_dummy_weights(drafter)
+        drafter.rope.build_tables(device=device)
+        drafter.attention_backend = "triton" if device.type == "cuda" else "reference"
+        for layer in drafter.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        drafter.eval()
+        n_kv_layers, n_kv, hd = drafter.kv_cache_spec()
+        per_req = -(-(ctx + k) // block_size)
+        for r in batches:
+            caches = allocate_kv_caches(n_kv_layers, (r * per_req + 1) * block_size, n_kv, hd, dtype, device)
+            for kc, vc in caches:
+                kc.normal_()
+                vc.normal_()
+            tables = [list(range(i * per_req, (i + 1) * per_req)) for i in range(r)]
+            ids = torch.randint(10, target_cfg.vocab_size - 10, (r,), device=device)
+            pos = torch.full((r,), ctx, device=device, dtype=torch.int64)
+            sampling = SamplingBatch.build([SamplingParams(temperature=0)] * r, list(range(r)), device)
+
+            def step():
+                with torch.inference_mode():
+                    drafter.propose(ids, pos, tables, block_size, caches, sampling, anchor_pos_host=[ctx] * r)
+
+            out.append({"drafter_layers": n_layers, "batch": r, "k": k, "draft_ms": _median_ms(step, reps, device)})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def hf_generate_step_ms(model_dir: Path, eng: LLMEngine, batch: int, prompt_len: int, steps: int) -> float:
     """transformers generate, static cache (compiled by transformers), greedy, same weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -163,6 +231,8 @@ def main() -> int:
     ap.add_argument("--verify-q", default="1,2,4,8")
     ap.add_argument("--hf", default="", help="shape:batch pairs for the transformers comparison, e.g. "
                                              "qwen3-0.6b:1,qwen3-4b:16")
+    ap.add_argument("--draft-layers", default="", help="also time DSpark propose steps (k = 7) of drafters "
+                                                     "with these backbone layer counts, e.g. 1,2 (benchmark 3)")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--budget-s", type=float, default=500, help="skip remaining parts past this many seconds")
     args = ap.parse_args()
@@ -175,7 +245,7 @@ def main() -> int:
           f"torch {torch.__version__}", flush=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": bw,
               "matmul_flops_per_s": peak, "prompt_len": args.prompt_len, "steps": args.steps,
-              "enforce_eager": args.enforce_eager, "decode": [], "verify": [], "hf": [], "skipped": []}
+              "enforce_eager": args.enforce_eager, "decode": [], "verify": [], "draft": [], "hf": [], "skipped": []}
     hf_pairs = [tuple(p.split(":")) for p in args.hf.split(",") if p]
     tmp = Path(tempfile.mkdtemp())
     for shape in args.shapes.split(","):
@@ -219,6 +289,17 @@ def main() -> int:
                     if r["batch"] == b:
                         r.update(shape=shape, bound_ms_at_qmax=bound)
             result["verify"].extend(rows)
+        if args.draft_layers and time.perf_counter() - t_start < args.budget_s:
+            rows = draft_costs(eng.model_config, eng.device, eng.dtype, batches, args.prompt_len,
+                               [int(x) for x in args.draft_layers.split(",")])
+            decode_ms = {r["batch"]: r["step_ms"] for r in result["decode"] if r["shape"] == shape}
+            print(f"{'layers':>6} {'batch':>6} {'draft ms':>9} {'of decode step':>15}")
+            for r in rows:
+                r.update(shape=shape, decode_step_ms=decode_ms[r["batch"]],
+                         fraction_of_decode=r["draft_ms"] / decode_ms[r["batch"]])
+                print(f"{r['drafter_layers']:>6} {r['batch']:>6} {r['draft_ms']:>9.2f} "
+                      f"{100 * r['fraction_of_decode']:>14.1f}%", flush=True)
+            result["draft"].extend(rows)
         for s, b in hf_pairs:
             if s != shape:
                 continue
