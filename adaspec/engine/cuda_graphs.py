@@ -19,15 +19,13 @@ eagerly through the same model code.
 """
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
 import torch
 
+from adaspec.announce import announce
 from adaspec.models.attention import AttentionMetadata
-
-log = logging.getLogger("adaspec.graphs")
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -128,8 +126,8 @@ class GraphedForward:
                 self.graphs[(b, q)] = _Graph(g, outputs)
         torch.cuda.synchronize(self.device)
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
-        log.info("captured %d CUDA graphs (requests %s x query tokens %s) in %.1f s, %.0f MiB",
-                 len(self.graphs), _ranges(self.batch_sizes), list(self.query_lens), time.perf_counter() - t0, used)
+        announce(f"captured {len(self.graphs)} CUDA graphs (requests {_ranges(self.batch_sizes)} x query tokens "
+                 f"{list(self.query_lens)}) in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
 
     # -- replay --------------------------------------------------------------------------------
     def pick(self, num_requests: int, max_query: int) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from adaspec.announce import announce
 from adaspec.engine.runner import ForwardItem
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
@@ -110,15 +111,6 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
     if not profiled:
         announce(f"read cached cost tables from {cache_path(cache_dir, key)}")
     return model
-
-
-def announce(message: str) -> None:
-    """A startup step the user waits for: to the adaspec log when logging is set up (the
-    server), else one line on stderr (the offline LLM and the CLI)."""
-    if log.hasHandlers() and log.isEnabledFor(logging.INFO):
-        log.info(message)
-    else:
-        print(f"adaspec: {message}", file=sys.stderr, flush=True)
 
 
 def progress_bar(total: int, desc: str):
