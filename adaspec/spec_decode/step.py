@@ -117,52 +117,55 @@ class SpeculativeDecoder:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, scheduled: list[ScheduledSeq]):
-        eng, stats, K = self.engine, self.engine.stats, self.num_spec_tokens
+        eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         t0 = time.perf_counter()
         samples = [s.samples for s in scheduled]
-        dec = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
-        dec_seqs = [scheduled[i].seq for i in dec]
-        lengths = np.zeros(len(scheduled), dtype=np.int64)
-        prop = None
-        if dec and not self.policy.should_draft(
-                [s.request_id for s in dec_seqs], int(sum(samples)), sum(s.num_tokens for s in scheduled),
-                np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)):
+        drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
+        drafted_seqs = [scheduled[i].seq for i in drafted]
+        num_verify = np.zeros(len(scheduled), dtype=np.int64)
+        proposal = None
+        if drafted and not self.policy.should_draft(
+                [s.request_id for s in drafted_seqs], int(sum(samples)), sum(s.num_tokens for s in scheduled),
+                np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
             stats.num_steps_draft_skipped += 1
-            dec, dec_seqs = [], []
+            drafted, drafted_seqs = [], []
         sampling = None
-        if dec:
-            sampling = SamplingBatch.build([s.params for s in dec_seqs], [s.seed for s in dec_seqs], eng.device)
-            prop = self.propose(dec_seqs, [s.token_ids[-1] for s in dec_seqs],
-                                [len(s.token_ids) - 1 for s in dec_seqs], [s.block_table for s in dec_seqs], sampling)
-            conf = prop.confidences[:, :K].float().cpu().numpy()
-            limits = np.array([scheduled[i].spec_slots for i in dec], dtype=np.int64)
+        if drafted:
+            sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
+            proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
+                                    [len(s.token_ids) - 1 for s in drafted_seqs],
+                                    [s.block_table for s in drafted_seqs], sampling)
+            conf = proposal.confidences[:, :k].float().cpu().numpy()
+            limits = np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)
             base_tokens = sum(s.num_tokens for s in scheduled)
-            l_dec = self.policy.plan([s.request_id for s in dec_seqs], conf, int(sum(samples)), base_tokens, limits)
-            self.policy.observe([s.request_id for s in dec_seqs], conf)
-            lengths[dec] = l_dec
+            verify_lens = self.policy.plan([s.request_id for s in drafted_seqs], conf, int(sum(samples)), base_tokens,
+                                           limits)
+            self.policy.observe([s.request_id for s in drafted_seqs], conf)
+            num_verify[drafted] = verify_lens
         t1 = time.perf_counter()
 
-        items, dec_set = [], set(dec)
-        draft_host = prop.tokens[:, :K].tolist() if prop is not None else []
-        di = {i: n for n, i in enumerate(dec)}
+        items, drafted_set = [], set(drafted)
+        draft_host = proposal.tokens[:, :k].tolist() if proposal is not None else []
+        draft_row = {i: n for n, i in enumerate(drafted)}
         for i, s in enumerate(scheduled):
             seq, nc = s.seq, s.seq.num_computed_tokens
-            if i in dec_set:
-                l = int(lengths[i])
-                items.append(ForwardItem([seq.token_ids[-1]] + draft_host[di[i]][:l], nc, seq.block_table, l + 1))
+            if i in drafted_set:
+                n_verify = int(num_verify[i])
+                items.append(ForwardItem([seq.token_ids[-1]] + draft_host[draft_row[i]][:n_verify], nc, seq.block_table,
+                                         n_verify + 1))
             else:
                 items.append(ForwardItem(seq.token_ids[nc:nc + s.num_tokens], nc, seq.block_table, int(samples[i])))
         res = eng.runner.execute(items, self.capture_layers)
         t2 = time.perf_counter()
 
-        # rows of res.logits: l+1 per drafted request, 1 per other sampling request, in item order
+        # rows of res.logits: n_verify + 1 per drafted request, 1 per other sampling request, in item order
         row_start = np.cumsum([0] + [it.num_logits for it in items])
         results: list = [([], None)] * len(scheduled)
         accepted = np.zeros(len(scheduled), dtype=np.int64)
-        if dec:
-            results, accepted = self._accept(scheduled, dec, dec_seqs, sampling, lengths, prop, conf, res.logits,
-                                             row_start, results)
-        plain = [i for i in range(len(scheduled)) if samples[i] and i not in dec_set]
+        if drafted:
+            results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
+                                             res.logits, row_start, results)
+        plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
         if plain:
             rows = to_device(row_start[plain], res.logits.device)
             toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
@@ -171,28 +174,29 @@ class SpeculativeDecoder:
             eng.stats.num_sampled_without_draft += len(plain)
         t3 = time.perf_counter()
 
-        self._commit(scheduled, dec_set, accepted, res, items)
+        self._commit(scheduled, drafted_set, accepted, res, items)
         stats.time_draft += t1 - t0
         stats.time_verify += t2 - t1
         stats.time_sample += t3 - t2
         stats.time_bookkeeping += time.perf_counter() - t3
         return results
 
-    def _accept(self, scheduled, dec, dec_seqs, sampling, lengths, prop, conf, logits, row_start, results):
-        stats, K = self.engine.stats, self.num_spec_tokens
+    def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
+                results):
+        stats, k = self.engine.stats, self.num_spec_tokens
         dev = logits.device
-        R = len(dec)
-        l_dec = lengths[dec]
-        # [R, K+1] row index of each verify position (positions past l_r repeat the last row)
-        idx = row_start[dec][:, None] + np.minimum(np.arange(K + 1)[None, :], l_dec[:, None])
+        R = len(drafted)
+        verify_lens = num_verify[drafted]
+        # [R, k+1] row index of each verify position (positions past l_r repeat the last row)
+        idx = row_start[drafted][:, None] + np.minimum(np.arange(k + 1)[None, :], verify_lens[:, None])
         idx_t = to_device(idx.reshape(-1), dev)
-        ver_logits = logits[idx_t]  # [R*(K+1), V]
-        p = sampling.probs(ver_logits, repeat=K + 1).view(R, K + 1, -1)
-        q = None if self.greedy_drafts else prop.probs[:, :K].float()
-        anchors = to_device([len(s.token_ids) - 1 for s in dec_seqs], dev, torch.int64)
+        ver_logits = logits[idx_t]  # [R*(k+1), V]
+        p = sampling.probs(ver_logits, repeat=k + 1).view(R, k + 1, -1)
+        q = None if self.greedy_drafts else proposal.probs[:, :k].float()
+        anchors = to_device([len(s.token_ids) - 1 for s in drafted_seqs], dev, torch.int64)
         out = rejection_sample(
-            prop.tokens[:, :K], to_device(l_dec, dev), p, q, to_device(sampling.greedy, dev),
-            sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, K + 1),
+            proposal.tokens[:, :k], to_device(verify_lens, dev), p, q, to_device(sampling.greedy, dev),
+            sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, k + 1),
         )
         toks = out.output_tokens.tolist()
         n_acc = out.num_accepted.tolist()
@@ -202,46 +206,46 @@ class SpeculativeDecoder:
             chosen = out.output_tokens.clamp_min(0).view(-1)
             top_n = max(w or 0 for w in want_lp)
             c_lp, top_ids, top_lp = logprobs_of(ver_logits, chosen, top_n)
-            lp_rows = (c_lp.view(R, K + 1).tolist(), top_ids.view(R, K + 1, -1).tolist(), top_lp.view(R, K + 1, -1).tolist())
+            lp_rows = (c_lp.view(R, k + 1).tolist(), top_ids.view(R, k + 1, -1).tolist(), top_lp.view(R, k + 1, -1).tolist())
         accepted = np.zeros(len(scheduled), dtype=np.int64)
         surv = survival(conf)  # conf: this step's confidences, already on the host
         results = list(results)
-        for n, i in enumerate(dec):
-            a, l = n_acc[n], int(l_dec[n])
-            accepted[i] = a
-            emitted = toks[n][: a + 1]
+        for n, i in enumerate(drafted):
+            n_accepted, n_verify = n_acc[n], int(verify_lens[n])
+            accepted[i] = n_accepted
+            emitted = toks[n][: n_accepted + 1]
             lps = None
             if lp_rows is not None and want_lp[n] is not None:
                 w = want_lp[n]
                 lps = [{**dict(zip(lp_rows[1][n][j][:w], lp_rows[2][n][j][:w])), emitted[j]: lp_rows[0][n][j]}
-                       for j in range(a + 1)]
+                       for j in range(n_accepted + 1)]
             results[i] = (emitted, lps)
             # statistics: drafts proposed, verified, accepted (per position), calibration
             stats.num_drafts += 1
-            stats.num_draft_tokens += K
-            stats.num_verified_tokens += l
-            stats.num_capped_draft_slots += K - int(scheduled[i].spec_slots)
-            stats.num_accepted_tokens += a
+            stats.num_draft_tokens += k
+            stats.num_verified_tokens += n_verify
+            stats.num_capped_draft_slots += k - int(scheduled[i].spec_slots)
+            stats.num_accepted_tokens += n_accepted
             stats.num_bonus_tokens += 1
-            stats.verify_len_hist[l] += 1
-            for j in range(l):
+            stats.verify_len_hist[n_verify] += 1
+            for j in range(n_verify):
                 stats.verified_per_pos[j] += 1
                 stats.predicted_accept_per_pos[j] += float(surv[n, j])
-                if j < a:
+                if j < n_accepted:
                     stats.accepted_per_pos[j] += 1
-        stats.budget_hist[int(l_dec.sum())] += 1
+        stats.budget_hist[int(verify_lens.sum())] += 1
         return results, accepted
 
-    def _commit(self, scheduled, dec_set, accepted, res, items) -> None:
+    def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:
         """Move num_computed_tokens, give back rejected blocks, write the drafter's context."""
         eng = self.engine
         bs = eng.config.block_size
         rows, positions, slots = [], [], []
         for i, (s, it) in enumerate(zip(scheduled, items)):
             seq, nc = s.seq, s.seq.num_computed_tokens
-            n_valid = 1 + int(accepted[i]) if i in dec_set else s.num_tokens
+            n_valid = 1 + int(accepted[i]) if i in drafted_set else s.num_tokens
             seq.num_computed_tokens = nc + n_valid
-            if i in dec_set:
+            if i in drafted_set:
                 eng.block_manager.shrink(seq, seq.num_computed_tokens + 1)
             start = int(res.query_start[i])
             pos = np.arange(nc, nc + n_valid)
@@ -250,7 +254,7 @@ class SpeculativeDecoder:
             positions.append(pos)
             slots.append(bt[pos // bs] * bs + pos % bs)
         rows_t = to_device(np.concatenate(rows), eng.device)
-        feats = torch.cat([res.captured[l] for l in self.capture_layers], dim=-1)[rows_t]
+        feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)[rows_t]
         self.drafter.write_context(
             feats, to_device(np.concatenate(positions), eng.device), to_device(np.concatenate(slots), eng.device),
             self.kv_caches,
