@@ -17,7 +17,7 @@ from pathlib import Path
 
 from adaspec.bench.aggregate import Cell
 from adaspec.bench.pareto import pareto_edge
-from adaspec.bench.plot import X, Y, cell_points
+from adaspec.bench.plot import X, cell_points
 
 ACCEPTED = "spec_mean_accepted_length"
 

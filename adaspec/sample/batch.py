@@ -25,9 +25,9 @@ class SamplingBatch:
     logprobs: list[int | None]  # per row: top logprobs wanted (None: none)
 
     @classmethod
-    def build(cls, params: list, seeds: list[int], device, force_greedy: bool = False) -> "SamplingBatch":
-        """params: SamplingParams per row; force_greedy: every row at temperature 0 (greedy drafting)."""
-        greedy = [force_greedy or p.greedy for p in params]
+    def build(cls, params: list, seeds: list[int], device) -> "SamplingBatch":
+        """params: SamplingParams per row; seeds: the requests' seeds (sample/random.py)."""
+        greedy = [p.greedy for p in params]
         temps = [0.0 if g else float(p.temperature) for g, p in zip(greedy, params)]
         host = torch.tensor(temps, dtype=torch.float32), torch.tensor([float(p.top_p) for p in params]), \
             torch.tensor([min(int(p.top_k), _TOP_K_CAP) for p in params], dtype=torch.int64), \
@@ -35,6 +35,11 @@ class SamplingBatch:
         t, tp, tk, sd = (to_device(x, device) for x in host)
         return cls(t, tp, tk, sd, greedy, any(p.top_p < 1 or p.top_k > 0 for p in params),
                    [p.logprobs for p in params])
+
+    def as_greedy(self) -> "SamplingBatch":
+        """The same rows at temperature 0 (greedy drafting), without another host-to-device copy."""
+        return SamplingBatch(torch.zeros_like(self.temperature), self.top_p, self.top_k, self.seeds,
+                             [True] * len(self.greedy), self.any_filter, self.logprobs)
 
     @property
     def all_greedy(self) -> bool:

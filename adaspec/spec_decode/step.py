@@ -106,7 +106,7 @@ class SpeculativeDecoder:
         if sampling is None:
             sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev)
         if self.greedy_drafts and not sampling.all_greedy:
-            sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev, force_greedy=True)
+            sampling = sampling.as_greedy()
         return self.drafter.propose(
             to_device(anchor_ids, dev, torch.int64), to_device(anchor_pos, dev, torch.int64), block_tables,
             self.engine.config.block_size, self.kv_caches, sampling, anchor_pos_host=list(anchor_pos),

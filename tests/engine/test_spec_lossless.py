@@ -69,7 +69,8 @@ T07 = SamplingParams(temperature=0.7, top_p=0.8, max_tokens=5, ignore_eos=True)
     (T1, {}),
     (T07, {}),
     (T1, {"enable_adaptive_verification": True}),
-], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1"])
+    (T1, {"draft_sample_method": "greedy"}),  # argmax drafts for sampled requests: q is one-hot
+], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1"])
 def test_speculative_engine_is_lossless(micro_pair, tmp_path, params, spec):
     p = lossless_pvalue(sample_fn(micro_pair, params, tmp_path, **spec), exact_law(micro_pair[0], params), n=N)
     assert p > 1e-3

@@ -1,7 +1,6 @@
 """`adaspec serve --skip-tokenizer-init`: token-id prompts work, anything needing text is a 400."""
 from __future__ import annotations
 
-import shutil
 
 import httpx
 import pytest
