@@ -6,8 +6,11 @@
 2. Verification step time vs query tokens per request (1, 2, 4, 8) at several batch sizes: the
    captured forward alone (refresh + replay), against the decode step and against
    max(bytes / bandwidth, FLOPs / matmul peak), both measured in this run.
-3. (--draft-layers 1,2) one DSpark propose step (k = 7) of 1- and 2-layer drafters shaped after
-   each target, against the target's decode step at the same batch.
+3. (--draft-layers 1,2) one DSpark propose step (k = 7; one CUDA-graph replay, as the engine's
+   speculative step runs it) of 1- and 2-layer drafters shaped after each target, against the
+   target's decode step at the same batch.
+   Host share of the decode step: 1 - (graph replay alone, part 2's q = 1) / (the whole step of
+   part 1) at the same batch, i.e. the step time the GPU does not spend in the forward.
 4. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
 
 Prints a short table per part, writes everything to $OUT/decode_bench.json (default ./out).
@@ -115,7 +118,14 @@ def verify_costs(eng: LLMEngine, batches: list[int], qs: list[int], ctx: int, re
                 e.record()
                 e.synchronize()
                 times.append(s.elapsed_time(e))
-            out.append({"batch": b, "q": q, "ms": statistics.median(times)})
+            # the forward alone on the GPU: back-to-back replays, no host refresh between them
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(reps):
+                graphs.graphs[key].replay()
+            e.record()
+            e.synchronize()
+            out.append({"batch": b, "q": q, "ms": statistics.median(times), "gpu_ms": s.elapsed_time(e) / reps})
     del graphs
     torch.cuda.empty_cache()
     return out
@@ -176,15 +186,39 @@ def draft_costs(target_cfg, device: torch.device, dtype: torch.dtype, batches: l
             ids = torch.randint(10, target_cfg.vocab_size - 10, (r,), device=device)
             pos = torch.full((r,), ctx, device=device, dtype=torch.int64)
             sampling = SamplingBatch.build([SamplingParams(temperature=0)] * r, list(range(r)), device)
-
-            def step():
-                with torch.inference_mode():
-                    drafter.propose(ids, pos, tables, block_size, caches, sampling, anchor_pos_host=[ctx] * r)
+            step = _propose_step(drafter, ids, pos, tables, block_size, caches, sampling, ctx, device)
 
             out.append({"drafter_layers": n_layers, "batch": r, "k": k, "draft_ms": _median_ms(step, reps, device)})
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+def _propose_step(drafter, ids, pos, tables, block_size, caches, sampling, ctx, device):
+    """The propose step as the engine runs it: on CUDA one graph replay of the backbone pass,
+    Markov loop and confidences (spec_decode/graphed_step.py captures the same two calls); the
+    block metadata is built once, before capture, since every replay reuses the same requests."""
+    from adaspec.models.attention import build_attention_metadata
+
+    r, k = ids.shape[0], drafter.block_size
+    ends = [ctx + k] * r
+    with torch.inference_mode():
+        meta = build_attention_metadata(drafter.attention_backend, tables, [k] * r, ends, [[e] * k for e in ends],
+                                        block_size, device)
+
+    def run():
+        with torch.inference_mode():
+            h = drafter.backbone_forward(ids, pos, meta, caches)
+            drafter.draft_block(h, ids, pos, sampling)
+
+    if device.type != "cuda":
+        return run
+    run()  # warm-up: compiles, allocator
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
 
 
 def hf_generate_step_ms(model_dir: Path, eng: LLMEngine, batch: int, prompt_len: int, steps: int) -> float:
@@ -289,6 +323,13 @@ def main() -> int:
                     if r["batch"] == b:
                         r.update(shape=shape, bound_ms_at_qmax=bound)
             result["verify"].extend(rows)
+            # host share of the decode step: what the GPU does not spend in the forward
+            for r in result["decode"]:
+                fwd = next((v["gpu_ms"] for v in rows if v["batch"] == r["batch"] and v["q"] == 1), None)
+                if r["shape"] == shape and fwd is not None:
+                    r.update(forward_gpu_ms=fwd, host_share=max(0.0, 1 - fwd / r["step_ms"]))
+                    print(f"host share of the decode step at batch {r['batch']}: {100 * r['host_share']:.1f}% "
+                          f"(forward {fwd:.2f} ms on the GPU, step {r['step_ms']:.2f} ms)", flush=True)
         if args.draft_layers and time.perf_counter() - t_start < args.budget_s:
             rows = draft_costs(eng.model_config, eng.device, eng.dtype, batches, args.prompt_len,
                                [int(x) for x in args.draft_layers.split(",")])

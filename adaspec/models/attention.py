@@ -18,6 +18,8 @@ Backends:
 - "triton": adaspec.models.paged_attention_triton reads K/V through the block tables (no gather);
   causal, or every query of a request seeing all its keys (the drafter's block). CUDA, or CPU
   under TRITON_INTERPRET=1 (tests).
+- "paged_torch": the triton backend's contract (same metadata) in plain torch, one request at a
+  time: for CPU tests of code written against that metadata (the speculative step's graphs).
 """
 from __future__ import annotations
 
@@ -131,6 +133,8 @@ def paged_attention(
     """q: [T, Hq, D] -> [T, Hq, D], over keys already written to the cache."""
     if meta.backend == "varlen":
         return _varlen(q, k_cache, v_cache, meta, scale)
+    if meta.backend == "paged_torch":
+        return paged_attention_torch(q, k_cache, v_cache, meta, scale)
     if meta.backend == "triton":
         from adaspec.models.paged_attention_triton import paged_attention_triton
 
@@ -204,3 +208,27 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale, enable_gqa=True
     )
     return out.transpose(1, 2)
+
+
+def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                          scale: float) -> torch.Tensor:
+    """The triton backend's semantics in torch (reads the metadata on the host: tests only).
+    Request b's queries are rows cu_q[b]..cu_q[b+1] and its keys positions [0, kv_lens[b]);
+    causal: its i-th query sees keys up to position kv_lens - n_queries + i."""
+    out = torch.zeros_like(q)
+    cu, kv_lens, bt, bs = meta.cu_q.tolist(), meta.kv_lens.tolist(), meta.block_tables, meta.block_size
+    for b in range(meta.num_seqs):
+        q0, q1, n_keys = cu[b], cu[b + 1], kv_lens[b]
+        if q1 == q0 or n_keys == 0:
+            continue
+        pos = torch.arange(n_keys, device=q.device)
+        slots = bt[b, pos // bs].long() * bs + pos % bs
+        keys, values = k_cache[slots].to(q.dtype), v_cache[slots].to(q.dtype)
+        mask = None
+        if meta.causal:
+            mask = pos[None, :] <= (n_keys - (q1 - q0) + torch.arange(q1 - q0, device=q.device))[:, None]
+        out[q0:q1] = F.scaled_dot_product_attention(
+            q[q0:q1].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale,
+            enable_gqa=True,
+        ).transpose(0, 1)
+    return out

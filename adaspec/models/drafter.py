@@ -51,7 +51,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaspec.h2d import to_device
 from adaspec.models.attention import build_attention_metadata, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
 from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one import for users)
@@ -159,12 +158,24 @@ class DSparkDrafter(nn.Module):
     def confidences(self, conf_logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
         """sigmoid(logit_j / T_j); rows flagged in `greedy` [R] use the greedy set when there is one."""
         k = conf_logits.shape[-1]
-        t, tg = self.config.confidence_temperatures, self.config.confidence_temperatures_greedy
-        dev = conf_logits.device
-        temps = to_device(t, dev)[:k] if t is not None else torch.ones(k, device=dev)
-        if tg is not None and greedy is not None:
-            temps = torch.where(greedy.unsqueeze(-1), to_device(tg, dev)[:k], temps)
+        temps, temps_greedy = self._confidence_temperatures(conf_logits.device)
+        temps = temps[:k]
+        if temps_greedy is not None and greedy is not None:
+            temps = torch.where(greedy.unsqueeze(-1), temps_greedy[:k], temps)
         return torch.sigmoid(conf_logits / temps)
+
+    def _confidence_temperatures(self, dev):
+        """The calibration temperatures on `dev`, copied once (a CUDA graph must not read a host
+        buffer that is freed after capture)."""
+        t, tg = self.config.confidence_temperatures, self.config.confidence_temperatures_greedy
+        key = (str(dev), None if t is None else tuple(t), None if tg is None else tuple(tg))
+        cached = getattr(self, "_conf_temps_cache", None)
+        if cached is None or cached[0] != key:
+            temps = torch.tensor(t, dtype=torch.float32, device=dev) if t is not None else \
+                torch.ones(self.block_size, device=dev)
+            greedy = torch.tensor(tg, dtype=torch.float32, device=dev) if tg is not None else None
+            self._conf_temps_cache = cached = (key, temps, greedy)
+        return cached[1], cached[2]
 
     # ---- training path ---------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -216,6 +227,12 @@ class DSparkDrafter(nn.Module):
         meta = build_attention_metadata(
             self.attention_backend, block_tables, [k] * R, ends, [[e] * k for e in ends], block_size, anchor_ids.device
         )
+        return self.backbone_forward(anchor_ids, anchor_pos, meta, kv_caches)
+
+    def backbone_forward(self, anchor_ids, anchor_pos, meta, kv_caches) -> torch.Tensor:
+        """The backbone pass over given attention metadata (the block's slots in meta.slot_mapping,
+        every block query seeing keys [0, anchor_pos + k)); no host work, so a CUDA graph can hold it."""
+        R, k = anchor_ids.shape[0], self.block_size
         positions = (anchor_pos.unsqueeze(-1) + torch.arange(k, device=anchor_pos.device)).reshape(-1)
         x = self.block_inputs(anchor_ids).reshape(R * k, -1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -239,6 +256,11 @@ class DSparkDrafter(nn.Module):
             z = torch.zeros(0, k, device=anchor_ids.device)
             return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
         h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches, anchor_pos_host)
+        return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits)
+
+    def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False) -> DraftProposal:
+        """The Markov loop and the confidences over backbone states h [R, k, d]; device work only.
+        sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, probs)."""
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
         toks, probs, logits, confs = [], [], [], []
@@ -259,7 +281,8 @@ class DSparkDrafter(nn.Module):
             prev = tok
         tokens = torch.stack(toks, 1)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
-        q = torch.stack(probs, 1) if probs else F.one_hot(tokens, base.shape[-1]).float()
+        # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
+        q = torch.stack(probs, 1) if probs else torch.zeros_like(base).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         conf_logits = torch.stack(confs, 1)
         return DraftProposal(tokens, q, torch.stack(logits, 1) if return_logits else None,
                              self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)

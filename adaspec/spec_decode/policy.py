@@ -105,8 +105,18 @@ def budget_objective(survivals: np.ndarray, n_sampling: int, base_tokens: int, n
     bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
     gain = n_sampling + np.concatenate(([0.0], np.cumsum(flat[:bmax])))
     b = np.arange(bmax + 1)
-    den = float(cost.draft_ms(num_requests)) + _vec(cost.verify_ms, base_tokens + b)
+    den = float(cost.draft_ms(num_requests)) + step_verify_ms(cost, num_requests, base_tokens + b)
     return gain / np.maximum(den, 1e-12)
+
+
+def step_verify_ms(cost: Any, num_requests: int, tokens):
+    """verify_ms of a step of `tokens` query tokens over num_requests requests: a cost model that
+    knows the step's padding (graphed_step.GraphPaddedCost: CUDA graphs run padded token counts)
+    answers for the pair; a plain one prices the tokens alone."""
+    per_step = getattr(cost, "verify_ms_for", None)
+    if per_step is not None:
+        return per_step(num_requests, np.asarray(tokens))
+    return _vec(cost.verify_ms, np.asarray(tokens))
 
 
 def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
@@ -286,12 +296,21 @@ class AdaptivePolicy:
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
         self._budget_now = int(np.argmax(objective))
         with_drafts = float(objective[self._budget_now])
-        plain = n_sampling / max(float(self.cost.verify_ms(base_tokens)), 1e-12)
+        plain = n_sampling / max(float(step_verify_ms(self.cost, len(request_ids), base_tokens)), 1e-12)
         if with_drafts > plain:
             self.skipped_in_a_row = 0
             return True
         self.skipped_in_a_row += 1
         return False
+
+    def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
+        """B* for this step from the stored (old) confidences only, before any draft exists: the
+        graphed step allocates it on the device (allocate_torch) without reading drafts back."""
+        b, self._budget_now = self._budget_now, None
+        if b is None:
+            b = self.budget.budget(request_ids, n_sampling, base_tokens, limits=limits)
+        self.budget.last_budget = b
+        return b
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
         b, self._budget_now = self._budget_now, None

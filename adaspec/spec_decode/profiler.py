@@ -26,8 +26,9 @@ log = logging.getLogger("adaspec.profile")
 
 # Bump when a change to the engine's step changes what a step costs (the cached tables would then
 # price a step the engine no longer runs). 2: CUDA graphs, fused projections and pointwise ops,
-# the Triton paged kernel, pinned host-to-device copies.
-STEP_REVISION = 2
+# the Triton paged kernel, pinned host-to-device copies. 3: the speculative step's own graphs
+# (propose; verify with accept; query-length levels).
+STEP_REVISION = 3
 
 
 def default_cache_dir() -> Path:
@@ -51,6 +52,10 @@ def _dummy_steps(engine, decoder):
     n_blocks = -(-(ctx + max(k + 1, decoder.block)) // bs)
     table = [i % engine.num_blocks for i in range(n_blocks)]
     params = SamplingParams(temperature=1.0, max_tokens=16)
+
+    g = decoder.graphed
+    if g is not None:  # price what the step runs: the graphs (their accept part included)
+        return (lambda n: g.time_verify(n, table, ctx)), (lambda n: g.time_draft(n, table, ctx)), ctx
 
     def verify(n_tokens: int) -> None:
         items, left = [], n_tokens

@@ -88,11 +88,22 @@ class SpeculativeDecoder:
         n_layers, n_kv, hd = self.drafter.kv_cache_spec()
         self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
+        self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
+        if engine.use_cuda_graphs:
+            from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+            self.graphed = GraphedSpecStep(self, engine)
+            self.graphed.capture()
         if self.cfg.enable_adaptive_verification:
             from adaspec.spec_decode.profiler import build_cost_model
 
             self.cost_model = build_cost_model(engine, self, setup.drafter_path)
-            self.policy = AdaptivePolicy(self.cost_model, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
+            step_cost = self.cost_model
+            if self.graphed is not None:  # the policy prices the padded graph a step really runs
+                from adaspec.spec_decode.graphed_step import GraphPaddedCost
+
+                step_cost = GraphPaddedCost(self.cost_model, self.graphed)
+            self.policy = AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
         else:
             self.cost_model = None
             self.policy = FixedPolicy()
@@ -129,6 +140,8 @@ class SpeculativeDecoder:
                 np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
             stats.num_steps_draft_skipped += 1
             drafted, drafted_seqs = [], []
+        if self._graph_covers(scheduled):
+            return self._graphed_step(scheduled, drafted, samples, t0)
         sampling = None
         if drafted:
             sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
@@ -181,6 +194,76 @@ class SpeculativeDecoder:
         stats.time_bookkeeping += time.perf_counter() - t3
         return results
 
+    # -- the graphed decode path (graphed_step.py) ----------------------------------------------
+    def _graph_covers(self, scheduled) -> bool:
+        """Every request decodes one token, wants no logprobs, uses no top-k / top-p, and fits."""
+        g = self.graphed
+        if g is None or len(scheduled) > g.batch_sizes[-1]:
+            return False
+        for s in scheduled:
+            p = s.seq.params
+            if s.num_tokens != 1 or not s.samples or p.logprobs is not None or p.top_p < 1 or p.top_k > 0:
+                return False
+        return True
+
+    def _graphed_step(self, scheduled, drafted, samples, t0):
+        """The step as two graph replays and one read back (graphed_step.py)."""
+        eng, stats, k, g = self.engine, self.engine.stats, self.num_spec_tokens, self.graphed
+        seqs = [s.seq for s in scheduled]
+        drafting = bool(drafted)
+        slots = np.array([s.spec_slots if drafting else 0 for s in scheduled], dtype=np.int64)
+        budget = None
+        max_tokens = len(scheduled) + int(slots.sum())
+        if drafting and self.cost_model is not None:
+            budget = self.policy.step_budget([q.request_id for q in seqs], int(sum(samples)),
+                                             sum(s.num_tokens for s in scheduled), slots)
+            max_tokens = min(max_tokens, len(scheduled) + budget)
+        key = g.pick(len(scheduled), max_tokens, drafting)
+        rb = g.run(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
+                   [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
+                   [q.block_table for q in seqs], drafting, budget)
+        t1 = time.perf_counter()
+        tokens, n_acc, nq = rb[:, : k + 1], rb[:, k + 1], rb[:, k + 2]
+        results = [([int(tokens[i, 0])], None) for i in range(len(scheduled))]
+        accepted = np.zeros(len(scheduled), dtype=np.int64)
+        if drafting:
+            conf = rb[:, k + 3:].astype(np.int32).view(np.float32)
+            verify_lens = nq - 1
+            self.policy.observe([q.request_id for q in seqs], conf)
+            accepted = n_acc
+            results = [(tokens[i, : n_acc[i] + 1].tolist(), None) for i in range(len(scheduled))]
+            self._count(scheduled, list(range(len(scheduled))), verify_lens, n_acc, conf)
+        else:
+            stats.num_sampled_without_draft += len(scheduled)
+        for i, s in enumerate(scheduled):  # the drafter's context was written inside the graph
+            s.seq.num_computed_tokens += 1 + int(accepted[i])
+            if drafting:
+                eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
+        stats.time_draft += t1 - t0  # both replays and the read back: the GPU runs them in one go
+        stats.time_bookkeeping += time.perf_counter() - t1
+        return results
+
+    def _count(self, scheduled, drafted, verify_lens, n_acc, conf) -> None:
+        """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
+        calibration (predicted against realized acceptance)."""
+        stats, k = self.engine.stats, self.num_spec_tokens
+        surv = survival(conf)
+        for n, i in enumerate(drafted):
+            n_accepted, n_verify = int(n_acc[n]), int(verify_lens[n])
+            stats.num_drafts += 1
+            stats.num_draft_tokens += k
+            stats.num_verified_tokens += n_verify
+            stats.num_capped_draft_slots += k - int(scheduled[i].spec_slots)
+            stats.num_accepted_tokens += n_accepted
+            stats.num_bonus_tokens += 1
+            stats.verify_len_hist[n_verify] += 1
+            for j in range(n_verify):
+                stats.verified_per_pos[j] += 1
+                stats.predicted_accept_per_pos[j] += float(surv[n, j])
+                if j < n_accepted:
+                    stats.accepted_per_pos[j] += 1
+        stats.budget_hist[int(np.sum(verify_lens))] += 1
+
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
         stats, k = self.engine.stats, self.num_spec_tokens
@@ -208,10 +291,9 @@ class SpeculativeDecoder:
             c_lp, top_ids, top_lp = logprobs_of(ver_logits, chosen, top_n)
             lp_rows = (c_lp.view(R, k + 1).tolist(), top_ids.view(R, k + 1, -1).tolist(), top_lp.view(R, k + 1, -1).tolist())
         accepted = np.zeros(len(scheduled), dtype=np.int64)
-        surv = survival(conf)  # conf: this step's confidences, already on the host
         results = list(results)
         for n, i in enumerate(drafted):
-            n_accepted, n_verify = n_acc[n], int(verify_lens[n])
+            n_accepted = n_acc[n]
             accepted[i] = n_accepted
             emitted = toks[n][: n_accepted + 1]
             lps = None
@@ -220,20 +302,7 @@ class SpeculativeDecoder:
                 lps = [{**dict(zip(lp_rows[1][n][j][:w], lp_rows[2][n][j][:w])), emitted[j]: lp_rows[0][n][j]}
                        for j in range(n_accepted + 1)]
             results[i] = (emitted, lps)
-            # statistics: drafts proposed, verified, accepted (per position), calibration
-            stats.num_drafts += 1
-            stats.num_draft_tokens += k
-            stats.num_verified_tokens += n_verify
-            stats.num_capped_draft_slots += k - int(scheduled[i].spec_slots)
-            stats.num_accepted_tokens += n_accepted
-            stats.num_bonus_tokens += 1
-            stats.verify_len_hist[n_verify] += 1
-            for j in range(n_verify):
-                stats.verified_per_pos[j] += 1
-                stats.predicted_accept_per_pos[j] += float(surv[n, j])
-                if j < n_accepted:
-                    stats.accepted_per_pos[j] += 1
-        stats.budget_hist[int(verify_lens.sum())] += 1
+        self._count(scheduled, drafted, verify_lens, n_acc, conf)
         return results, accepted
 
     def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:

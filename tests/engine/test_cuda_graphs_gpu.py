@@ -1,6 +1,7 @@
 """CUDA graphs on the GPU: replays give the same greedy tokens as the eager engine (decode, and
-verification with mixed draft lengths, at batch sizes that pad), and one decode step makes one
-device-to-host sync (the sampled tokens read back)."""
+the speculative step's propose + verify graphs with mixed draft lengths, at batch sizes that
+pad), the same seeded samples as the eager speculative step, and one decode or speculative step
+makes exactly one device-to-host sync (its results read back)."""
 
 import pytest
 import torch
@@ -16,29 +17,47 @@ def _prompts(n, vocab=8000):
     return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in torch.randint(5, 60, (n,), generator=g)]
 
 
-def _llm(eager: bool, spec: bool, dtype: str = "float32"):
+def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None):
     # float32: padding changes the matmuls' batch size, and in bf16 that alone can flip a greedy
     # near-tie; in float32 the graph and the eager step must agree token for token
-    cfg = {"method": "dspark", "num_speculative_tokens": 5} if spec else None
+    cfg = None
+    if spec:
+        cfg = {"method": "dspark", "num_speculative_tokens": 5,
+               "enable_adaptive_verification": spec == "adaptive"}
+        if tmp is not None:
+            cfg["cost_model_cache_dir"] = str(tmp)
     return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda", dtype=dtype)
 
 
-@pytest.mark.parametrize("spec", [False, True], ids=["decode", "verify"])
-def test_graphs_match_eager_greedy(spec):
+def _graph_steps(llm) -> int:
+    eng = llm.llm_engine
+    return eng.spec.graphed.num_steps if eng.spec is not None else eng.runner.num_graph_steps
+
+
+@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graphs_match_eager(spec, temperature, tmp_path):
+    if temperature and not spec:
+        pytest.skip("the plain step samples eagerly after its graph: greedy covers it")
+    if temperature and spec == "adaptive":
+        pytest.skip("eager and graphed engines profile different cost tables, so their budgets (and the "
+                    "seeded draws' positions) differ legitimately; greedy covers adaptive")
     prompts = _prompts(19)  # 19 -> 24, then fewer as requests finish: padded sizes
-    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
-    eager, graphed = _llm(True, spec), _llm(False, spec)
-    assert eager.llm_engine.runner.graphs is None and graphed.llm_engine.runner.graphs is not None
+    params = [SamplingParams(temperature=temperature, max_tokens=8 + 5 * (i % 7), ignore_eos=True, seed=i)
+              for i in range(19)]
+    eager, graphed = _llm(True, spec, tmp=tmp_path), _llm(False, spec, tmp=tmp_path)
+    assert _graph_steps(eager) == 0
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     same = sum(a == b for a, b in zip(want, got))
     assert same == len(want), f"{same}/{len(want)} requests identical"
-    assert graphed.llm_engine.runner.num_graph_steps > 5
+    assert _graph_steps(graphed) > 5
 
 
+@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_decode_step_syncs_once(temperature):
-    llm = _llm(False, False, dtype="bfloat16")
+def test_decode_step_syncs_once(temperature, spec, tmp_path):
+    llm = _llm(False, spec, dtype="bfloat16", tmp=tmp_path)
     eng = llm.llm_engine
     for i, p in enumerate(_prompts(8)):
         eng.add_request(str(i), p, SamplingParams(temperature=temperature, max_tokens=50, ignore_eos=True, seed=i))
@@ -48,3 +67,4 @@ def test_decode_step_syncs_once(temperature):
     for _ in range(5):  # several steps: blocks fill up, requests cross block boundaries
         where = device_sync_sites(eng.step)
         assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"
+    assert _graph_steps(llm) >= 5

@@ -1,0 +1,327 @@
+"""CUDA graphs of the speculative step's decode path: propose, then verify-and-accept, one read back.
+
+When every request of a step decodes (no prefill chunk rides along), none wants logprobs and
+none uses top-k / top-p, the step is at most two graph replays and one device-to-host copy:
+
+1. ``propose[B]``: the drafter's backbone pass, Markov loop and confidences for B (padded)
+   requests, then each request's query count ``1 + l_r``: the reserved slots (fixed k) or
+   ``allocate_torch(survival(conf), B*, slots)`` (adaptive; B* was chosen on the host from the
+   previous step's confidences, policy.py, so no current draft is read back first);
+2. ``verify[B, Q]``: the packed layout is built ON THE DEVICE from (last token, its position,
+   query count, drafts) per request, since the host does not know the adaptive lengths; then the
+   target forward over B*Q token rows (the real ones first, padding into the scratch block), the
+   drafter's context K/V of every row (rows of rejected drafts too: their positions lie inside the
+   next draft block, which overwrites them before anything reads them), rejection sampling, and
+   tokens, accept counts, query counts and confidences packed into one buffer;
+3. one copy of that buffer to the host: the step's only device-to-host sync.
+
+Graph keys: B over the capture sizes; Q over a few query-length levels (1 for steps that do not
+draft, then about 1 + k/4, 1 + k/2 and k + 1). One graph covers any mix of per-request lengths
+whose total is at most B*Q (the attention kernel's grid depends on (B, T) only), so an adaptive
+budget that verifies few drafts runs a smaller graph and saves the target's compute.
+
+`capture(eager=True)` captures nothing: replays run the same functions eagerly over the same
+static buffers (CPU tests of everything but the capture itself).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from adaspec.announce import announce
+from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes
+from adaspec.models.attention import AttentionMetadata
+from adaspec.sample.probs import processed_probs
+from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.rejection import rejection_sample
+from adaspec.spec_decode.policy import allocate_torch, survival_torch
+
+
+def query_levels(k: int) -> list[int]:
+    """Captured query tokens per request: 1 (no drafts), then ~1 + k/4, ~1 + k/2 and k + 1."""
+    return sorted({1, *(1 + max(1, math.ceil(k * f)) for f in (0.25, 0.5, 1.0))})
+
+
+class StaticSampling:
+    """The device half of a SamplingBatch over static buffers, for code inside a graph: rows may
+    be greedy (temperature 0) or sampled; no top-k / top-p (the fast path refuses them)."""
+
+    def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, all_greedy: bool = False):
+        self.temperature, self.seeds, self.all_greedy = temperature, seeds, all_greedy
+
+    def probs(self, logits: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+        t = self.temperature if temperature is None else temperature
+        return processed_probs(logits, t, torch.ones_like(t), torch.zeros_like(t, dtype=torch.long),
+                               any_filter=False, any_greedy=True)
+
+
+def packed_layout(nq, start, last_tok, drafts, block_tables, block_size: int, scratch_slot: int, num_tokens: int):
+    """Token rows of a step whose request r runs nq[r] query tokens (its last token, then nq[r] - 1
+    drafts) from position start[r]; rows past the real total are padding (token 0, position 0,
+    the scratch slot). All device ops: -> (ids, positions, slots, request of each row, query_start
+    int32 [B+1], kv_lens int32 [B])."""
+    dev = nq.device
+    cu = torch.cumsum(nq, 0)
+    t = torch.arange(num_tokens, device=dev)
+    req = torch.searchsorted(cu, t, right=True).clamp_max(nq.shape[0] - 1)
+    row = t - (cu[req] - nq[req])
+    valid = t < cu[-1]
+    if drafts.shape[1]:
+        from_draft = drafts[req, (row - 1).clamp(0, drafts.shape[1] - 1)]
+        ids = torch.where(row == 0, last_tok[req], from_draft)
+    else:
+        ids = last_tok[req]
+    pos = torch.where(valid, start[req] + row, torch.zeros_like(row))
+    slots = block_tables[req, pos // block_size].long() * block_size + pos % block_size
+    slots = torch.where(valid, slots, torch.full_like(slots, scratch_slot))
+    ids = torch.where(valid, ids, torch.zeros_like(ids))
+    query_start = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), cu.int()])
+    kv_lens = torch.where(nq > 0, start + nq, torch.zeros_like(nq)).int()
+    return ids, pos, slots, req, query_start, kv_lens
+
+
+class GraphedSpecStep:
+    def __init__(self, decoder, engine, batch_sizes: list[int] | None = None):
+        self.decoder, self.engine = decoder, engine
+        self.model, self.drafter = engine.model, decoder.drafter
+        self.k, self.block = decoder.num_spec_tokens, decoder.block
+        self.adaptive = bool(decoder.cfg.enable_adaptive_verification)
+        self.greedy_drafts = decoder.greedy_drafts
+        self.capture_layers = list(decoder.capture_layers)
+        self.block_size = bs = engine.config.block_size
+        self.scratch_slot = engine.scratch_block * bs
+        self.max_k = engine.max_model_len + self.block
+        self.width = -(-self.max_k // bs)
+        self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(engine.config.max_num_seqs)
+        self.levels = query_levels(self.k)
+        # the Triton kernel on CUDA; its torch twin (same metadata) for the CPU tests
+        self.backend = "triton" if engine.attention_backend == "triton" else "paged_torch"
+        dev, k, bmax = engine.device, self.k, self.batch_sizes[-1]
+        V = engine.model_config.vocab_size
+        self.device = dev
+        i64 = dict(dtype=torch.int64, device=dev)
+        # inputs, rewritten every step from pinned host mirrors: last token, its position, draft
+        # slots the request may use, query count, seed; then the block tables and temperatures
+        self.inputs = torch.zeros(5, bmax, **i64)
+        self.last_tok, self.start, self.slots, self.nq, self.seeds = self.inputs.unbind(0)
+        self.budget = torch.zeros((), **i64)
+        self.block_tables = torch.zeros(bmax, self.width, dtype=torch.int32, device=dev)
+        self.temperature = torch.zeros(bmax, dtype=torch.float32, device=dev)
+        pin = dict(pin_memory=dev.type == "cuda")
+        self.h_inputs = torch.zeros(5, bmax, dtype=torch.int64, **pin)
+        self.h_budget = torch.zeros((), dtype=torch.int64, **pin)
+        self.h_bt = torch.zeros(bmax, self.width, dtype=torch.int32, **pin)
+        self.h_temp = torch.zeros(bmax, dtype=torch.float32, **pin)
+        # the propose graph's outputs, read by the verify graph
+        self.drafts = torch.zeros(bmax, k, **i64)
+        self.conf = torch.ones(bmax, k, dtype=torch.float32, device=dev)
+        self.draft_q = None if self.greedy_drafts else torch.zeros(bmax, k, V, dtype=torch.float32, device=dev)
+        # what the host reads back: k + 1 tokens, accepted drafts, query count, k confidence bits
+        self.readback = torch.zeros(bmax, 2 * k + 3, **i64)
+        self.arange_block = torch.arange(bmax + 1, dtype=torch.int32, device=dev) * self.block
+        self.propose_graphs: dict[int, _Graph] = {}
+        self.verify_graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool = None
+        self.num_steps = 0
+
+    # -- the two captured functions --------------------------------------------------------------
+    def _propose(self, b: int) -> None:
+        blk, bs, k = self.block, self.block_size, self.k
+        anchors, ids, bt = self.start[:b], self.last_tok[:b], self.block_tables[:b]
+        pos = anchors[:, None] + torch.arange(blk, device=self.device)
+        slots = (bt.gather(1, pos // bs).long() * bs + pos % bs).reshape(-1)
+        meta = AttentionMetadata(
+            backend=self.backend, slot_mapping=slots, num_seqs=b, max_q=blk, max_k=self.max_k,
+            cu_q=self.arange_block[: b + 1], block_tables=bt, kv_lens=(anchors + blk).int(), causal=False,
+            block_size=bs,
+        )
+        h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
+        temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
+        sampling = StaticSampling(temps, self.seeds[:b], all_greedy=self.greedy_drafts)
+        prop = self.drafter.draft_block(h, ids, anchors, sampling)
+        self.drafts[:b].copy_(prop.tokens[:, :k])
+        self.conf[:b].copy_(prop.confidences[:, :k])
+        if self.draft_q is not None:
+            self.draft_q[:b].copy_(prop.probs[:, :k])
+        limits = self.slots[:b]
+        verified = allocate_torch(survival_torch(prop.confidences[:, :k]), self.budget, limits) if self.adaptive \
+            else limits
+        self.nq[:b].copy_(1 + verified)
+
+    def _verify(self, b: int, q: int) -> None:
+        K = self.k if q > 1 else 0
+        nq, start, temps, seeds = self.nq[:b], self.start[:b], self.temperature[:b], self.seeds[:b]
+        ids, pos, slots, req, query_start, kv_lens = packed_layout(
+            nq, start, self.last_tok[:b], self.drafts[:b, :K], self.block_tables[:b], self.block_size,
+            self.scratch_slot, b * q,
+        )
+        meta = AttentionMetadata(
+            backend=self.backend, slot_mapping=slots, num_seqs=b, max_q=q, max_k=self.max_k, cu_q=query_start,
+            block_tables=self.block_tables[:b], kv_lens=kv_lens, causal=True, block_size=self.block_size,
+        )
+        hidden, captured = self.model(ids, pos, self.engine.kv_caches, meta, self.capture_layers)
+        feats = torch.cat([captured[layer] for layer in self.capture_layers], dim=-1)
+        self.drafter.write_context(feats, pos, slots, self.decoder.kv_caches)
+        greedy = temps <= 0
+        sampling = StaticSampling(temps, seeds)
+        rb = self.readback[:b]
+        if K == 0:  # no drafts: sample each request's next token from its last row
+            last = (torch.cumsum(nq, 0) - 1).clamp_min(0)
+            logits = self.model.compute_logits(hidden[last])
+            drawn = sample_categorical(sampling.probs(logits), keyed_uniforms(seeds, start + 1, SAMPLE))
+            rb[:, 0] = torch.where(greedy, logits.argmax(-1), drawn)
+            rb[:, 1: self.k + 1] = -1
+            rb[:, self.k + 1] = 0
+        else:
+            logits = self.model.compute_logits(hidden)  # [B*Q, V]: every row, then the verify rows
+            first = query_start[:-1].long()
+            rows = (first[:, None] + torch.minimum(torch.arange(K + 1, device=self.device)[None, :],
+                                                   (nq - 1).clamp_min(0)[:, None])).clamp(0, b * q - 1)
+            p_rows = sampling.probs(logits, temps[req])  # each row with its request's temperature
+            p = p_rows[rows.reshape(-1)].view(b, K + 1, -1)
+            argmax = logits.argmax(-1)[rows]
+            out = rejection_sample(self.drafts[:b], (nq - 1).clamp_min(0), p,
+                                   None if self.draft_q is None else self.draft_q[:b], greedy, seeds, start,
+                                   target_argmax=argmax)
+            rb[:, : K + 1] = out.output_tokens
+            rb[:, K + 1] = out.num_accepted
+        rb[:, self.k + 2] = nq
+        rb[:, self.k + 3:] = self.conf[:b].view(torch.int32).long()
+
+    # -- capture -------------------------------------------------------------------------------
+    def _dummy_inputs(self, b: int, q: int) -> None:
+        """Every request decodes at position 0 of the scratch block with q - 1 drafts."""
+        self.block_tables.fill_(self.engine.scratch_block)
+        self.inputs.zero_()
+        self.slots[:b] = q - 1
+        self.nq[:b] = q
+        self.budget.fill_(b * (q - 1))
+        self.temperature.fill_(1.0)
+
+    @torch.inference_mode()
+    def capture(self, eager: bool = False) -> None:
+        if eager:
+            for b in self.batch_sizes:
+                self.propose_graphs[b] = _Graph(None, None, lambda b=b: self._propose(b))
+                for q in self.levels:
+                    self.verify_graphs[(b, q)] = _Graph(None, None, lambda b=b, q=q: self._verify(b, q))
+            return
+        t0 = time.perf_counter()
+        free0 = torch.cuda.mem_get_info(self.device)[0]
+        for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
+            jobs = [(b, None)] + [(b, q) for q in reversed(self.levels)]
+            for _, q in jobs:
+                fn = (lambda b=b: self._propose(b)) if q is None else (lambda b=b, q=q: self._verify(b, q))
+                self._dummy_inputs(b, q or self.k + 1)
+                fn()  # warm-up: Triton and torch.compile compile, the allocator settles
+                torch.cuda.synchronize(self.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool):
+                    fn()
+                if self.pool is None:
+                    self.pool = g.pool()
+                if q is None:
+                    self.propose_graphs[b] = _Graph(g, None)
+                else:
+                    self.verify_graphs[(b, q)] = _Graph(g, None)
+        torch.cuda.synchronize(self.device)
+        used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        announce(f"captured {len(self.propose_graphs) + len(self.verify_graphs)} CUDA graphs of the speculative "
+                 f"step (requests {_ranges(self.batch_sizes)}: propose, and verify x query tokens {self.levels}) "
+                 f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+
+    # -- one step ------------------------------------------------------------------------------
+    def pick(self, num_requests: int, max_tokens: int, drafting: bool) -> tuple[int, int] | None:
+        """(B, Q) of the graph for num_requests requests and at most max_tokens query tokens."""
+        if not self.verify_graphs or num_requests > self.batch_sizes[-1]:
+            return None
+        b = next(x for x in self.batch_sizes if x >= num_requests)
+        q = next((x for x in self.levels if (x > 1 or not drafting) and b * x >= max_tokens), None)
+        return None if q is None else (b, q)
+
+    @torch.inference_mode()
+    def run(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
+            drafting: bool, budget: int | None) -> np.ndarray:
+        """Fill the inputs (host arrays of the real requests), replay, read back once.
+        slots: draft slots per request (0 when it does not draft). -> int64 [R, 2k + 3]: k + 1
+        output tokens (-1 padding), accepted drafts, query count, k confidences as float32 bits."""
+        b, q = key
+        n, width = len(last_tok), max(len(row) for row in block_tables)
+        if width > self.width:
+            raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.width}")
+        h = self.h_inputs.numpy()
+        h[:, n:b] = 0
+        h[0, :n], h[1, :n], h[2, :n], h[4, :n] = last_tok, start, slots, seeds
+        h[3, :n] = 1 + np.asarray(slots) if drafting and not self.adaptive else 1
+        self.h_budget.fill_(int(budget or 0))
+        bt = self.h_bt.numpy()
+        bt[:b, :width] = self.engine.scratch_block
+        for r, row in enumerate(block_tables):
+            bt[r, : len(row)] = row
+        temp = self.h_temp.numpy()
+        temp[:n], temp[n:b] = temperature, 0.0
+        self.inputs[:, :b].copy_(self.h_inputs[:, :b], non_blocking=True)
+        self.budget.copy_(self.h_budget, non_blocking=True)
+        self.block_tables[:b, :width].copy_(self.h_bt[:b, :width], non_blocking=True)
+        self.temperature[:b].copy_(self.h_temp[:b], non_blocking=True)
+        if drafting:
+            self.propose_graphs[b].replay()
+        self.verify_graphs[key].replay()
+        self.num_steps += 1
+        return self.readback[:n].cpu().numpy()  # the step's one device-to-host sync
+
+    @torch.inference_mode()
+    def time_draft(self, num_requests: int, table: list[int], context_len: int) -> None:
+        """Profiler: a propose replay for num_requests dummy requests at context_len."""
+        b = next(x for x in self.batch_sizes if x >= num_requests)
+        self._fill_dummy(b, table, context_len, self.k)
+        self.propose_graphs[b].replay()
+
+    @torch.inference_mode()
+    def time_verify(self, num_tokens: int, table: list[int], context_len: int) -> None:
+        """Profiler: the verify replay that a step of num_tokens query tokens in requests of up to
+        k + 1 tokens runs (the accept part included, as a real step has it)."""
+        n_req = -(-num_tokens // (self.k + 1))
+        key = self.pick(n_req, num_tokens, drafting=num_tokens > n_req)
+        if key is None:
+            raise ValueError(f"no captured graph covers {num_tokens} tokens")
+        self._fill_dummy(key[0], table, context_len, self.k)
+        nq = [min(self.k + 1, num_tokens - r * (self.k + 1)) for r in range(n_req)] + [0] * (key[0] - n_req)
+        self.nq[: key[0]].copy_(torch.tensor(nq, dtype=torch.int64))
+        self.verify_graphs[key].replay()
+
+    def _fill_dummy(self, b: int, table: list[int], context_len: int, slots: int) -> None:
+        self.block_tables[:b].fill_(self.engine.scratch_block)
+        self.block_tables[:b, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        self.start[:b] = context_len
+        self.last_tok[:b] = 1
+        self.slots[:b] = slots
+        self.budget.fill_(b * slots)
+        self.temperature[:b] = 1.0
+
+
+class GraphPaddedCost:
+    """The cost tables as the graphed step pays them: a step of T query tokens over R requests
+    runs the graph (B, Q) that pick() chooses, i.e. B*Q token rows, so it costs verify_ms(B*Q).
+    Steps the graphs do not cover (more requests than captured) cost verify_ms(T)."""
+
+    def __init__(self, cost, graphed: "GraphedSpecStep"):
+        self.cost, self.graphed = cost, graphed
+
+    def draft_ms(self, n_requests):
+        return self.cost.draft_ms(n_requests)
+
+    def verify_ms(self, n_tokens):
+        return self.cost.verify_ms(n_tokens)
+
+    def verify_ms_for(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.atleast_1d(np.asarray(tokens, dtype=np.int64))
+        padded = np.array([self._padded(num_requests, int(t)) for t in tokens], dtype=np.int64)
+        return np.asarray(self.cost.verify_ms(padded), dtype=np.float64).reshape(padded.shape)
+
+    def _padded(self, num_requests: int, tokens: int) -> int:
+        key = self.graphed.pick(num_requests, tokens, drafting=tokens > num_requests)
+        return tokens if key is None else key[0] * key[1]

@@ -1,0 +1,134 @@
+"""The speculative step's graphed decode path (spec_decode/graphed_step.py), on CPU.
+
+capture(eager=True) replays by running the captured functions eagerly over the same static
+buffers, so everything but the capture itself is checked here: the device-built packed layout,
+padding to captured batch sizes and query levels, drafts fed to the verification without a
+host round trip, the drafter's context written inside the verify function, rejection sampling
+and the one read back. Greedy outputs must equal the plain engine's; seeded sampled outputs
+must equal the eager speculative step's, token for token, for fixed k and adaptive."""
+import numpy as np
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.spec_decode.graphed_step import GraphedSpecStep, packed_layout, query_levels
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("graphed")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    drafter = make_bigram_drafter_dir(root / "drafter", target, block_size=7)
+    return str(target), str(drafter)
+
+
+def _prompts(n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(2, 30, (n,), generator=g).tolist()]
+
+
+def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
+           "enable_adaptive_verification": adaptive, "cost_model_cache_dir": str(tmp_path),
+           "draft_sample_method": "greedy" if greedy_drafts else "probabilistic"}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    if graphed:
+        spec = llm.llm_engine.spec
+        spec.graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
+        spec.graphed.capture(eager=True)
+    return llm
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(pair):
+    return [o.outputs[0].token_ids for o in LLM(pair[0]).generate(_prompts(), GREEDY)]
+
+
+@pytest.mark.parametrize("k, adaptive", [(3, False), (7, False), (7, True)])
+def test_graphed_greedy_equals_plain(pair, plain_greedy, tmp_path, k, adaptive):
+    llm = _llm(pair, tmp_path, k, adaptive, graphed=True)
+    outs = llm.generate(_prompts(), GREEDY)
+    eng = llm.llm_engine
+    assert [o.outputs[0].token_ids for o in outs] == plain_greedy
+    st = eng.stats
+    assert eng.spec.graphed.num_steps > 10, "the graphed path was meant to run the decode steps"
+    assert 0 < st.num_accepted_tokens < st.num_verified_tokens
+    assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
+    assert eng.kv_blocks_free() == eng.kv_blocks_total()
+
+
+@pytest.mark.parametrize("k, adaptive, greedy_drafts", [(3, False, False), (7, True, False), (7, False, True)])
+def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, greedy_drafts):
+    params = [SamplingParams(temperature=0.8 + 0.1 * (i % 3), max_tokens=24, ignore_eos=True, seed=100 + i)
+              for i in range(len(_prompts()))]
+    params[3] = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)  # a greedy row in the batch
+    eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts).generate(_prompts(), params)
+    llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=greedy_drafts)
+    graphed = llm.generate(_prompts(), params)
+    assert llm.llm_engine.spec.graphed.num_steps > 10
+    assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
+
+
+def test_logprobs_and_top_p_take_the_eager_path(pair, tmp_path):
+    llm = _llm(pair, tmp_path, 3, False, graphed=True)
+    out = llm.generate(_prompts(2), [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
+                                     SamplingParams(temperature=1, top_p=0.9, max_tokens=8, ignore_eos=True, seed=1)])
+    assert out[0].outputs[0].logprobs is not None and len(out[0].outputs[0].logprobs) == 8
+    assert llm.llm_engine.spec.graphed.num_steps == 0  # every step had a row the graphs do not serve
+
+
+def test_query_levels():
+    assert query_levels(7) == [1, 3, 5, 8]
+    assert query_levels(1) == [1, 2]
+    assert query_levels(3) == [1, 2, 3, 4]
+
+
+def test_packed_layout_matches_host_packing():
+    g = torch.Generator().manual_seed(0)
+    B, K, bs, width, scratch = 5, 4, 4, 6, 99
+    nq = torch.tensor([1, 3, 0, 5, 2])  # request 2 is padding
+    start = torch.tensor([7, 0, 0, 13, 2])
+    last = torch.randint(0, 50, (B,), generator=g)
+    drafts = torch.randint(0, 50, (B, K), generator=g)
+    tables = torch.randint(0, 40, (B, width), generator=g).int()
+    T = 16
+    ids, pos, slots, req, qs, kv = packed_layout(nq, start, last, drafts, tables, bs, scratch * bs, T)
+    want_ids, want_pos, want_slots = [], [], []
+    for r in range(B):
+        for j in range(int(nq[r])):
+            want_ids.append(int(last[r]) if j == 0 else int(drafts[r, j - 1]))
+            p = int(start[r]) + j
+            want_pos.append(p)
+            want_slots.append(int(tables[r, p // bs]) * bs + p % bs)
+    n = len(want_ids)
+    pad = T - n
+    assert ids.tolist() == want_ids + [0] * pad
+    assert pos.tolist() == want_pos + [0] * pad
+    assert slots.tolist() == want_slots + [scratch * bs] * pad
+    assert qs.tolist() == [0] + np.cumsum(nq.numpy()).tolist()
+    assert kv.tolist() == [8, 3, 0, 18, 4]
+
+
+def test_graph_padded_cost_prices_the_graph_a_step_runs():
+    from adaspec.spec_decode.graphed_step import GraphPaddedCost
+    from adaspec.spec_decode.policy import step_verify_ms
+
+    class Graphs:  # pick() as GraphedSpecStep's, batch sizes 1, 2, 4, 8 and levels 1, 3, 5, 8
+        batch_sizes, levels, verify_graphs = [1, 2, 4, 8], [1, 3, 5, 8], {None: None}
+        pick = GraphedSpecStep.pick
+
+    class Linear:
+        def verify_ms(self, n):
+            return np.asarray(n, dtype=np.float64) * 1.0
+
+        def draft_ms(self, r):
+            return 0.5
+
+    cost = GraphPaddedCost(Linear(), Graphs())
+    # 3 requests pad to 4; 3 + 2 drafts fit 4 x 3 rows; 3 + 9 drafts need 4 x 5; no drafts: 4 x 1
+    assert step_verify_ms(cost, 3, [3, 5, 12, 13, 20, 33]).tolist() == [4.0, 12.0, 12.0, 20.0, 20.0, 33.0]
+    assert step_verify_ms(Linear(), 3, [3, 5]).tolist() == [3.0, 5.0]  # a plain cost model: tokens alone
