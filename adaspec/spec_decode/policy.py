@@ -296,7 +296,7 @@ class AdaptivePolicy:
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
         self._budget_now = int(np.argmax(objective))
         with_drafts = float(objective[self._budget_now])
-        plain = n_sampling / max(float(step_verify_ms(self.cost, len(request_ids), base_tokens)), 1e-12)
+        plain = n_sampling / max(float(np.ravel(step_verify_ms(self.cost, len(request_ids), base_tokens))[0]), 1e-12)
         if with_drafts > plain:
             self.skipped_in_a_row = 0
             return True

@@ -98,16 +98,26 @@ class SpeculativeDecoder:
             from adaspec.spec_decode.profiler import build_cost_model
 
             self.cost_model = build_cost_model(engine, self, setup.drafter_path)
-            step_cost = self.cost_model
-            if self.graphed is not None:  # the policy prices the padded graph a step really runs
-                from adaspec.spec_decode.graphed_step import GraphPaddedCost
-
-                step_cost = GraphPaddedCost(self.cost_model, self.graphed)
-            self.policy = AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
         else:
             self.cost_model = None
-            self.policy = FixedPolicy()
+        self.policy = self._make_policy()
         engine.stats.ensure_positions(self.num_spec_tokens)
+
+    def _make_policy(self):
+        if self.cost_model is None:
+            return FixedPolicy()
+        step_cost = self.cost_model
+        if self.graphed is not None:  # the policy prices the padded graph a step really runs
+            from adaspec.spec_decode.graphed_step import GraphPaddedCost
+
+            step_cost = GraphPaddedCost(self.cost_model, self.graphed)
+        return AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
+
+    def use_graphs(self, graphed) -> None:
+        """Run decode steps through `graphed` (a captured GraphedSpecStep; CPU tests pass one
+        captured with eager=True) and price them as it runs them."""
+        self.graphed = graphed
+        self.policy = self._make_policy()
 
     # -- pieces also used by the profiler ------------------------------------------------------
     def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None):

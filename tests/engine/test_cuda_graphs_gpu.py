@@ -50,7 +50,8 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     same = sum(a == b for a, b in zip(want, got))
-    assert same == len(want), f"{same}/{len(want)} requests identical"
+    first = next(((i, a, b) for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    assert same == len(want), f"{same}/{len(want)} requests identical; first difference {first}"
     assert _graph_steps(graphed) > 5
 
 

@@ -35,8 +35,9 @@ def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False):
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
     if graphed:
         spec = llm.llm_engine.spec
-        spec.graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
-        spec.graphed.capture(eager=True)
+        graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
+        graphed.capture(eager=True)
+        spec.use_graphs(graphed)
     return llm
 
 
