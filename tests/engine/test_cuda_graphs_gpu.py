@@ -31,7 +31,9 @@ def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None):
 
 def _graph_steps(llm) -> int:
     eng = llm.llm_engine
-    return eng.spec.graphed.num_steps if eng.spec is not None else eng.runner.num_graph_steps
+    if eng.spec is not None:
+        return eng.spec.graphed.num_steps if eng.spec.graphed is not None else 0
+    return eng.runner.num_graph_steps
 
 
 @pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
