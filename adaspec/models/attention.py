@@ -217,6 +217,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     causal: its i-th query sees keys up to position kv_lens - n_queries + i."""
     out = torch.zeros_like(q)
     cu, kv_lens, bt, bs = meta.cu_q.tolist(), meta.kv_lens.tolist(), meta.block_tables, meta.block_size
+    if cu[-1] > q.shape[0]:  # the Triton kernel would read (and write) rows past the tensor
+        raise ValueError(f"query_start ends at {cu[-1]}, past the {q.shape[0]} packed query rows")
     for b in range(meta.num_seqs):
         q0, q1, n_keys = cu[b], cu[b + 1], kv_lens[b]
         if q1 == q0 or n_keys == 0:

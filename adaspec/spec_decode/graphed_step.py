@@ -149,7 +149,9 @@ class GraphedSpecStep:
         limits = self.slots[:b]
         verified = allocate_torch(survival_torch(prop.confidences[:, :k]), self.budget, limits) if self.adaptive \
             else limits
-        self.nq[:b].copy_(1 + verified)
+        # padding requests (the host gave them nq = 0) keep no query tokens: a token more would
+        # push the packed rows past the B*Q the verify graph was captured for
+        self.nq[:b].copy_(torch.where(self.nq[:b] > 0, 1 + verified, torch.zeros_like(verified)))
 
     def _verify(self, b: int, q: int) -> None:
         K = self.k if q > 1 else 0
@@ -258,14 +260,16 @@ class GraphedSpecStep:
         h[3, :n] = 1 + np.asarray(slots) if drafting and not self.adaptive else 1
         self.h_budget.fill_(int(budget or 0))
         bt = self.h_bt.numpy()
-        bt[:b, :width] = self.engine.scratch_block
+        # the whole captured width: a draft block may reach past a request's table (requests that
+        # draft nothing still run the propose graph), and must land in the scratch block there
+        bt[:b] = self.engine.scratch_block
         for r, row in enumerate(block_tables):
             bt[r, : len(row)] = row
         temp = self.h_temp.numpy()
         temp[:n], temp[n:b] = temperature, 0.0
         self.inputs[:, :b].copy_(self.h_inputs[:, :b], non_blocking=True)
         self.budget.copy_(self.h_budget, non_blocking=True)
-        self.block_tables[:b, :width].copy_(self.h_bt[:b, :width], non_blocking=True)
+        self.block_tables[:b].copy_(self.h_bt[:b], non_blocking=True)
         self.temperature[:b].copy_(self.h_temp[:b], non_blocking=True)
         if drafting:
             self.propose_graphs[b].replay()
