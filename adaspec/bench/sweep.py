@@ -6,8 +6,11 @@ a rerun with the same --out continues where the last one stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,7 +203,35 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path,
     return res
 
 
+class SweepStopped(BenchError):
+    """SIGTERM arrived (e.g. `timeout` ending a sweep that ran out of time)."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_sweep():
+    """SIGTERM raises SweepStopped, so the `finally` blocks stop the arm's server (started in a
+    session of its own, it would outlive the sweep) and every finished point stays on disk."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SweepStopped("stopped by SIGTERM; the points measured so far are kept: rerun the same command to "
+                           "resume, or `adaspec bench report` them")
+
+    prev = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
 def run_sweep(cfg: SweepConfig) -> dict:
+    with sigterm_stops_sweep():
+        return _run_sweep(cfg)
+
+
+def _run_sweep(cfg: SweepConfig) -> dict:
     from adaspec.bench.server import ServerProcess, ServerStartError
 
     out = cfg.out
