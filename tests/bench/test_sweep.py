@@ -285,3 +285,25 @@ def test_sigterm_stops_the_sweep_and_its_server_keeping_finished_points(tmp_path
         os.kill(pid, 0)
     assert [p.name for p in (tmp_path / "o" / "points").glob("*.json")] == ["none_c1_r0.json"]
     assert len(log.read_text().splitlines()) == 1  # the second arm never started
+
+
+def test_a_server_interrupted_while_starting_is_stopped(tmp_path, monkeypatch):
+    """SIGTERM can arrive while the sweep waits for /health: the half-started server must go too."""
+    import os
+
+    monkeypatch.setenv("FAKE_SERVE_LOG", str(tmp_path / "calls.jsonl"))
+    srv = ServerProcess("m0", None, tmp_path / "s.log", launcher=[sys.executable, str(HERE / "fake_serve_main.py")],
+                        startup_timeout=30)
+
+    class Stop(Exception):
+        pass
+
+    def interrupted():
+        raise Stop  # what the SIGTERM handler raises, at the first wait for /health
+
+    monkeypatch.setattr(srv, "_wait_healthy", interrupted)
+    with pytest.raises(Stop):
+        srv.start()
+    assert srv.proc.poll() is not None  # stopped and reaped, not left running in its own session
+    with pytest.raises(ProcessLookupError):
+        os.kill(srv.proc.pid, 0)
