@@ -32,6 +32,21 @@ LOAD_PHASES_HELP = ("a load that moves: CONCURRENCYxREQUESTS phases run in order
                     "metrics are reported for the whole run and per phase")
 
 
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was given (a default cannot tell), for flags that
+    --load-phases replaces."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, "given_flags", None) or ())
+        setattr(namespace, "given_flags", given | {option_string})
+
+
+def _given(args, *flags: str) -> list[str]:
+    seen = getattr(args, "given_flags", None) or set()
+    return [f for f in flags if f in seen]
+
+
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", "--dataset-name", dest="dataset", choices=["eval-code", "jsonl", "custom", "random"],
                    default="eval-code",
@@ -115,8 +130,9 @@ def add_parser(subparsers) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model", help="model name to send (default: the first of /v1/models)")
     _add_dataset_args(s)
-    s.add_argument("--num-prompts", type=int, default=None, help="requests to send (default 100)")
-    s.add_argument("--max-concurrency", type=int, default=None, help="closed loop: at most C requests in flight")
+    s.add_argument("--num-prompts", type=int, default=100, action=_Given)
+    s.add_argument("--max-concurrency", type=int, default=None, action=_Given,
+                   help="closed loop: at most C requests in flight")
     s.add_argument("--load-phases", type=_phases, default=None, metavar="CxN,...",
                    help=LOAD_PHASES_HELP + " (replaces --max-concurrency and --num-prompts)")
     s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)")
@@ -145,12 +161,12 @@ def add_parser(subparsers) -> None:
                    help="comma-separated: none, fixed:K, adaptive:K (default none,fixed:1,fixed:3,fixed:7,adaptive:7)")
     w.add_argument("--base-url", action="append", metavar="ARM=URL",
                    help="use a running server for ARM instead of starting one (repeatable; replaces --arms)")
-    w.add_argument("--concurrency", type=_int_list, default=None, help="default 1,16,32,64,128,256")
+    w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256], action=_Given)
     w.add_argument("--load-phases", type=_phases, default=None, metavar="CxN,...",
                    help=LOAD_PHASES_HELP + "; each arm runs this schedule once per repeat (replaces --concurrency "
                         "and --num-prompts)")
     w.add_argument("--repeats", type=int, default=3)
-    w.add_argument("--num-prompts", type=int, default=None, help="prompts per point (at least C are sent; default 200)")
+    w.add_argument("--num-prompts", type=int, default=200, action=_Given, help="prompts per point (at least C are sent)")
     w.add_argument("--num-warmups", type=int, default=2,
                    help="unmeasured requests before each point, sent at its concurrency")
     w.add_argument("--out", required=True,
@@ -183,11 +199,10 @@ def cmd_serve(args) -> int:
         raise AdaspecError("--output-len must be at least 1")
     if (args.result_dir or args.result_filename) and not args.save_result:
         raise AdaspecError("--result-dir/--result-filename name where --save-result writes; add --save-result")
-    num_prompts = args.num_prompts if args.num_prompts is not None else 100
+    num_prompts = args.num_prompts
     if args.load_phases:
-        given = [f for f, v in (("--max-concurrency", args.max_concurrency), ("--num-prompts", args.num_prompts),
-                                ("--request-rate", None if args.request_rate == float("inf") else args.request_rate))
-                 if v is not None]
+        given = _given(args, "--max-concurrency", "--num-prompts") + (
+            ["--request-rate"] if args.request_rate != float("inf") else [])
         if given:
             raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
                                f"drop {', '.join(given)}")
@@ -227,15 +242,15 @@ def sweep_config_from_args(args, log=print):
         raise AdaspecError("--repeats must be at least 1")
     phases = getattr(args, "load_phases", None)
     if phases:
-        given = [f for f, v in (("--concurrency", args.concurrency), ("--num-prompts", args.num_prompts)) if v is not None]
+        given = _given(args, "--concurrency", "--num-prompts")
         if given:
             raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
                                f"drop {', '.join(given)}")
         concurrency = sorted({p.max_concurrency for p in phases})
         num_prompts = sum(p.num_requests for p in phases)
     else:
-        concurrency = args.concurrency or [1, 16, 32, 64, 128, 256]
-        num_prompts = args.num_prompts if args.num_prompts is not None else 200
+        concurrency = args.concurrency
+        num_prompts = args.num_prompts
     base_urls = parse_base_urls(args.base_url)
     if base_urls and args.arms:
         raise AdaspecError("give either --arms (servers the sweep starts) or --base-url ARM=URL (servers you run)")
