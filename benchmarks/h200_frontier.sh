@@ -13,7 +13,9 @@
 # one build, one frontier. Give ADASPEC_COMMIT=<sha> so the results name the commit measured.
 #
 # MODE=offline: defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens;
-#   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it).
+#   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it). A
+#   grid that does not fit is stopped in time; the JSON then holds the points that finished
+#   ("partial": true) and their table is printed.
 # MODE=server: needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl).
 #   The budget: the build takes ~270 s of the 600 s command, which leaves ~300 s for three server
 #   starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the points, so the
@@ -41,9 +43,20 @@ case "$MODE" in
     ARMS=${2:-none,fixed:7,adaptive:7}
     CONC=${3:-1,16,64,256}
     ensure_pair "$OUT"
-    "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" \
-      --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
+    # stopped in time if the grid does not fit: the JSON is rewritten after every point (partial: true)
+    LEFT=$(( $(time_left) - ${RESERVE_S:-15} ))
+    set +e
+    timeout -s TERM -k 10 "$LEFT" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" \
+      --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
       --device "${DEVICE:-cuda}" --out "$OUT/frontier_T${TEMP}.json"
+    RC=$?
+    set -e
+    if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_T${TEMP}.json" ]; then
+      say "offline sweep stopped after $LEFT s: the points that finished"
+      "$PYTHON" benchmarks/summarize_sweep.py "$OUT/frontier_T${TEMP}.json"
+    elif [ "$RC" -ne 0 ]; then
+      exit "$RC"
+    fi
     ;;
   server)
     ARMS=${2:-adaptive:7,none,fixed:7}

@@ -64,14 +64,16 @@ def cell(s: Stats | None, key: str) -> str:
     return f"{_num(s.mean[key])} ± {_num(s.std[key])}" if s.n > 1 else _num(s.mean[key])
 
 
-def _table(rows: dict[str, Stats | None], arms: list[str]) -> list[str]:
+def _table(rows: dict[str, Stats | None], arms: list[str], reps: int) -> list[str]:
     from adaspec.bench.report import table
 
     body = []
     for arm in arms:
         s = rows.get(arm)
         fail = f" ({s.failed} failed)" if s is not None and s.failed else ""
-        body.append([f"`{arm}`{fail}"] + [cell(s, k) for k, _ in COLUMNS])
+        # a sweep stopped early can leave an arm with fewer repeats than the others
+        fewer = f" ({s.n} of {reps} repeats)" if s is not None and s.n < reps else ""
+        body.append([f"`{arm}`{fewer}{fail}"] + [cell(s, k) for k, _ in COLUMNS])
     return table(["arm"] + [t for _, t in COLUMNS], body)
 
 
@@ -142,14 +144,14 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
            "flight. A phase's numbers are over its own requests, its duration from its first send to its last "
            "completion (phases overlap where one drains while the next starts). Per-user speed = (output tokens - 1) "
            "/ (E2EL - TTFT) per request.", ""]
-    md += [f"## Whole run ({spread})", ""] + _table(whole, arms) + [""]
+    md += [f"## Whole run ({spread})", ""] + _table(whole, arms, reps) + [""]
     for i in phases:
         ref = next((ph for p in points for ph in p.get("phases") or [] if int(ph["phase"]) == i), {})
         span = [per[(a, i)] for a in arms if (a, i) in per]
         when = (f"; from {_num(min(s.mean['start_s'] for s in span))} s to {_num(max(s.mean['end_s'] for s in span))} s "
                 "after the run's first request (mean over repeats, earliest and latest arm)") if span else ""
         md += [f"## Phase {i}: concurrency {ref.get('max_concurrency')} x {ref.get('num_requests')} requests{when}", ""]
-        md += _table({a: per.get((a, i)) for a in arms}, arms) + [""]
+        md += _table({a: per.get((a, i)) for a in arms}, arms, reps) + [""]
     md += ["## Frontier", "", f"![frontier]({png_name})", "",
            "x = median per-user speed, y = output throughput; large markers: the whole run, small ones: each phase.", ""]
     md += ["## The moving-load question", ""] + goal_lines(whole, arms, reps) + [""]

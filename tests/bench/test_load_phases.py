@@ -234,6 +234,10 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
     assert "- **`adaptive:7` does not meet the goal**" in md
     assert "`none`: output throughput +95.2% (higher), median per-user speed +0.0% (within spread) -> beats it" in md
     assert "`fixed:7`: output throughput +32.3% (higher), median per-user speed -16.4% (lower) -> does not beat it" in md
+    # an arm a stopped sweep left with one repeat says so
+    (tmp_path / "points" / "none_phases_r1.json").unlink()
+    md = write_report(tmp_path)["markdown"]
+    assert "| `none` (1 of 2 repeats) | 100.0 |" in md
     # without fixed:7 the goal is met
     for r in range(2):
         (tmp_path / "points" / f"fixed-7_phases_r{r}.json").unlink()
