@@ -1,29 +1,94 @@
 #!/usr/bin/env bash
 # The frontier on the real pair, on one H200, in one command: build the code-0.6b pair (the GPU
-# machine keeps nothing between commands, so every command that measures the pair rebuilds it),
-# then sweep arms x concurrency x repeats with the offline engine and write the JSON that
-# `benchmarks/offline_sweep.py` prints a table of.
+# machine keeps nothing between commands, so every command that measures the pair rebuilds it,
+# ~270 s), then sweep arms x concurrency x repeats, either with the offline engine (MODE=offline,
+# the default) or through the real HTTP server (MODE=server: one `adaspec serve` per arm, CUDA
+# graphs on as by default, driven by `adaspec bench sweep`, then `adaspec bench report`).
 #
 #   bash benchmarks/h200_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]
+#   MODE=server bash benchmarks/h200_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]
 #
-# Defaults: none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens. Every result
-# file records the held-out acceptance of the build it ran on (pair.json is copied beside it), and
-# arms from different builds are never merged: one command, one build, one frontier.
+# One temperature per command. Every result records the held-out acceptance of the build it ran on
+# (pair.json is copied beside it), and arms from different builds are never merged: one command,
+# one build, one frontier. Give ADASPEC_COMMIT=<sha> so the results name the commit measured.
+#
+# MODE=offline: defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens;
+#   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it). A
+#   grid that does not fit is stopped in time; the JSON then holds the points that finished
+#   ("partial": true) and their table is printed.
+# MODE=server: needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl).
+#   The budget: the build takes ~270 s of the 600 s command, which leaves ~300 s for three server
+#   starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the points, so the
+#   defaults are 3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
+#   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,
+#   T=0, 2 repeats, 64 output tokens, max(32, C) eval-code prompts per point, 8 warm-up requests.
+#   The sweep is stopped in time (SIGTERM: it stops its server, keeps every finished point) and
+#   the report covers what finished. Writes at most 6 files: OUT/pair.json, OUT/server_T{T}.log,
+#   OUT/server_T{T}_report.md, OUT/server_T{T}_frontier.png, OUT/server_T{T}.tar.gz (points, server
+#   logs, manifest) and OUT/server_T{T}_summary.txt.
+# CPU smoke test (no build, the embedded tiny pair):
+#   MODEL=tiny MODE=server OUTPUT_LEN=8 NUM_PROMPTS=4 bash benchmarks/h200_frontier.sh /tmp/f none,adaptive:7 1,2 0 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: h200_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]}
-ARMS=${2:-none,fixed:7,adaptive:7}
-CONC=${3:-1,16,64,256}
+OUT=${1:?usage: [MODE=offline|server] h200_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]}
+MODE=${MODE:-offline}
 TEMP=${4:-0}
 REPEATS=${5:-2}
-PAIR=${PAIR_DIR:-/tmp/pair}
-PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUTPUT_LEN=${OUTPUT_LEN:-64}
+source benchmarks/h200_common.sh
 mkdir -p "$OUT"
-if [ ! -f "$PAIR/pair.json" ] || [ ! -d "$PAIR/drafter" ]; then
-  bash benchmarks/build_pair_h200.sh "$PAIR" | tail -5
-fi
-cp "$PAIR/pair.json" "$OUT/pair.json"
-"$PYTHON" benchmarks/offline_sweep.py --model "$PAIR/target" --drafter "$PAIR/drafter" --arms "$ARMS" \
-  --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len 64 --device cuda \
-  --out "$OUT/frontier_T${TEMP}.json"
+
+case "$MODE" in
+  offline)
+    ARMS=${2:-none,fixed:7,adaptive:7}
+    CONC=${3:-1,16,64,256}
+    ensure_pair "$OUT"
+    # stopped in time if the grid does not fit: the JSON is rewritten after every point (partial: true)
+    LEFT=$(( $(time_left) - ${RESERVE_S:-15} ))
+    set +e
+    timeout -s TERM -k 10 "$LEFT" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" \
+      --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
+      --device "${DEVICE:-cuda}" --out "$OUT/frontier_T${TEMP}.json"
+    RC=$?
+    set -e
+    if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_T${TEMP}.json" ]; then
+      say "offline sweep stopped after $LEFT s: the points that finished"
+      "$PYTHON" benchmarks/summarize_sweep.py "$OUT/frontier_T${TEMP}.json"
+    elif [ "$RC" -ne 0 ]; then
+      exit "$RC"
+    fi
+    ;;
+  server)
+    ARMS=${2:-adaptive:7,none,fixed:7}
+    CONC=${3:-1,32,256}
+    NAME=server_T${TEMP}
+    install_server_wheels
+    ensure_pair "$OUT"
+    MAXC=$(echo "$CONC" | tr ',' '\n' | sort -n | tail -1)
+    DIR=${RUNS_DIR:-/tmp/adaspec-runs}/$NAME
+    rm -rf "$DIR"
+    sweep_then_report "$DIR" --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" --concurrency "$CONC" \
+      --repeats "$REPEATS" --temperature "$TEMP" --output-len "$OUTPUT_LEN" --ignore-eos \
+      --num-prompts "${NUM_PROMPTS:-32}" --num-warmups "${NUM_WARMUPS:-8}" \
+      --server-arg=--max-num-seqs="$MAXC" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
+    collect "$DIR" "$OUT" "$NAME"
+    if [ -f "$DIR/report.md" ]; then
+      "$PYTHON" - "$DIR" > "$OUT/${NAME}_summary.txt" <<'EOF'
+import sys
+from adaspec.bench.aggregate import aggregate, load_points
+cells = aggregate(load_points(sys.argv[1]))
+print(f"{'arm':<12}{'C':>5}{'n':>3}{'out tok/s':>18}{'user tok/s p50':>18}{'accepted len':>14}")
+for (arm, c), cl in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    f = lambda k: "-" if cl.mean.get(k) is None else f"{cl.mean[k]:.1f} ± {cl.std[k]:.1f}"
+    print(f"{arm:<12}{c:>5}{cl.n:>3}{f('output_throughput'):>18}{f('median_per_user_tok_s'):>18}"
+          f"{f('spec_mean_accepted_length'):>14}")
+EOF
+      cat "$OUT/${NAME}_summary.txt"
+    fi
+    ;;
+  *)
+    echo "h200_frontier.sh: MODE must be offline or server, got $MODE" >&2
+    exit 2
+    ;;
+esac
+say "done in $((SECONDS - T_START)) s"

@@ -15,7 +15,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 
 import numpy as np
@@ -133,10 +132,9 @@ def main() -> None:
             fmt = lambda t: f"{t[0]:.1f} ± {t[1]:.1f}" if t[0] is not None else "-"
             print(f"{arm:<12}{c:>5}{fmt(thr):>18}{fmt(usr):>20}{(tau[0] or 0):>7.2f}{(ver[0] or 0):>16.2f}")
     if args.out:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            commit = None
+        from adaspec.bench.conditions import engine_commit
+
+        commit = engine_commit()  # $ADASPEC_COMMIT when set: the GPU machine's copied .git is stale
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), device=dev, torch=torch.__version__, commit=commit, rows=rows,
                            summary=summary), fh, indent=1)

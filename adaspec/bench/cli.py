@@ -18,6 +18,35 @@ def _int_list(text: str) -> list[int]:
     return vals
 
 
+def _phases(text: str):
+    from adaspec.bench.phases import PhaseError, parse_phases
+
+    try:
+        return parse_phases(text)
+    except PhaseError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+LOAD_PHASES_HELP = ("a load that moves: CONCURRENCYxREQUESTS phases run in order in one run, e.g. 1x20,64x200,1x20 "
+                    "(requests are sent in order, each while fewer than its phase's concurrency are in flight); "
+                    "metrics are reported for the whole run and per phase")
+
+
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was given (a default cannot tell), for flags that
+    --load-phases replaces."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, "given_flags", None) or ())
+        setattr(namespace, "given_flags", given | {option_string})
+
+
+def _given(args, *flags: str) -> list[str]:
+    seen = getattr(args, "given_flags", None) or set()
+    return [f for f in flags if f in seen]
+
+
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", "--dataset-name", dest="dataset", choices=["eval-code", "jsonl", "custom", "random"],
                    default="eval-code",
@@ -101,8 +130,11 @@ def add_parser(subparsers) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model", help="model name to send (default: the first of /v1/models)")
     _add_dataset_args(s)
-    s.add_argument("--num-prompts", type=int, default=100)
-    s.add_argument("--max-concurrency", type=int, default=None, help="closed loop: at most C requests in flight")
+    s.add_argument("--num-prompts", type=int, default=100, action=_Given)
+    s.add_argument("--max-concurrency", type=int, default=None, action=_Given,
+                   help="closed loop: at most C requests in flight")
+    s.add_argument("--load-phases", type=_phases, default=None, metavar="CxN,...",
+                   help=LOAD_PHASES_HELP + " (replaces --max-concurrency and --num-prompts)")
     s.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)")
     s.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
     _add_request_args(s, 128)
@@ -129,9 +161,12 @@ def add_parser(subparsers) -> None:
                    help="comma-separated: none, fixed:K, adaptive:K (default none,fixed:1,fixed:3,fixed:7,adaptive:7)")
     w.add_argument("--base-url", action="append", metavar="ARM=URL",
                    help="use a running server for ARM instead of starting one (repeatable; replaces --arms)")
-    w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256])
+    w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256], action=_Given)
+    w.add_argument("--load-phases", type=_phases, default=None, metavar="CxN,...",
+                   help=LOAD_PHASES_HELP + "; each arm runs this schedule once per repeat (replaces --concurrency "
+                        "and --num-prompts)")
     w.add_argument("--repeats", type=int, default=3)
-    w.add_argument("--num-prompts", type=int, default=200, help="prompts per point (at least C are sent)")
+    w.add_argument("--num-prompts", type=int, default=200, action=_Given, help="prompts per point (at least C are sent)")
     w.add_argument("--num-warmups", type=int, default=2,
                    help="unmeasured requests before each point, sent at its concurrency")
     w.add_argument("--out", required=True,
@@ -164,8 +199,16 @@ def cmd_serve(args) -> int:
         raise AdaspecError("--output-len must be at least 1")
     if (args.result_dir or args.result_filename) and not args.save_result:
         raise AdaspecError("--result-dir/--result-filename name where --save-result writes; add --save-result")
+    num_prompts = args.num_prompts
+    if args.load_phases:
+        given = _given(args, "--max-concurrency", "--num-prompts") + (
+            ["--request-rate"] if args.request_rate != float("inf") else [])
+        if given:
+            raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
+                               f"drop {', '.join(given)}")
+        num_prompts = sum(p.num_requests for p in args.load_phases)
     kind, path = resolve_endpoint(args.backend, args.endpoint)
-    prompts = load_prompts(args.dataset, args.num_prompts, args.dataset_path, args.random_input_len, args.seed,
+    prompts = load_prompts(args.dataset, num_prompts, args.dataset_path, args.random_input_len, args.seed,
                            args.tokenizer or args.model)
     cfg = BenchConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
@@ -174,7 +217,7 @@ def cmd_serve(args) -> int:
         num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path, api_key=args.api_key, seed=args.seed,
         label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
         progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
-        metric_percentiles=args.metric_percentiles,
+        metric_percentiles=args.metric_percentiles, load_phases=args.load_phases,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)
@@ -197,6 +240,17 @@ def sweep_config_from_args(args, log=print):
 
     if args.repeats < 1:
         raise AdaspecError("--repeats must be at least 1")
+    phases = getattr(args, "load_phases", None)
+    if phases:
+        given = _given(args, "--concurrency", "--num-prompts")
+        if given:
+            raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
+                               f"drop {', '.join(given)}")
+        concurrency = sorted({p.max_concurrency for p in phases})
+        num_prompts = sum(p.num_requests for p in phases)
+    else:
+        concurrency = args.concurrency
+        num_prompts = args.num_prompts
     base_urls = parse_base_urls(args.base_url)
     if base_urls and args.arms:
         raise AdaspecError("give either --arms (servers the sweep starts) or --base-url ARM=URL (servers you run)")
@@ -213,16 +267,16 @@ def sweep_config_from_args(args, log=print):
             raise AdaspecError(f"--speculative-config-extra is not valid JSON: {e}") from None
         if not isinstance(spec_extra, dict):
             raise AdaspecError("--speculative-config-extra must be a JSON object")
-    pool = max(args.num_prompts, max(args.concurrency))
+    pool = max(num_prompts, max(concurrency))
     kind, path = resolve_endpoint(args.backend, args.endpoint)
     if path is not None:
         raise AdaspecError("bench sweep posts to the /v1 paths; give --endpoint completions or chat (or --backend)")
     tokenizer = args.tokenizer or args.model
     prompts = dataset.load_prompts(args.dataset, pool, args.dataset_path, args.random_input_len, args.seed, tokenizer)
     return SweepConfig(
-        out=Path(args.out), model=args.model, arms=arms, concurrency=args.concurrency, prompts=prompts,
+        out=Path(args.out), model=args.model, arms=arms, concurrency=concurrency, prompts=prompts,
         prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed, tokenizer),
-        num_prompts=args.num_prompts, repeats=args.repeats, drafter=args.drafter, base_urls=base_urls,
+        num_prompts=num_prompts, repeats=args.repeats, load_phases=phases, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout,

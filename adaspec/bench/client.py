@@ -225,8 +225,11 @@ async def run_requests(
     timeout_s: float = 6 * 3600,
     on_done: Callable[[RequestResult], None] | None = None,
     clock: Clock = time.perf_counter,
+    caps: list[int] | None = None,
 ) -> tuple[list[RequestResult], float, float]:
-    """Send every payload at its offset with at most `max_concurrency` in flight.
+    """Send every payload at its offset with at most `max_concurrency` in flight; with `caps`
+    (one per payload: a moving load, see phases.py), in order, each once fewer than its cap are
+    in flight (offsets and max_concurrency are not used then).
 
     Returns the results in payload order, the first send time and the last completion time
     (both on `clock`; the send schedule itself runs on real time).
@@ -251,7 +254,18 @@ async def run_requests(
                 on_done(res)
             return res
 
-        results = await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets)))
+        if caps is not None:
+            from adaspec.bench.phases import run_phased
+
+            async def send_one(i: int) -> RequestResult:
+                res = await send_request(session, url, payloads[i], endpoint, headers, clock)
+                if on_done:
+                    on_done(res)
+                return res
+
+            results = await run_phased(send_one, caps)
+        else:
+            results = await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets)))
     first = min((r.send_time for r in results), default=0.0)
     last = max((r.end_time for r in results), default=0.0)
     return list(results), first, last

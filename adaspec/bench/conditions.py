@@ -36,16 +36,24 @@ def hardware() -> dict:
     return info
 
 
-def engine_commit() -> str | None:
-    """`git rev-parse HEAD` of the adaspec checkout (with "-dirty" when it has local changes)."""
-    root = Path(__file__).resolve().parents[2]
+COMMIT_ENV = "ADASPEC_COMMIT"
+
+
+def engine_commit(root: Path | None = None) -> str | None:
+    """The adaspec commit measured: $ADASPEC_COMMIT when the caller sets it (a copied checkout,
+    as on a remote GPU machine, can carry a stale .git), else `git rev-parse HEAD` of the
+    checkout, marked "-dirty (unverified)" when tracked files differ from that commit."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        return given
+    root = root or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return head.stdout.strip() + ("-dirty (unverified)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -14,12 +14,16 @@ SHARED = (
     ("prompts", "prompts"), ("prompts_sha256", "prompts sha256"), ("num_prompts", "prompts per point"),
     ("output_len", "output length"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
     ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
+    ("load_phases", "load phases (concurrency x requests, in order)"),
 )
+# Shown only when some point has a value (sweeps without a moving load have none).
+OPTIONAL = {"load_phases"}
 ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 
 
 def _label(p: dict) -> str:
-    return f"{p.get('arm')} C={p.get('concurrency')} r={p.get('repeat')}"
+    where = "phases" if p.get("load_phases") else f"C={p.get('concurrency')}"
+    return f"{p.get('arm')} {where} r={p.get('repeat')}"
 
 
 def values(points: list[dict], get) -> dict[str, list[str]]:
@@ -63,7 +67,10 @@ def lines(points: list[dict], describe_hardware) -> list[str]:
         return res
 
     for key, label in SHARED:
-        out += item(label, key, values(pts, lambda c, k=key: c.get(k)))
+        vals = values(pts, lambda c, k=key: c.get(k))
+        if key in OPTIONAL and list(vals) == ["null"]:
+            continue
+        out += item(label, key, vals)
     out.append("- arms:")
     for arm in sorted({p.get("arm") for p in pts}, key=str):
         mine = [p for p in pts if p.get("arm") == arm]

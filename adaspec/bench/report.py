@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from adaspec.bench import point_conditions
+from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
@@ -68,8 +68,9 @@ def conditions_lines(manifest: dict | None, points: list[dict] | None = None) ->
     from the manifest (sweeps from before points recorded them)."""
     if points and any(p.get("conditions") for p in points):
         m = manifest or {}
+        concs = sorted({p.get("concurrency") for p in points if p.get("concurrency") is not None})
         return point_conditions.lines(points, describe_hardware) + [
-            f"- concurrency: {sorted({p.get('concurrency') for p in points})}; repeats: up to "
+            (f"- concurrency: {concs}; " if concs else "- ") + "repeats: up to "
             f"{max(p.get('repeat', 0) for p in points) + 1}",
             f"- started {m.get('start_time')}, ended {m.get('end_time')}",
         ]
@@ -210,11 +211,18 @@ def write_report(out_dir: str | Path, html_too: bool = False) -> dict:
     if not points:
         raise ReportError(f"no complete point files in {out_dir / 'points'}; run `adaspec bench sweep --out {out_dir}` first")
     manifest = read_manifest(out_dir)
-    cells = aggregate(points)
     arms = arms_in_order(points, manifest)
     title = f"{(manifest or {}).get('model', '')}: throughput vs per-user speed"
-    png = plot_frontier(cells, arms, out_dir / "frontier.png", title=title)
-    md = build_markdown(out_dir, manifest, points, png.name)
+    if phase_report.is_phased(points):
+        if not all(p.get("load_phases") for p in points):
+            raise ReportError(f"{out_dir / 'points'} mixes moving-load points with fixed-concurrency points; "
+                              "report them from separate directories")
+        whole, per = phase_report.aggregate_phased(points)
+        png = phase_report.plot_phased(whole, per, arms, out_dir / "frontier.png", title=title)
+        md = phase_report.build_markdown(manifest, points, png.name)
+    else:
+        png = plot_frontier(aggregate(points), arms, out_dir / "frontier.png", title=title)
+        md = build_markdown(out_dir, manifest, points, png.name)
     md_path = out_dir / "report.md"
     md_path.write_text(md + "\n", encoding="utf-8")
     res = {"markdown": md, "report_md": md_path, "frontier_png": png}

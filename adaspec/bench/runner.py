@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from adaspec.bench import client, metrics, specstats
+from adaspec.bench import client, metrics, phases as phases_mod, specstats
 from adaspec.errors import AdaspecError
 
 
@@ -42,6 +42,9 @@ class BenchConfig:
     clock: Callable[[], float] = time.perf_counter  # request timestamps; tests inject a fake clock
     percentile_metrics: tuple = metrics.PERCENTILE_METRICS
     metric_percentiles: tuple = (90, 99)  # the sweep's report reads p99s; bench serve passes vLLM's defaults
+    # A moving load (phases.py): the concurrency cap changes phase by phase; prompts are sent in
+    # order, phase after phase (one prompt per request: len(prompts) == the phases' requests).
+    load_phases: list | None = None
 
 
 def normalize_base_url(url: str) -> str:
@@ -73,6 +76,15 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         raise BenchError(f"--endpoint must be completions or chat, got {cfg.endpoint!r}")
     if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
         raise BenchError(f"--max-concurrency must be at least 1, got {cfg.max_concurrency}")
+    phase_idx, caps = None, None
+    if cfg.load_phases:
+        if cfg.max_concurrency is not None or cfg.request_rate != float("inf"):
+            raise BenchError("--load-phases sets the concurrency phase by phase; drop --max-concurrency/--request-rate")
+        phase_idx = phases_mod.phase_of_requests(cfg.load_phases)
+        if len(phase_idx) != len(cfg.prompts):
+            raise BenchError(f"--load-phases {phases_mod.format_phases(cfg.load_phases)} sends {len(phase_idx)} "
+                             f"requests but {len(cfg.prompts)} prompts were given")
+        caps = [cfg.load_phases[p].max_concurrency for p in phase_idx]
     base = normalize_base_url(cfg.base_url)
     url = base + (cfg.endpoint_path or ("/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"))
     headers = _headers(cfg)
@@ -93,8 +105,10 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     if cfg.num_warmups:
         # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
         warm = [payload(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.num_warmups)]
+        # A moving load warms up at its highest phase concurrency.
+        warm_cap = max(caps) if caps else cfg.max_concurrency
         wres, _, _ = await client.run_requests(
-            url, warm, cfg.endpoint, cfg.max_concurrency, [0.0] * len(warm), headers, cfg.request_timeout,
+            url, warm, cfg.endpoint, warm_cap, [0.0] * len(warm), headers, cfg.request_timeout,
             clock=cfg.clock,
         )
         if all(not r.success for r in wres):
@@ -114,7 +128,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     try:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
-            on_done=(lambda r: bar.update(1)) if bar else None, clock=cfg.clock,
+            on_done=(lambda r: bar.update(1)) if bar else None, clock=cfg.clock, caps=caps,
         )
     finally:
         if bar:
@@ -143,6 +157,11 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "metrics_available": after is not None,
     }
     out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics))
+    if cfg.load_phases:
+        out["load_phases"] = phases_mod.format_phases(cfg.load_phases)
+        out["phases"] = phases_mod.phase_metrics(results, phase_idx, cfg.load_phases, first, cfg.metric_percentiles,
+                                                 cfg.percentile_metrics)
+        out["request_phases"] = phase_idx
     out.update(specstats.spec_delta(before, after))
     out.update(metrics.per_request_lists(results))
     out.update(cfg.extra)
@@ -179,6 +198,8 @@ def result_filename(res: dict) -> str:
     """vLLM's default --save-result name: LABEL-RATEqps[-concurrencyC]-MODEL-YYYYmmdd-HHMMSS.json."""
     label = res.get("label") or res.get("backend")
     conc = f"-concurrency{res['max_concurrency']}" if res.get("max_concurrency") is not None else ""
+    if res.get("load_phases"):
+        conc = "-phases" + res["load_phases"].replace(",", "-")
     rate = res.get("request_rate")
     model = str(res.get("model_id") or "model").rstrip("/").split("/")[-1]
     when = datetime.fromisoformat(res["date"]).strftime("%Y%m%d-%H%M%S")
@@ -217,9 +238,22 @@ def format_summary(res: dict) -> str:
         lines.append(f"{'Mean accepted length:':<40}{f('spec_mean_accepted_length', '', 3)}")
         per = res.get("spec_acceptance_rate_per_pos") or []
         lines.append(f"{'Per-position acceptance:':<40}{' '.join(f'{x:.2f}' for x in per)}")
+    if res.get("phases"):
+        lines.append(f"{'-' * 20}{'Load phases':^30}{'-' * 20}")
+        lines.append(f"{'phase':<8}{'C x requests':>14}{'span (s)':>16}{'out tok/s':>12}{'user tok/s p50':>16}"
+                     f"{'p90':>8}{'TTFT p50 ms':>13}")
+        for ph in res["phases"]:
+            span = f"{ph['start_s']:.1f}-{ph['end_s']:.1f}"
+            lines.append(f"{ph['phase']:<8}{ph['max_concurrency']:>7}x{ph['num_requests']:<6}{span:>16}"
+                         + "".join(_fmt(ph.get(k), w) for k, w in (("output_throughput", 12), ("median_per_user_tok_s", 16),
+                                                                   ("p90_per_user_tok_s", 8), ("median_ttft_ms", 13))))
     if res.get("streams_without_done"):
         lines.append(f"NOTE: {res['streams_without_done']} streams ended on a finish_reason without data: [DONE] (counted as complete)")
     if res.get("usage_missing_requests"):
         lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
     lines.append("=" * 70)
     return "\n".join(lines)
+
+
+def _fmt(v, width: int) -> str:
+    return f"{'n/a':>{width}}" if v is None else f"{v:>{width}.1f}"

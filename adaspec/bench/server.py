@@ -70,7 +70,11 @@ class ServerProcess:
         # New session: SIGTERM reaches the server only, never the sweep's own terminal group.
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:  # SIGTERM (SweepStopped) or Ctrl-C while it starts: it must not outlive us
+            self.stop()
+            raise
         return self
 
     def _wait_healthy(self) -> None:

@@ -6,19 +6,23 @@ a rerun with the same --out continues where the last one stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaspec.bench import conditions
 from adaspec.bench.arms import Arm, external_arm
+from adaspec.bench.phases import format_phases
 from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
 
 # Every setting that changes what a point measures: a resumed sweep must match them all, and
 # each point records them (with its arm's server settings, hardware and engine commit).
 SETTINGS = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
-            "num_prompts", "num_warmups", "seed")
+            "num_prompts", "num_warmups", "seed", "load_phases")
 # Per arm: what its server was started with.
 ARM_SETTINGS = ("speculative_config", "server_args", "base_url")
 # What a sweep writes into --out (and --force-new removes).
@@ -30,7 +34,7 @@ class SweepConfig:
     out: Path
     model: str | None  # None only with base_urls: each server is asked what it serves
     arms: list[Arm]
-    concurrency: list[int]
+    concurrency: list[int]  # with load_phases: the phases' caps (for the record only)
     prompts: list[str]  # the pool; each point takes max(num_prompts, C) from it, cycling
     prompts_desc: dict
     num_prompts: int
@@ -52,10 +56,23 @@ class SweepConfig:
     report: bool = True
     log: callable = print
     launcher: list[str] | None = None  # replaces `python -m adaspec.cli` (tests)
+    # A moving load (phases.py): each arm runs this schedule once per repeat, one point each,
+    # instead of one point per concurrency; num_prompts is then the schedule's request count.
+    load_phases: list | None = None
 
 
-def point_path(out: Path, arm: Arm, c: int, r: int) -> Path:
-    return out / "points" / f"{arm.slug}_c{c}_r{r}.json"
+# The "concurrency" of a moving-load point: its schedule, not one number.
+PHASED = None
+
+
+def point_path(out: Path, arm: Arm, c: int | None, r: int) -> Path:
+    return out / "points" / (f"{arm.slug}_phases_r{r}.json" if c is PHASED else f"{arm.slug}_c{c}_r{r}.json")
+
+
+def grid(cfg: SweepConfig) -> list[tuple[int | None, int]]:
+    """(concurrency, repeat) of every point per arm; concurrency PHASED for a moving load."""
+    concs = [PHASED] if cfg.load_phases else cfg.concurrency
+    return [(c, r) for c in concs for r in range(cfg.repeats)]
 
 
 def point_done(path: Path) -> bool:
@@ -65,9 +82,9 @@ def point_done(path: Path) -> bool:
         return False
 
 
-def prompts_for(cfg: SweepConfig, c: int) -> list[str]:
-    # At least C prompts, or the point never reaches its concurrency.
-    n = max(cfg.num_prompts, c)
+def prompts_for(cfg: SweepConfig, c: int | None) -> list[str]:
+    # At least C prompts, or the point never reaches its concurrency; a moving load sends one per request.
+    n = cfg.num_prompts if c is PHASED else max(cfg.num_prompts, c)
     return [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
 
 
@@ -97,13 +114,14 @@ def settings(cfg: SweepConfig) -> dict:
         "num_prompts": cfg.num_prompts,
         "num_warmups": cfg.num_warmups,
         "seed": cfg.seed,
+        "load_phases": format_phases(cfg.load_phases) if cfg.load_phases else None,
     }
 
 
 def _flag(key: str) -> str:
     return {"prompts": "--dataset/--dataset-path/--random-input-len", "prompts_sha256": "the prompt texts",
             "speculative_config": "--drafter/--temperature/--speculative-config-extra",
-            "server_args": "--server-arg", "base_url": "--base-url"}.get(key, "--" + key.replace("_", "-"))
+            "server_args": "--server-arg", "base_url": "--base-url", "num_prompts": "--num-prompts/--load-phases"}.get(key, "--" + key.replace("_", "-"))
 
 
 def differences(cfg: SweepConfig, old: dict) -> list[str]:
@@ -134,7 +152,8 @@ def start_over(out: Path) -> None:
 
 def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
     m = settings(cfg)
-    m["num_prompts_rule"] = "each point sends max(num_prompts, concurrency) prompts"
+    m["num_prompts_rule"] = ("each point runs the load phases, num_prompts requests in all" if cfg.load_phases
+                             else "each point sends max(num_prompts, concurrency) prompts")
     m["hardware"] = conditions.hardware()
     m["engine_commit"] = conditions.engine_commit()
     if old:
@@ -166,9 +185,11 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
 def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path, machine: dict) -> dict:
     bc = BenchConfig(
         base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
-        max_concurrency=c, output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
+        max_concurrency=c, load_phases=cfg.load_phases if c is PHASED else None,
+        output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
         num_warmups=cfg.num_warmups, endpoint=cfg.endpoint,
-        api_key=cfg.api_key, seed=cfg.seed + 1000 * r, label=f"{arm.name} C={c} r={r}", progress=cfg.progress,
+        api_key=cfg.api_key, seed=cfg.seed + 1000 * r, label=f"{arm.name} {'phases' if c is PHASED else f'C={c}'} r={r}",
+        progress=cfg.progress,
         extra={"arm": arm.name, "concurrency": c, "repeat": r},
     )
     res = run_benchmark(bc)
@@ -182,7 +203,35 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path,
     return res
 
 
+class SweepStopped(BenchError):
+    """SIGTERM arrived (e.g. `timeout` ending a sweep that ran out of time)."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_sweep():
+    """SIGTERM raises SweepStopped, so the `finally` blocks stop the arm's server (started in a
+    session of its own, it would outlive the sweep) and every finished point stays on disk."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SweepStopped("stopped by SIGTERM; the points measured so far are kept: rerun the same command to "
+                           "resume, or `adaspec bench report` them")
+
+    prev = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
 def run_sweep(cfg: SweepConfig) -> dict:
+    with sigterm_stops_sweep():
+        return _run_sweep(cfg)
+
+
+def _run_sweep(cfg: SweepConfig) -> dict:
     from adaspec.bench.server import ServerProcess, ServerStartError
 
     out = cfg.out
@@ -201,10 +250,11 @@ def run_sweep(cfg: SweepConfig) -> dict:
     write_json_atomic(str(mpath), manifest)
 
     for arm in cfg.arms:
-        todo = [(c, r) for c in cfg.concurrency for r in range(cfg.repeats) if not point_done(point_path(out, arm, c, r))]
-        run["points_skipped"] += len(cfg.concurrency) * cfg.repeats - len(todo)
+        every = grid(cfg)
+        todo = [(c, r) for c, r in every if not point_done(point_path(out, arm, c, r))]
+        run["points_skipped"] += len(every) - len(todo)
         if not todo:
-            cfg.log(f"[{arm.name}] all {len(cfg.concurrency) * cfg.repeats} points done, skipped")
+            cfg.log(f"[{arm.name}] all {len(every)} points done, skipped")
             continue
         server = None
         if arm.name in cfg.base_urls:
@@ -220,10 +270,14 @@ def run_sweep(cfg: SweepConfig) -> dict:
             for c, r in todo:
                 res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), machine)
                 run["points_run"] += 1
+                where = "phases " + format_phases(cfg.load_phases) if c is PHASED else f"C={c}"
                 cfg.log(
-                    f"[{arm.name}] C={c} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
+                    f"[{arm.name}] {where} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
                     f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"
                     + (f"; first error: {next((e for e in res['errors'] if e), '')}" if not res["completed"] else "")
+                    + "".join(f"\n    phase {ph['phase']} ({ph['max_concurrency']}x{ph['num_requests']}): output "
+                              f"{_f(ph.get('output_throughput'))} tok/s, per-user {_f(ph.get('median_per_user_tok_s'))} tok/s, "
+                              f"TTFT p50 {_f(ph.get('median_ttft_ms'))} ms" for ph in res.get("phases") or [])
                 )
                 if server is not None and server.proc.poll() is not None:
                     from adaspec.bench.server import tail

@@ -23,7 +23,7 @@ if args.model == "die":
     print("fake serve: cannot load model 'die'", file=sys.stderr)
     sys.exit(3)
 with open(os.environ["FAKE_SERVE_LOG"], "a") as f:
-    f.write(json.dumps({"model": args.model, "spec": args.speculative_config, "rest": rest}) + "\n")
+    f.write(json.dumps({"model": args.model, "spec": args.speculative_config, "rest": rest, "pid": os.getpid()}) + "\n")
 # Speculative arms stream 2-token chunks, the plain arm 1-token chunks.
 ntok = 2 if args.speculative_config else 1
 sc = Script(chunks=[(0.01, "t" * ntok, ntok)] * 4, counts_spec=bool(args.speculative_config))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -25,6 +26,11 @@ class Script:
     cut_after: int | None = None  # close the TCP connection after this many chunks
     counts_spec: bool = True
     refuse: tuple = ()  # request fields answered with 422, as transformers serve does
+    # The first hold_first requests of this script wait (before streaming) until that many
+    # requests are open on the server at once: a run that should reach a concurrency of
+    # hold_first provably does, whatever the timing. Gives up after a real-time safety bound and
+    # marks the server `stalled` (a test then fails on it, never hangs).
+    hold_first: int = 0
 
 
 # Counters one streamed request adds to /metrics (hand-checkable in tests).
@@ -43,6 +49,9 @@ class FakeServer:
         self.counters = {k: 0 for k in SPEC_PER_REQUEST}
         self.per_pos = [0] * len(SPEC_PER_POS)
         self.requests: list[dict] = []
+        self.open = 0  # requests being answered now
+        self.stalled = False
+        self._held: dict[int, int] = {}  # id(script) -> how many of its requests were held so far
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.port = port
@@ -94,6 +103,24 @@ class FakeServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _completions(self, request):
+        self.open += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self.open -= 1
+
+    async def _hold(self, sc: Script) -> None:
+        if self._held.get(id(sc), 0) >= sc.hold_first:
+            return
+        self._held[id(sc)] = self._held.get(id(sc), 0) + 1
+        give_up = time.monotonic() + 10.0
+        while self.open < sc.hold_first and not self.stalled:
+            if time.monotonic() > give_up:
+                self.stalled = True
+                return
+            await asyncio.sleep(0.001)
+
+    async def _answer(self, request):
         body = await request.json()
         self.requests.append(body)
         chat = "messages" in body
@@ -106,6 +133,8 @@ class FakeServer:
             return web.json_response({"detail": f"Unexpected fields in the request: {unexpected}"}, status=422)
         if sc.status != 200:
             return web.json_response({"error": {"message": "scripted failure", "type": "server_error"}}, status=sc.status)
+        if sc.hold_first:
+            await self._hold(sc)
         if sc.counts_spec:
             for k, v in SPEC_PER_REQUEST.items():
                 self.counters[k] += v

@@ -138,6 +138,8 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
     cfg.launcher = [sys.executable, str(HERE / "fake_serve_main.py")]
     res = run_sweep(cfg)
     calls = [json.loads(l) for l in log.read_text().splitlines()]
+    for c in calls:
+        c.pop("pid")
     assert len(calls) == 2  # one server per arm
     assert calls[0] == {"model": "m0", "spec": None, "rest": ["--max-num-seqs=8"]}
     assert json.loads(calls[1]["spec"]) == {"method": "dspark", "num_speculative_tokens": 7, "model": "d0",
@@ -245,3 +247,63 @@ def test_sweep_says_which_flag_a_server_refused(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "0 ok, 1 failed" in out and "first error: HTTP 422" in out
         assert "the server refused ignore_eos, sent because of --ignore-eos" in out
+
+
+def test_sigterm_stops_the_sweep_and_its_server_keeping_finished_points(tmp_path, monkeypatch):
+    """`timeout` ends a sweep with SIGTERM: the arm's server (in a session of its own) must not
+    outlive it, and the points already measured stay for the report and a resume."""
+    import os
+    import signal
+
+    from adaspec.bench.sweep import SweepStopped
+
+    log = tmp_path / "serve_calls.jsonl"
+    monkeypatch.setenv("FAKE_SERVE_LOG", str(log))
+    args = _args(["bench", "sweep", "--model", "m0", "--arms", "none,fixed:3", "--concurrency", "1,2", "--repeats", "1",
+                  "--num-prompts", "2", "--num-warmups", "0", "--dataset", "random", "--tokenizer", "tiny",
+                  "--out", str(tmp_path / "o"), "--disable-tqdm", "--startup-timeout", "30"])
+    lines = []
+
+    def log_and_stop(msg):
+        lines.append(msg)
+        if "C=1 repeat" in msg:  # the first point is written: now the sweep is told to stop
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = sweep_config_from_args(args, log=log_and_stop)
+    cfg.launcher = [sys.executable, str(HERE / "fake_serve_main.py")]
+    outside = []  # the handler in force outside the sweep: it must not see the signal, and comes back after
+    handler = lambda *a: outside.append(a)  # noqa: E731
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(SweepStopped, match="SIGTERM"):
+            run_sweep(cfg)
+        assert signal.getsignal(signal.SIGTERM) is handler and not outside
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    pid = json.loads(log.read_text().splitlines()[0])["pid"]
+    with pytest.raises(ProcessLookupError):  # stopped and reaped by the sweep
+        os.kill(pid, 0)
+    assert [p.name for p in (tmp_path / "o" / "points").glob("*.json")] == ["none_c1_r0.json"]
+    assert len(log.read_text().splitlines()) == 1  # the second arm never started
+
+
+def test_a_server_interrupted_while_starting_is_stopped(tmp_path, monkeypatch):
+    """SIGTERM can arrive while the sweep waits for /health: the half-started server must go too."""
+    import os
+
+    monkeypatch.setenv("FAKE_SERVE_LOG", str(tmp_path / "calls.jsonl"))
+    srv = ServerProcess("m0", None, tmp_path / "s.log", launcher=[sys.executable, str(HERE / "fake_serve_main.py")],
+                        startup_timeout=30)
+
+    class Stop(Exception):
+        pass
+
+    def interrupted():
+        raise Stop  # what the SIGTERM handler raises, at the first wait for /health
+
+    monkeypatch.setattr(srv, "_wait_healthy", interrupted)
+    with pytest.raises(Stop):
+        srv.start()
+    assert srv.proc.poll() is not None  # stopped and reaped, not left running in its own session
+    with pytest.raises(ProcessLookupError):
+        os.kill(srv.proc.pid, 0)

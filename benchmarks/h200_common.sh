@@ -1,0 +1,96 @@
+# Sourced by benchmarks/h200_frontier.sh and benchmarks/h200_moving_load.sh (not run alone): the
+# Python, the time budget of one device command, the server's wheels, and the pair.
+#
+# Environment (all optional):
+#   BUDGET_S     seconds this command may take in all (default 570: the device stops a command at
+#                600 s and its files must still come back); the sweep is stopped (SIGTERM: it stops
+#                its server and keeps every finished point) in time for the report to be written
+#   MODEL        a model the server/engine loads as is (e.g. `tiny` for a CPU smoke test): skips
+#                the pair build; DRAFTER then names its drafter (empty: the server's default)
+#   PAIR_DIR     where the pair is built, or found already built (default /tmp/pair)
+#   WHEELS_DIR   wheels for the server stack (default .whl; benchmarks/fetch_server_wheels.sh)
+#   RUNS_DIR     where the sweep directories are written before they are collected into OUT
+#                (default /tmp/adaspec-runs)
+#   ADASPEC_COMMIT  the commit of this checkout, recorded in every result (the machine's copied
+#                .git is stale: without it the commit is marked "-dirty (unverified)")
+T_START=$SECONDS
+BUDGET_S=${BUDGET_S:-570}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x /opt/torch/.venv/bin/python3 ]; then PYTHON=/opt/torch/.venv/bin/python3; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+time_left() { echo $((BUDGET_S - (SECONDS - T_START))); }
+
+say() { echo "[$(basename "$0") +$((SECONDS - T_START)) s] $*"; }
+
+# The server stack (fastapi, uvicorn, pydantic, ...) from carried wheels, only where it is missing.
+install_server_wheels() {
+  if "$PYTHON" -c "import fastapi, uvicorn, pydantic, starlette" 2>/dev/null; then
+    say "server stack already importable: no wheels installed"
+  else
+    local dir=${WHEELS_DIR:-.whl}
+    if ! ls "$dir"/*.whl >/dev/null 2>&1; then
+      echo "$(basename "$0"): fastapi/uvicorn are missing and $dir holds no wheels: run" \
+           "benchmarks/fetch_server_wheels.sh in the checkout and name $dir in the device call's carry" >&2
+      exit 3
+    fi
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/adaspec-site "$dir"/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/adaspec-site"  # ahead of the image's site-packages
+    say "installed $(ls "$dir"/*.whl | wc -l) wheels from $dir into /tmp/adaspec-site"
+  fi
+  # fail in seconds, not after the build, when the server cannot even be imported
+  "$PYTHON" -c "import adaspec.serve.app, adaspec.bench.sweep" || { echo "$(basename "$0"): adaspec serve does not import" >&2; exit 3; }
+}
+
+# MODEL / DRAFTER / DRAFTER_ARGS for the run: the given MODEL, or the pair (built when absent).
+ensure_pair() {
+  local out=$1
+  if [ -n "${MODEL:-}" ]; then
+    DRAFTER=${DRAFTER:-}
+    say "model $MODEL, drafter ${DRAFTER:-(server default)}: no pair build"
+  else
+    local pair=${PAIR_DIR:-/tmp/pair}
+    if [ ! -f "$pair/pair.json" ] || [ ! -d "$pair/drafter" ]; then
+      say "building the pair in $pair"
+      bash benchmarks/build_pair_h200.sh "$pair" | tail -5
+    fi
+    cp "$pair/pair.json" "$out/pair.json"
+    MODEL=$pair/target
+    DRAFTER=$pair/drafter
+    say "pair ready: $MODEL, $DRAFTER"
+  fi
+  DRAFTER_ARGS=()
+  if [ -n "$DRAFTER" ]; then DRAFTER_ARGS=(--drafter "$DRAFTER"); fi
+}
+
+# `adaspec bench sweep ARGS...` stopped with SIGTERM when only RESERVE_S (default 40) seconds of the
+# budget are left, then `adaspec bench report` of whatever points finished. $1 = the sweep's --out.
+sweep_then_report() {
+  local dir=$1
+  shift
+  local left=$(( $(time_left) - ${RESERVE_S:-40} ))
+  if [ "$left" -lt 20 ]; then
+    say "only $(time_left) s left: no time for the sweep"
+    return 0
+  fi
+  say "sweep, stopped after $left s at the latest: adaspec bench sweep --out $dir $*"
+  set +e
+  timeout -s TERM -k 45 "$left" "$PYTHON" -m adaspec.cli bench sweep --out "$dir" --disable-tqdm "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 2 ]; then say "sweep stopped (exit $rc): reporting the points that finished"; fi
+  "$PYTHON" -m adaspec.cli bench report "$dir" >/dev/null || say "no report: no point finished"
+  return 0
+}
+
+# Everything in DIR except its points/logs goes to OUT as-is (report.md, frontier.png, manifest),
+# prefixed; the whole DIR also as one tar (the device returns at most 8 files).
+collect() {
+  local dir=$1 out=$2 prefix=$3
+  for f in report.md frontier.png; do
+    if [ -f "$dir/$f" ]; then cp "$dir/$f" "$out/${prefix}_$f"; fi
+  done
+  if [ -d "$dir" ]; then tar -czf "$out/${prefix}.tar.gz" -C "$(dirname "$dir")" "$(basename "$dir")"; fi
+}

@@ -1,0 +1,56 @@
+"""benchmarks/h200_frontier.sh (MODE=server) and benchmarks/h200_moving_load.sh on the CPU with the
+embedded tiny pair: the plumbing of the one-command GPU runs (pair found instead of built, the
+sweep through real `adaspec serve` processes, the report, at most 8 files back, the commit given
+by the caller recorded)."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")  # what the device returns from $OUT
+
+
+def run_script(args, env_extra, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNS_DIR": str(tmp_path / "runs"), "ADASPEC_COMMIT": "feed123",
+           "OUTPUT_LEN": "8", "NUM_WARMUPS": "0", "CUDA_VISIBLE_DEVICES": "", **env_extra}
+    r = subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def returned_files(out: Path):
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(NAME_OK.match(p.name) for p in files)
+    return sorted(p.name for p in files)
+
+
+@pytest.mark.slow
+def test_frontier_server_mode_on_a_built_pair(tmp_path):
+    pair = tmp_path / "pair"  # as build_pair_h200.sh leaves it: target/, drafter/, pair.json
+    pair.mkdir()
+    (pair / "target").symlink_to(ROOT / "adaspec/assets/models/tiny")
+    (pair / "drafter").symlink_to(ROOT / "adaspec/assets/models/tiny-dspark")
+    (pair / "pair.json").write_text('{"build": "test"}')
+    out = tmp_path / "out"
+    log = run_script(["benchmarks/h200_frontier.sh", str(out), "none,fixed:3", "1,2", "0", "1"],
+                     {"MODE": "server", "PAIR_DIR": str(pair), "NUM_PROMPTS": "2"}, tmp_path)
+    assert returned_files(out) == ["pair.json", "server_T0.log", "server_T0.tar.gz", "server_T0_frontier.png",
+                                   "server_T0_report.md", "server_T0_summary.txt"]
+    md = (out / "server_T0_report.md").read_text()
+    assert "| C | none | fixed:3 |" in md and "- engine commit: `feed123`" in md
+    assert f"\"model\": \"{pair / 'drafter'}\"" in md  # the speculative arm ran the pair's drafter
+    assert "fixed:3         2  1" in log  # the summary table printed at the end
+
+
+@pytest.mark.slow
+def test_moving_load_script_on_tiny(tmp_path):
+    out = tmp_path / "out"
+    run_script(["benchmarks/h200_moving_load.sh", str(out), "none,adaptive:7", "1x2,3x6,1x2", "1", "1"],
+               {"MODEL": "tiny"}, tmp_path)
+    assert returned_files(out) == ["moving_T1.log", "moving_T1.tar.gz", "moving_T1_frontier.png", "moving_T1_report.md"]
+    md = (out / "moving_T1_report.md").read_text()
+    assert "## Phase 1: concurrency 3 x 6 requests" in md and "The moving-load question" in md
+    assert "| `adaptive:7` |" in md and "- engine commit: `feed123`" in md
