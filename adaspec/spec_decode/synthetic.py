@@ -18,6 +18,7 @@ of such a run carries LABEL.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import replace
 
@@ -27,6 +28,8 @@ from adaspec.errors import ConfigError
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter, load_drafter_config
 from adaspec.sample.random import ACCEPT, SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import RejectionOutput
+
+log = logging.getLogger("adaspec.spec")
 
 LABEL = "synthetic acceptance: timing only"
 # keyed-uniform streams of the confidence noise (two uniforms per slot, Box-Muller); apart from
@@ -187,6 +190,9 @@ def load_synthetic_drafter(spec_cfg, engine) -> tuple[SyntheticDrafter, DrafterC
     drafter.acceptance_curve = torch.tensor(spec_cfg.synthetic_acceptance, dtype=torch.float32, device=engine.device)
     drafter.rope.build_tables(device=engine.device)
     drafter.eval()
+    log.warning("speculative method \"synthetic\" (%s): a %d-layer DSpark drafter on random weights, acceptance per "
+                "position drawn from %s; the output is not the target's distribution", LABEL, dcfg.num_layers,
+                spec_cfg.synthetic_acceptance[:k])
     shape = {"layers": dcfg.num_layers, "block_size": dcfg.block_size, "markov_rank": dcfg.markov_rank,
              "target_layer_ids": dcfg.target_layer_ids, "model": spec_cfg.model}
     return drafter, dcfg, "synthetic:" + json.dumps(shape, sort_keys=True)
