@@ -115,8 +115,8 @@ def synthetic_banner(synthetic: dict[str, str]) -> list[str]:
     if not synthetic:
         return []
     note = next(iter(synthetic.values()))
-    arms = ", ".join(f"`{a}`" for a in sorted(synthetic))
-    return [f"> **{note}.** Arms {arms} drew draft acceptance from a configured curve (speculative_config "
+    arms = ("Arms " if len(synthetic) > 1 else "Arm ") + ", ".join(f"`{a}`" for a in sorted(synthetic))
+    return [f"**{note}.** {arms} drew draft acceptance from a configured curve (speculative_config "
             "`synthetic_acceptance`), not from the target: their throughput and per-user speed are step costs at "
             "that acceptance, and their output is not the target's distribution.", ""]
 

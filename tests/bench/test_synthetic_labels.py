@@ -65,7 +65,7 @@ def test_sweep_point_report_and_plot_title_carry_the_label(synthetic_server, tmp
     point = json.loads((out / "points" / "fixed-3_c2_r0.json").read_text())
     assert point["spec_synthetic_acceptance"] == LABEL
     md = (out / "report.md").read_text()
-    assert f"> **{LABEL}.** Arms `fixed:3`" in md.splitlines()[2]
+    assert md.splitlines()[2].startswith(f"**{LABEL}.** Arm `fixed:3` drew draft acceptance from a configured curve")
     assert titles and LABEL in titles[-1]
 
 
@@ -85,3 +85,21 @@ def test_metrics_without_the_gauge_say_nothing():
     synth = real + f"adaspec:spec_decode_synthetic_acceptance{{model_name=\"m\",note=\"{LABEL}\"}} 1.0\n"
     assert spec_delta(parse_spec_counters(real), parse_spec_counters(real))["spec_synthetic_acceptance"] is None
     assert spec_delta(parse_spec_counters(real), parse_spec_counters(synth))["spec_synthetic_acceptance"] == LABEL
+
+
+@pytest.mark.slow
+def test_sweep_with_synthetic_arms_through_real_adaspec_serve(tmp_path):
+    """--speculative-config-extra makes the sweep's own `adaspec serve` processes synthetic; the no-spec
+    arm stays a plain server without the label, and the report names only the synthetic arm."""
+    out = tmp_path / "sweep"
+    extra = json.dumps({"method": "synthetic", "synthetic_acceptance": [0.6, 0.5, 0.7]})
+    assert main(["bench", "sweep", "--model", "tiny", "--arms", "none,fixed:3", "--speculative-config-extra", extra,
+                 "--concurrency", "2", "--repeats", "1", "--num-prompts", "2", "--num-warmups", "1",
+                 "--dataset", "random", "--random-input-len", "8", "--output-len", "8", "--ignore-eos",
+                 "--out", str(out), "--disable-tqdm", "--startup-timeout", "300"]) == 0
+    none = json.loads((out / "points" / "none_c2_r0.json").read_text())
+    spec = json.loads((out / "points" / "fixed-3_c2_r0.json").read_text())
+    assert none["spec_synthetic_acceptance"] is None and none["conditions"]["arm"]["speculative_config"] is None
+    assert spec["spec_synthetic_acceptance"] == LABEL and spec["spec_num_drafts"]
+    assert spec["conditions"]["arm"]["speculative_config"]["method"] == "synthetic"
+    assert f"**{LABEL}.** Arm `fixed:3` drew" in (out / "report.md").read_text()
