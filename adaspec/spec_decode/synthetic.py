@@ -183,11 +183,15 @@ def load_synthetic_drafter(spec_cfg, engine) -> tuple[SyntheticDrafter, DrafterC
     if len(spec_cfg.synthetic_acceptance) < k:
         raise ConfigError(f"synthetic_acceptance has {len(spec_cfg.synthetic_acceptance)} values but the drafter "
                           f"drafts k={k}: give one per draft position")
+    # one value per slot of the drafter's block: slots past k are never verified (0 keeps their
+    # confidences, which the policy never reads past k either, well defined)
+    curve = list(spec_cfg.synthetic_acceptance[:dcfg.block_size])
+    curve += [0.0] * (dcfg.block_size - len(curve))
     with torch.device("meta"):
-        drafter = SyntheticDrafter(dcfg, spec_cfg.synthetic_acceptance, spec_cfg.synthetic_confidence_noise)
+        drafter = SyntheticDrafter(dcfg, curve, spec_cfg.synthetic_confidence_noise)
     drafter = drafter.to(dtype=engine.dtype).to_empty(device=engine.device)
     init_dummy_weights(drafter, seed=1)
-    drafter.acceptance_curve = torch.tensor(spec_cfg.synthetic_acceptance, dtype=torch.float32, device=engine.device)
+    drafter.acceptance_curve = torch.tensor(curve, dtype=torch.float32, device=engine.device)
     drafter.rope.build_tables(device=engine.device)
     drafter.eval()
     log.warning("speculative method \"synthetic\" (%s): a %d-layer DSpark drafter on random weights, acceptance per "

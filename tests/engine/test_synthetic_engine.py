@@ -57,6 +57,14 @@ def test_model_gives_the_stand_ins_shape():
     assert eng.spec.num_spec_tokens == 7
 
 
+def test_k_below_the_stand_ins_block_needs_a_curve_of_k_values_only():
+    llm = LLM("tiny", speculative_config={"method": "synthetic", "model": "tiny-dspark", "num_speculative_tokens": 3,
+                                          "synthetic_acceptance": [0.6, 0.5, 0.7]})
+    out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 16 and llm.llm_engine.stats.num_drafts > 0
+    assert llm.llm_engine.spec.dcfg.block_size == 7 and llm.llm_engine.spec.num_spec_tokens == 3
+
+
 def test_no_spec_and_dspark_arms_carry_no_label():
     assert LLM("tiny").llm_engine.stats.synthetic_acceptance is None
     llm = LLM("tiny", speculative_config={"method": "dspark", "num_speculative_tokens": 3})
