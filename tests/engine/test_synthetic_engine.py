@@ -81,3 +81,18 @@ def test_no_spec_and_dspark_arms_carry_no_label():
 def test_engine_refuses_bad_synthetic_configs(spec, needle):
     with pytest.raises(ConfigError, match=needle):
         LLM("tiny", speculative_config={"method": "synthetic", **spec})
+
+
+def test_seeded_synthetic_output_independent_of_batch():
+    """Draws are keyed by (seed, position, anchor): a seeded request's text (drafts kept, target tokens
+    after them) is the same alone and among other requests."""
+    spec = {"method": "synthetic", "synthetic_acceptance": CURVE, "num_speculative_tokens": 5}
+    llm = LLM("tiny", speculative_config=spec, max_num_seqs=8)
+
+    def seeded(i):
+        return SamplingParams(temperature=1.0, max_tokens=32, seed=500 + i, ignore_eos=True)
+
+    alone = [llm.generate([p], seeded(i))[0].outputs[0].token_ids for i, p in enumerate(PROMPTS[:3])]
+    others = [SamplingParams(temperature=0.8, max_tokens=10 + 5 * i, ignore_eos=True) for i in range(3)]
+    outs = llm.generate(PROMPTS[5:8] + PROMPTS[:3], others + [seeded(i) for i in range(3)])
+    assert [o.outputs[0].token_ids for o in outs[3:]] == alone
