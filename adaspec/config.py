@@ -80,6 +80,10 @@ class SpeculativeConfig:
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
     reserve_all_spec_slots: bool = False  # pre-v0.28 token budget: max_num_seqs * k reserved up front
+    # method "synthetic" only (spec_decode/synthetic.py; timing studies, the output is not the target's):
+    synthetic_acceptance: list[float] | None = None  # P(accept draft j | drafts < j accepted), j = 0..k-1
+    synthetic_confidence_noise: float = 0.05  # std of the noise added to the confidences the policy sees
+    synthetic_drafter: dict[str, Any] | None = None  # stand-in drafter's shape: num_layers, markov_rank
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
@@ -92,8 +96,9 @@ class SpeculativeConfig:
                 f"unknown speculative_config key(s): {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
             )
         c = cls(**d)
-        if c.method != "dspark":
-            raise ConfigError(f"speculative method {c.method!r} is not supported; use \"method\": \"dspark\"")
+        if c.method not in ("dspark", "synthetic"):
+            raise ConfigError(f"speculative method {c.method!r} is not supported; use \"method\": \"dspark\" "
+                              "(or \"synthetic\" for timing studies)")
         k = c.num_speculative_tokens
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
@@ -106,4 +111,13 @@ class SpeculativeConfig:
             raise ConfigError(f"adaptive_verification_ema_alpha must be in (0, 1], got {a!r}")
         if not isinstance(c.profile_context_len, int) or c.profile_context_len < 1:
             raise ConfigError(f"profile_context_len must be a positive integer, got {c.profile_context_len!r}")
+        if c.method == "synthetic":
+            from adaspec.spec_decode.synthetic import validate_config
+
+            validate_config(c)
+        else:
+            given = [n for n in ("synthetic_acceptance", "synthetic_drafter") if d.get(n) is not None]
+            given += ["synthetic_confidence_noise"] if "synthetic_confidence_noise" in d else []
+            if given:
+                raise ConfigError(f"speculative_config key(s) {', '.join(given)} need \"method\": \"synthetic\"")
         return c

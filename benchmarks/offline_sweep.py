@@ -8,6 +8,17 @@ median, mean accepted length and acceptance rate from the engine's counters.
 
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
+
+Synthetic acceptance (timing only, no trained drafter): `--synthetic-acceptance P0,P1,...` runs the
+speculative arms with `"method": "synthetic"` (spec_decode/synthetic.py): a DSpark drafter on random
+weights proposes, acceptance per position is drawn from the curve. `--shape qwen3-8b` times a
+Qwen3 shape on random weights (benchmarks/qwen3_shapes.py; load_format "dummy", token-id prompts:
+the dataset's prompts as `--prompt-tokenizer` (default the embedded tiny's) tokenizes them). E.g.
+the 8B shape with the code-0.6b pair's measured T=0 curve (BENCHMARKS.md, "Synthetic acceptance"):
+
+    python benchmarks/offline_sweep.py --shape qwen3-8b --arms none,fixed:7,adaptive:7 \
+        --synthetic-acceptance 0.620,0.556,0.551,0.545,0.618,0.677,0.720 --concurrency 1,16,64,256 \
+        --output-len 64 --temperature 0 --repeats 2 --out frontier_synthetic_8b_T0.json
 """
 from __future__ import annotations
 
@@ -21,12 +32,13 @@ import numpy as np
 import torch
 
 
-def arm_config(arm: str, drafter: str | None, temperature: float) -> dict | None:
+def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
+    """synthetic: the "synthetic_*" keys for every speculative arm (method "synthetic"), or None."""
     if arm == "none":
         return None
     kind, k = arm.split(":")
-    cfg = {"method": "dspark", "num_speculative_tokens": int(k),
-           "draft_sample_method": "probabilistic" if temperature > 0 else "greedy"}
+    cfg = {"method": "synthetic" if synthetic else "dspark", "num_speculative_tokens": int(k),
+           "draft_sample_method": "probabilistic" if temperature > 0 else "greedy", **(synthetic or {})}
     if drafter:
         cfg["model"] = drafter
     if kind == "adaptive":
@@ -67,9 +79,52 @@ def run_point(llm, prompts, params):
     )
 
 
+def synthetic_keys(args) -> dict | None:
+    if not args.synthetic_acceptance:
+        return None
+    try:
+        curve = [float(x) for x in args.synthetic_acceptance.split(",")]
+    except ValueError:
+        raise SystemExit(f"--synthetic-acceptance takes comma-separated probabilities, got {args.synthetic_acceptance!r}")
+    keys = {"synthetic_acceptance": curve, "synthetic_confidence_noise": args.synthetic_confidence_noise}
+    if args.synthetic_drafter:
+        keys["synthetic_drafter"] = json.loads(args.synthetic_drafter)
+    return keys
+
+
+def shape_model_dir(name: str, overrides: str | None) -> str:
+    """A config.json-only directory of a Qwen3 shape (weights: load_format "dummy")."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from qwen3_shapes import SHAPES, write_shape
+
+    if name not in SHAPES:
+        raise SystemExit(f"unknown --shape {name!r}; known: {', '.join(SHAPES)}")
+    d = write_shape(name, tempfile.mkdtemp(prefix="adaspec-shape-"))
+    if overrides:  # e.g. fewer layers, for a CPU smoke test of the same code path
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.update(json.loads(overrides))
+        (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return str(d)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--shape", default=None, help="time a Qwen3 shape on random weights (qwen3_shapes.py), "
+                    "instead of --model: load_format dummy, token-id prompts")
+    ap.add_argument("--shape-overrides", default=None, metavar="JSON", help="edit the shape's config.json")
+    ap.add_argument("--prompt-tokenizer", default="tiny", help="with --shape: the tokenizer that turns the "
+                    "dataset's prompts into token ids (ids must lie in the shape's vocabulary)")
+    ap.add_argument("--synthetic-acceptance", default=None, metavar="P0,P1,...",
+                    help="speculative arms use method synthetic with this conditional acceptance per position "
+                         "(timing only)")
+    ap.add_argument("--synthetic-confidence-noise", type=float, default=0.05)
+    ap.add_argument("--synthetic-drafter", default=None, metavar="JSON",
+                    help='the stand-in drafter\'s shape, e.g. {"num_layers": 1}')
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--arms", default="none,fixed:1,fixed:3,fixed:7,adaptive:7")
     ap.add_argument("--concurrency", default="1,4,16,64")
@@ -91,12 +146,28 @@ def main() -> None:
 
     texts = load_prompt_set(args.dataset)
     concs = [int(c) for c in args.concurrency.split(",")]
-    rows = []
+    synthetic = synthetic_keys(args)
+    engine_args = {}
+    if args.shape:
+        from adaspec.models.tokenizer import Tokenizer
+        from adaspec.models.registry import resolve_model_path
+
+        args.model = shape_model_dir(args.shape, args.shape_overrides)
+        engine_args = dict(load_format="dummy", skip_tokenizer_init=True)
+        ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
+        shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
+    rows, label = [], None
     for arm in args.arms.split(","):
-        cfg = arm_config(arm, args.drafter, args.temperature)
-        llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg)
-        tok = llm.get_tokenizer()
-        prompts = [tok.encode(t)[-args.max_prompt_tokens:] for t in texts]
+        cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
+        llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg, **engine_args)
+        # "synthetic acceptance: timing only" when the arm's acceptance follows the configured curve
+        arm_label = llm.llm_engine.stats.synthetic_acceptance
+        label = label or arm_label
+        if args.shape:
+            prompts = shape_prompts
+        else:
+            tok = llm.get_tokenizer()
+            prompts = [tok.encode(t)[-args.max_prompt_tokens:] for t in texts]
         for c in concs:
             llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
             n = args.num_prompts or max(8, 2 * c)
@@ -106,10 +177,12 @@ def main() -> None:
                 sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
                 torch.manual_seed(r)
                 res = run_point(llm, sel, params)
-                rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res))
+                rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res,
+                                 **({"synthetic_acceptance": arm_label} if arm_label else {})))
                 if args.out:  # after every point: a run cut short keeps what it measured
                     with open(args.out, "w") as fh:
-                        json.dump(dict(args=vars(args), rows=rows, partial=True), fh, indent=1)
+                        json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
+                                       rows=rows, partial=True), fh, indent=1)
                 print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
                       f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
                       flush=True)
@@ -117,8 +190,10 @@ def main() -> None:
     # summary: mean +- std over repeats
     print()
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.machine() + " CPU"
-    print(f"model={args.model} drafter={args.drafter or 'default'} device={dev} threads={torch.get_num_threads()} "
-          f"T={args.temperature} output_len={args.output_len} repeats={args.repeats}")
+    if label:
+        print(f"*** {label}: speculative arms drew acceptance from {args.synthetic_acceptance} ***")
+    print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
+          f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len} repeats={args.repeats}")
     print(f"{'arm':<12}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
     for arm in args.arms.split(","):
@@ -136,8 +211,8 @@ def main() -> None:
 
         commit = engine_commit()  # $ADASPEC_COMMIT when set: the GPU machine's copied .git is stale
         with open(args.out, "w") as fh:
-            json.dump(dict(args=vars(args), device=dev, torch=torch.__version__, commit=commit, rows=rows,
-                           summary=summary), fh, indent=1)
+            json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
+                           torch=torch.__version__, commit=commit, rows=rows, summary=summary), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
 from adaspec.errors import AdaspecError
 
+SYNTHETIC_LABEL = "synthetic acceptance: timing only"  # = spec_decode/synthetic.py's LABEL (no torch import here)
+
 
 class ReportError(AdaspecError):
     """A directory with nothing to report."""
@@ -95,12 +97,37 @@ def conditions_lines(manifest: dict | None, points: list[dict] | None = None) ->
     return lines
 
 
+def synthetic_arms(points: list[dict], manifest: dict | None = None) -> dict[str, str]:
+    """Arms whose acceptance was synthetic -> the note to show: from the server's /metrics note
+    in the point, or from the speculative_config the point (or the manifest) records."""
+    found: dict[str, str] = {}
+    for p in points:
+        spec = ((p.get("conditions") or {}).get("arm") or {}).get("speculative_config")
+        if p.get("spec_synthetic_acceptance") or (isinstance(spec, dict) and spec.get("method") == "synthetic"):
+            found[str(p.get("arm"))] = p.get("spec_synthetic_acceptance") or SYNTHETIC_LABEL
+    for a in (manifest or {}).get("arms", []):
+        spec = a.get("speculative_config")
+        if isinstance(spec, dict) and spec.get("method") == "synthetic":
+            found.setdefault(str(a.get("name")), SYNTHETIC_LABEL)
+    return found
+
+
+def synthetic_banner(synthetic: dict[str, str]) -> list[str]:
+    if not synthetic:
+        return []
+    note = next(iter(synthetic.values()))
+    arms = ("Arms " if len(synthetic) > 1 else "Arm ") + ", ".join(f"`{a}`" for a in sorted(synthetic))
+    return [f"**{note}.** {arms} drew draft acceptance from a configured curve (speculative_config "
+            "`synthetic_acceptance`), not from the target: their throughput and per-user speed are step costs at "
+            "that acceptance, and their output is not the target's distribution.", ""]
+
+
 def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png_name: str = "frontier.png") -> str:
     cells = aggregate(points)
     arms = arms_in_order(points, manifest)
     concs = sorted({c for _, c in cells})
     reps = max((c.n for c in cells.values()), default=0)
-    md = ["# adaspec benchmark report", ""]
+    md = ["# adaspec benchmark report", ""] + synthetic_banner(synthetic_arms(points, manifest))
     md += ["## Conditions", ""] + conditions_lines(manifest, points) + [""]
     spread = f"mean ± sample std over {reps} repeats" if reps > 1 else "one repeat, no spread"
     md += [f"## Output throughput (tok/s, {spread})", ""]
@@ -213,6 +240,8 @@ def write_report(out_dir: str | Path, html_too: bool = False) -> dict:
     manifest = read_manifest(out_dir)
     arms = arms_in_order(points, manifest)
     title = f"{(manifest or {}).get('model', '')}: throughput vs per-user speed"
+    if synthetic_arms(points, manifest):
+        title += f"\n({SYNTHETIC_LABEL})"
     if phase_report.is_phased(points):
         if not all(p.get("load_phases") for p in points):
             raise ReportError(f"{out_dir / 'points'} mixes moving-load points with fixed-concurrency points; "

@@ -232,6 +232,8 @@ def format_summary(res: dict) -> str:
                 and k.split("_", 1)[1] == f"{key}_ms"]
         for stat in ["mean", "median"] + pcts:
             lines.append(f"{f'{stat.capitalize()} {name} (ms):':<40}{f(f'{stat}_{key}_ms')}")
+    if res.get("spec_synthetic_acceptance"):  # first, so nobody reads the figures without it
+        lines.insert(1, f"NOTE: {res['spec_synthetic_acceptance']} (the server drew acceptance from a configured curve)")
     if res.get("spec_num_drafts"):
         lines.append(f"{'-' * 20}{'Speculative decoding':^30}{'-' * 20}")
         lines.append(f"{'Acceptance rate:':<40}{f('spec_acceptance_rate', '', 3)}")

@@ -14,6 +14,9 @@ SUFFIXES = {
     "spec_decode_budget_steps": "budget_steps",  # adaspec only: engine steps by verification budget B
 }
 _LABELED = {"accepted_per_pos": "position", "budget_steps": "budget"}
+# adaspec only: present when acceptance follows a configured curve (method "synthetic"); its
+# label "note" says so ("synthetic acceptance: timing only")
+SYNTHETIC_SUFFIX = "spec_decode_synthetic_acceptance"
 
 
 def parse_spec_counters(text: str) -> dict:
@@ -26,6 +29,9 @@ def parse_spec_counters(text: str) -> dict:
             name = s.name
             if name.endswith("_created"):
                 continue  # creation timestamps, not counts
+            if name.endswith(SYNTHETIC_SUFFIX) and s.value:
+                out["synthetic"] = s.labels.get("note") or "synthetic acceptance"
+                continue
             if name.endswith("_total"):
                 name = name[: -len("_total")]
             key = next((k for suf, k in SUFFIXES.items() if name.endswith(suf)), None)
@@ -51,7 +57,10 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         spec_accepted_per_pos=None,
         spec_acceptance_rate_per_pos=None,
         spec_budget_steps=None,
+        spec_synthetic_acceptance=None,  # the server's note when its acceptance was synthetic
     )
+    if after is not None:
+        res["spec_synthetic_acceptance"] = after.get("synthetic")
     if before is None or after is None:
         return res
     for k in keys:

@@ -32,6 +32,9 @@ class EngineStats:
     time_verify: float = 0.0  # the target forward
     time_sample: float = 0.0
     time_bookkeeping: float = 0.0
+    # "synthetic acceptance: timing only" when the speculative method is "synthetic" (acceptance
+    # drawn from a configured curve, spec_decode/synthetic.py): the counters above are not the target's
+    synthetic_acceptance: str | None = None
 
     def ensure_positions(self, k: int) -> None:
         for lst, zero in ((self.accepted_per_pos, 0), (self.verified_per_pos, 0), (self.predicted_accept_per_pos, 0.0)):

@@ -68,6 +68,11 @@ class ServerMetrics:
                                     "Engine steps by the speculation budget B used.", ["budget"])
         self.budget = Histogram("adaspec:spec_decode_budget", "Speculation budget B per engine step.", L,
                                 buckets=_BUDGET_BUCKETS, registry=r)
+        # set (to 1, label note="synthetic acceptance: timing only") only when the speculative method
+        # is "synthetic": the spec counters then follow a configured curve, not the target
+        self.synthetic = Gauge("adaspec:spec_decode_synthetic_acceptance",
+                               "1: acceptance is drawn from a configured curve (method synthetic), timing only.",
+                               L + ["note"], registry=r)
         # Create every unlabelled series now, so a scrape before the first request sees zeros
         # (dashboards and rate() need the series to exist), as vLLM does.
         for m in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.budget,
@@ -96,6 +101,8 @@ class ServerMetrics:
         stats = getattr(engine, "stats", None)
         if stats is None:
             return
+        if getattr(stats, "synthetic_acceptance", None):
+            self.synthetic.labels(model_name=self.model_name, note=stats.synthetic_acceptance).set(1)
         for field, c in self.stat_counters.items():
             v = getattr(stats, field, None)
             if v is None:

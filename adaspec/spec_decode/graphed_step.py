@@ -185,7 +185,8 @@ class GraphedSpecStep:
             p_rows = sampling.probs(logits, temps[req])  # each row with its request's temperature
             p = p_rows[rows.reshape(-1)].view(b, K + 1, -1)
             argmax = logits.argmax(-1)[rows]
-            out = rejection_sample(self.drafts[:b], (nq - 1).clamp_min(0), p,
+            accept = getattr(self.drafter, "accept", rejection_sample)  # synthetic: the curve decides
+            out = accept(self.drafts[:b], (nq - 1).clamp_min(0), p,
                                    None if self.draft_q is None else self.draft_q[:b], greedy, seeds, start,
                                    target_argmax=argmax)
             rb[:, : K + 1] = out.output_tokens

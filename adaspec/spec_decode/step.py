@@ -31,6 +31,7 @@ from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, survival
+from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_drafter
 
 log = logging.getLogger("adaspec.spec")
 
@@ -53,12 +54,15 @@ def load_speculative_drafter(config: EngineConfig, engine) -> DrafterSetup:
     from adaspec.models.drafter import load_drafter
 
     spec_cfg = SpeculativeConfig.from_dict(dict(config.speculative_config))
-    name = spec_cfg.model or DEFAULT_DRAFTERS.get(str(config.model))
-    if name is None:
-        raise ConfigError(
-            "speculative_config needs \"model\": the drafter directory (only embedded targets have a default drafter)"
-        )
-    drafter, dcfg = load_drafter(name, engine.model_config, engine.dtype, engine.device)
+    if spec_cfg.method == "synthetic":  # timing only: a dummy-weight DSpark drafter, acceptance from a curve
+        drafter, dcfg, name = load_synthetic_drafter(spec_cfg, engine)
+    else:
+        name = spec_cfg.model or DEFAULT_DRAFTERS.get(str(config.model))
+        if name is None:
+            raise ConfigError(
+                "speculative_config needs \"model\": the drafter directory (only embedded targets have a default drafter)"
+            )
+        drafter, dcfg = load_drafter(name, engine.model_config, engine.dtype, engine.device)
     k = spec_cfg.num_speculative_tokens or dcfg.block_size
     if k > dcfg.block_size:
         raise ConfigError(
@@ -102,6 +106,7 @@ class SpeculativeDecoder:
             self.cost_model = None
         self.policy = self._make_policy()
         engine.stats.ensure_positions(self.num_spec_tokens)
+        engine.stats.synthetic_acceptance = getattr(self.drafter, "label", None)  # "synthetic acceptance: timing only"
 
     def _make_policy(self):
         if self.cost_model is None:
@@ -287,7 +292,9 @@ class SpeculativeDecoder:
         p = sampling.probs(ver_logits, repeat=k + 1).view(R, k + 1, -1)
         q = None if self.greedy_drafts else proposal.probs[:, :k].float()
         anchors = to_device([len(s.token_ids) - 1 for s in drafted_seqs], dev, torch.int64)
-        out = rejection_sample(
+        # synthetic (timing only): acceptance drawn from the configured curve instead of p and q
+        accept = self.drafter.accept if isinstance(self.drafter, SyntheticDrafter) else rejection_sample
+        out = accept(
             proposal.tokens[:, :k], to_device(verify_lens, dev), p, q, to_device(sampling.greedy, dev),
             sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, k + 1),
         )

@@ -133,3 +133,20 @@ def test_graph_padded_cost_prices_the_graph_a_step_runs():
     # 3 requests pad to 4; 3 + 2 drafts fit 4 x 3 rows; 3 + 9 drafts need 4 x 5; no drafts: 4 x 1
     assert step_verify_ms(cost, 3, [3, 5, 12, 13, 20, 33]).tolist() == [4.0, 12.0, 12.0, 20.0, 20.0, 33.0]
     assert step_verify_ms(Linear(), 3, [3, 5]).tolist() == [3.0, 5.0]  # a plain cost model: tokens alone
+
+
+def test_synthetic_method_through_the_graphs(pair):
+    """method "synthetic": the graphed step drafts with the stand-in, accepts by the curve."""
+    curve = [0.9, 0.5, 0.5, 0.5]
+    cfg = {"method": "synthetic", "num_speculative_tokens": 4, "synthetic_acceptance": curve,
+           "synthetic_confidence_noise": 0.0}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    spec = llm.llm_engine.spec
+    graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
+    graphed.capture(eager=True)
+    spec.use_graphs(graphed)
+    llm.generate(_prompts(6), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
+    st = llm.llm_engine.stats
+    assert graphed.num_steps > 20 and st.synthetic_acceptance
+    n, a = st.verified_per_pos[0], st.accepted_per_pos[0]
+    assert abs(a / n - 0.9) < 4 * (0.9 * 0.1 / n) ** 0.5, (a, n)

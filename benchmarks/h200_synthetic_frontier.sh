@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The frontier of a Qwen3 shape on random weights with SYNTHETIC acceptance (timing only), on one
+# H200: the speculative arms use "method": "synthetic" (a 1-layer DSpark drafter on random weights
+# proposes; acceptance per position is drawn from the conditional-acceptance curve measured on the
+# real code-0.6b pair), so the step costs are the shape's and the acceptance is the pair's.
+#
+#   bash benchmarks/h200_synthetic_frontier.sh OUT_DIR [SHAPE] [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]
+#
+# Defaults: qwen3-8b, none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens (the
+# real frontier's settings, benchmarks/h200_frontier.sh). The curve is read from $CURVE_FROM
+# (default: the pair.json the real frontier ran on), at the same temperature; pair.json is copied
+# beside the result. Every row of the result says "synthetic acceptance: timing only".
+# CPU smoke test of the same path: DEVICE=cpu SHAPE_OVERRIDES='{"num_hidden_layers": 2, ...}'.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: h200_synthetic_frontier.sh OUT_DIR [SHAPE] [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]}
+SHAPE=${2:-qwen3-8b}
+ARMS=${3:-none,fixed:7,adaptive:7}
+CONC=${4:-1,16,64,256}
+TEMP=${5:-0}
+REPEATS=${6:-2}
+CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/frontier_pair/pair.json}
+PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+CURVE=$("$PYTHON" -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = 'T=%g' % float(sys.argv[2])
+print(','.join('%.4f' % x for x in d['heldout'][t]['cond_acceptance']))" "$CURVE_FROM" "$TEMP")
+echo "synthetic acceptance (timing only) from $CURVE_FROM at T=$TEMP: $CURVE"
+cp "$CURVE_FROM" "$OUT/pair.json"
+"$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" --arms "$ARMS" \
+  --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len 64 --device "${DEVICE:-cuda}" \
+  ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} --out "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"

@@ -1,0 +1,53 @@
+"""benchmarks/offline_sweep.py with --shape (random weights) and --synthetic-acceptance, at a small
+Qwen3 shape on the CPU: the plumbing the GPU's Qwen3-8B synthetic frontier uses."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LABEL = "synthetic acceptance: timing only"
+SMALL = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 8192, "max_position_embeddings": 512}
+
+
+@pytest.mark.slow
+def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
+    out = tmp_path / "sweep.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ADASPEC_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run(
+        [sys.executable, "benchmarks/offline_sweep.py", "--shape", "qwen3-0.6b", "--shape-overrides", json.dumps(SMALL),
+         "--arms", "none,fixed:3,adaptive:3", "--synthetic-acceptance", "0.6,0.5,0.7", "--concurrency", "1,2",
+         "--num-prompts", "2", "--output-len", "6", "--repeats", "1", "--max-prompt-tokens", "32", "--device", "cpu",
+         "--threads", "2", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"*** {LABEL}" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["synthetic_acceptance"] == LABEL and d["args"]["shape"] == "qwen3-0.6b"
+    assert {(x["arm"], x["concurrency"]) for x in d["rows"]} == {(a, c) for a in ("none", "fixed:3", "adaptive:3")
+                                                                  for c in (1, 2)}
+    for row in d["rows"]:
+        assert row["total_output_tokens"] == row["num_prompts"] * 6
+        if row["arm"] == "none":  # the no-spec arm: no speculative config at all, so no label
+            assert "synthetic_acceptance" not in row and row["mean_accepted_length"] is None
+        else:
+            assert row["synthetic_acceptance"] == LABEL
+    fixed = [x for x in d["rows"] if x["arm"] == "fixed:3"]
+    assert all(x["mean_accepted_length"] is not None for x in fixed)
+
+
+def test_arm_configs_of_a_synthetic_sweep():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from offline_sweep import arm_config
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    keys = {"synthetic_acceptance": [0.6, 0.5], "synthetic_confidence_noise": 0.05}
+    assert arm_config("none", None, 0.0, keys) is None
+    assert arm_config("fixed:2", None, 0.0, keys) == {"method": "synthetic", "num_speculative_tokens": 2,
+                                                      "draft_sample_method": "greedy", **keys}
+    assert arm_config("adaptive:2", None, 1.0, None)["method"] == "dspark"
