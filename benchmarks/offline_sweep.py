@@ -172,7 +172,10 @@ def main() -> None:
             llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
             n = args.num_prompts or max(8, 2 * c)
             params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
-            run_point(llm, prompts[:2], SamplingParams(temperature=args.temperature, max_tokens=4, ignore_eos=True))  # warm-up
+            # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
+            # batch shape compile kernels (Triton tiles, torch.compile guards), which must not be timed
+            warm = [prompts[i % len(prompts)] for i in range(c)]
+            run_point(llm, warm, SamplingParams(temperature=args.temperature, max_tokens=8, ignore_eos=True))
             for r in range(args.repeats):
                 sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
                 torch.manual_seed(r)
