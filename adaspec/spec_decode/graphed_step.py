@@ -323,10 +323,19 @@ class GraphPaddedCost:
         return self.cost.verify_ms(n_tokens)
 
     def verify_ms_for(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
+        """verify_ms of the padded row counts, vectorized (the policy asks for every B at once)."""
         tokens = np.atleast_1d(np.asarray(tokens, dtype=np.int64))
-        padded = np.array([self._padded(num_requests, int(t)) for t in tokens], dtype=np.int64)
-        return np.asarray(self.cost.verify_ms(padded), dtype=np.float64).reshape(padded.shape)
+        return np.asarray(self.cost.verify_ms(self.padded(num_requests, tokens)), dtype=np.float64).reshape(tokens.shape)
 
-    def _padded(self, num_requests: int, tokens: int) -> int:
-        key = self.graphed.pick(num_requests, tokens, drafting=tokens > num_requests)
-        return tokens if key is None else key[0] * key[1]
+    def padded(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
+        """The token rows the graph that pick() chooses runs (tokens itself where no graph covers)."""
+        g = self.graphed
+        if not g.verify_graphs or num_requests > g.batch_sizes[-1]:
+            return tokens
+        b = next(x for x in g.batch_sizes if x >= num_requests)
+        levels = np.asarray(g.levels, dtype=np.int64)
+        # the smallest level whose b*q holds the tokens; steps with drafts skip the q = 1 level
+        idx = np.searchsorted(b * levels, tokens, side="left")
+        idx = np.where((tokens > num_requests) & (levels[np.minimum(idx, len(levels) - 1)] == 1), idx + 1, idx)
+        covered = idx < len(levels)
+        return np.where(covered, b * levels[np.minimum(idx, len(levels) - 1)], tokens)

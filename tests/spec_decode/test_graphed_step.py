@@ -150,3 +150,21 @@ def test_synthetic_method_through_the_graphs(pair):
     assert graphed.num_steps > 20 and st.synthetic_acceptance
     n, a = st.verified_per_pos[0], st.accepted_per_pos[0]
     assert abs(a / n - 0.9) < 4 * (0.9 * 0.1 / n) ** 0.5, (a, n)
+
+
+def test_graph_padded_cost_matches_pick_everywhere():
+    from adaspec.engine.cuda_graphs import capture_sizes
+    from adaspec.spec_decode.graphed_step import GraphPaddedCost
+
+    class Graphs:
+        batch_sizes, levels, verify_graphs = capture_sizes(64), query_levels(7), {None: None}
+        pick = GraphedSpecStep.pick
+
+    cost = GraphPaddedCost(None, Graphs())
+    for r in (1, 3, 8, 13, 64, 65):
+        tokens = np.arange(r, r * 8 + 3)
+        want = []
+        for t in tokens:
+            key = Graphs().pick(r, int(t), drafting=t > r)
+            want.append(int(t) if key is None else key[0] * key[1])
+        assert cost.padded(r, tokens).tolist() == want, r
