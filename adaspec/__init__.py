@@ -6,12 +6,12 @@ import os as _os
 # on the 2-core developer machines (tiny, batch 16: 45 -> 1070 tok/s with PASSIVE). It must be
 # set before torch initializes OpenMP, hence here, before anything imports torch.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from adaspec.sampling_params import SamplingParams
+from adaspec.sampling_params import RequestOutputKind, SamplingParams
 from adaspec.outputs import CompletionOutput, RequestOutput
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name):  # lazy: importing adaspec must not import torch

@@ -1,12 +1,13 @@
 """The offline API, shaped like vLLM's: LLM(model, **engine_args).generate(prompts, params)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence as Seq
 
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
 from adaspec.outputs import RequestOutput
-from adaspec.sampling_params import SamplingParams
+from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -34,6 +35,9 @@ class LLM:
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         if len(params) != len(prompts):
             raise InvalidRequestError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        # only finished outputs are read here: the engine need not report the others every step
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) if isinstance(p, SamplingParams)
+                  else p for p in params]
         engine = self.llm_engine
         ids = []
         try:

@@ -1,9 +1,19 @@
 """SamplingParams: vLLM's names and defaults, validated once at construction."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
+
+
+class RequestOutputKind(enum.Enum):
+    """What LLMEngine.step reports for a request (vLLM's names): CUMULATIVE, its whole output so
+    far after every step; FINAL_ONLY, nothing until it finishes (LLM.generate: no per-step copy of
+    every request's tokens, which grows with the output length)."""
+
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by e.g. 1e-39
 # overflows to inf and the softmax to NaN, so such a request would end at once.
@@ -33,6 +43,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs to return per token (0: just the chosen)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

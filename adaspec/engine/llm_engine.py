@@ -26,7 +26,7 @@ from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
-from adaspec.sampling_params import SamplingParams
+from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger("adaspec.engine")
 
@@ -229,6 +229,8 @@ class LLMEngine:
             self.stats.num_generated_tokens += n
             if seq.finish_reason is not None:
                 self._finish(seq)
+            elif seq.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                continue
             outputs.append(self._output(seq, n))
         self.stats.time_bookkeeping += time.perf_counter() - t1
         return outputs

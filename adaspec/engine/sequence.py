@@ -33,6 +33,7 @@ class Sequence:
         self.seed = seed_to_int64(params.seed) if params.seed is not None else new_seed()
         # text state (see detokenizer.py)
         self.output_text = ""  # stable text exposed to clients
+        self.text_stream = None  # incremental detokenizer (StopChecker), made at the first append
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0

@@ -32,8 +32,11 @@ class StopChecker:
         p = seq.params
         appended = 0
         text_set = False  # a stop string already cut the text
+        stream = self._stream(seq)
         for i, tok in enumerate(tokens):
             seq.token_ids.append(tok)
+            if stream is not None:
+                stream.step(tok)
             if seq.logprobs is not None and logprobs is not None:
                 seq.logprobs.append(logprobs[i])
             appended += 1
@@ -53,6 +56,18 @@ class StopChecker:
             self._update_text(seq)
         return appended
 
+    def _stream(self, seq: Sequence):
+        """The request's incremental detokenizer, or None where the text is decoded whole: stop
+        strings (their window logic works on the full text) and no tokenizer."""
+        if self.tokenizer is None or seq.params.stop:
+            return None
+        stream = getattr(seq, "text_stream", None)
+        if stream is None:
+            stream = seq.text_stream = self.tokenizer.decode_stream(seq.params.skip_special_tokens)
+            for tok in seq.output_token_ids:  # tokens appended before the stream existed
+                stream.step(tok)
+        return stream
+
     def _decode(self, seq: Sequence) -> str:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
 
@@ -70,6 +85,11 @@ class StopChecker:
         return False
 
     def _update_text(self, seq: Sequence) -> None:
+        stream = getattr(seq, "text_stream", None)
+        if stream is not None and seq.finish_reason is None:
+            seq.output_text = stream.text  # complete characters only, and it never shrinks
+            return
+        # a finished request (or one with stop strings) gets the whole output decoded once
         text = self._decode(seq)
         if seq.finish_reason is None:
             # hold back what may still turn into a stop string, and an unfinished UTF-8 sequence

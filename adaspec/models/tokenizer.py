@@ -78,6 +78,11 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        """An incremental detokenizer: O(1) work per token instead of decoding the whole output
+        again every step (the tokenizers library's DecodeStream, as vLLM's fast detokenizer)."""
+        return IncrementalDecoder(self._tok, skip_special_tokens)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
@@ -104,3 +109,19 @@ class Tokenizer:
 
 def _raise(msg):
     raise InvalidRequestError(str(msg), param="messages")
+
+
+class IncrementalDecoder:
+    """Text of a growing token sequence, one token at a time. `text` only grows; a token that
+    ends inside a UTF-8 character adds nothing until the character is complete."""
+
+    def __init__(self, hf_tokenizer, skip_special_tokens: bool):
+        from tokenizers.decoders import DecodeStream
+
+        self._tok, self._stream, self.text = hf_tokenizer, DecodeStream(skip_special_tokens=skip_special_tokens), ""
+
+    def step(self, token_id: int) -> str:
+        piece = self._stream.step(self._tok, token_id)
+        if piece:
+            self.text += piece
+        return self.text
