@@ -12,7 +12,9 @@
 # (pair.json is copied beside it), and arms from different builds are never merged: one command,
 # one build, one frontier. Give ADASPEC_COMMIT=<sha> so the results name the commit measured.
 #
-# MODE=offline: defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens;
+# MODE=offline: every arm's engine is loaded at once with the same 16 GiB KV cache and each repeat
+#   visits the arms in a rotated order (offline_sweep.py --interleave; INTERLEAVE_ARGS= turns it off,
+#   e.g. for shapes whose engines do not fit together). Defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens;
 #   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it). A
 #   grid that does not fit is stopped in time; the JSON then holds the points that finished
 #   ("partial": true) and their table is printed.
@@ -48,7 +50,7 @@ case "$MODE" in
     set +e
     timeout -s TERM -k 10 "$LEFT" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" \
       --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
-      --device "${DEVICE:-cuda}" --out "$OUT/frontier_T${TEMP}.json"
+      --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} --out "$OUT/frontier_T${TEMP}.json"
     RC=$?
     set -e
     if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_T${TEMP}.json" ]; then

@@ -137,6 +137,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--interleave", action="store_true",
+                    help="load every arm's engine at once and rotate the arms' order each repeat (needs "
+                         "memory for all of them; give --kv-cache-gib so each gets the same KV cache)")
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="KV cache per engine (default: the engine's, a share of free memory at load time)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -157,39 +162,67 @@ def main() -> None:
         ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
-    for arm in args.arms.split(","):
+    arms = args.arms.split(",")
+    kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
+    state = {"label": None}
+
+    def load(arm):
         cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
-        llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg, **engine_args)
+        llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg,
+                  **engine_args, **kv)
         # "synthetic acceptance: timing only" when the arm's acceptance follows the configured curve
         arm_label = llm.llm_engine.stats.synthetic_acceptance
-        label = label or arm_label
+        state["label"] = state["label"] or arm_label
         if args.shape:
             prompts = shape_prompts
         else:
             tok = llm.get_tokenizer()
             prompts = [tok.encode(t)[-args.max_prompt_tokens:] for t in texts]
-        for c in concs:
-            llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
-            n = args.num_prompts or max(8, 2 * c)
-            params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
+        return llm, arm_label, prompts
+
+    warmed = set()
+
+    def measure(arm, llm, arm_label, prompts, c, r):
+        llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
+        n = args.num_prompts or max(8, 2 * c)
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
+        if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
             # batch shape compile kernels (Triton tiles, torch.compile guards), which must not be timed
             warm = [prompts[i % len(prompts)] for i in range(c)]
             run_point(llm, warm, SamplingParams(temperature=args.temperature, max_tokens=8, ignore_eos=True))
-            for r in range(args.repeats):
-                sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
-                torch.manual_seed(r)
-                res = run_point(llm, sel, params)
-                rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res,
-                                 **({"synthetic_acceptance": arm_label} if arm_label else {})))
-                if args.out:  # after every point: a run cut short keeps what it measured
-                    with open(args.out, "w") as fh:
-                        json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
-                                       rows=rows, partial=True), fh, indent=1)
-                print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
-                      f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
-                      flush=True)
-        del llm
+            warmed.add((arm, c))
+        sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
+        torch.manual_seed(r)
+        res = run_point(llm, sel, params)
+        rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res,
+                         **({"synthetic_acceptance": arm_label} if arm_label else {})))
+        if args.out:  # after every point: a run cut short keeps what it measured
+            label = state["label"]
+            with open(args.out, "w") as fh:
+                json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
+                               rows=rows, partial=True), fh, indent=1)
+        print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
+              f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
+              flush=True)
+
+    if args.interleave:
+        # every arm's engine stays loaded; each repeat visits the arms in a rotated order, so no arm
+        # is always the first to run a concurrency (the order effects a one-arm-at-a-time sweep has)
+        loaded = {arm: load(arm) for arm in arms}
+        for r in range(args.repeats):
+            for c in concs:
+                for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
+                    measure(arm, *loaded[arm], c, r)
+        del loaded
+    else:
+        for arm in arms:
+            llm, arm_label, prompts = load(arm)
+            for c in concs:
+                for r in range(args.repeats):
+                    measure(arm, llm, arm_label, prompts, c, r)
+            del llm
+    label = state["label"]
     # summary: mean +- std over repeats
     print()
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.machine() + " CPU"
