@@ -186,9 +186,8 @@ class GraphedSpecStep:
             p = p_rows[rows.reshape(-1)].view(b, K + 1, -1)
             argmax = logits.argmax(-1)[rows]
             accept = getattr(self.drafter, "accept", rejection_sample)  # synthetic: the curve decides
-            out = accept(self.drafts[:b], (nq - 1).clamp_min(0), p,
-                                   None if self.draft_q is None else self.draft_q[:b], greedy, seeds, start,
-                                   target_argmax=argmax)
+            out = accept(self.drafts[:b], (nq - 1).clamp_min(0), p, None if self.draft_q is None else self.draft_q[:b],
+                         greedy, seeds, start, target_argmax=argmax)
             rb[:, : K + 1] = out.output_tokens
             rb[:, K + 1] = out.num_accepted
         rb[:, self.k + 2] = nq
