@@ -1,0 +1,169 @@
+"""Rank 0: starts the workers (torch.multiprocessing spawn), joins the process group with
+them, announces each mirrored model call, watches the workers and shuts them down.
+
+Failure handling: a monitor thread waits on the workers' process sentinels. When one dies,
+it logs which rank died and how (exit code, signal, or the worker's own traceback), ends the
+other workers, and marks the engine failed: the call that was running (a gloo collective
+fails at once when a peer's socket closes) or the next one raises WorkerDiedError. If rank 0
+does not surface that within a few seconds (it may be blocked in an NCCL collective that never
+completes, or idle), the process exits with status 1: a server must not stay up without its
+workers."""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+from torch.multiprocessing.spawn import ProcessException
+
+from adaspec.distributed.context import TPContext, WorkerDiedError, collective_timeout
+from adaspec.distributed.mirror import Mirror, broadcast_tensor, encode
+from adaspec.errors import ConfigError
+
+log = logging.getLogger("adaspec.tp")
+
+SURFACE_GRACE_S = 5.0  # how long rank 0 may take to raise a worker's death before the process exits
+
+
+def check_config(config, device: torch.device) -> None:
+    """Refuse what cannot be sharded before any process starts."""
+    from adaspec.distributed.sharding import check_shardable
+    from adaspec.models.loader import load_config, model_dir
+
+    size = config.tensor_parallel_size
+    if device.type == "cuda":
+        if device.index not in (None, 0):
+            raise ConfigError(f"tensor_parallel_size={size} uses cuda:0..cuda:{size - 1}; "
+                              f"use --device cuda, not {device}")
+        n = torch.cuda.device_count()
+        if size > n:
+            raise ConfigError(f"tensor_parallel_size={size} exceeds the {n} CUDA device(s) of this host")
+    check_shardable(load_config(model_dir(config.model)), size, "the target")
+    if config.speculative_config:
+        from adaspec.config import SpeculativeConfig
+        from adaspec.models.drafter import load_drafter_config
+        from adaspec.models.registry import DEFAULT_DRAFTERS
+
+        name = SpeculativeConfig.from_dict(dict(config.speculative_config)).model or \
+            DEFAULT_DRAFTERS.get(str(config.model))
+        if name is not None:
+            check_shardable(load_drafter_config(name)[0].base, size, "the drafter")
+
+
+def start_driver(config, device: torch.device) -> "Driver":
+    check_config(config, device)
+    if device.type == "cuda":
+        device = torch.device("cuda", 0)
+    from adaspec.distributed.worker import worker_main
+
+    size = config.tensor_parallel_size
+    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
+                          timeout=collective_timeout())
+    ctx = tmp.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(size - 1)]  # (worker's read end, our write end)
+    procs = tmp.start_processes(
+        worker_main, args=(config, store.port, size, [r for r, _ in pipes], os.getpid()),
+        nprocs=size - 1, join=False, start_method="spawn")
+    for r, _ in pipes:
+        r.close()
+    driver = Driver(size, device, procs, [w for _, w in pipes])
+    driver.init_process_group(store)
+    return driver
+
+
+class Driver(TPContext):
+    def __init__(self, size: int, device: torch.device, procs, conns):
+        super().__init__(0, size, device)
+        self.procs, self.conns = procs, conns
+        self.failure: str | None = None  # set by the monitor when a worker died
+        self.surfaced = threading.Event()  # the failure was raised to the engine's caller
+        self.ready = False  # the engine reached its first mirror(): init collectives are over
+        self.last_call = 0.0
+        self._stopping = False
+        self._monitor = threading.Thread(target=self._watch, name="adaspec-tp-monitor", daemon=True)
+        self._monitor.start()
+        atexit.register(self.shutdown)
+
+    def mirror(self, name: str, obj):
+        self.ready = True
+        return Mirror(name, obj, self)
+
+    # -- one mirrored call -------------------------------------------------------------------
+    def call(self, name: str, method: str, fn, args, kwargs):
+        if self.failure is not None:
+            self._surface()
+        self.last_call = time.monotonic()
+        data, tensors = encode((name, method, args, kwargs), self.resident_base)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+            for t in tensors:
+                broadcast_tensor(t, self)
+            return fn(*args, **kwargs)
+        except Exception as e:
+            # a collective or the pipe failed: if a worker died, say so instead
+            deadline = time.monotonic() + 3.0
+            while self.failure is None and time.monotonic() < deadline and not self._stopping:
+                time.sleep(0.05)
+            if self.failure is not None:
+                self._surface(e)
+            raise
+
+    def _surface(self, cause: BaseException | None = None):
+        self.surfaced.set()
+        raise WorkerDiedError(self.failure) from cause
+
+    # -- watching the workers ------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopping:
+            try:
+                if self.procs.join(timeout=0.5, grace_period=0.5):
+                    return  # all workers exited normally (shutdown)
+            except ProcessException as e:
+                if self._stopping:
+                    return
+                self._fail(e)
+                return
+
+    def _fail(self, e) -> None:
+        rank = e.error_index + 1
+        how = str(e).strip().replace(f"process {e.error_index:d} ", "")
+        self.failure = (f"tensor-parallel worker rank {rank} (pid {e.error_pid}) {how}; the engine stops "
+                        f"(every rank must run every step)")
+        log.error("%s", self.failure)
+        if not self.ready:
+            return  # start-up: rank 0's own collective fails (gloo) or times out (ADASPEC_TP_TIMEOUT_S)
+        if self.surfaced.wait(SURFACE_GRACE_S):
+            return
+        log.error("rank 0 did not stop within %.0f s of the worker's death; exiting with status 1", SURFACE_GRACE_S)
+        logging.shutdown()
+        os._exit(1)
+
+    # -- shutdown ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Tell the workers to stop, wait for them (then kill stragglers), leave the group."""
+        if self._stopping:
+            return
+        self._stopping = True
+        atexit.unregister(self.shutdown)
+        for conn in self.conns:
+            try:
+                conn.send_bytes(b"shutdown")
+                conn.close()
+            except OSError:
+                pass
+        self._monitor.join(2.0)  # it notices _stopping within a second; only then do we reap the workers
+        deadline = time.monotonic() + 10.0
+        for p in self.procs.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                log.warning("tensor-parallel worker pid %d did not stop; killing it", p.pid)
+                p.kill()
+                p.join(5.0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
