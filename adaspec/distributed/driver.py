@@ -57,6 +57,9 @@ def check_config(config, device: torch.device) -> None:
 
 def start_driver(config, device: torch.device) -> "Driver":
     check_config(config, device)
+    if dist.is_initialized():  # rank 0 joins the default group, of which a process has one
+        raise ConfigError("this process already belongs to a torch.distributed group (another tensor-parallel "
+                          "engine?); shut that engine down first (LLMEngine.shutdown())")
     if device.type == "cuda":
         device = torch.device("cuda", 0)
     from adaspec.distributed.worker import worker_main
