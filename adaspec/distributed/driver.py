@@ -79,6 +79,11 @@ def start_driver(config, device: torch.device) -> "Driver":
     return driver
 
 
+def _is_timeout(e: BaseException) -> bool:
+    """A collective that waited its timeout (gloo raises RuntimeError "Timed out waiting ...")."""
+    return isinstance(e, (RuntimeError, dist.DistError)) and "timed out" in str(e).lower()
+
+
 class Driver(TPContext):
     def __init__(self, size: int, device: torch.device, procs, conns):
         super().__init__(0, size, device)
@@ -87,7 +92,8 @@ class Driver(TPContext):
         self.surfaced = threading.Event()  # the failure was raised to the engine's caller
         self.ready = False  # the engine reached its first mirror(): init collectives are over
         self.last_call = 0.0
-        self._stopping = False
+        self._stopping = False  # worker exits from now on are expected (shutdown, or we killed them)
+        self._shut = False
         self._monitor = threading.Thread(target=self._watch, name="adaspec-tp-monitor", daemon=True)
         self._monitor.start()
         atexit.register(self.shutdown)
@@ -113,6 +119,12 @@ class Driver(TPContext):
             deadline = time.monotonic() + 3.0
             while self.failure is None and time.monotonic() < deadline and not self._stopping:
                 time.sleep(0.05)
+            if self.failure is None and _is_timeout(e):  # alive but not answering: hung
+                self.failure = (f"a tensor-parallel collective failed while every worker process is alive "
+                                f"(a hung worker? collectives wait ADASPEC_TP_TIMEOUT_S="
+                                f"{collective_timeout().total_seconds():.0f} s): {str(e).splitlines()[0]}")
+                log.error("%s", self.failure)
+                self._kill_workers()
             if self.failure is not None:
                 self._surface(e)
             raise
@@ -147,12 +159,18 @@ class Driver(TPContext):
         logging.shutdown()
         os._exit(1)
 
+    def _kill_workers(self) -> None:
+        self._stopping = True  # the monitor must not report the kills as deaths
+        for p in self.procs.processes:
+            if p.is_alive():
+                p.kill()
+
     # -- shutdown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Tell the workers to stop, wait for them (then kill stragglers), leave the group."""
-        if self._stopping:
+        if self._shut:
             return
-        self._stopping = True
+        self._shut = self._stopping = True
         atexit.unregister(self.shutdown)
         for conn in self.conns:
             try:

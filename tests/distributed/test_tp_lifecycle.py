@@ -49,3 +49,33 @@ def test_a_dead_worker_ends_the_engine_with_a_clear_error(sig):
             proc.communicate()
     assert proc.returncode != 0
     assert "WorkerDiedError" in err and "tensor-parallel worker rank 1" in err and "SIGKILL" in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_hung_worker_ends_the_engine_with_a_clear_error():
+    """SIGSTOP: the worker is alive but answers nothing; the collective times out
+    (ADASPEC_TP_TIMEOUT_S) and rank 0 exits non-zero naming the cause."""
+    script = Path(__file__).with_name("tp_victim.py")
+    env = {**os.environ, "ADASPEC_TP_TIMEOUT_S": "15",
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    worker = None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("workers"), proc.stderr.read()
+        worker = int(line.split()[1])
+        assert proc.stdout.readline().strip() == "step"
+        os.kill(worker, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if worker is not None:
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    assert "WorkerDiedError" in err and "hung worker" in err, err[-3000:]
