@@ -39,7 +39,7 @@ class EngineConfig:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             v = getattr(self, name)

@@ -25,57 +25,66 @@ def test_workers_stop_on_shutdown():
     LLM("tiny", tensor_parallel_size=2, **KW).llm_engine.shutdown()  # the process can start another
 
 
+def _victim(*args, **env):
+    script = Path(__file__).with_name("tp_victim.py")
+    env = {**os.environ, **env,
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("workers"):
+        proc.kill()
+        pytest.fail(proc.communicate()[1][-3000:])
+    return proc, int(line.split()[1])
+
+
+def _finish(proc, worker=None):
+    """-> stderr once proc exits (killed after 120 s: the test then fails on its exit status)."""
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = proc.communicate()[1] + "\n(test: killed after 120 s)"
+    if worker is not None:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_dead_worker_ends_the_engine_with_a_clear_error(sig):
     """SIGKILL: the worker dies, rank 0 raises and exits non-zero. SIGTERM is ignored by workers
     (rank 0 handles it and drains): the engine keeps running until we kill it."""
-    script = Path(__file__).with_name("tp_victim.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("workers"), proc.stderr.read()
-        worker = int(line.split()[1])
-        assert proc.stdout.readline().strip() == "step"  # it runs steps with the worker
-        os.kill(worker, sig)
-        if sig == signal.SIGTERM:
-            assert proc.stdout.readline().strip() == "step"  # still serving after the signal
-            os.kill(worker, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc, worker = _victim()
+    assert proc.stdout.readline().strip() == "step"  # it runs steps with the worker
+    os.kill(worker, sig)
+    if sig == signal.SIGTERM:
+        assert proc.stdout.readline().strip() == "step"  # still serving after the signal
+        os.kill(worker, signal.SIGKILL)
+    err = _finish(proc)
     assert proc.returncode != 0
     assert "WorkerDiedError" in err and "tensor-parallel worker rank 1" in err and "SIGKILL" in err, err[-3000:]
+
+
+def test_a_worker_dying_while_the_engine_is_idle_ends_the_process():
+    """No step runs to raise the error: the monitor logs it and the process exits with status 1."""
+    proc, worker = _victim("idle")
+    assert proc.stdout.readline().strip() == "step"
+    os.kill(worker, signal.SIGKILL)
+    err = _finish(proc)
+    assert proc.returncode == 1
+    assert "tensor-parallel worker rank 1" in err and "exiting with status 1" in err, err[-3000:]
 
 
 @pytest.mark.slow
 def test_a_hung_worker_ends_the_engine_with_a_clear_error():
     """SIGSTOP: the worker is alive but answers nothing; the collective times out
     (ADASPEC_TP_TIMEOUT_S) and rank 0 exits non-zero naming the cause."""
-    script = Path(__file__).with_name("tp_victim.py")
-    env = {**os.environ, "ADASPEC_TP_TIMEOUT_S": "15",
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    worker = None
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("workers"), proc.stderr.read()
-        worker = int(line.split()[1])
-        assert proc.stdout.readline().strip() == "step"
-        os.kill(worker, signal.SIGSTOP)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if worker is not None:
-            try:
-                os.kill(worker, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    proc, worker = _victim(ADASPEC_TP_TIMEOUT_S="15")
+    assert proc.stdout.readline().strip() == "step"
+    os.kill(worker, signal.SIGSTOP)
+    err = _finish(proc, worker)
     assert proc.returncode != 0
     assert "WorkerDiedError" in err and "hung worker" in err, err[-3000:]
