@@ -25,6 +25,20 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("ADASPEC_TP_TIMEOUT_S", "300")))
 
 
+def leave_group(timeout_s: float = 10.0) -> bool:
+    """destroy_process_group, given up after timeout_s (it has been seen to hang after NCCL work
+    was captured in CUDA graphs, pytorch#115388): a stuck teardown must not keep the process
+    alive. -> whether it finished."""
+    import threading
+
+    if not dist.is_initialized():
+        return True
+    t = threading.Thread(target=dist.destroy_process_group, name="adaspec-tp-destroy", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return not t.is_alive()
+
+
 class TPContext:
     def __init__(self, rank: int, size: int, device: torch.device):
         self.rank, self.size, self.device = rank, size, device

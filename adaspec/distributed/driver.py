@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 from torch.multiprocessing.spawn import ProcessException
 
-from adaspec.distributed.context import TPContext, WorkerDiedError, collective_timeout
+from adaspec.distributed.context import TPContext, WorkerDiedError, collective_timeout, leave_group
 from adaspec.distributed.mirror import Mirror, broadcast_tensor, encode
 from adaspec.errors import ConfigError
 
@@ -186,5 +186,5 @@ class Driver(TPContext):
                 log.warning("tensor-parallel worker pid %d did not stop; killing it", p.pid)
                 p.kill()
                 p.join(5.0)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if not leave_group():
+            log.warning("torch.distributed.destroy_process_group did not return within 10 s; left behind")

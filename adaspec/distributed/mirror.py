@@ -20,7 +20,11 @@ import torch.distributed as dist
 
 from adaspec.distributed import resident
 
-# the methods whose work runs collectives, per mirrored object; everything else stays local
+# The methods whose work runs collectives, per mirrored object; everything else stays local.
+# Rule for new code: every call that runs the sharded model (a new graphed propose, a new
+# runner entry point) must be such a method of an object the engine passes through
+# `tp.mirror(name, obj)` on every rank; a call made on rank 0 alone would leave its
+# collectives waiting for the workers (gloo: ADASPEC_TP_TIMEOUT_S; NCCL: for ever).
 MIRRORED_METHODS = {
     "runner": ("execute",),
     "drafter": ("propose", "write_context", "backbone_step"),

@@ -76,8 +76,7 @@ def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int
         worker.serve(conn)  # `engine` holds the KV caches the calls name
         del engine
     finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        context.leave_group()
 
 
 def allocate_drafter_caches(engine, drafter_setup, num_slots: int) -> None:
