@@ -15,4 +15,6 @@ order, so that the collectives inside the model meet.
 - ``driver`` (rank 0) and ``worker`` (ranks >= 1): process start, rendezvous, the workers'
   loop, death detection and shutdown.
 """
-from adaspec.distributed.context import TPContext, join_tensor_parallel  # noqa: F401
+__all__ = ["TPContext", "WorkerDiedError", "join_tensor_parallel"]
+
+from adaspec.distributed.context import TPContext, WorkerDiedError, join_tensor_parallel  # noqa: E402

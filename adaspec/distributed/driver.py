@@ -91,7 +91,6 @@ class Driver(TPContext):
         self.failure: str | None = None  # set by the monitor when a worker died
         self.surfaced = threading.Event()  # the failure was raised to the engine's caller
         self.ready = False  # the engine reached its first mirror(): init collectives are over
-        self.last_call = 0.0
         self._stopping = False  # worker exits from now on are expected (shutdown, or we killed them)
         self._shut = False
         self._monitor = threading.Thread(target=self._watch, name="adaspec-tp-monitor", daemon=True)
@@ -106,7 +105,6 @@ class Driver(TPContext):
     def call(self, name: str, method: str, fn, args, kwargs):
         if self.failure is not None:
             self._surface()
-        self.last_call = time.monotonic()
         data, tensors = encode((name, method, args, kwargs), self.resident_base)
         try:
             for conn in self.conns:

@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from adaspec.cli import build_parser
 

@@ -53,7 +53,7 @@ def _finish(proc, worker=None):
     return err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_dead_worker_ends_the_engine_with_a_clear_error(sig):
     """SIGKILL: the worker dies, rank 0 raises and exits non-zero. SIGTERM is ignored by workers
     (rank 0 handles it and drains): the engine keeps running until we kill it."""
@@ -68,6 +68,7 @@ def test_a_dead_worker_ends_the_engine_with_a_clear_error(sig):
     assert "WorkerDiedError" in err and "tensor-parallel worker rank 1" in err and "SIGKILL" in err, err[-3000:]
 
 
+@pytest.mark.slow
 def test_a_worker_dying_while_the_engine_is_idle_ends_the_process():
     """No step runs to raise the error: the monitor logs it and the process exits with status 1."""
     proc, worker = _victim("idle")
