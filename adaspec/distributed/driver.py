@@ -75,8 +75,14 @@ def start_driver(config, device: torch.device) -> "Driver":
     for r, _ in pipes:
         r.close()
     driver = Driver(size, device, procs, [w for _, w in pipes])
+    driver.wait_for_workers(store)
     driver.init_process_group(store)
     return driver
+
+
+STARTUP_HINT = ("; it failed while starting (its own error is on stderr). A script that builds a tensor-parallel "
+                "engine must do so under `if __name__ == \"__main__\":`: the workers are spawned and import the "
+                "script's main module")
 
 
 def _is_timeout(e: BaseException) -> bool:
@@ -96,6 +102,21 @@ class Driver(TPContext):
         self._monitor = threading.Thread(target=self._watch, name="adaspec-tp-monitor", daemon=True)
         self._monitor.start()
         atexit.register(self.shutdown)
+
+    def wait_for_workers(self, store) -> None:
+        """Until every worker process is up and about to join the group; a worker that fails
+        first (an import error, a script without the __main__ guard) raises here at once,
+        instead of rank 0 waiting out the group's timeout."""
+        keys = [f"adaspec/up/{r}" for r in range(1, self.size)]
+        deadline = time.monotonic() + collective_timeout().total_seconds()
+        while not store.check(keys):
+            if self.failure is not None or time.monotonic() > deadline:
+                failure = self.failure or "tensor-parallel workers did not start within ADASPEC_TP_TIMEOUT_S"
+                self.shutdown()
+                if "following error" not in failure:  # died before torch could record its traceback
+                    failure += STARTUP_HINT
+                raise WorkerDiedError(failure)
+            time.sleep(0.05)
 
     def mirror(self, name: str, obj):
         self.ready = True

@@ -67,8 +67,9 @@ def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int
     else:  # CPU ranks share the cores: do not oversubscribe them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     worker = Worker(rank, size, device)
-    worker.init_process_group(torch.distributed.TCPStore("127.0.0.1", port, size, is_master=False,
-                                                         timeout=context.collective_timeout()))
+    store = torch.distributed.TCPStore("127.0.0.1", port, size, is_master=False, timeout=context.collective_timeout())
+    store.set(f"adaspec/up/{rank}", "1")  # rank 0 waits for this while watching the processes (driver.py)
+    worker.init_process_group(store)
     context._WORKER = worker
     config = dataclasses.replace(config, skip_tokenizer_init=True)  # rank 0 alone reads and writes text
     engine = LLMEngine(config)  # returns once its part of the start-up (collectives included) is done

@@ -89,3 +89,15 @@ def test_a_hung_worker_ends_the_engine_with_a_clear_error():
     err = _finish(proc, worker)
     assert proc.returncode != 0
     assert "WorkerDiedError" in err and "hung worker" in err, err[-3000:]
+
+
+def test_a_script_without_the_main_guard_fails_fast_and_says_why(tmp_path):
+    """Spawned workers import the script's main module; unguarded, they die before joining the
+    group. Rank 0 must say so at once, not wait out the group's timeout."""
+    script = tmp_path / "unguarded.py"
+    script.write_text('from adaspec import LLM\nLLM("tiny", device="cpu", tensor_parallel_size=2, num_kv_blocks=64, '
+                      'max_model_len=256)\nprint("built")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode != 0 and "built" not in out.stdout
+    assert "WorkerDiedError" in out.stderr and 'if __name__ == "__main__":' in out.stderr, out.stderr[-3000:]
