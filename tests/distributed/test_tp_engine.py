@@ -1,5 +1,7 @@
 """The engine at tensor_parallel_size=2 (gloo, 2 CPU processes) produces the tokens it produces
 at size 1: greedy for the no-spec, fixed-k and adaptive arms, and seeded sampling."""
+import json
+
 import pytest
 
 from adaspec import LLM, SamplingParams
@@ -30,9 +32,13 @@ def _tokens(outs):
 def pair(request, tmp_path_factory):
     """(arm, TP=1 LLM, TP=2 LLM); the workers stop at teardown."""
     arm = request.param
-    kw = _kw(arm, tmp_path_factory.mktemp(f"cost-{arm}"))
+    cache = tmp_path_factory.mktemp(f"cost-{arm}")
+    kw = _kw(arm, cache)
     one = LLM("tiny", **kw)
     two = LLM("tiny", tensor_parallel_size=2, **kw)
+    if arm == "adaptive":  # both profiled (no shared cached tables): the TP size is part of the key
+        keys = [json.loads(f.read_text())["key"] for f in cache.glob("cost_model_*.json")]
+        assert sorted(k["tensor_parallel_size"] for k in keys) == [1, 2]
     yield arm, one, two
     two.llm_engine.shutdown()
 
