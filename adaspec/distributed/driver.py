@@ -22,7 +22,7 @@ import torch.multiprocessing as tmp
 from torch.multiprocessing.spawn import ProcessException
 
 from adaspec.distributed.context import TPContext, WorkerDiedError, collective_timeout, leave_group
-from adaspec.distributed.mirror import Mirror, broadcast_tensor, encode
+from adaspec.distributed.mirror import Mirror, broadcast_packed, encode
 from adaspec.errors import ConfigError
 
 log = logging.getLogger("adaspec.tp")
@@ -126,12 +126,12 @@ class Driver(TPContext):
     def call(self, name: str, method: str, fn, args, kwargs):
         if self.failure is not None:
             self._surface()
-        data, tensors = encode((name, method, args, kwargs), self.resident_base)
+        data, packed = encode((name, method, args, kwargs), self.resident_base)
         try:
             for conn in self.conns:
                 conn.send_bytes(data)
-            for t in tensors:
-                broadcast_tensor(t, self)
+            for buf in packed:
+                broadcast_packed(buf, self)
             return fn(*args, **kwargs)
         except Exception as e:
             # a collective or the pipe failed: if a worker died, say so instead

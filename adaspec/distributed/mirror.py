@@ -2,11 +2,12 @@
 
 A call is (object name, method name, args, kwargs), pickled with persistent ids:
 - a KV cache view (resident.py) becomes a reference; the worker substitutes its own cache;
-- any other tensor becomes a placeholder (shape, dtype, device kind) and travels by
-  torch.distributed.broadcast after the message, in the order the pickler met them (each
-  tensor once); the worker's unpickler receives them in that same order;
+- any other tensor becomes a placeholder (its index); the tensors of one call travel packed,
+  one torch.distributed.broadcast per device kind (the device group: NCCL on CUDA; gloo for
+  host tensors), their bytes laid end to end at 16-byte aligned offsets;
 - everything else (ForwardItem lists, SamplingBatch flags, host ints) is pickled as is.
-The message itself goes over a multiprocessing pipe per worker (send order = call order).
+The message (the tensors' shapes and dtypes, then the pickled call) goes over a
+multiprocessing pipe per worker, before the broadcasts; send order = call order.
 
 `Mirror` is the proxy rank 0's engine calls instead of the object: the named methods are
 announced then run locally; every other attribute is the object's own."""
@@ -46,38 +47,67 @@ class _Pickler(pickle.Pickler):
         if key not in self.seen:
             self.seen[key] = len(self.tensors)
             self.tensors.append(obj.detach().contiguous())
-        t = self.tensors[self.seen[key]]
-        return ("t", self.seen[key], tuple(t.shape), t.dtype, t.device.type)
+        return ("t", self.seen[key])
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, ctx):
+    def __init__(self, data: bytes, tensors: list[torch.Tensor], base: int):
         super().__init__(io.BytesIO(data))
-        self.ctx, self.tensors = ctx, {}
+        self.tensors, self.base = tensors, base
 
     def persistent_load(self, pid):
         if pid[0] == "kv":
-            return resident.resolve(*pid[1:], base=self.ctx.resident_base)
-        _, n, shape, dtype, kind = pid
-        if n not in self.tensors:  # first occurrence: it is the next broadcast
-            self.tensors[n] = self.ctx.receive_tensor(shape, dtype, kind)
-        return self.tensors[n]
+            return resident.resolve(*pid[1:], base=self.base)
+        return self.tensors[pid[1]]
+
+
+_ALIGN = 16
+
+
+def _layout(metas) -> dict[str, tuple[int, list[int]]]:
+    """device kind -> (packed bytes, byte offset of each tensor of that kind, in call order)."""
+    out: dict[str, tuple[int, list[int]]] = {}
+    for shape, dtype, kind in metas:
+        total, offsets = out.get(kind, (0, []))
+        offsets.append(total)
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        out[kind] = (total + -(-nbytes // _ALIGN) * _ALIGN, offsets)
+    return out
 
 
 def encode(call, base: int) -> tuple[bytes, list[torch.Tensor]]:
+    """-> (the message, the packed buffers to broadcast after it, one per device kind in sorted order)."""
     buf = io.BytesIO()
     p = _Pickler(buf, base)
     p.dump(call)
-    return buf.getvalue(), p.tensors
+    metas = [(tuple(t.shape), t.dtype, t.device.type) for t in p.tensors]
+    packed = []
+    for kind, (total, offsets) in sorted(_layout(metas).items()):
+        ts = [t for t in p.tensors if t.device.type == kind]
+        out = torch.empty(total, dtype=torch.uint8, device=ts[0].device)
+        for t, off in zip(ts, offsets):
+            out[off:off + t.numel() * t.element_size()].copy_(t.reshape(-1).view(torch.uint8))
+        packed.append(out)
+    return pickle.dumps((metas, buf.getvalue()), protocol=pickle.HIGHEST_PROTOCOL), packed
 
 
-def decode(data: bytes, ctx):
-    return _Unpickler(data, ctx).load()
+def decode(message: bytes, ctx):
+    """The worker's side: receive the packed tensors, then rebuild the call around them."""
+    metas, data = pickle.loads(message)
+    tensors: list[torch.Tensor | None] = [None] * len(metas)
+    for kind, (total, offsets) in sorted(_layout(metas).items()):
+        buf = ctx.receive_bytes(total, kind)
+        idx = [i for i, m in enumerate(metas) if m[2] == kind]
+        for i, off in zip(idx, offsets):
+            shape, dtype, _ = metas[i]
+            n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            tensors[i] = buf[off:off + n].view(dtype).view(shape)
+    return _Unpickler(data, tensors, ctx.resident_base).load()
 
 
-def broadcast_tensor(t: torch.Tensor, ctx) -> None:
-    if t.numel():
-        dist.broadcast(t, src=0, group=ctx.group_for(t.device.type))
+def broadcast_packed(buf: torch.Tensor, ctx) -> None:
+    if buf.numel():
+        dist.broadcast(buf, src=0, group=ctx.group_for(buf.device.type))
 
 
 class Mirror:

@@ -24,9 +24,10 @@ class Worker(context.TPContext):
         self.objects[name] = obj
         return obj
 
-    def receive_tensor(self, shape, dtype, kind: str) -> torch.Tensor:
-        t = torch.empty(shape, dtype=dtype, device=self.device if kind == self.device.type else "cpu")
-        if t.numel():
+    def receive_bytes(self, nbytes: int, kind: str) -> torch.Tensor:
+        """One packed broadcast from rank 0 (mirror.py) into a new buffer on this rank."""
+        t = torch.empty(nbytes, dtype=torch.uint8, device=self.device if kind == self.device.type else "cpu")
+        if nbytes:
             torch.distributed.broadcast(t, src=0, group=self.group_for(t.device.type))
         return t
 
