@@ -77,6 +77,14 @@ def run_size(model: str, tp: int, args, batches: list[int]) -> list[dict]:
                   f"{r['syncs_per_step']} syncs", flush=True)
     finally:
         eng.shutdown()
+        del eng  # the next size starts on a free GPU 0
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return out
 
 
