@@ -30,6 +30,11 @@ log = logging.getLogger("adaspec.tp")
 SURFACE_GRACE_S = 5.0  # how long rank 0 may take to raise a worker's death before the process exits
 
 
+def heartbeat_timeout() -> float:
+    """Seconds without a worker's heartbeat (a thread beating every 0.5 s) before it counts as hung."""
+    return float(os.environ.get("ADASPEC_TP_HEARTBEAT_S", "15"))
+
+
 def check_config(config, device: torch.device) -> None:
     """Refuse what cannot be sharded before any process starts."""
     from adaspec.distributed.sharding import check_shardable
@@ -69,12 +74,13 @@ def start_driver(config, device: torch.device) -> "Driver":
                           timeout=collective_timeout())
     ctx = tmp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(size - 1)]  # (worker's read end, our write end)
+    beats = [ctx.Value("d", 0.0, lock=False) for _ in range(size - 1)]  # each worker's last sign of life
     procs = tmp.start_processes(
-        worker_main, args=(config, store.port, size, [r for r, _ in pipes], os.getpid()),
+        worker_main, args=(config, store.port, size, [r for r, _ in pipes], os.getpid(), beats),
         nprocs=size - 1, join=False, start_method="spawn")
     for r, _ in pipes:
         r.close()
-    driver = Driver(size, device, procs, [w for _, w in pipes])
+    driver = Driver(size, device, procs, [w for _, w in pipes], beats)
     driver.wait_for_workers(store)
     driver.init_process_group(store)
     return driver
@@ -91,9 +97,9 @@ def _is_timeout(e: BaseException) -> bool:
 
 
 class Driver(TPContext):
-    def __init__(self, size: int, device: torch.device, procs, conns):
+    def __init__(self, size: int, device: torch.device, procs, conns, beats):
         super().__init__(0, size, device)
-        self.procs, self.conns = procs, conns
+        self.procs, self.conns, self.beats = procs, conns, beats
         self.failure: str | None = None  # set by the monitor when a worker died
         self.surfaced = threading.Event()  # the failure was raised to the engine's caller
         self.ready = False  # the engine reached its first mirror(): init collectives are over
@@ -154,21 +160,27 @@ class Driver(TPContext):
 
     # -- watching the workers ------------------------------------------------------------------
     def _watch(self) -> None:
+        limit = heartbeat_timeout()
         while not self._stopping:
             try:
                 if self.procs.join(timeout=0.5, grace_period=0.5):
                     return  # all workers exited normally (shutdown)
             except ProcessException as e:
-                if self._stopping:
-                    return
-                self._fail(e)
+                if not self._stopping:
+                    rank, how = e.error_index + 1, str(e).strip().replace(f"process {e.error_index:d} ", "")
+                    self._fail(f"tensor-parallel worker rank {rank} (pid {e.error_pid}) {how}")
                 return
+            now = time.monotonic()
+            for i, beat in enumerate(self.beats):  # alive but frozen (stopped, deadlocked): no heartbeat
+                if beat.value and now - beat.value > limit and not self._stopping:
+                    self._kill_workers()
+                    self._fail(f"tensor-parallel worker rank {i + 1} (pid {self.procs.processes[i].pid}) has "
+                               f"given no sign of life for {now - beat.value:.0f} s (hung; ADASPEC_TP_HEARTBEAT_S="
+                               f"{limit:g}); the workers were killed")
+                    return
 
-    def _fail(self, e) -> None:
-        rank = e.error_index + 1
-        how = str(e).strip().replace(f"process {e.error_index:d} ", "")
-        self.failure = (f"tensor-parallel worker rank {rank} (pid {e.error_pid}) {how}; the engine stops "
-                        f"(every rank must run every step)")
+    def _fail(self, what: str) -> None:
+        self.failure = f"{what}; the engine stops (every rank must run every step)"
         log.error("%s", self.failure)
         if not self.ready:
             return  # start-up: rank 0's own collective fails (gloo) or times out (ADASPEC_TP_TIMEOUT_S)

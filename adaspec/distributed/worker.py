@@ -44,20 +44,22 @@ class Worker(context.TPContext):
                 getattr(self.objects[name], method)(*args, **kwargs)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    """Rank 0 killed outright: leave even when blocked inside a collective."""
+def _keep_alive(parent_pid: int, beat) -> None:
+    """A heartbeat rank 0 watches (a frozen worker stops beating: driver.py), and an exit when
+    rank 0 was killed outright, even while this process is blocked inside a collective."""
     while True:
-        time.sleep(1.0)
+        beat.value = time.monotonic()
+        time.sleep(0.5)
         if os.getppid() != parent_pid:
             os._exit(1)
 
 
-def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int) -> None:
+def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int, beats) -> None:
     # the terminal's Ctrl-C and a SIGTERM for the server are rank 0's to handle (it drains, then
     # stops the workers): a worker that died of them would kill the drain
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=_keep_alive, args=(parent_pid, beats[index]), daemon=True).start()
     rank = index + 1
     conn = conns[index]
     from adaspec.engine.llm_engine import LLMEngine, resolve_device

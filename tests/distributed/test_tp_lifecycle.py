@@ -81,9 +81,21 @@ def test_a_worker_dying_while_the_engine_is_idle_ends_the_process():
 
 @pytest.mark.slow
 def test_a_hung_worker_ends_the_engine_with_a_clear_error():
-    """SIGSTOP: the worker is alive but answers nothing; the collective times out
-    (ADASPEC_TP_TIMEOUT_S) and rank 0 exits non-zero naming the cause."""
-    proc, worker = _victim(ADASPEC_TP_TIMEOUT_S="15")
+    """SIGSTOP: the worker is alive but frozen; its heartbeat stops (ADASPEC_TP_HEARTBEAT_S), rank 0
+    kills the workers and exits non-zero naming the cause."""
+    proc, worker = _victim(ADASPEC_TP_HEARTBEAT_S="4")
+    assert proc.stdout.readline().strip() == "step"
+    os.kill(worker, signal.SIGSTOP)
+    err = _finish(proc, worker)
+    assert proc.returncode != 0
+    assert "WorkerDiedError" in err and "given no sign of life" in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_collective_timeout_ends_the_engine_with_a_clear_error():
+    """The fallback when the heartbeat goes on (e.g. a worker stuck in a device call): the
+    collective's own timeout (ADASPEC_TP_TIMEOUT_S) ends the engine, naming the cause."""
+    proc, worker = _victim(ADASPEC_TP_TIMEOUT_S="15", ADASPEC_TP_HEARTBEAT_S="1000")
     assert proc.stdout.readline().strip() == "step"
     os.kill(worker, signal.SIGSTOP)
     err = _finish(proc, worker)
