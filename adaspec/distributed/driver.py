@@ -7,7 +7,8 @@ other workers, and marks the engine failed: the call that was running (a gloo co
 fails at once when a peer's socket closes) or the next one raises WorkerDiedError. If rank 0
 does not surface that within a few seconds (it may be blocked in an NCCL collective that never
 completes, or idle), the process exits with status 1: a server must not stay up without its
-workers."""
+workers. A worker whose heartbeat stops (a frozen process) counts as dead; one that is alive
+but never joins a collective fails it after ADASPEC_TP_TIMEOUT_S."""
 from __future__ import annotations
 
 import atexit

@@ -38,18 +38,25 @@ def _victim(*args, **env):
     return proc, int(line.split()[1])
 
 
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _finish(proc, worker=None):
-    """-> stderr once proc exits (killed after 120 s: the test then fails on its exit status)."""
+    """-> stderr once proc exits (killed after 120 s, and the worker with it: the test then fails
+    on its exit status; a live worker would hold the output pipes open)."""
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        if worker is not None:
+            _kill(worker)
         proc.kill()
         err = proc.communicate()[1] + "\n(test: killed after 120 s)"
     if worker is not None:
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill(worker)
     return err
 
 
@@ -63,7 +70,7 @@ def test_a_dead_worker_ends_the_engine_with_a_clear_error(sig):
     if sig == signal.SIGTERM:
         assert proc.stdout.readline().strip() == "step"  # still serving after the signal
         os.kill(worker, signal.SIGKILL)
-    err = _finish(proc)
+    err = _finish(proc, worker)
     assert proc.returncode != 0
     assert "WorkerDiedError" in err and "tensor-parallel worker rank 1" in err and "SIGKILL" in err, err[-3000:]
 
@@ -74,7 +81,7 @@ def test_a_worker_dying_while_the_engine_is_idle_ends_the_process():
     proc, worker = _victim("idle")
     assert proc.stdout.readline().strip() == "step"
     os.kill(worker, signal.SIGKILL)
-    err = _finish(proc)
+    err = _finish(proc, worker)
     assert proc.returncode == 1
     assert "tensor-parallel worker rank 1" in err and "exiting with status 1" in err, err[-3000:]
 
