@@ -65,6 +65,38 @@ def test_sharded_model_equals_unsharded(size):
     mp.spawn(_rank_checks, args=(size, _free_port()), nprocs=size)
 
 
+def _rank_checks_llama(rank: int, size: int, port: int, model_dir: str) -> None:
+    """Llama with q/k/v biases, an untied LM head and a vocabulary that does not split evenly
+    (317 ids: the last shard is padded), through the loader's shard hook."""
+    from adaspec.distributed.sharding import shard_target
+    from adaspec.models.loader import load_target
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        ids = torch.randint(0, 317, (2, 9), generator=torch.Generator().manual_seed(0))
+        full, cfg = load_target(model_dir, torch.float32)
+        assert cfg.attention_bias and not cfg.tie_word_embeddings
+        full.fuse_projections()
+        ref = full.compute_logits(full.forward_dense(ids))
+        part, _ = load_target(model_dir, torch.float32, shard=lambda m: shard_target(m, rank, size, dist.group.WORLD))
+        part.fuse_projections()
+        assert part.lm_head.weight.shape[0] == -(-317 // size)
+        got = part.compute_logits(part.forward_dense(ids))
+        assert got.shape == ref.shape == (2, 9, 317)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_sharded_llama_with_biases_and_a_padded_vocabulary(size, tmp_path):
+    from adaspec.testing import make_micro_model_dir
+
+    d = make_micro_model_dir(tmp_path / "llama", arch="llama", seed=2, attention_bias=True, vocab_size=317)
+    mp.spawn(_rank_checks_llama, args=(size, _free_port(), str(d)), nprocs=size)
+
+
 def test_vocab_shards_pad_the_last_rank():
     from adaspec.distributed.sharding import vocab_shard
 
