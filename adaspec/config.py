@@ -28,6 +28,7 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
     enable_chunked_prefill: bool = True
     seed: int = 0
+    tensor_parallel_size: int = 1  # ranks (GPUs of one host; CPU processes) sharing the model (adaspec/distributed)
     speculative_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -36,7 +37,7 @@ class EngineConfig:
                 self.speculative_config = json.loads(self.speculative_config)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")

@@ -177,6 +177,8 @@ def add_parser(subparsers) -> None:
     _add_request_args(w, 128)
     w.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every `adaspec serve` (repeatable, e.g. --server-arg=--max-num-seqs=256)")
+    w.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, metavar="N",
+                   help="every server shards its model across N GPUs (adds --tensor-parallel-size to --server-arg)")
     w.add_argument("--speculative-config-extra", metavar="JSON", default=None,
                    help="JSON object merged into every speculative arm's --speculative-config")
     w.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
@@ -279,11 +281,20 @@ def sweep_config_from_args(args, log=print):
         num_prompts=num_prompts, repeats=args.repeats, load_phases=phases, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
-        server_args=args.server_arg, spec_extra=spec_extra, startup_timeout=args.startup_timeout,
+        server_args=args.server_arg + _tp_server_args(getattr(args, "tensor_parallel_size", None)),
+        spec_extra=spec_extra, startup_timeout=args.startup_timeout,
         force_new=getattr(args, "force_new", False),
         progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
+
+
+def _tp_server_args(size) -> list[str]:
+    if size is None:
+        return []
+    if size < 1:
+        raise AdaspecError(f"--tensor-parallel-size must be at least 1, got {size}")
+    return ["--tensor-parallel-size", str(size)]
 
 
 def cmd_sweep(args) -> int:

@@ -172,6 +172,8 @@ def _engine_options() -> dict[str, Option]:
         Option(("--speculative-config",), "speculative decoding as a JSON object with vLLM's key names, e.g. "
                '{"method": "dspark", "num_speculative_tokens": 7}; the README lists every key',
                "no speculation", (("metavar", "JSON"),)),
+        Option(("--tensor-parallel-size", "-tp"), "processes (GPUs of one host: cuda:0..N-1; or CPU processes) the "
+               "model is sharded across", str(d["tensor_parallel_size"]), (("type", int), ("metavar", "N"))),
         Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (graphs are captured on CUDA with "
                "the triton attention backend)"),
         Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its "
@@ -213,7 +215,7 @@ def add_option(parser, option: Option, default=None, default_text: str | None = 
 # the engine flags of the offline commands (generate, profile), by EngineConfig field name
 ENGINE_ARGS = ("tokenizer", "dtype", "load_format", "device", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend",
-               "speculative_config")
+               "speculative_config", "tensor_parallel_size")
 
 
 def add_engine_args(parser, **default_texts: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.distributed.resident import register as register_kv_storage
 from adaspec.errors import ConfigError
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
@@ -52,4 +53,5 @@ def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, devic
 def allocate_kv_caches(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     storage = torch.zeros(num_layers, 2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+    register_kv_storage(storage)  # tensor parallelism names caches by allocation order (distributed/resident.py)
     return [(storage[i, 0], storage[i, 1]) for i in range(num_layers)]

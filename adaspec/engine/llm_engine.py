@@ -9,6 +9,7 @@ import time
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.distributed.context import join_tensor_parallel
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
@@ -65,9 +66,14 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        # tensor parallelism (adaspec/distributed): None at size 1; rank 0 starts the workers here
+        self.tp = tp = join_tensor_parallel(config, self.device)
+        if tp is not None:
+            self.device = tp.device
         path = model_dir(config.model)
         self.model_name = model_display_name(config.model)
-        self.model, self.model_config = load_target(path, self.dtype, self.device, config.load_format)
+        self.model, self.model_config = load_target(path, self.dtype, self.device, config.load_format,
+                                                    shard=tp.shard_target if tp else None)
         self.model.fuse_projections()
         if config.skip_tokenizer_init:  # token ids only: outputs carry token_ids and empty text
             self.tokenizer = None
@@ -86,21 +92,26 @@ class LLMEngine:
 
         self.spec = None  # speculative decoding (adaspec/spec_decode), built below when configured
         mc = self.model_config
-        block_bytes = bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.block_size, self.dtype)
+        n_kv = tp.local_kv_heads(mc.num_key_value_heads) if tp else mc.num_key_value_heads  # this rank's KV heads
+        block_bytes = bytes_per_block(mc.num_hidden_layers, n_kv, mc.head_dim, config.block_size, self.dtype)
         drafter = None
         if config.speculative_config:
             from adaspec.spec_decode.step import load_speculative_drafter
 
             drafter = load_speculative_drafter(config, self)
+            if tp:
+                tp.shard_drafter(drafter.drafter)
             block_bytes += drafter.kv_block_bytes(config.block_size)
         # a request's draft block may reach block_size positions past its last token
         lookahead = drafter.drafter_cfg.block_size if drafter else 0
         self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len + lookahead, self.device)
+        if tp:
+            self.num_blocks = tp.agree_num_blocks(self.num_blocks)
         # one block past the allocator's: the scratch block where CUDA-graph padding writes its K/V
         self.scratch_block = self.num_blocks
         num_slots = (self.num_blocks + 1) * config.block_size
         self.kv_caches = allocate_kv_caches(
-            mc.num_hidden_layers, num_slots, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device
+            mc.num_hidden_layers, num_slots, n_kv, mc.head_dim, self.dtype, self.device
         )
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device, backend)
@@ -115,6 +126,15 @@ class LLMEngine:
         self.use_cuda_graphs = self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
         if self.use_cuda_graphs:
             self._capture_graphs(drafter, lookahead)
+        if tp:  # rank 0: proxies that announce each model call to the workers; a worker: registers them
+            self.runner = tp.mirror("runner", self.runner)
+            if drafter is not None:
+                drafter.drafter = tp.mirror("drafter", drafter.drafter)
+            if not tp.is_driver:  # the rest (policy, profiling, sampling) is rank 0's alone
+                from adaspec.distributed.worker import allocate_drafter_caches
+
+                allocate_drafter_caches(self, drafter, num_slots)
+                return
         if drafter is not None:  # after the graphs: adaptive mode profiles dummy steps through them
             self.spec = drafter.build(self, num_slots)
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
@@ -123,6 +143,11 @@ class LLMEngine:
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (also done at interpreter exit); nothing to do otherwise."""
+        if self.tp is not None:
+            self.tp.shutdown()
 
     def _capture_graphs(self, drafter, lookahead: int) -> None:
         from adaspec.engine.cuda_graphs import GraphedForward

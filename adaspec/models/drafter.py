@@ -204,7 +204,7 @@ class DSparkDrafter(nn.Module):
     # ---- engine path -----------------------------------------------------------------
     def kv_cache_spec(self) -> tuple[int, int, int]:
         b = self.config.base
-        return self.config.num_layers, b.num_key_value_heads, b.head_dim
+        return self.config.num_layers, self.layers[0].self_attn.num_kv_heads, b.head_dim  # this rank's heads under TP
 
     @torch.no_grad()
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

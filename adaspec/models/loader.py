@@ -103,10 +103,11 @@ def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02)
                 p.normal_(0.0, std, generator=gen)
 
 
-def load_target(name_or_path, dtype=None, device="cpu", load_format: str = "auto"):
+def load_target(name_or_path, dtype=None, device="cpu", load_format: str = "auto", shard=None):
     """-> (TargetModel in eval mode on `device`, ModelConfig). load_format "dummy": random
     weights of the configured shape, built directly on `device` (the directory needs only
-    config.json)."""
+    config.json). shard: called on the model before it reaches `device` (tensor parallelism keeps
+    only its shard there)."""
     from adaspec.models.target import TargetModel
 
     if load_format not in LOAD_FORMATS:
@@ -120,6 +121,8 @@ def load_target(name_or_path, dtype=None, device="cpu", load_format: str = "auto
     if load_format == "dummy":
         with torch.device("meta"):
             model = TargetModel(cfg)
+        if shard is not None:
+            shard(model)
         # dtype first, on meta: an 8B model never exists in float32 on the device
         model = model.to(dtype=resolve_dtype(dtype, device)).to_empty(device=device)
         if cfg.tie_word_embeddings:
@@ -135,6 +138,8 @@ def load_target(name_or_path, dtype=None, device="cpu", load_format: str = "auto
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, state, path, allow_missing=("lm_head.weight",) if cfg.tie_word_embeddings else ())
+    if shard is not None:
+        shard(model)
     model = model.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
     model.rope.build_tables(device=device)  # keep RoPE tables in float32 whatever the weights' dtype
     return model, cfg

@@ -86,6 +86,7 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size, k=k, context_len=ctx,
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
         cuda_graphs=engine.use_cuda_graphs, step_revision=STEP_REVISION,
+        tensor_parallel_size=cfg.tensor_parallel_size,
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

@@ -1,0 +1,108 @@
+"""`adaspec serve -tp 2` (CPU, gloo): SIGTERM drains as with one rank and stops the workers; a
+worker killed mid-stream makes the server exit non-zero with the worker named in its log."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(port: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "adaspec.cli", "serve", "tiny", "-tp", "2", "--device", "cpu",
+                          "--port", str(port), "--num-kv-blocks", "64", "--max-model-len", "1024",
+                          "--drain-timeout", "30", "--log-level", "warning"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(1200):
+        if p.poll() is not None:
+            pytest.fail(f"server exited with {p.returncode}: {p.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return p
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    pytest.fail("server did not come up")
+
+
+def _workers(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "spawn_main"], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _stream(port: int, max_tokens: int):
+    result, first = {"chunks": []}, threading.Event()
+
+    def go():
+        try:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                              json={"prompt": "def f(x):", "max_tokens": max_tokens, "ignore_eos": True,
+                                    "stream": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        result["chunks"].append(line[6:])
+                        first.set()
+        except Exception as e:  # noqa: BLE001 - read by the assertions
+            result["error"] = repr(e)
+        first.set()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t, result, first
+
+
+def _stop(p):
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_sigterm_drains_then_stops_the_workers():
+    port = _free_port()
+    p = _serve(port)
+    try:
+        workers = _workers(p.pid)
+        assert len(workers) == 1, workers
+        t, result, first = _stream(port, 200)
+        assert first.wait(60)
+        p.send_signal(signal.SIGTERM)
+        t.join(120)
+        assert result["chunks"][-1] == "[DONE]" and '"finish_reason":"length"' in result["chunks"][-2], result
+        assert p.wait(60) == 0, p.stdout.read()[-3000:]
+        time.sleep(0.5)
+        assert all(not os.path.exists(f"/proc/{w}") or open(f"/proc/{w}/stat").read().split()[2] == "Z"
+                   for w in workers)
+    finally:
+        _stop(p)
+
+
+def test_a_killed_worker_ends_the_server_nonzero():
+    port = _free_port()
+    p = _serve(port)
+    try:
+        (worker,) = _workers(p.pid)
+        t, result, first = _stream(port, 800)
+        assert first.wait(60)
+        os.kill(worker, signal.SIGKILL)
+        code = p.wait(60)
+        out = p.stdout.read()
+        t.join(60)
+        assert code != 0, out[-3000:]
+        assert "tensor-parallel worker rank 1" in out and "SIGKILL" in out, out[-3000:]
+    finally:
+        _stop(p)
