@@ -155,14 +155,17 @@ class LLMEngine:
 
         use_compiled()  # norms, RoPE, activation, residual adds: one kernel each inside the graphs
 
-        if drafter is not None:  # the speculative step captures its own graphs (spec_decode/graphed_step.py)
-            return
+        if drafter is not None and self.tp is None:
+            return  # the speculative step captures its own graphs (spec_decode/graphed_step.py)
+        # plain decode; under tensor parallelism also verification (the graphed speculative step
+        # calls the model inside its graphs, which the workers' mirrored calls cannot follow yet)
+        k = drafter.spec_cfg.num_speculative_tokens if drafter else 0
         bs = self.config.block_size
         graphs = GraphedForward(
             self.model, self.kv_caches, bs, self.device, self.config.max_num_seqs,
-            query_lens=(1,), max_model_len=self.max_model_len,
+            query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
             max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
-            capture_layers=None,
+            capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
         )
         graphs.capture()
         self.runner.graphs = graphs

@@ -93,7 +93,7 @@ class SpeculativeDecoder:
         self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
         self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
-        if engine.use_cuda_graphs:
+        if engine.use_cuda_graphs and getattr(engine, "tp", None) is None:  # TP: the mirrored eager step
             from adaspec.spec_decode.graphed_step import GraphedSpecStep
 
             self.graphed = GraphedSpecStep(self, engine)
