@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -76,11 +77,14 @@ def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int
     context._WORKER = worker
     config = dataclasses.replace(config, skip_tokenizer_init=True)  # rank 0 alone reads and writes text
     engine = LLMEngine(config)  # returns once its part of the start-up (collectives included) is done
-    try:
-        worker.serve(conn)  # `engine` holds the KV caches the calls name
-        del engine
-    finally:
-        context.leave_group()
+    worker.serve(conn)  # `engine` holds the KV caches the calls name
+    del engine
+    context.leave_group()
+    # skip the interpreter's teardown: this torch build's gloo sometimes aborts there ("terminate
+    # called without an active exception"), which would turn a clean stop into exit code -6
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def allocate_drafter_caches(engine, drafter_setup, num_slots: int) -> None:
