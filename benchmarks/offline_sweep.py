@@ -76,6 +76,8 @@ def run_point(llm, prompts, params):
         mean_accepted_length=(1 + d("num_accepted_tokens") / d("num_drafts")) if d("num_drafts") else None,
         acceptance_rate=(d("num_accepted_tokens") / d("num_draft_tokens")) if d("num_draft_tokens") else None,
         verified_per_draft=(d("num_verified_tokens") / d("num_drafts")) if d("num_drafts") else None,
+        # speculative steps that ran as CUDA graphs (the rest had a prefill chunk, logprobs or filters)
+        spec_graphed_step_share=(d("num_graphed_steps") / d("num_steps")) if d("num_steps") else None,
     )
 
 

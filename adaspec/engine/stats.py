@@ -32,6 +32,10 @@ class EngineStats:
     time_verify: float = 0.0  # the target forward
     time_sample: float = 0.0
     time_bookkeeping: float = 0.0
+    # graphed speculative steps (spec_decode/graphed_step.py): propose, verify and accept run as
+    # one stretch of GPU work up to the read back, so they are not split into the three above
+    time_graphed: float = 0.0
+    num_graphed_steps: int = 0
     # "synthetic acceptance: timing only" when the speculative method is "synthetic" (acceptance
     # drawn from a configured curve, spec_decode/synthetic.py): the counters above are not the target's
     synthetic_acceptance: str | None = None

@@ -125,7 +125,6 @@ class GraphedSpecStep:
         self.propose_graphs: dict[int, _Graph] = {}
         self.verify_graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = None
-        self.num_steps = 0
 
     # -- the two captured functions --------------------------------------------------------------
     def _propose(self, b: int) -> None:
@@ -274,7 +273,6 @@ class GraphedSpecStep:
         if drafting:
             self.propose_graphs[b].replay()
         self.verify_graphs[key].replay()
-        self.num_steps += 1
         return self.readback[:n].cpu().numpy()  # the step's one device-to-host sync
 
     @torch.inference_mode()

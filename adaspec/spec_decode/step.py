@@ -254,7 +254,8 @@ class SpeculativeDecoder:
             s.seq.num_computed_tokens += 1 + int(accepted[i])
             if drafting:
                 eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
-        stats.time_draft += t1 - t0  # both replays and the read back: the GPU runs them in one go
+        stats.time_graphed += t1 - t0  # both replays and the read back: the GPU runs them in one go
+        stats.num_graphed_steps += 1
         stats.time_bookkeeping += time.perf_counter() - t1
         return results
 

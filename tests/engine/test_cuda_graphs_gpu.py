@@ -32,7 +32,7 @@ def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None):
 def _graph_steps(llm) -> int:
     eng = llm.llm_engine
     if eng.spec is not None:
-        return eng.spec.graphed.num_steps if eng.spec.graphed is not None else 0
+        return eng.stats.num_graphed_steps
     return eng.runner.num_graph_steps
 
 

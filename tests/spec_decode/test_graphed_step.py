@@ -56,7 +56,7 @@ def test_graphed_greedy_equals_plain(pair, plain_greedy, tmp_path, k, adaptive):
     eng = llm.llm_engine
     assert [o.outputs[0].token_ids for o in outs] == plain_greedy
     st = eng.stats
-    assert eng.spec.graphed.num_steps > 10, "the graphed path was meant to run the decode steps"
+    assert eng.stats.num_graphed_steps > 10, "the graphed path was meant to run the decode steps"
     assert 0 < st.num_accepted_tokens < st.num_verified_tokens
     assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
     assert eng.kv_blocks_free() == eng.kv_blocks_total()
@@ -70,7 +70,7 @@ def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, 
     eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts).generate(_prompts(), params)
     llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=greedy_drafts)
     graphed = llm.generate(_prompts(), params)
-    assert llm.llm_engine.spec.graphed.num_steps > 10
+    assert llm.llm_engine.stats.num_graphed_steps > 10
     assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
 
 
@@ -79,7 +79,7 @@ def test_logprobs_and_top_p_take_the_eager_path(pair, tmp_path):
     out = llm.generate(_prompts(2), [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
                                      SamplingParams(temperature=1, top_p=0.9, max_tokens=8, ignore_eos=True, seed=1)])
     assert out[0].outputs[0].logprobs is not None and len(out[0].outputs[0].logprobs) == 8
-    assert llm.llm_engine.spec.graphed.num_steps == 0  # every step had a row the graphs do not serve
+    assert llm.llm_engine.stats.num_graphed_steps == 0  # every step had a row the graphs do not serve
 
 
 def test_query_levels():
@@ -147,7 +147,7 @@ def test_synthetic_method_through_the_graphs(pair):
     spec.use_graphs(graphed)
     llm.generate(_prompts(6), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
     st = llm.llm_engine.stats
-    assert graphed.num_steps > 20 and st.synthetic_acceptance
+    assert llm.llm_engine.stats.num_graphed_steps > 20 and st.synthetic_acceptance
     n, a = st.verified_per_pos[0], st.accepted_per_pos[0]
     assert abs(a / n - 0.9) < 4 * (0.9 * 0.1 / n) ** 0.5, (a, n)
 
