@@ -63,21 +63,26 @@ def check_config(config, device: torch.device) -> None:
 
 def start_driver(config, device: torch.device) -> "Driver":
     check_config(config, device)
+    from adaspec.distributed.worker import worker_main
+
+    return launch(config.tensor_parallel_size, device, worker_main, (config,))
+
+
+def launch(size: int, device: torch.device, entry, entry_args: tuple) -> "Driver":
+    """Start ranks 1..size-1 as `entry(index, *entry_args, port, size, channels, parent_pid, beats)`
+    (worker.worker_main; benchmarks/tp_handshake_bench.py passes its own) and join the group with them."""
     if dist.is_initialized():  # rank 0 joins the default group, of which a process has one
         raise ConfigError("this process already belongs to a torch.distributed group (another tensor-parallel "
                           "engine?); shut that engine down first (LLMEngine.shutdown())")
     if device.type == "cuda":
         device = torch.device("cuda", 0)
-    from adaspec.distributed.worker import worker_main
-
-    size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
                           timeout=collective_timeout())
     ctx = tmp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(size - 1)]  # (worker's read end, our write end)
     beats = [ctx.Value("d", 0.0, lock=False) for _ in range(size - 1)]  # each worker's last sign of life
     procs = tmp.start_processes(
-        worker_main, args=(config, store.port, size, [r for r, _ in pipes], os.getpid(), beats),
+        entry, args=(*entry_args, store.port, size, [r for r, _ in pipes], os.getpid(), beats),
         nprocs=size - 1, join=False, start_method="spawn")
     for r, _ in pipes:
         r.close()

@@ -1,0 +1,181 @@
+"""What one mirrored model call costs on the host (issue 14): rank 0 announcing a call to a
+tensor-parallel worker, with the model forward replaced by the one thing that ties the ranks
+together inside it, a 1-element all-reduce (the first collective of the forward). CPU, gloo,
+2 ranks; the real launch (driver.launch), announcement (Driver.call) and worker loop
+(Worker.serve), only the mirrored objects are stubs.
+
+Per payload (a decode batch's runner.execute at batch 1 and 64, block tables of a 512-token
+context; a drafter.propose-like call carrying host tensors at batch 1 and 64) it reports, as
+medians over --iters calls:
+- encode / decode: building the message on rank 0 / rebuilding the call on the worker, timed
+  in one process (decode's tensors handed over without a collective), and the message size;
+- rank 0 blocked: from the call's start until rank 0 starts its own work (the stub's entry);
+- worker lag: from the call's start on rank 0 until the worker enters the same call (one
+  monotonic clock for both processes), i.e. how late the worker joins the first collective;
+- call: rank 0's whole call with the stub forward, minus one all-reduce between ranks that are
+  both waiting (measured apart, 10 back-to-back all-reduces in one call).
+Usage: python3 benchmarks/tp_handshake_bench.py [--iters 300]  (writes $OUT/tp_handshake_bench.json)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+BLOCK, CONTEXT = 16, 512
+
+
+class Stub:
+    """Stands in for the runner and the drafter on every rank: records when a call enters it
+    and runs one all-reduce where the model's forward would run its first."""
+
+    def __init__(self):
+        self.one = torch.zeros(1)
+        self.entered: list[float] = []
+
+    def execute(self, items, capture_layers=None):
+        self.entered.append(time.perf_counter())
+        dist.all_reduce(self.one)
+
+    def propose(self, *args, **kwargs):
+        self.entered.append(time.perf_counter())
+        dist.all_reduce(self.one)
+
+    def sync(self, n: int):
+        for _ in range(n):
+            dist.all_reduce(self.one)
+
+    def report(self, n: int) -> list[float]:
+        """The worker's last n entry times, to rank 0 (a broadcast from rank 1)."""
+        t = torch.tensor(self.entered[-n:] if dist.get_rank() == 1 else [0.0] * n, dtype=torch.float64)
+        dist.broadcast(t, src=1)
+        self.entered.clear()
+        return t.tolist()
+
+
+def bench_worker(index, port, size, conns, parent_pid, beats):
+    from adaspec.distributed import worker as w
+
+    wk, conn = w.join(index, port, size, conns, parent_pid, beats, torch.device("cpu"))
+    stub = Stub()
+    wk.mirror("runner", stub)
+    wk.mirror("drafter", stub)
+    wk.serve(conn)
+    w.leave()
+
+
+def payloads():
+    import random
+
+    from adaspec.engine.runner import ForwardItem
+    from adaspec.sample.batch import SamplingBatch
+    from adaspec.sampling_params import SamplingParams
+
+    rng = random.Random(0)
+    out = {}
+    for b in (1, 64):
+        n_blocks = -(-(CONTEXT + 1) // BLOCK)
+        tables = [[rng.randrange(4096) for _ in range(n_blocks)] for _ in range(b)]
+        items = [ForwardItem([rng.randrange(150000)], CONTEXT, t, 1) for t in tables]
+        out[f"execute b={b}"] = ("runner", "execute", (items,), {})
+        sampling = SamplingBatch.build([SamplingParams(temperature=0)] * b, list(range(b)), "cpu")
+        ids = torch.randint(0, 150000, (b,))
+        pos = torch.full((b,), CONTEXT, dtype=torch.int64)
+        out[f"propose b={b}"] = ("drafter", "propose", (ids, pos, tables, BLOCK, None, sampling),
+                                 {"anchor_pos_host": [CONTEXT] * b})
+    return out
+
+
+def _med_us(xs):
+    return round(1e6 * statistics.median(xs), 1)
+
+
+def time_codec(call, base, iters):
+    """encode and decode in this process; -> (encode s, decode s, message bytes, broadcast bytes)."""
+    from adaspec.distributed import mirror
+
+    class Loopback:  # a worker whose broadcasts are rank 0's packed buffers, in order
+        resident_base = base
+
+        def __init__(self, packed):
+            self.packed = list(packed)
+
+        def receive_bytes(self, nbytes, kind):
+            return self.packed.pop(0).clone()
+
+    enc, dec = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        msg, packed = mirror.encode(call, base)
+        t1 = time.perf_counter()
+        mirror.decode(msg, Loopback(packed))
+        t2 = time.perf_counter()
+        enc.append(t1 - t0)
+        dec.append(t2 - t1)
+    return enc, dec, len(msg), sum(p.numel() for p in packed)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from adaspec.distributed.driver import launch
+
+    driver = launch(2, torch.device("cpu"), bench_worker, ())
+    stub = Stub()
+    rows = []
+    try:
+        # one all-reduce between two waiting ranks: the stub forward's own cost
+        ar = []
+        for _ in range(args.warmup + args.iters // 10):
+            t0 = time.perf_counter()
+            driver.call("runner", "sync", stub.sync, (10,), {})
+            t1 = time.perf_counter()
+            driver.call("runner", "sync", stub.sync, (0,), {})
+            ar.append(((t1 - t0) - (time.perf_counter() - t1)) / 10)
+        ar_s = statistics.median(ar[args.warmup:])
+        print(f"one all-reduce between waiting ranks: {1e6 * ar_s:.1f} us")
+        for label, (name, method, a, kw) in payloads().items():
+            fn = getattr(stub, method)
+            enc, dec, msg_bytes, bcast_bytes = time_codec((name, method, a, kw), driver.resident_base, args.iters)
+            starts, ends = [], []
+            stub.entered.clear()
+            for _ in range(args.warmup + args.iters):
+                t0 = time.perf_counter()
+                driver.call(name, method, fn, a, kw)
+                ends.append(time.perf_counter() - t0)
+                starts.append(t0)
+            local = [e - s for e, s in zip(stub.entered, starts)]
+            n = args.warmup + args.iters
+            worker = driver.call("runner", "report", stub.report, (n,), {})
+            lag = [w - s for w, s in zip(worker, starts)]
+            sl = slice(args.warmup, None)
+            r = {"payload": label, "message_bytes": msg_bytes, "broadcast_bytes": bcast_bytes,
+                 "encode_us": _med_us(enc), "decode_us": _med_us(dec),
+                 "rank0_blocked_us": _med_us(local[sl]), "worker_lag_us": _med_us(lag[sl]),
+                 "call_minus_allreduce_us": round(1e6 * (statistics.median(ends[sl]) - ar_s), 1)}
+            rows.append(r)
+            print("  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+    finally:
+        driver.shutdown()
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tp_handshake_bench.json").write_text(json.dumps(
+        {"iters": args.iters, "allreduce_us": round(1e6 * ar_s, 1), "cpus": os.cpu_count(),
+         "torch": torch.__version__, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":  # spawn re-imports this module in the worker: nothing may run at import
+    sys.exit(main())
