@@ -14,6 +14,11 @@ medians over --iters calls:
   monotonic clock for both processes), i.e. how late the worker joins the first collective;
 - call: rank 0's whole call with the stub forward, minus one all-reduce between ranks that are
   both waiting (measured apart, 10 back-to-back all-reduces in one call).
+With --gap-ms G, rank 0 busy-waits G ms before each call (its own work between model calls:
+scheduling, sampling), so that the worker is back waiting for the next message, as in the engine
+on a GPU where its forward's kernels run asynchronously. By default (0) calls go back to back: the
+steadiest figures on a shared machine, but the worker's lag then also holds its return from the
+previous call's collective.
 Usage: python3 benchmarks/tp_handshake_bench.py [--iters 300]  (writes $OUT/tp_handshake_bench.json)
 """
 from __future__ import annotations
@@ -128,6 +133,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--gap-ms", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     from adaspec.distributed.driver import launch
@@ -152,6 +158,9 @@ def main() -> int:
             starts, ends = [], []
             stub.entered.clear()
             for _ in range(args.warmup + args.iters):
+                t0 = time.perf_counter() + args.gap_ms / 1e3
+                while time.perf_counter() < t0:
+                    pass
                 t0 = time.perf_counter()
                 driver.call(name, method, fn, a, kw)
                 ends.append(time.perf_counter() - t0)
@@ -172,7 +181,7 @@ def main() -> int:
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "tp_handshake_bench.json").write_text(json.dumps(
-        {"iters": args.iters, "allreduce_us": round(1e6 * ar_s, 1), "cpus": os.cpu_count(),
+        {"iters": args.iters, "gap_ms": args.gap_ms, "allreduce_us": round(1e6 * ar_s, 1), "cpus": os.cpu_count(),
          "torch": torch.__version__, "rows": rows}, indent=2))
     return 0
 
