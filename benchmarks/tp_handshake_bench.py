@@ -6,14 +6,17 @@ together inside it, a 1-element all-reduce (the first collective of the forward)
 
 Per payload (a decode batch's runner.execute at batch 1 and 64, block tables of a 512-token
 context; a drafter.propose-like call carrying host tensors at batch 1 and 64) it reports, as
-medians over --iters calls:
-- encode / decode: building the message on rank 0 / rebuilding the call on the worker, timed
-  in one process (decode's tensors handed over without a collective), and the message size;
-- rank 0 blocked: from the call's start until rank 0 starts its own work (the stub's entry);
-- worker lag: from the call's start on rank 0 until the worker enters the same call (one
-  monotonic clock for both processes), i.e. how late the worker joins the first collective;
+medians over --iters calls, on one monotonic clock for both processes, from the call's start:
+- rank 0: encode (pickling, packing tensors), send (the pipe write), then until rank 0 enters its
+  own part (`blocked`: the broadcast of packed tensors, if any, and Python);
+- worker: pipe (from rank 0's write until the worker's read returns: wake-up included), decode
+  (unpickling, and receiving the broadcast, if any), dispatch (until the stub is entered), and
+  `lag`, the sum: how late the worker reaches the forward's first collective;
 - call: rank 0's whole call with the stub forward, minus one all-reduce between ranks that are
-  both waiting (measured apart, 10 back-to-back all-reduces in one call).
+  both waiting (measured apart, 10 back-to-back all-reduces in one call);
+- and, in one process without the pipe, encode and decode alone, and the message size.
+The phases are timed by wrapping mirror.encode / mirror.decode as driver.py and worker.py call
+them and the pipe's ends; nothing else of the library is changed.
 With --gap-ms G, rank 0 busy-waits G ms before each call (its own work between model calls:
 scheduling, sampling), so that the worker is back waiting for the next message, as in the engine
 on a GPU where its forward's kernels run asynchronously. By default (0) calls go back to back: the
@@ -37,6 +40,28 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 BLOCK, CONTEXT = 16, 512
+MARKS: dict[str, list[float]] = {"encoded": [], "sent": [], "recv": [], "decoded": []}  # this process's
+
+
+def _after(fn, mark):
+    def timed(*a, **kw):
+        out = fn(*a, **kw)
+        MARKS[mark].append(time.perf_counter())
+        return out
+
+    return timed
+
+
+class TimedConn:
+    """A pipe end that notes when a send or a receive returned."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.send_bytes = _after(conn.send_bytes, "sent")
+        self.recv_bytes = _after(conn.recv_bytes, "recv")
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
 
 
 class Stub:
@@ -59,11 +84,18 @@ class Stub:
         for _ in range(n):
             dist.all_reduce(self.one)
 
-    def report(self, n: int) -> list[float]:
-        """The worker's last n entry times, to rank 0 (a broadcast from rank 1)."""
-        t = torch.tensor(self.entered[-n:] if dist.get_rank() == 1 else [0.0] * n, dtype=torch.float64)
+    def report(self, n: int) -> list[list[float]]:
+        """The worker's times of its last n calls (read, decoded, entered) to rank 0 (a broadcast
+        from rank 1); this report call's own read and decode are the last marks."""
+        if dist.get_rank() == 1:
+            rows = [MARKS["recv"][-n - 1:-1], MARKS["decoded"][-n - 1:-1], self.entered[-n:]]
+        else:
+            rows = [[0.0] * n] * 3
+        t = torch.tensor(rows, dtype=torch.float64)
         dist.broadcast(t, src=1)
         self.entered.clear()
+        for v in MARKS.values():
+            v.clear()
         return t.tolist()
 
 
@@ -71,6 +103,8 @@ def bench_worker(index, port, size, conns, parent_pid, beats):
     from adaspec.distributed import worker as w
 
     wk, conn = w.join(index, port, size, conns, parent_pid, beats, torch.device("cpu"))
+    w.decode = _after(w.decode, "decoded")
+    conn = TimedConn(conn)
     stub = Stub()
     wk.mirror("runner", stub)
     wk.mirror("drafter", stub)
@@ -138,7 +172,11 @@ def main() -> int:
     torch.set_num_threads(1)
     from adaspec.distributed.driver import launch
 
+    import adaspec.distributed.driver as drv
+
     driver = launch(2, torch.device("cpu"), bench_worker, ())
+    drv.encode = _after(drv.encode, "encoded")
+    driver.conns = [TimedConn(c) for c in driver.conns]
     stub = Stub()
     rows = []
     try:
@@ -157,7 +195,10 @@ def main() -> int:
             enc, dec, msg_bytes, bcast_bytes = time_codec((name, method, a, kw), driver.resident_base, args.iters)
             starts, ends = [], []
             stub.entered.clear()
-            for _ in range(args.warmup + args.iters):
+            for v in MARKS.values():
+                v.clear()
+            n = args.warmup + args.iters
+            for _ in range(n):
                 t0 = time.perf_counter() + args.gap_ms / 1e3
                 while time.perf_counter() < t0:
                     pass
@@ -165,15 +206,20 @@ def main() -> int:
                 driver.call(name, method, fn, a, kw)
                 ends.append(time.perf_counter() - t0)
                 starts.append(t0)
-            local = [e - s for e, s in zip(stub.entered, starts)]
-            n = args.warmup + args.iters
-            worker = driver.call("runner", "report", stub.report, (n,), {})
-            lag = [w - s for w, s in zip(worker, starts)]
+            encoded, sent, local = MARKS["encoded"][:n], MARKS["sent"][:n], stub.entered[:n]
+            w_recv, w_decoded, w_entered = driver.call("runner", "report", stub.report, (n,), {})
             sl = slice(args.warmup, None)
+
+            def phase(end, start):
+                return _med_us([e - s for e, s in zip(end[sl], start[sl])])
+
             r = {"payload": label, "message_bytes": msg_bytes, "broadcast_bytes": bcast_bytes,
-                 "encode_us": _med_us(enc), "decode_us": _med_us(dec),
-                 "rank0_blocked_us": _med_us(local[sl]), "worker_lag_us": _med_us(lag[sl]),
-                 "call_minus_allreduce_us": round(1e6 * (statistics.median(ends[sl]) - ar_s), 1)}
+                 "rank0_encode_us": phase(encoded, starts), "rank0_send_us": phase(sent, encoded),
+                 "rank0_blocked_us": phase(local, starts),
+                 "worker_pipe_us": phase(w_recv, encoded), "worker_decode_us": phase(w_decoded, w_recv),
+                 "worker_dispatch_us": phase(w_entered, w_decoded), "worker_lag_us": phase(w_entered, starts),
+                 "call_minus_allreduce_us": round(1e6 * (statistics.median(ends[sl]) - ar_s), 1),
+                 "alone_encode_us": _med_us(enc), "alone_decode_us": _med_us(dec)}
             rows.append(r)
             print("  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
     finally:
