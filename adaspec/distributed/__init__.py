@@ -11,7 +11,7 @@ order, so that the collectives inside the model meet.
 - ``sharding``: slicing loaded weights into those modules (Megatron-style: q/k/v and gate/up by
   output rows, o/down by input columns, KV heads split or replicated as vLLM does);
 - ``mirror``: how rank 0 tells the workers which model call to run (a pickled description
-  over a pipe, tensors by broadcast, KV caches by reference);
+  over a pipe, host tensors inside it, device tensors by broadcast, KV caches by reference);
 - ``driver`` (rank 0) and ``worker`` (ranks >= 1): process start, rendezvous, the workers'
   loop, death detection and shutdown.
 """

@@ -63,28 +63,49 @@ def check_config(config, device: torch.device) -> None:
 
 def start_driver(config, device: torch.device) -> "Driver":
     check_config(config, device)
+    from adaspec.distributed.worker import worker_main
+
+    return launch(config.tensor_parallel_size, device, worker_main, (config,))
+
+
+def launch(size: int, device: torch.device, entry, entry_args: tuple) -> "Driver":
+    """Start ranks 1..size-1 as `entry(index, *entry_args, port, size, channels, parent_pid, beats)`
+    (worker.worker_main; benchmarks/tp_handshake_bench.py passes its own) and join the group with them."""
     if dist.is_initialized():  # rank 0 joins the default group, of which a process has one
         raise ConfigError("this process already belongs to a torch.distributed group (another tensor-parallel "
                           "engine?); shut that engine down first (LLMEngine.shutdown())")
     if device.type == "cuda":
         device = torch.device("cuda", 0)
-    from adaspec.distributed.worker import worker_main
-
-    size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
                           timeout=collective_timeout())
     ctx = tmp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(size - 1)]  # (worker's read end, our write end)
     beats = [ctx.Value("d", 0.0, lock=False) for _ in range(size - 1)]  # each worker's last sign of life
     procs = tmp.start_processes(
-        worker_main, args=(config, store.port, size, [r for r, _ in pipes], os.getpid(), beats),
+        entry, args=(*entry_args, store.port, size, [r for r, _ in pipes], os.getpid(), beats),
         nprocs=size - 1, join=False, start_method="spawn")
-    for r, _ in pipes:
+    for r, w in pipes:
         r.close()
+        _widen(w)
     driver = Driver(size, device, procs, [w for _, w in pipes], beats)
     driver.wait_for_workers(store)
     driver.init_process_group(store)
     return driver
+
+
+PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process (/proc/sys/fs/pipe-max-size)
+
+
+def _widen(conn) -> None:
+    """Let a call's message (a batch's block tables: ~6 KiB at 64 requests x 512 tokens, far more
+    at long contexts) fit in the pipe, so that rank 0 never waits for the worker to read it before
+    running its own part (the default pipe holds 64 KiB). Best effort: Linux only."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(conn.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 STARTUP_HINT = ("; it failed while starting (its own error is on stderr). A script that builds a tensor-parallel "

@@ -1,13 +1,17 @@
 """How rank 0 tells the workers which model call to run.
 
-A call is (object name, method name, args, kwargs), pickled with persistent ids:
+A call is (object name, method name, args, kwargs), pickled; tensors are reduced specially
+(`reducer_override`, which the C pickler consults only for objects that are not ints, strings,
+lists, dicts or tuples, so block tables and token lists pickle at C speed):
 - a KV cache view (resident.py) becomes a reference; the worker substitutes its own cache;
-- any other tensor becomes a placeholder (its index); the tensors of one call travel packed,
-  one torch.distributed.broadcast per device kind (the device group: NCCL on CUDA; gloo for
-  host tensors), their bytes laid end to end at 16-byte aligned offsets;
+- a host tensor travels inside the message, as its bytes: no collective, so rank 0 does not
+  wait for the worker to receive it (tests/distributed and benchmarks/tp_handshake_bench.py);
+- a device tensor (CUDA under NCCL) becomes a placeholder (its index); the device tensors of
+  one call travel packed in one broadcast on the device group (enqueued on the stream: rank 0's
+  host goes on), their bytes laid end to end at 16-byte aligned offsets;
 - everything else (ForwardItem lists, SamplingBatch flags, host ints) is pickled as is.
-The message (the tensors' shapes and dtypes, then the pickled call) goes over a
-multiprocessing pipe per worker, before the broadcasts; send order = call order.
+The message (the packed tensors' shapes and dtypes, then the pickled call) goes over a
+multiprocessing pipe per worker, before the broadcast; send order = call order.
 
 `Mirror` is the proxy rank 0's engine calls instead of the object: the named methods are
 announced then run locally; every other attribute is the object's own."""
@@ -32,22 +36,33 @@ MIRRORED_METHODS = {
 }
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, buf, base: int):
-        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        self.base, self.tensors, self.seen = base, [], {}
+def _ref(*ref):
+    """What a KV cache view or a packed device tensor pickles as; only decode's unpickler resolves it."""
+    raise RuntimeError("a mirrored call's tensor reference can only be loaded by mirror.decode")
 
-    def persistent_id(self, obj):
+
+def _host_tensor(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, buf, base: int, inline_host: bool):
+        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self.base, self.inline_host, self.tensors = base, inline_host, []
+
+    def reducer_override(self, obj):
         if not isinstance(obj, torch.Tensor):
-            return None
+            return NotImplemented
         ref = resident.lookup(obj, self.base)
         if ref is not None:
-            return ("kv", *ref)
-        key = id(obj)
-        if key not in self.seen:
-            self.seen[key] = len(self.tensors)
-            self.tensors.append(obj.detach().contiguous())
-        return ("t", self.seen[key])
+            return _ref, ("kv", *ref)
+        t = obj.detach().contiguous()
+        if self.inline_host and t.device.type == "cpu":
+            return _host_tensor, (t.reshape(-1).view(torch.uint8).numpy().tobytes(), t.dtype, tuple(t.shape))
+        self.tensors.append(t)  # the pickler's memo sends a tensor passed twice once
+        return _ref, ("t", len(self.tensors) - 1)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -55,10 +70,15 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.tensors, self.base = tensors, base
 
-    def persistent_load(self, pid):
-        if pid[0] == "kv":
-            return resident.resolve(*pid[1:], base=self.base)
-        return self.tensors[pid[1]]
+    def find_class(self, module, name):
+        if module == __name__ and name == "_ref":
+            return self._resolve
+        return super().find_class(module, name)
+
+    def _resolve(self, kind, *ref):
+        if kind == "kv":
+            return resident.resolve(*ref, base=self.base)
+        return self.tensors[ref[0]]
 
 
 _ALIGN = 16
@@ -75,10 +95,12 @@ def _layout(metas) -> dict[str, tuple[int, list[int]]]:
     return out
 
 
-def encode(call, base: int) -> tuple[bytes, list[torch.Tensor]]:
-    """-> (the message, the packed buffers to broadcast after it, one per device kind in sorted order)."""
+def encode(call, base: int, inline_host: bool = True) -> tuple[bytes, list[torch.Tensor]]:
+    """-> (the message, the packed buffers to broadcast after it, one per device kind in sorted
+    order: none when every tensor is a host tensor or a KV cache view). inline_host=False packs
+    host tensors too (tests/distributed/test_mirror.py exercises the packing on CPU that way)."""
     buf = io.BytesIO()
-    p = _Pickler(buf, base)
+    p = _Pickler(buf, base, inline_host)
     p.dump(call)
     metas = [(tuple(t.shape), t.dtype, t.device.type) for t in p.tensors]
     packed = []
@@ -92,7 +114,7 @@ def encode(call, base: int) -> tuple[bytes, list[torch.Tensor]]:
 
 
 def decode(message: bytes, ctx):
-    """The worker's side: receive the packed tensors, then rebuild the call around them."""
+    """The worker's side: receive the packed tensors (if any), then rebuild the call around them."""
     metas, data = pickle.loads(message)
     tensors: list[torch.Tensor | None] = [None] * len(metas)
     for kind, (total, offsets) in sorted(_layout(metas).items()):

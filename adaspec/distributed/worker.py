@@ -55,17 +55,14 @@ def _keep_alive(parent_pid: int, beat) -> None:
             os._exit(1)
 
 
-def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int, beats) -> None:
+def join(index: int, port: int, size: int, conns, parent_pid: int, beats, device: torch.device):
+    """A worker's start: signals, heartbeat, rendezvous with rank 0. -> (Worker, its channel from rank 0)."""
     # the terminal's Ctrl-C and a SIGTERM for the server are rank 0's to handle (it drains, then
     # stops the workers): a worker that died of them would kill the drain
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_keep_alive, args=(parent_pid, beats[index]), daemon=True).start()
     rank = index + 1
-    conn = conns[index]
-    from adaspec.engine.llm_engine import LLMEngine, resolve_device
-
-    device = resolve_device(config.device)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
     else:  # CPU ranks share the cores: do not oversubscribe them
@@ -74,17 +71,28 @@ def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int
     store = torch.distributed.TCPStore("127.0.0.1", port, size, is_master=False, timeout=context.collective_timeout())
     store.set(f"adaspec/up/{rank}", "1")  # rank 0 waits for this while watching the processes (driver.py)
     worker.init_process_group(store)
-    context._WORKER = worker
-    config = dataclasses.replace(config, skip_tokenizer_init=True)  # rank 0 alone reads and writes text
-    engine = LLMEngine(config)  # returns once its part of the start-up (collectives included) is done
-    worker.serve(conn)  # `engine` holds the KV caches the calls name
-    del engine
+    return worker, conns[index]
+
+
+def leave() -> None:
     context.leave_group()
     # skip the interpreter's teardown: this torch build's gloo sometimes aborts there ("terminate
     # called without an active exception"), which would turn a clean stop into exit code -6
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int, beats) -> None:
+    from adaspec.engine.llm_engine import LLMEngine, resolve_device
+
+    worker, conn = join(index, port, size, conns, parent_pid, beats, resolve_device(config.device))
+    context._WORKER = worker
+    config = dataclasses.replace(config, skip_tokenizer_init=True)  # rank 0 alone reads and writes text
+    engine = LLMEngine(config)  # returns once its part of the start-up (collectives included) is done
+    worker.serve(conn)  # `engine` holds the KV caches the calls name
+    del engine
+    leave()
 
 
 def allocate_drafter_caches(engine, drafter_setup, num_slots: int) -> None:

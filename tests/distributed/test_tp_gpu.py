@@ -1,6 +1,24 @@
-"""Tensor parallelism on 2 GPUs (NCCL, bfloat16, CUDA graphs captured per rank with the
-all-reduces inside): the same tokens as one GPU, for the no-spec, fixed-k and adaptive arms,
-greedy and seeded sampling. Skipped without 2 CUDA devices."""
+"""Tensor parallelism on 2 GPUs (NCCL, CUDA graphs captured per rank with the all-reduces inside)
+against one GPU, for the no-spec, fixed-k and adaptive arms. Skipped without 2 CUDA devices.
+
+Why bfloat16 outputs are not asserted token for token: TP = 2 computes the same function in
+another order. Each rank's o_proj and down_proj sum half of the input dimension and the
+all-reduce adds the halves, the LM head is split by vocabulary, and cuBLAS picks other kernels
+(split-K and tile shapes) for the halved matrices. In bf16 (8 mantissa bits, activations rounded
+after every op) the logits then differ in the second or third digit, and greedy decoding rightly
+takes the other branch wherever the top two tokens are that close; after that the continuations
+share nothing. Exact bf16 equality failed on the first two-H200 run (BENCHMARKS.md) and would
+fail on any near-tie, so it says nothing about correctness. What is asserted instead:
+- float32: greedy tokens and seeded samples equal TP = 1's exactly, as in the CPU tests
+  (tests/distributed/test_tp_engine.py): a rounding difference of ~1e-6 does not flip a choice
+  in practice. This is the strict check of the sharding, the collectives in the graphs and the
+  mirroring of every call.
+- bfloat16: per request, tokens agree up to a first divergence, and there TP = 1's own logprobs
+  put both tokens within BF16_TIE nats (a near-tie that rounding may flip); before it the chosen
+  tokens' logprobs agree within BF16_LOGPROB_TOL; and most tokens lie before any divergence.
+  A real fault (a wrong shard, a missing all-reduce, a stale graph input) moves logits by O(1)
+  and fails these.
+"""
 import pytest
 import torch
 
@@ -14,6 +32,13 @@ ARMS = {
     "fixed": {"method": "dspark", "num_speculative_tokens": 7},
     "adaptive": {"method": "dspark", "num_speculative_tokens": 7, "enable_adaptive_verification": True},
 }
+# The tolerances: bf16 logits near 10 are spaced 0.0625 apart, so exact ties occur (the CPU run
+# below showed top-2 margins of 0.0); on CPU (gloo, bf16, tiny pair, 4 prompts x 64 tokens, no
+# spec and fixed k) TP = 2 chose TP = 1's tokens throughout with chosen-token logprobs at most
+# 0.064 nats apart. 0.3 nats leaves room for other GPU kernels; a fault moves them by whole nats.
+BF16_TIE = 0.3  # nats: how close TP = 1 must rate the two tokens where bf16 greedy paths part
+BF16_LOGPROB_TOL = 0.3  # nats: chosen-token logprobs of the two sizes while their paths agree
+BF16_MIN_SHARED = 0.5  # fraction of all generated tokens that must lie before a divergence
 
 
 def _tokens(outs):
@@ -26,10 +51,14 @@ def _fresh_policy(spec, cost_model):
     spec.policy = AdaptivePolicy(cost_model, spec.num_spec_tokens, spec.cfg.adaptive_verification_ema_alpha)
 
 
-@pytest.mark.parametrize("arm", list(ARMS))
-def test_tp2_bf16_equals_tp1(arm, tmp_path):
+def _kw(arm, dtype, tmp_path):
     spec = ARMS[arm] and {**ARMS[arm], "cost_model_cache_dir": str(tmp_path)}
-    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=16, max_model_len=512, speculative_config=spec)
+    return dict(device="cuda", dtype=dtype, max_num_seqs=16, max_model_len=512, speculative_config=spec)
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_tp2_float32_equals_tp1(arm, tmp_path):
+    kw = _kw(arm, "float32", tmp_path)
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     seeded = [SamplingParams(temperature=0.8, seed=i, max_tokens=48, ignore_eos=True) for i in range(len(PROMPTS))]
     one = LLM("tiny", **kw)
@@ -52,3 +81,42 @@ def test_tp2_bf16_equals_tp1(arm, tmp_path):
         assert _tokens(two.generate(PROMPTS, seeded)) == ref_seeded
     finally:
         two.llm_engine.shutdown()
+
+
+def _compare_bf16(ref, got):
+    """-> (problems, tokens before the first divergence, all tokens); see the module's docstring."""
+    problems, shared, total = [], 0, 0
+    for r, (a, b) in enumerate(zip(ref, got)):
+        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+        la, lb = a.outputs[0].logprobs, b.outputs[0].logprobs
+        total += len(ta)
+        j = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        shared += j
+        for i in range(j):
+            if abs(la[i][ta[i]] - lb[i][tb[i]]) > BF16_LOGPROB_TOL:
+                problems.append(f"request {r} token {i}: logprob {la[i][ta[i]]:.3f} (TP=1) vs {lb[i][tb[i]]:.3f}")
+        if j < min(len(ta), len(tb)):
+            if tb[j] not in la[j]:
+                problems.append(f"request {r} token {j}: TP=2 chose {tb[j]}, outside TP=1's top {len(la[j]) - 1}")
+            elif la[j][ta[j]] - la[j][tb[j]] > BF16_TIE:
+                problems.append(f"request {r} token {j}: paths part where TP=1 rates {ta[j]} "
+                                f"{la[j][ta[j]] - la[j][tb[j]]:.3f} nats above TP=2's {tb[j]}: not a near-tie")
+    return problems, shared, total
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_tp2_bf16_stays_within_rounding_of_tp1(arm, tmp_path):
+    kw = _kw(arm, "bfloat16", tmp_path)
+    greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=5)
+    one = LLM("tiny", **kw)
+    ref = one.generate(PROMPTS, greedy)
+    del one
+    torch.cuda.empty_cache()
+    two = LLM("tiny", tensor_parallel_size=2, **kw)
+    try:
+        assert two.llm_engine.runner.graphs is not None
+        problems, shared, total = _compare_bf16(ref, two.generate(PROMPTS, greedy))
+    finally:
+        two.llm_engine.shutdown()
+    assert not problems, "\n".join(problems)
+    assert shared >= BF16_MIN_SHARED * total, f"only {shared} of {total} tokens before the paths part"
