@@ -43,6 +43,7 @@ class ModelRunner:
         self.graphs = None  # engine/cuda_graphs.GraphedForward once captured
         self.num_graph_steps = 0
         self.num_eager_steps = 0
+        self.num_split_steps = 0  # mixed steps run as a graph replay plus an eager forward
 
     @torch.inference_mode()
     def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None) -> ForwardResult:
@@ -51,6 +52,10 @@ class ModelRunner:
         ids = np.fromiter((t for it in items for t in it.token_ids), dtype=np.int64, count=int(qlens.sum()))
         qstart = np.concatenate([[0], np.cumsum(qlens)])
         key = self._graph_key(items, qlens, capture_layers)
+        if key is None and self.graphs is not None:
+            split = self._split_mixed(items, capture_layers)
+            if split is not None:
+                return split
         if key is not None:
             logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items])
             self.num_graph_steps += 1
@@ -69,6 +74,38 @@ class ModelRunner:
             + [np.zeros(0, dtype=np.int64)]
         )
         logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
+        return ForwardResult(logits, hidden, captured, qstart)
+
+    def _split_mixed(self, items, capture_layers) -> ForwardResult | None:
+        """A step mixing decode rows with prefill chunks: the decode rows replay a graph, the rest
+        run eagerly, and the two results are put back in item order. Two forwards instead of
+        one, but the eager one is paid anyway and the decode rows keep the graph's speed (with
+        continuous arrivals most steps at high concurrency carry a prefill chunk)."""
+        decode = [i for i, it in enumerate(items) if it.num_logits == len(it.token_ids)]
+        decode = decode[: self.graphs.batch_sizes[-1]]
+        if not decode or len(decode) == len(items):
+            return None
+        chosen = set(decode)
+        rest = [i for i in range(len(items)) if i not in chosen]
+        self.num_split_steps += 1
+        parts = [(decode, self.execute([items[i] for i in decode], capture_layers)),
+                 (rest, self.execute([items[i] for i in rest], capture_layers))]
+        qlens = np.array([len(it.token_ids) for it in items])
+        nlog = np.array([it.num_logits for it in items])
+        qstart = np.concatenate([[0], np.cumsum(qlens)])
+        lstart = np.concatenate([[0], np.cumsum(nlog)])
+        rows = lambda idx, start, n: np.concatenate(  # noqa: E731 (rows of items idx in the merged order)
+            [np.arange(start[i], start[i] + n[i]) for i in idx] + [np.zeros(0, dtype=np.int64)])
+        first = parts[0][1]
+        logits = first.logits.new_empty(int(nlog.sum()), first.logits.shape[-1])
+        hidden = first.hidden.new_empty(int(qlens.sum()), first.hidden.shape[-1])
+        captured = {k: v.new_empty(int(qlens.sum()), v.shape[-1]) for k, v in first.captured.items()}
+        for idx, res in parts:
+            lrows, trows = to_device(rows(idx, lstart, nlog), self.device), to_device(rows(idx, qstart, qlens), self.device)
+            logits[lrows] = res.logits
+            hidden[trows] = res.hidden
+            for k in captured:
+                captured[k][trows] = res.captured[k]
         return ForwardResult(logits, hidden, captured, qstart)
 
     def _graph_key(self, items, qlens, capture_layers):

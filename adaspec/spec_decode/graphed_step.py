@@ -1,7 +1,8 @@
 """CUDA graphs of the speculative step's decode path: propose, then verify-and-accept, one read back.
 
-When every request of a step decodes (no prefill chunk rides along), none wants logprobs and
-none uses top-k / top-p, the step is at most two graph replays and one device-to-host copy:
+For the requests of a step that decode one token, want no logprobs and use no top-k / top-p (the
+speculative step hands any others, e.g. prefill chunks, to its eager path in the same engine
+step), the step is at most two graph replays and one device-to-host copy:
 
 1. ``propose[B]``: the drafter's backbone pass, Markov loop and confidences for B (padded)
    requests, then each request's query count ``1 + l_r``: the reserved slots (fixed k) or

@@ -143,6 +143,23 @@ class SpeculativeDecoder:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, scheduled: list[ScheduledSeq]):
+        g = self.graphed
+        if g is not None:
+            covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
+            if covered and len(covered) < len(scheduled):
+                # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows
+                # take the graphs, the rest the eager step; two forwards, but the eager one is paid
+                # anyway and with continuous arrivals most steps at high concurrency are mixed
+                chosen = set(covered)
+                rest = [i for i in range(len(scheduled)) if i not in chosen]
+                results: list = [None] * len(scheduled)
+                for idx in (covered, rest):
+                    for i, r in zip(idx, self._step([scheduled[i] for i in idx])):
+                        results[i] = r
+                return results
+        return self._step(scheduled)
+
+    def _step(self, scheduled: list[ScheduledSeq]):
         eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         t0 = time.perf_counter()
         samples = [s.samples for s in scheduled]
@@ -211,15 +228,15 @@ class SpeculativeDecoder:
 
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     def _graph_covers(self, scheduled) -> bool:
-        """Every request decodes one token, wants no logprobs, uses no top-k / top-p, and fits."""
+        """Every request is one the graphs serve, and they fit."""
         g = self.graphed
-        if g is None or len(scheduled) > g.batch_sizes[-1]:
-            return False
-        for s in scheduled:
-            p = s.seq.params
-            if s.num_tokens != 1 or not s.samples or p.logprobs is not None or p.top_p < 1 or p.top_k > 0:
-                return False
-        return True
+        return g is not None and len(scheduled) <= g.batch_sizes[-1] and all(map(self._row_covered, scheduled))
+
+    @staticmethod
+    def _row_covered(s: ScheduledSeq) -> bool:
+        """Decodes one token, wants no logprobs, uses no top-k / top-p."""
+        p = s.seq.params
+        return s.num_tokens == 1 and s.samples and p.logprobs is None and p.top_p >= 1 and p.top_k <= 0
 
     def _graphed_step(self, scheduled, drafted, samples, t0):
         """The step as two graph replays and one read back (graphed_step.py)."""

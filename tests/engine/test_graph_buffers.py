@@ -75,3 +75,19 @@ def test_graph_buffers_match_eager(pair, spec):
     if spec:
         st = graphed.llm_engine.stats
         assert st.num_verified_tokens > 0 and st.num_accepted_tokens > 0
+
+
+@pytest.mark.slow  # the Triton interpreter runs every attention call
+def test_mixed_steps_split_into_graph_and_eager_forward(pair):
+    """Requests arrive while others decode (4 slots, 9 prompts): a step with a prefill chunk runs its
+    decode rows through the graph and the chunk eagerly, and the tokens equal the eager engine's."""
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    eager = _engine(pair, graphs=False, spec=False)
+    graphed = _engine(pair, graphs=True, spec=False)
+    for llm in (eager, graphed):
+        llm.llm_engine.scheduler.max_num_seqs = 4
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert graphed.llm_engine.runner.num_split_steps > 0

@@ -168,3 +168,31 @@ def test_graph_padded_cost_matches_pick_everywhere():
             key = Graphs().pick(r, int(t), drafting=t > r)
             want.append(int(t) if key is None else key[0] * key[1])
         assert cost.padded(r, tokens).tolist() == want, r
+
+
+def test_mixed_steps_split_between_graphs_and_eager_step(pair, plain_greedy, tmp_path):
+    """A request arriving while others decode: the decoding rows take the graphs, the prefill chunk
+    the eager step, in the same engine step; tokens still equal plain decoding."""
+    llm = _llm(pair, tmp_path, 3, True, graphed=True)
+    spec = llm.llm_engine.spec
+    calls, split_steps = [], []
+    inner = spec._step
+
+    def counted(rows):
+        calls.append(len(rows))
+        return inner(rows)
+
+    spec._step = counted
+    outer = spec.step
+
+    def step(scheduled):
+        before = len(calls)
+        out = outer(scheduled)
+        if len(calls) - before == 2:
+            split_steps.append(len(scheduled))
+        return out
+
+    spec.step = step
+    outs = llm.generate(_prompts(), GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == plain_greedy
+    assert split_steps, "no step mixed decoding rows with a prefill chunk"
