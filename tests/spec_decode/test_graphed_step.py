@@ -28,14 +28,17 @@ def _prompts(n=10, seed=0):
     return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(2, 30, (n,), generator=g).tolist()]
 
 
-def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False):
+def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False, arrivals=True):
+    """arrivals: 6 slots for 10 prompts, so requests arrive while others decode (mixed steps, split
+    between the graphs and the eager step); else every prompt is prefilled in the first step."""
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
            "enable_adaptive_verification": adaptive, "cost_model_cache_dir": str(tmp_path),
            "draft_sample_method": "greedy" if greedy_drafts else "probabilistic"}
-    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    slots, budget = (6, 64) if arrivals else (12, 1024)
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=slots, max_num_batched_tokens=budget, block_size=8)
     if graphed:
         spec = llm.llm_engine.spec
-        graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
+        graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, slots])
         graphed.capture(eager=True)
         spec.use_graphs(graphed)
     return llm
@@ -67,8 +70,12 @@ def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, 
     params = [SamplingParams(temperature=0.8 + 0.1 * (i % 3), max_tokens=24, ignore_eos=True, seed=100 + i)
               for i in range(len(_prompts()))]
     params[3] = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)  # a greedy row in the batch
-    eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts).generate(_prompts(), params)
-    llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=greedy_drafts)
+    # adaptive: a mixed step split in two plans two budgets where the eager step plans one (a
+    # different batch composition: README, "Seeds"), so its comparison runs without arrivals
+    arrivals = not adaptive
+    eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts, arrivals=arrivals)
+    eager = eager.generate(_prompts(), params)
+    llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=greedy_drafts, arrivals=arrivals)
     graphed = llm.generate(_prompts(), params)
     assert llm.llm_engine.stats.num_graphed_steps > 10
     assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
