@@ -25,32 +25,10 @@ GOALS = {1: 1.6, 64: 1.7}  # batch -> required speedup of TP=2 over TP=1
 
 
 def decode_steps_any(eng, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
-    """decode_bench's timing on CUDA (with its device-sync count); the same loop without it on CPU."""
-    import statistics
+    """decode_bench's timing (with its device-sync count on CUDA)."""
+    from decode_bench import decode_steps
 
-    import torch
-
-    if eng.device.type == "cuda":
-        from decode_bench import decode_steps
-
-        return decode_steps(eng, batch, prompt_len, steps, vocab)
-    from adaspec.sampling_params import SamplingParams
-
-    g = torch.Generator().manual_seed(batch)
-    for r in range(batch):
-        ids = torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist()
-        eng.add_request(f"b{batch}-{r}", ids, SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
-    while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
-        eng.step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        eng.step()
-        times.append(time.perf_counter() - t0)
-    for s in list(eng.scheduler.running):
-        eng.abort_request(s.request_id)
-    eng.step()
-    return {"step_ms": 1e3 * statistics.median(times), "step_ms_p90": 1e3 * max(times), "syncs_per_step": None}
+    return decode_steps(eng, batch, prompt_len, steps, vocab)
 
 
 def run_size(model: str, tp: int, args, batches: list[int]) -> list[dict]:
