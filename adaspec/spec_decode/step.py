@@ -144,22 +144,24 @@ class SpeculativeDecoder:
     # -- the step ------------------------------------------------------------------------------
     def step(self, scheduled: list[ScheduledSeq]):
         g = self.graphed
-        if g is not None:
-            covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
-            if covered and len(covered) < len(scheduled):
-                # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows
-                # take the graphs, the rest the eager step; two forwards, but the eager one is paid
-                # anyway and with continuous arrivals most steps at high concurrency are mixed
-                chosen = set(covered)
-                rest = [i for i in range(len(scheduled)) if i not in chosen]
-                results: list = [None] * len(scheduled)
-                for idx in (covered, rest):
-                    for i, r in zip(idx, self._step([scheduled[i] for i in idx])):
-                        results[i] = r
-                return results
-        return self._step(scheduled)
+        if g is None:
+            return self._step(scheduled, False)
+        covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
+        if len(covered) in (0, len(scheduled)):
+            return self._step(scheduled, bool(covered))
+        # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows take
+        # the graphs, the rest the eager step; two forwards, but the eager one is paid anyway and
+        # with continuous arrivals most steps at high concurrency are mixed
+        chosen = set(covered)
+        rest = [i for i in range(len(scheduled)) if i not in chosen]
+        results: list = [None] * len(scheduled)
+        for idx, graphed in ((covered, True), (rest, False)):
+            for i, r in zip(idx, self._step([scheduled[i] for i in idx], graphed)):
+                results[i] = r
+        return results
 
-    def _step(self, scheduled: list[ScheduledSeq]):
+    def _step(self, scheduled: list[ScheduledSeq], graphed: bool):
+        """graphed: every row is one the graphs serve (step() decided), so the step replays them."""
         eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         t0 = time.perf_counter()
         samples = [s.samples for s in scheduled]
@@ -172,7 +174,7 @@ class SpeculativeDecoder:
                 np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
             stats.num_steps_draft_skipped += 1
             drafted, drafted_seqs = [], []
-        if self._graph_covers(scheduled):
+        if graphed:
             return self._graphed_step(scheduled, drafted, samples, t0)
         sampling = None
         if drafted:
@@ -227,11 +229,6 @@ class SpeculativeDecoder:
         return results
 
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
-    def _graph_covers(self, scheduled) -> bool:
-        """Every request is one the graphs serve, and they fit."""
-        g = self.graphed
-        return g is not None and len(scheduled) <= g.batch_sizes[-1] and all(map(self._row_covered, scheduled))
-
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
         """Decodes one token, wants no logprobs, uses no top-k / top-p."""
@@ -258,18 +255,20 @@ class SpeculativeDecoder:
         tokens, n_acc, nq = rb[:, : k + 1], rb[:, k + 1], rb[:, k + 2]
         results = [([int(tokens[i, 0])], None) for i in range(len(scheduled))]
         accepted = np.zeros(len(scheduled), dtype=np.int64)
-        if drafting:
-            conf = rb[:, k + 3:].astype(np.int32).view(np.float32)
-            verify_lens = nq - 1
-            self.policy.observe([q.request_id for q in seqs], conf)
-            accepted = n_acc
-            results = [(tokens[i, : n_acc[i] + 1].tolist(), None) for i in range(len(scheduled))]
-            self._count(scheduled, list(range(len(scheduled))), verify_lens, n_acc, conf)
-        else:
-            stats.num_sampled_without_draft += len(scheduled)
+        # rows with draft slots drafted (when the step drafts); the others only sampled their next
+        # token, as in the eager step (their drafts, made in the same graph, are never verified)
+        rows = np.flatnonzero(slots) if drafting else np.zeros(0, dtype=np.int64)
+        if len(rows):
+            conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
+            self.policy.observe([seqs[i].request_id for i in rows], conf)
+            accepted = np.where(slots > 0, n_acc, 0)
+            for i in rows:
+                results[i] = (tokens[i, : n_acc[i] + 1].tolist(), None)
+            self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf)
+        stats.num_sampled_without_draft += len(scheduled) - len(rows)
         for i, s in enumerate(scheduled):  # the drafter's context was written inside the graph
             s.seq.num_computed_tokens += 1 + int(accepted[i])
-            if drafting:
+            if drafting and slots[i]:
                 eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
         stats.time_graphed += t1 - t0  # both replays and the read back: the GPU runs them in one go
         stats.num_graphed_steps += 1
@@ -299,7 +298,7 @@ class SpeculativeDecoder:
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
-        stats, k = self.engine.stats, self.num_spec_tokens
+        k = self.num_spec_tokens
         dev = logits.device
         R = len(drafted)
         verify_lens = num_verify[drafted]

@@ -1,9 +1,8 @@
 """A synthetic-acceptance run is labelled end to end: engine stats -> /metrics -> the bench result
 JSON -> the sweep's point -> the report and the plot title (the embedded tiny target, in process)."""
 import json
-import socket
-import threading
-import time
+import os
+import sys
 
 import pytest
 
@@ -12,6 +11,7 @@ from adaspec.bench.runner import BenchConfig, format_summary, run_benchmark
 from adaspec.bench.specstats import parse_spec_counters, spec_delta
 from adaspec.cli import main
 
+SERVE_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve")
 LABEL = "synthetic acceptance: timing only"
 SPEC = {"method": "synthetic", "synthetic_acceptance": [0.6, 0.5, 0.7], "num_speculative_tokens": 3,
         "draft_sample_method": "greedy"}
@@ -21,25 +21,16 @@ SPEC = {"method": "synthetic", "synthetic_acceptance": [0.6, 0.5, 0.7], "num_spe
 def synthetic_server():
     from adaspec.config import EngineConfig
     from adaspec.engine.llm_engine import LLMEngine
-    from adaspec.serve import server as server_mod
-    from adaspec.serve.state import ServerSettings
 
-    settings = ServerSettings(served_model_names=["tiny"], max_queue=64)
-    eng = server_mod.start_engine(lambda: LLMEngine(EngineConfig("tiny", max_num_seqs=4, speculative_config=SPEC)),
-                                  settings)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = server_mod.make_server(eng, settings, port=sock.getsockname()[1], log_level="warning")
-    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 120  # a bound on a hang only
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    srv.should_exit = True
-    th.join(15)
-    eng.stop()
+    sys.path.insert(0, SERVE_TESTS)
+    try:
+        from live_server import LiveServer
+    finally:
+        sys.path.remove(SERVE_TESTS)
+    server = LiveServer(lambda: LLMEngine(EngineConfig("tiny", max_num_seqs=4, speculative_config=SPEC)),
+                        names=["tiny"], max_queue=64)
+    yield server.url
+    server.close()
 
 
 def test_bench_result_and_summary_carry_the_label(synthetic_server):

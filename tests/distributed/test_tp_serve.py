@@ -5,11 +5,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve"))
+from live_server import stream_in_thread  # noqa: E402  (tests/serve has no package)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -46,24 +48,8 @@ def _workers(pid: int) -> list[int]:
 
 
 def _stream(port: int, max_tokens: int):
-    result, first = {"chunks": []}, threading.Event()
-
-    def go():
-        try:
-            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=120,
-                              json={"prompt": "def f(x):", "max_tokens": max_tokens, "ignore_eos": True,
-                                    "stream": True}) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        result["chunks"].append(line[6:])
-                        first.set()
-        except Exception as e:  # noqa: BLE001 - read by the assertions
-            result["error"] = repr(e)
-        first.set()
-
-    t = threading.Thread(target=go)
-    t.start()
-    return t, result, first
+    return stream_in_thread(f"http://127.0.0.1:{port}/v1/completions",
+                            {"prompt": "def f(x):", "max_tokens": max_tokens, "ignore_eos": True})
 
 
 def _stop(p):

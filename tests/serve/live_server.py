@@ -14,7 +14,7 @@ from adaspec.serve.state import ServerSettings
 class LiveServer:
     """An in-process server; ``engine_thread.call(fn)`` inspects the engine on its own thread."""
 
-    def __init__(self, engine_factory, names=("fake",), **settings):
+    def __init__(self, engine_factory, names=("fake",), start_timeout: float = 120.0, **settings):
         self.settings = ServerSettings(served_model_names=list(names), **settings)
         self.engine_thread = start_engine(engine_factory, self.settings)
         sock = socket.socket()
@@ -25,7 +25,7 @@ class LiveServer:
         self.state = self.server.serve_state
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + start_timeout  # a bound on a hang only (a loaded CI box starts slowly)
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("server did not start")
@@ -54,3 +54,28 @@ def openai_client(server: LiveServer, key: str = "none"):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def stream_in_thread(url: str, body: dict, timeout: float = 120):
+    """Start a streaming completion in a thread; returns (thread, result dict with "chunks",
+    "status" and any "error", event set after the first chunk or at the end)."""
+    import httpx
+
+    result: dict = {"chunks": []}
+    first = threading.Event()
+
+    def go():
+        try:
+            with httpx.stream("POST", url, json=dict(body, stream=True), timeout=timeout) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        result["chunks"].append(line[6:])
+                        first.set()
+        except Exception as e:  # noqa: BLE001 - reported by the assertions
+            result["error"] = repr(e)
+        first.set()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t, result, first

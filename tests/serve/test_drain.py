@@ -7,11 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
+from live_server import stream_in_thread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -40,28 +40,6 @@ def _start(cmd: list[str], port: int, timeout: float = 60) -> subprocess.Popen:
     raise AssertionError("server did not come up")
 
 
-def _stream_in_thread(url: str, body: dict):
-    """Start a streaming request; returns (thread, result dict, event set after the first chunk)."""
-    result: dict = {"chunks": []}
-    first = threading.Event()
-
-    def go():
-        try:
-            with httpx.stream("POST", url, json=dict(body, stream=True), timeout=60) as r:
-                result["status"] = r.status_code
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        result["chunks"].append(line[6:])
-                        first.set()
-        except Exception as e:  # noqa: BLE001 - reported by the assertions
-            result["error"] = repr(e)
-        first.set()
-
-    t = threading.Thread(target=go)
-    t.start()
-    return t, result, first
-
-
 def _finish_reason(result) -> str | None:
     reasons = [json.loads(c)["choices"][0].get("finish_reason") for c in result["chunks"][:-1]
                if json.loads(c).get("choices")]
@@ -72,7 +50,7 @@ def _drain_scenario(cmd, port, max_tokens, expect_reason):
     p = _start(cmd, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens,
+        t, result, first = stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens,
                                                                           "ignore_eos": True})
         assert first.wait(30)
         p.send_signal(signal.SIGTERM)
@@ -140,7 +118,7 @@ def test_a_second_signal_with_a_stream_in_flight_exits_at_once_and_quietly():
     p = _start([sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "60", "0.01"], port)
     base = f"http://127.0.0.1:{port}"
     try:
-        t, result, first = _stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": 3000,
+        t, result, first = stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": 3000,
                                                                           "ignore_eos": True})
         assert first.wait(30)
         p.send_signal(signal.SIGINT)

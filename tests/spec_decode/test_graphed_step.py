@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec_decode.graphed_step import GraphedSpecStep, packed_layout, query_levels
+from adaspec.spec_decode.graphed_step import GraphedSpecStep, GraphPaddedCost, packed_layout, query_levels
+from adaspec.spec_decode.policy import AdaptivePolicy
 from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 
@@ -36,11 +37,13 @@ def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False, arriva
            "draft_sample_method": "greedy" if greedy_drafts else "probabilistic"}
     slots, budget = (6, 64) if arrivals else (12, 1024)
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=slots, max_num_batched_tokens=budget, block_size=8)
+    spec = llm.llm_engine.spec
+    steps = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, slots])
+    steps.capture(eager=True)
     if graphed:
-        spec = llm.llm_engine.spec
-        graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, slots])
-        graphed.capture(eager=True)
-        spec.use_graphs(graphed)
+        spec.use_graphs(steps)
+    elif adaptive:  # the eager step budgets with the graphed step's prices, so both plan alike
+        spec.policy = AdaptivePolicy(GraphPaddedCost(spec.cost_model, steps), k)
     return llm
 
 
@@ -73,12 +76,15 @@ def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, 
     # adaptive: a mixed step split in two plans two budgets where the eager step plans one (a
     # different batch composition: README, "Seeds"), so its comparison runs without arrivals
     arrivals = not adaptive
-    eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts, arrivals=arrivals)
-    eager = eager.generate(_prompts(), params)
+    eager_llm = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=greedy_drafts, arrivals=arrivals)
+    eager = eager_llm.generate(_prompts(), params)
     llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=greedy_drafts, arrivals=arrivals)
     graphed = llm.generate(_prompts(), params)
     assert llm.llm_engine.stats.num_graphed_steps > 10
     assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
+    # the same drafts verified, step for step (the adaptive budgets and their allocation agree)
+    a, b = eager_llm.llm_engine.stats, llm.llm_engine.stats
+    assert (a.num_verified_tokens, a.verify_len_hist) == (b.num_verified_tokens, b.verify_len_hist)
 
 
 def test_logprobs_and_top_p_take_the_eager_path(pair, tmp_path):
@@ -185,9 +191,9 @@ def test_mixed_steps_split_between_graphs_and_eager_step(pair, plain_greedy, tmp
     calls, split_steps = [], []
     inner = spec._step
 
-    def counted(rows):
+    def counted(rows, graphed):
         calls.append(len(rows))
-        return inner(rows)
+        return inner(rows, graphed)
 
     spec._step = counted
     outer = spec.step
