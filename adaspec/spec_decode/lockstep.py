@@ -1,0 +1,198 @@
+"""Two speculative engines in lockstep, and why their seeded outputs part (tests and diagnostics).
+
+The graphed speculative step must draw exactly what the eager step draws: the same keyed uniforms
+(sample/random.py) against the same distributions. It cannot compute those distributions to the
+last bit, though: the graph pads the batch, so its matmuls and attention reduce in another order,
+and float32 probabilities then differ by ~1e-7. An inverse-CDF draw over a whole vocabulary flips
+when its uniform lies that close to a CDF boundary, about once in 10^4 draws (a random 8000-token
+softmax perturbed by one part in 10^7), and a seeded run makes thousands of draws (the drafter's
+k per step, the accept tests, the one categorical draw). Exact token equality at T = 1 is
+therefore the wrong test; a divergence is acceptable only where rounding can explain it.
+
+`run_lockstep` steps an eager engine and a graphed one over the same requests. At each request's
+first differing step it finds the decision that parted them, on the eager side (which records its
+inputs): a draft drawn differently (the DRAFT draw's margin), else the accept tests and the
+categorical draw of the verification (their margins), or the plain sampling of a request that did
+not draft. The margin of a decision is how far its uniform lay from flipping it, as a fraction of
+the scale (for a draw: the distance of u * total to the nearest CDF boundary over the total; for
+an accept test u < p(x)/q(x): |p/q - u| / max(p/q, u)). A divergence is explained when that
+decision's margin is below `tol` (a near-tie); one with a wide margin is a logic difference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.sample.random import ACCEPT, DRAFT, SAMPLE, keyed_uniforms
+from adaspec.spec_decode import step as step_module
+
+NEAR_TIE = 1e-4  # default tol: rounding flips sit at ~1e-7..1e-5, a logic difference at ~0.1
+
+
+def draw_margin(weights: torch.Tensor, u: float) -> float:
+    """How far u * total lies from the nearest CDF boundary of the inverse-CDF draw, / total."""
+    cum = weights.double().cumsum(-1)  # float64: the margin itself must not be rounding noise
+    total = float(cum[-1])
+    if total <= 0:
+        return float("inf")
+    t = u * total
+    idx = int(torch.searchsorted(cum, torch.tensor([t], dtype=torch.float64), right=True)[0])
+    lo = float(cum[idx - 1]) if idx > 0 else 0.0
+    hi = float(cum[min(idx, cum.shape[0] - 1)])
+    return min(t - lo, hi - t) / total
+
+
+def accept_margin(p_x: float, q_x: float, u: float) -> float:
+    """Margin of the accept test u < p(x) / q(x) (q = 1 for deterministic drafts)."""
+    ratio = p_x / q_x if q_x > 0 else float("inf")
+    return abs(ratio - u) / max(ratio, u, 1e-30)
+
+
+@dataclass
+class Divergence:
+    request_id: str
+    step: int
+    index: int  # first differing output token
+    decision: str  # "draft j", "accept j", "draw", "plain draw", or "unrecorded"
+    margin: float
+    eager_tokens: list[int] = field(default_factory=list)
+    graphed_tokens: list[int] = field(default_factory=list)
+
+    def explained(self, tol: float = NEAR_TIE) -> bool:
+        return self.margin < tol
+
+
+class _EagerTap:
+    """Records the eager engine's draws of one step by request id: its proposals (drafts and q),
+    its rejection-sampling inputs, and its plain samples."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.proposals: dict[str, dict] = {}
+        self.verify: dict[str, dict] = {}
+        self.plain: dict[str, dict] = {}
+        spec = engine.spec
+        propose, accept, sample = spec.propose, spec._accept, engine.sample
+        self._drafted_ids: list[str] = []
+
+        def tap_propose(seqs, anchor_ids, anchor_pos, *a, **kw):
+            prop = propose(seqs, anchor_ids, anchor_pos, *a, **kw)
+            for n, s in enumerate(seqs):
+                self.proposals[s.request_id] = dict(tokens=prop.tokens[n].tolist(), q=prop.probs[n].float().cpu(),
+                                                    anchor=int(anchor_pos[n]), seed=int(s.seed))
+            return prop
+
+        def tap_accept(scheduled, drafted, drafted_seqs, *a, **kw):
+            self._drafted_ids = [s.request_id for s in drafted_seqs]
+            return accept(scheduled, drafted, drafted_seqs, *a, **kw)
+
+        def tap_sample(logits, seqs, batch=None):
+            out = sample(logits, seqs, batch)
+            if batch is None and all(s.params.greedy for s in seqs):
+                return out
+            probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
+                                                    logits.device).probs(logits)
+            for n, s in enumerate(seqs):
+                self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids))
+            return out
+
+        spec.propose, spec._accept, engine.sample = tap_propose, tap_accept, tap_sample
+
+    def rejection_sample(self, original):
+        def tap(draft_tokens, num_verify, p, q, greedy, seeds, anchors, **kw):
+            out = original(draft_tokens, num_verify, p, q, greedy, seeds, anchors, **kw)
+            for n, rid in enumerate(self._drafted_ids):
+                self.verify[rid] = dict(drafts=draft_tokens[n].tolist(), num_verify=int(num_verify[n]),
+                                        n_acc=int(out.num_accepted[n]), p=p[n].float().cpu(),
+                                        q=None if q is None else q[n].float().cpu(), seed=int(seeds[n]),
+                                        anchor=int(anchors[n]), greedy=bool(greedy[n]))
+            return out
+        return tap
+
+    def clear(self):
+        self.proposals.clear()
+        self.verify.clear()
+        self.plain.clear()
+
+
+def _u(seed: int, pos: int, stream: int, anchor: int | None = None) -> float:
+    a = None if anchor is None else torch.tensor([anchor])
+    return float(keyed_uniforms(torch.tensor([seed]), torch.tensor([pos]), stream, a)[0])
+
+
+def _parting_decision(tap: _EagerTap, graphed_drafts: list[int] | None, rid: str) -> tuple[str, float]:
+    """The eager decision that parted the two engines for request rid this step, and its margin."""
+    v = tap.verify.get(rid)
+    prop = tap.proposals.get(rid)
+    if v is not None and prop is not None:
+        nv, a, seed = v["num_verify"], v["anchor"], v["seed"]
+        if graphed_drafts is not None:
+            diff = [j for j in range(nv) if prop["tokens"][j] != graphed_drafts[j]]
+            if diff:  # a draft drawn differently: the drafter's DRAFT draw at slot j
+                j = diff[0]
+                return f"draft {j}", draw_margin(prop["q"][j], _u(seed, a + 1 + j, DRAFT, a))
+        margins = []
+        for j in range(min(v["n_acc"] + 1, nv)):  # the accept tests up to the first rejection
+            x = v["drafts"][j]
+            q_x = 1.0 if v["q"] is None else float(v["q"][j, x])
+            margins.append((f"accept {j}", accept_margin(float(v["p"][j, x]), q_x, _u(seed, a + 1 + j, ACCEPT, a))))
+        n = v["n_acc"]
+        dist = v["p"][n].double()
+        if n < nv:  # rejected: the residual p - q
+            q_stop = torch.zeros_like(dist)
+            if v["q"] is None:
+                q_stop[v["drafts"][n]] = 1.0
+            else:
+                q_stop = v["q"][n].double()
+            res = (dist - q_stop).clamp_min(0.0)
+            dist = res if float(res.sum()) > 0 else dist
+        margins.append(("draw", draw_margin(dist, _u(seed, a + 1 + n, SAMPLE))))
+        return min(margins, key=lambda m: m[1])
+    s = tap.plain.get(rid)
+    if s is not None:
+        return "plain draw", draw_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE))
+    return "unrecorded", float("inf")
+
+
+def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
+    """Step both engines (LLMEngine, the same model and speculative config; `graphed` runs the
+    graphed step) over requests [(request_id, prompt token ids, SamplingParams)] until both are
+    done. -> (the divergences, each request's first only; requests compared)."""
+    tap = _EagerTap(eager)
+    order: list[str] = []
+    graphed_step = graphed.spec._graphed_step
+
+    def tap_graphed(scheduled, *a):
+        order[:] = [s.seq.request_id for s in scheduled]
+        return graphed_step(scheduled, *a)
+
+    graphed.spec._graphed_step = tap_graphed
+    for rid, prompt, params in requests:
+        eager.add_request(rid, prompt, params)
+        graphed.add_request(rid, prompt, params)
+    found: list[Divergence] = []
+    parted: set[str] = set()
+    original = step_module.rejection_sample
+    step_module.rejection_sample = tap.rejection_sample(original)
+    try:
+        step = 0
+        while eager.has_unfinished_requests() or graphed.has_unfinished_requests():
+            step += 1
+            tap.clear()
+            order.clear()
+            want = {o.request_id: list(o.outputs[0].token_ids) for o in eager.step()}
+            got = {o.request_id: list(o.outputs[0].token_ids) for o in graphed.step()}
+            g = graphed.spec.graphed
+            for rid in sorted(set(want) | set(got)):
+                if rid in parted or want.get(rid) == got.get(rid):
+                    continue
+                parted.add(rid)
+                a, b = want.get(rid) or [], got.get(rid) or []
+                first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                drafts = g.drafts[order.index(rid)].tolist() if rid in order else None
+                decision, margin = _parting_decision(tap, drafts, rid)
+                found.append(Divergence(rid, step, first, decision, margin, a[first:first + 3], b[first:first + 3]))
+    finally:
+        step_module.rejection_sample = original
+    return found, len(requests)

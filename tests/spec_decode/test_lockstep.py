@@ -1,0 +1,42 @@
+"""The lockstep divergence check (spec_decode/lockstep.py) that the GPU test of seeded sampling
+relies on: on the tiny pair with the graphed functions run eagerly (CPU), divergences between the
+graphed and the eager step are near-ties only; a graphed step that draws with the wrong seed is
+caught as logic differences; the margins themselves are exact on hand-made cases."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from adaspec.spec_decode import graphed_step
+from adaspec.spec_decode.lockstep import NEAR_TIE, accept_margin, draw_margin, run_lockstep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from graph_divergence_check import engine, requests  # noqa: E402
+
+
+def test_draw_margin_is_the_distance_to_the_nearest_boundary():
+    w = torch.tensor([0.25, 0.25, 0.5])
+    assert draw_margin(w, 0.3) == pytest.approx(0.05)  # boundaries at 0.25 and 0.5
+    assert draw_margin(w, 0.5) == pytest.approx(0.0)
+    assert draw_margin(w * 4, 0.9) == pytest.approx(0.1)  # unnormalized weights: a fraction of the total
+    assert accept_margin(0.5, 1.0, 0.25) == pytest.approx(0.5)
+    assert accept_margin(0.2, 0.4, 0.5) == pytest.approx(0.0)
+
+
+def test_graphed_step_parts_from_eager_only_at_near_ties():
+    found, n = run_lockstep(engine(False, "cpu", 5), engine(True, "cpu", 5), requests(19, 19))
+    assert all(d.explained() for d in found), [d for d in found if not d.explained()]
+    assert len(found) <= 2, f"{len(found)} of {n} requests differ"
+
+
+def test_a_graphed_step_with_the_wrong_seed_is_caught(monkeypatch):
+    original = graphed_step.rejection_sample
+
+    def wrong_seed(draft_tokens, num_verify, p, q, greedy, seeds, anchors, **kw):
+        return original(draft_tokens, num_verify, p, q, greedy, seeds + 1, anchors, **kw)
+
+    monkeypatch.setattr(graphed_step, "rejection_sample", wrong_seed)
+    found, n = run_lockstep(engine(False, "cpu", 5), engine(True, "cpu", 5), requests(12, 20))
+    assert len(found) > n // 2
+    assert sum(not d.explained(NEAR_TIE) for d in found) > n // 2
