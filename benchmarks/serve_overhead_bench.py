@@ -1,0 +1,114 @@
+"""What the HTTP server costs on top of the engine: the real `adaspec serve` stack (uvicorn,
+FastAPI, the engine thread, SSE streaming, metrics) around a fake engine whose step takes a fixed
+time and emits one token (or --tokens-per-step) per running request, driven by the real
+`adaspec bench serve` client (streaming completions, closed loop of C requests).
+
+The fake step sleeps, which releases the GIL as a GPU step's wait for its results does, so the
+gap between the measured output throughput and the ideal one, C x tokens-per-step per step time,
+is the server's own work per step and per chunk (and the client's, on a small machine). This is
+how the H200 frontier's "none" arm could make 4,033 tok/s through the server at C = 256 against
+22,960 offline (BENCHMARKS.md, run 4): a server ceiling shows up here without a GPU.
+
+    python3 benchmarks/serve_overhead_bench.py [--step-ms 10] [--concurrency 1,64,256] [--output-len 64]
+        [--tokens-per-step 1] [--out FILE]
+
+Prints per concurrency the output throughput, its ideal, their ratio and the ITL p50/p99, and
+writes them as JSON (--out). One server per run; the client's numbers come from its result file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SERVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from fake_engine import FakeEngine
+from adaspec.serve.server import run
+from adaspec.serve.state import ServerSettings
+factory = lambda: FakeEngine(step_delay={step_s!r}, max_model_len=4096, max_num_seqs={max_seqs},
+                             num_kv_blocks=1 << 20, tokens_per_step={k})
+sys.exit(run(factory, ServerSettings(served_model_names=["fake"], disable_log_requests=True), "127.0.0.1",
+             {port}, "warning", access_log=False))
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not become healthy")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--step-ms", type=float, default=10.0, help="the fake engine's step time")
+    ap.add_argument("--concurrency", default="1,64,256")
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--tokens-per-step", type=int, default=1, help=">1 mimics speculation: tokens per chunk")
+    ap.add_argument("--prompts-per-request", type=int, default=2, help="requests per point = this x C (at least 8)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    concs = [int(c) for c in args.concurrency.split(",")]
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    code = _SERVER.format(tests=str(ROOT / "tests" / "serve"), step_s=args.step_ms / 1000, max_seqs=max(concs),
+                          k=args.tokens_per_step, port=port)
+    server = subprocess.Popen([sys.executable, "-c", code], env=env)
+    rows = []
+    try:
+        _wait_healthy(port, server)
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in concs:
+                name = f"c{c}.json"
+                n = max(8, args.prompts_per_request * c)
+                subprocess.run([sys.executable, "-m", "adaspec.cli", "bench", "serve", "--port", str(port),
+                                "--model", "fake", "--max-concurrency", str(c), "--num-prompts", str(n),
+                                "--output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
+                                "--disable-tqdm", "--num-warmups", str(min(c, 8)), "--save-result",
+                                "--result-dir", tmp, "--result-filename", name],
+                               env=env, check=True, stdout=subprocess.DEVNULL)
+                r = json.loads((Path(tmp) / name).read_text())
+                ideal = c * args.tokens_per_step * 1000.0 / args.step_ms
+                rows.append(dict(concurrency=c, num_prompts=n, output_throughput=r["output_throughput"],
+                                 ideal_output_throughput=ideal, efficiency=r["output_throughput"] / ideal,
+                                 median_itl_ms=r.get("median_itl_ms"), p99_itl_ms=r.get("p99_itl_ms")))
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(f"fake engine step {args.step_ms} ms, {args.tokens_per_step} token(s) per step, "
+          f"{args.output_len} output tokens, {os.cpu_count()} CPUs")
+    print(f"{'C':>5} {'out tok/s':>10} {'ideal':>9} {'ratio':>6} {'ITL p50':>8} {'ITL p99':>8}")
+    for r in rows:
+        print(f"{r['concurrency']:>5} {r['output_throughput']:>10.0f} {r['ideal_output_throughput']:>9.0f} "
+              f"{r['efficiency']:>6.2f} {r['median_itl_ms'] or 0:>8.2f} {r['p99_itl_ms'] or 0:>8.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(args=vars(args), cpus=os.cpu_count(), rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
