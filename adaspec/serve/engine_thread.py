@@ -2,8 +2,9 @@
 
 The engine is single-threaded (docs/ENGINE_API.md), so every engine call — construction
 included — happens on this thread. Requests and aborts arrive through a thread-safe inbox that
-the thread drains between steps; each step's output for a request is handed to that request's
-``asyncio.Queue`` with ``loop.call_soon_threadsafe``. The event loop therefore never blocks on
+the thread drains between steps; each step's outputs are handed to their requests'
+``asyncio.Queue``s by one ``loop.call_soon_threadsafe`` per step (not one per request: each call
+writes to the loop's self-pipe and wakes it). The event loop therefore never blocks on
 the engine and keeps answering /health and accepting requests while a step runs.
 """
 from __future__ import annotations
