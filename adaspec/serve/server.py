@@ -9,6 +9,7 @@ uvicorn shut down normally. A second signal forces the exit.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -125,6 +126,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def freeze_startup_objects() -> int:
+    """Move every object alive now (the model, its CUDA graphs, the tokenizer, the app) into the
+    garbage collector's permanent generation, as vLLM does after its engine starts. The engine's
+    per-step outputs trigger young-generation collections several times a step at high
+    concurrency, and those slowed the engine's host work by a third (LLMEngine.step at 256
+    streaming requests: 2.25 ms with the collector as is, 1.5 ms frozen, 1.4 ms with it off; CPU,
+    BENCHMARKS.md). The server holds one engine for its whole life, so nothing frozen is ever
+    meant to be freed; objects made later are collected as usual. -> the number frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
         log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status: 0, or 1
@@ -139,6 +153,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         raise
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
+        freeze_startup_objects()
         log.info("adaspec serving %s on http://%s:%d", settings.served_model_names[0], host,
                  sock.getsockname()[1])
         server.run(sockets=[sock])
