@@ -4,7 +4,8 @@ Concurrency C = closed loop with at most C requests in flight: the engine runs w
 max_num_seqs=C and all prompts queued, so a new request starts as soon as one finishes.
 Per run: output throughput (generated tokens / wall time of the run), per-user speed per
 request ((output_tokens - 1) / (finish - first token)), median and p10 over requests, TTFT
-median, mean accepted length and acceptance rate from the engine's counters.
+median (from when a closed-loop client would have sent the request: when a slot freed), mean
+accepted length and acceptance rate from the engine's counters.
 
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
@@ -48,11 +49,23 @@ def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dic
     return cfg
 
 
+def closed_loop_arrivals(t0: float, finish_times: list[float], n: int, c: int) -> list[float]:
+    """When each of n requests (in queue order) would have been sent by a closed loop of c clients:
+    the first c at t0, request j >= c when the (j - c)-th request to finish (in finishing order)
+    freed its client. The engine admits queued requests first come first served as slots free, so
+    this is when each one got its slot; TTFT is counted from there, not from t0 (from t0 it would
+    include the wait behind the requests before it)."""
+    done = sorted(finish_times)
+    return [t0 if j < c else done[j - c] for j in range(n)]
+
+
 def run_point(llm, prompts, params):
     eng = llm.llm_engine
     s0 = dict(eng.stats.as_dict())
+    rids = []
     for i, p in enumerate(prompts):
-        eng.add_request(f"b{time.monotonic_ns()}-{i}", p, params)
+        rids.append(f"b{time.monotonic_ns()}-{i}")
+        eng.add_request(rids[-1], p, params)
     t0 = time.monotonic()
     first, done, ntok = {}, {}, {}
     while eng.has_unfinished_requests():
@@ -66,7 +79,8 @@ def run_point(llm, prompts, params):
     wall = time.monotonic() - t0
     s1 = eng.stats.as_dict()
     speeds = [(ntok[r] - 1) / (done[r] - first[r]) for r in done if ntok[r] > 1 and done[r] > first[r]]
-    ttft = [first[r] - t0 for r in first]  # all queued at t0: includes queueing, as a closed loop would
+    sent = closed_loop_arrivals(t0, list(done.values()), len(rids), eng.scheduler.max_num_seqs)
+    ttft = [first[r] - at for r, at in zip(rids, sent) if r in first]
     d = lambda k: s1[k] - s0[k]
     return dict(
         output_throughput=sum(ntok.values()) / wall, duration=wall, total_output_tokens=sum(ntok.values()),
