@@ -7,7 +7,9 @@
 #                its server and keeps every finished point) in time for the report to be written
 #   MODEL        a model the server/engine loads as is (e.g. `tiny` for a CPU smoke test): skips
 #                the pair build; DRAFTER then names its drafter (empty: the server's default)
-#   PAIR_DIR     where the pair is built, or found already built (default /tmp/pair)
+#   PAIR_DIR     where the pair is built, or found already built (default /tmp/pair). A device call
+#                issued within ~30 s of the previous one lands on the same warm machine, which still
+#                has /tmp/pair: the H200 run 4 made four commands on one build this way (BENCHMARKS.md)
 #   WHEELS_DIR   wheels for the server stack (default .whl; benchmarks/fetch_server_wheels.sh)
 #   RUNS_DIR     where the sweep directories are written before they are collected into OUT
 #                (default /tmp/adaspec-runs)
