@@ -127,6 +127,9 @@ class Driver(TPContext):
         self.ready = False  # the engine reached its first mirror(): init collectives are over
         self._stopping = False  # worker exits from now on are expected (shutdown, or we killed them)
         self._shut = False
+        # weakref.WeakMethods called before the group is left (the engine frees its CUDA graphs:
+        # live graphs holding NCCL collectives make destroy_process_group hang, pytorch#115388)
+        self.before_leave: list = []
         self._monitor = threading.Thread(target=self._watch, name="adaspec-tp-monitor", daemon=True)
         self._monitor.start()
         atexit.register(self.shutdown)
@@ -239,5 +242,13 @@ class Driver(TPContext):
                 log.warning("tensor-parallel worker pid %d did not stop; killing it", p.pid)
                 p.kill()
                 p.join(5.0)
+        for ref in self.before_leave:  # weak references to bound methods (the engine's)
+            hook = ref()
+            if hook is None:
+                continue
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - leaving the group matters more than the hook
+                log.exception("a tensor-parallel shutdown hook failed")
         if not leave_group():
             log.warning("torch.distributed.destroy_process_group did not return within 10 s; left behind")

@@ -91,6 +91,7 @@ def worker_main(index: int, config, port: int, size: int, conns, parent_pid: int
     config = dataclasses.replace(config, skip_tokenizer_init=True)  # rank 0 alone reads and writes text
     engine = LLMEngine(config)  # returns once its part of the start-up (collectives included) is done
     worker.serve(conn)  # `engine` holds the KV caches the calls name
+    engine.release_cuda_graphs()  # before the group goes: see Driver.before_leave
     del engine
     leave()
 

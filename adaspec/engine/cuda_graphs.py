@@ -50,6 +50,21 @@ class _Graph:
         return self.outputs
 
 
+def release_graphs(graphs: dict) -> int:
+    """Free the captured graphs of a {key: _Graph} dict and empty it. -> how many were freed.
+    Under tensor parallelism this must happen before the process group is destroyed: a live graph
+    holding NCCL collectives makes destroy_process_group hang (pytorch#115388; freeing the graphs
+    first is the workaround Megatron-Bridge adopted)."""
+    n = 0
+    for g in graphs.values():
+        if g.graph is not None:
+            g.graph.reset()
+            n += 1
+        g.outputs = g.forward = None
+    graphs.clear()
+    return n
+
+
 class GraphedForward:
     """Static input buffers, the captured graphs, and the per-step refresh of the buffers."""
 
@@ -128,6 +143,12 @@ class GraphedForward:
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         announce(f"captured {len(self.graphs)} CUDA graphs (requests {_ranges(self.batch_sizes)} x query tokens "
                  f"{list(self.query_lens)}) in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+
+    def release(self) -> int:
+        """Free every captured graph and the pool (see release_graphs); the engine then runs eagerly."""
+        n = release_graphs(self.graphs)
+        self.pool = None
+        return n
 
     # -- replay --------------------------------------------------------------------------------
     def pick(self, num_requests: int, max_query: int) -> tuple[int, int] | None:

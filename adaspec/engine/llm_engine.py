@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 
 import torch
 
@@ -127,6 +128,8 @@ class LLMEngine:
         if self.use_cuda_graphs:
             self._capture_graphs(drafter, lookahead)
         if tp:  # rank 0: proxies that announce each model call to the workers; a worker: registers them
+            if tp.is_driver:  # weakly: the driver must not keep a dropped engine (its caches) alive
+                tp.before_leave.append(weakref.WeakMethod(self.release_cuda_graphs))
             self.runner = tp.mirror("runner", self.runner)
             if drafter is not None:
                 drafter.drafter = tp.mirror("drafter", drafter.drafter)
@@ -145,9 +148,27 @@ class LLMEngine:
                  "on" if self.spec else "off")
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (also done at interpreter exit); nothing to do otherwise."""
+        """Stop the tensor-parallel workers (also done at interpreter exit); nothing to do otherwise.
+        The CUDA graphs are freed first (Driver.before_leave), so the engine is unusable after."""
         if self.tp is not None:
             self.tp.shutdown()
+
+    def release_cuda_graphs(self) -> int:
+        """Free every captured CUDA graph (the target's and the speculative step's); later steps
+        run eagerly. Under tensor parallelism this runs before the process group is left, on every
+        rank: a live graph holding NCCL collectives makes destroy_process_group hang. -> how many."""
+        n = 0
+        graphs = getattr(self.runner, "graphs", None)
+        if graphs is not None:
+            n += graphs.release()
+            self.runner.graphs = None
+        spec = getattr(self, "spec", None)
+        if spec is not None and spec.graphed is not None:
+            n += spec.graphed.release()
+            spec.use_graphs(None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return n
 
     def _capture_graphs(self, drafter, lookahead: int) -> None:
         from adaspec.engine.cuda_graphs import GraphedForward

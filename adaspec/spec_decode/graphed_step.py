@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
-from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes
+from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes, release_graphs
 from adaspec.models.attention import AttentionMetadata
 from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
@@ -234,6 +234,12 @@ class GraphedSpecStep:
         announce(f"captured {len(self.propose_graphs) + len(self.verify_graphs)} CUDA graphs of the speculative "
                  f"step (requests {_ranges(self.batch_sizes)}: propose, and verify x query tokens {self.levels}) "
                  f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+
+    def release(self) -> int:
+        """Free every captured graph (see cuda_graphs.release_graphs)."""
+        n = release_graphs(self.propose_graphs) + release_graphs(self.verify_graphs)
+        self.pool = None
+        return n
 
     # -- one step ------------------------------------------------------------------------------
     def pick(self, num_requests: int, max_tokens: int, drafting: bool) -> tuple[int, int] | None:

@@ -25,6 +25,27 @@ def test_workers_stop_on_shutdown():
     LLM("tiny", tensor_parallel_size=2, **KW).llm_engine.shutdown()  # the process can start another
 
 
+def test_shutdown_frees_the_cuda_graphs_before_leaving_the_group(monkeypatch):
+    """A live CUDA graph holding NCCL collectives makes destroy_process_group hang: rank 0 frees
+    its graphs first (the workers do the same before they leave)."""
+    from adaspec.distributed import driver as driver_module
+
+    order = []
+
+    class Graphs:  # stands in for GraphedForward (CPU engines capture none)
+        def release(self):
+            order.append("release")
+            return 3
+
+    real_leave = driver_module.leave_group
+    monkeypatch.setattr(driver_module, "leave_group", lambda: order.append("leave") or real_leave())
+    llm = LLM("tiny", tensor_parallel_size=2, **KW)
+    llm.llm_engine.runner.graphs = Graphs()
+    llm.llm_engine.shutdown()
+    assert order == ["release", "leave"]
+    assert llm.llm_engine.runner.graphs is None
+
+
 def _victim(*args, **env):
     script = Path(__file__).with_name("tp_victim.py")
     env = {**os.environ, **env,

@@ -209,3 +209,15 @@ def test_mixed_steps_split_between_graphs_and_eager_step(pair, plain_greedy, tmp
     outs = llm.generate(_prompts(), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == plain_greedy
     assert split_steps, "no step mixed decoding rows with a prefill chunk"
+
+
+def test_release_cuda_graphs_frees_them_and_the_engine_goes_on_eagerly(pair, plain_greedy, tmp_path):
+    llm = _llm(pair, tmp_path, 3, False, graphed=True)
+    eng = llm.llm_engine
+    assert eng.spec.graphed is not None and eng.spec.graphed.verify_graphs
+    graphed = eng.spec.graphed
+    eng.release_cuda_graphs()
+    assert eng.spec.graphed is None and not graphed.verify_graphs and not graphed.propose_graphs
+    before = eng.stats.num_graphed_steps
+    got = [o.outputs[0].token_ids for o in llm.generate(_prompts(), GREEDY)]
+    assert got == plain_greedy and eng.stats.num_graphed_steps == before
