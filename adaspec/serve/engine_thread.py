@@ -203,6 +203,13 @@ class EngineThread:
 
     def _publish(self, outputs) -> None:
         batches: dict[Any, list] = {}  # event loop -> [(queue, chunk)] of this step
+        try:
+            self._collect(outputs, batches)
+        finally:  # what was collected goes out even if a later output raised (the engine then dies)
+            for loop, items in batches.items():
+                self._deliver_many(loop, items)
+
+    def _collect(self, outputs, batches: dict) -> None:
         for out in outputs:
             route = self._routes.get(out.request_id)
             if route is None:  # aborted by us already
@@ -224,8 +231,6 @@ class EngineThread:
                 del self._routes[out.request_id]
                 if self.metrics is not None:
                     self.metrics.on_finish(out.request_id, finish, route.arrival)
-        for loop, items in batches.items():
-            self._deliver_many(loop, items)
 
     def _run(self) -> None:
         try:

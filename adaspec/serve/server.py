@@ -128,11 +128,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def freeze_startup_objects() -> int:
     """Move every object alive now (the model, its CUDA graphs, the tokenizer, the app) into the
-    garbage collector's permanent generation, as vLLM does after its engine starts. The engine's
-    per-step outputs trigger young-generation collections several times a step at high
-    concurrency, and those slowed the engine's host work by a third (LLMEngine.step at 256
-    streaming requests: 2.25 ms with the collector as is, 1.5 ms frozen, 1.4 ms with it off; CPU,
-    BENCHMARKS.md). The server holds one engine for its whole life, so nothing frozen is ever
+    garbage collector's permanent generation, as vLLM does after its engine starts. A process that
+    imported torch tracks ~300k objects, and every full collection walks them all: ~220 ms on the
+    2-core CPU box during which the engine stands still for every request in flight (one came
+    within 200 steps at 256 streaming requests; frozen, a full collection takes ~0 ms:
+    benchmarks/host_step_bench.py, BENCHMARKS.md). The young-generation collections of each step
+    are not changed. The server holds one engine for its whole life, so nothing frozen is ever
     meant to be freed; objects made later are collected as usual. -> the number frozen."""
     gc.collect()
     gc.freeze()

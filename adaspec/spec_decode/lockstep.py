@@ -10,13 +10,17 @@ k per step, the accept tests, the one categorical draw). Exact token equality at
 therefore the wrong test; a divergence is acceptable only where rounding can explain it.
 
 `run_lockstep` steps an eager engine and a graphed one over the same requests. At each request's
-first differing step it finds the decision that parted them, on the eager side (which records its
-inputs): a draft drawn differently (the DRAFT draw's margin), else the accept tests and the
-categorical draw of the verification (their margins), or the plain sampling of a request that did
-not draft. The margin of a decision is how far its uniform lay from flipping it, as a fraction of
-the scale (for a draw: the distance of u * total to the nearest CDF boundary over the total; for
-an accept test u < p(x)/q(x): |p/q - u| / max(p/q, u)). A divergence is explained when that
-decision's margin is below `tol` (a near-tie); one with a wide margin is a logic difference.
+first differing step it finds the decision that parted them, from both sides' drafts and accept
+counts, and judges it on the eager side (which records its inputs): a draft drawn differently
+within the verified prefix (the DRAFT draw), else, when the two accepted different numbers of
+drafts, the first accept test where they differ, else the categorical draw of the verification,
+or the plain sampling of a request that did not draft. The margin of a decision is how far its
+uniform lay from flipping it, as a fraction of the scale (for a draw: the distance of u * total to
+the nearest CDF boundary over the total; for an accept test u < p(x)/q(x): |p/q - u| / max(p/q, u)).
+A divergence is explained when that decision's margin is below `tol` (a near-tie); one with a wide
+margin is a logic difference. Rounding flips measured 9e-9 (CPU) and 1e-8 to 3e-8 (H200); a wrong
+seed, temperature or residual gives margins from 1e-5 up on the tiny pair's 8,000-token vocabulary,
+hence the default of 1e-6.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import torch
 from adaspec.sample.random import ACCEPT, DRAFT, SAMPLE, keyed_uniforms
 from adaspec.spec_decode import step as step_module
 
-NEAR_TIE = 1e-4  # default tol: rounding flips sit at ~1e-7..1e-5, a logic difference at ~0.1
+NEAR_TIE = 1e-6  # default tol: rounding flips measured at 1e-8..3e-8 (module docstring)
 
 
 def draw_margin(weights: torch.Tensor, u: float) -> float:
@@ -84,8 +88,11 @@ class _EagerTap:
             return prop
 
         def tap_accept(scheduled, drafted, drafted_seqs, *a, **kw):
-            self._drafted_ids = [s.request_id for s in drafted_seqs]
-            return accept(scheduled, drafted, drafted_seqs, *a, **kw)
+            self._drafted_ids = [s.request_id for s in drafted_seqs]  # recorded only while set
+            try:
+                return accept(scheduled, drafted, drafted_seqs, *a, **kw)
+            finally:
+                self._drafted_ids = []
 
         def tap_sample(logits, seqs, batch=None):
             out = sample(logits, seqs, batch)
@@ -98,6 +105,12 @@ class _EagerTap:
             return out
 
         spec.propose, spec._accept, engine.sample = tap_propose, tap_accept, tap_sample
+        self._originals = (spec, propose, accept, sample)
+
+    def remove(self) -> None:
+        spec, propose, accept, sample = self._originals
+        for obj, name in ((spec, "propose"), (spec, "_accept"), (self.engine, "sample")):
+            obj.__dict__.pop(name, None)  # the instance attribute set above; the method shows again
 
     def rejection_sample(self, original):
         def tap(draft_tokens, num_verify, p, q, greedy, seeds, anchors, **kw):
@@ -121,36 +134,37 @@ def _u(seed: int, pos: int, stream: int, anchor: int | None = None) -> float:
     return float(keyed_uniforms(torch.tensor([seed]), torch.tensor([pos]), stream, a)[0])
 
 
-def _parting_decision(tap: _EagerTap, graphed_drafts: list[int] | None, rid: str) -> tuple[str, float]:
-    """The eager decision that parted the two engines for request rid this step, and its margin."""
+def _parting_decision(tap: _EagerTap, graphed_row: dict | None, rid: str) -> tuple[str, float]:
+    """The decision that parted the two engines for request rid this step, judged by the eager
+    side's inputs, and its margin. graphed_row: the graphed step's drafts and accepted count."""
     v = tap.verify.get(rid)
     prop = tap.proposals.get(rid)
-    if v is not None and prop is not None:
-        nv, a, seed = v["num_verify"], v["anchor"], v["seed"]
-        if graphed_drafts is not None:
-            diff = [j for j in range(nv) if prop["tokens"][j] != graphed_drafts[j]]
-            if diff:  # a draft drawn differently: the drafter's DRAFT draw at slot j
-                j = diff[0]
-                return f"draft {j}", draw_margin(prop["q"][j], _u(seed, a + 1 + j, DRAFT, a))
-        margins = []
-        for j in range(min(v["n_acc"] + 1, nv)):  # the accept tests up to the first rejection
+    if v is not None and prop is not None and graphed_row is not None:
+        nv, a, seed, n_e = v["num_verify"], v["anchor"], v["seed"], v["n_acc"]
+        n_g = min(graphed_row["n_acc"], nv)
+        # drafts matter up to the first rejection on either side (later ones were never judged)
+        upto = min(max(n_e, n_g) + 1, nv)
+        diff = [j for j in range(upto) if prop["tokens"][j] != graphed_row["drafts"][j]]
+        if diff:  # a draft drawn differently: the drafter's DRAFT draw at slot j
+            j = diff[0]
+            return f"draft {j}", draw_margin(prop["q"][j], _u(seed, a + 1 + j, DRAFT, a))
+        if n_e != n_g:  # the same drafts, a different verdict: the first accept test they disagree on
+            j = min(n_e, n_g)
             x = v["drafts"][j]
             q_x = 1.0 if v["q"] is None else float(v["q"][j, x])
-            margins.append((f"accept {j}", accept_margin(float(v["p"][j, x]), q_x, _u(seed, a + 1 + j, ACCEPT, a))))
-        n = v["n_acc"]
-        dist = v["p"][n].double()
-        if n < nv:  # rejected: the residual p - q
+            return f"accept {j}", accept_margin(float(v["p"][j, x]), q_x, _u(seed, a + 1 + j, ACCEPT, a))
+        dist = v["p"][n_e].double()  # same drafts, same verdicts: the one categorical draw
+        if n_e < nv:  # rejected: the residual p - q
             q_stop = torch.zeros_like(dist)
             if v["q"] is None:
-                q_stop[v["drafts"][n]] = 1.0
+                q_stop[v["drafts"][n_e]] = 1.0
             else:
-                q_stop = v["q"][n].double()
+                q_stop = v["q"][n_e].double()
             res = (dist - q_stop).clamp_min(0.0)
             dist = res if float(res.sum()) > 0 else dist
-        margins.append(("draw", draw_margin(dist, _u(seed, a + 1 + n, SAMPLE))))
-        return min(margins, key=lambda m: m[1])
+        return "draw", draw_margin(dist, _u(seed, a + 1 + n_e, SAMPLE))
     s = tap.plain.get(rid)
-    if s is not None:
+    if s is not None and graphed_row is None:
         return "plain draw", draw_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE))
     return "unrecorded", float("inf")
 
@@ -160,12 +174,17 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
     graphed step) over requests [(request_id, prompt token ids, SamplingParams)] until both are
     done. -> (the divergences, each request's first only; requests compared)."""
     tap = _EagerTap(eager)
-    order: list[str] = []
+    rows: dict[str, dict] = {}  # this step's graphed rows that drafted: drafts, accepted drafts
     graphed_step = graphed.spec._graphed_step
+    k = graphed.spec.num_spec_tokens
 
     def tap_graphed(scheduled, *a):
-        order[:] = [s.seq.request_id for s in scheduled]
-        return graphed_step(scheduled, *a)
+        out = graphed_step(scheduled, *a)
+        g = graphed.spec.graphed
+        for i, sch in enumerate(scheduled):
+            if sch.spec_slots > 0:  # rows without slots only sampled (their drafts were never judged)
+                rows[sch.seq.request_id] = dict(drafts=g.drafts[i].tolist(), n_acc=int(g.readback[i, k + 1]))
+        return out
 
     graphed.spec._graphed_step = tap_graphed
     for rid, prompt, params in requests:
@@ -180,19 +199,19 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
         while eager.has_unfinished_requests() or graphed.has_unfinished_requests():
             step += 1
             tap.clear()
-            order.clear()
+            rows.clear()
             want = {o.request_id: list(o.outputs[0].token_ids) for o in eager.step()}
             got = {o.request_id: list(o.outputs[0].token_ids) for o in graphed.step()}
-            g = graphed.spec.graphed
             for rid in sorted(set(want) | set(got)):
                 if rid in parted or want.get(rid) == got.get(rid):
                     continue
                 parted.add(rid)
                 a, b = want.get(rid) or [], got.get(rid) or []
                 first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                drafts = g.drafts[order.index(rid)].tolist() if rid in order else None
-                decision, margin = _parting_decision(tap, drafts, rid)
+                decision, margin = _parting_decision(tap, rows.get(rid), rid)
                 found.append(Divergence(rid, step, first, decision, margin, a[first:first + 3], b[first:first + 3]))
     finally:
         step_module.rejection_sample = original
+        tap.remove()
+        graphed.spec.__dict__.pop("_graphed_step", None)
     return found, len(requests)

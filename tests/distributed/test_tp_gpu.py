@@ -26,6 +26,7 @@ start another tensor-parallel engine; on the first two-GPU run of this version t
 failed on exactly that. So the pytest process starts no engine itself.
 """
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -72,10 +73,18 @@ def _in_own_process(case: str, arm: str, tmp_path) -> None:
     """Run _CASES[case](arm, tmp_path) in a fresh interpreter; its failure fails this test."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                                      os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, __file__, case, arm, str(tmp_path)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    # its own session: on a timeout the whole group goes (the case's TP workers too)
+    proc = subprocess.Popen([sys.executable, __file__, case, arm, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        err = proc.communicate()[1] + "\n(test: killed after 900 s)"
     if proc.returncode != 0:
-        pytest.fail(f"{case} {arm} failed in its own process (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        at = err.rfind("Traceback (most recent call last)")  # the failure, ahead of teardown noise
+        pytest.fail(f"{case} {arm} failed in its own process (exit {proc.returncode}):\n"
+                    f"{err[at:][:6000] if at >= 0 else err[-6000:]}")
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -39,6 +39,7 @@ def test_run_freezes_after_the_engine_loaded_and_before_serving(monkeypatch):
         return FakeServer()
 
     monkeypatch.setattr(server_module, "make_server", make_server)
+    assert gc.get_freeze_count() == 0  # nothing froze before: what the server sees is its own freeze
     try:
         assert server_module.run(lambda: FakeEngine(), ServerSettings(served_model_names=["fake"]),
                                  "127.0.0.1", 0, "warning") == 0
