@@ -2,44 +2,23 @@
 worker killed mid-stream makes the server exit non-zero with the worker named in its log."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve"))
-from live_server import stream_in_thread  # noqa: E402  (tests/serve has no package)
+from live_server import free_port as _free_port  # noqa: E402  (tests/serve has no package)
+from live_server import start_server_process, stream_in_thread  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(port: int) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-m", "adaspec.cli", "serve", "tiny", "-tp", "2", "--device", "cpu",
-                          "--port", str(port), "--num-kv-blocks", "64", "--max-model-len", "1024",
-                          "--drain-timeout", "30", "--log-level", "warning"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(1200):
-        if p.poll() is not None:
-            pytest.fail(f"server exited with {p.returncode}: {p.stdout.read()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return p
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    p.kill()
-    pytest.fail("server did not come up")
+    return start_server_process([sys.executable, "-m", "adaspec.cli", "serve", "tiny", "-tp", "2", "--device", "cpu",
+                                 "--port", str(port), "--num-kv-blocks", "64", "--max-model-len", "1024",
+                                 "--drain-timeout", "30", "--log-level", "warning"], port, timeout=120)
 
 
 def _workers(pid: int) -> list[int]:

@@ -3,7 +3,9 @@ A module of its own (not conftest.py): several test folders have a conftest.py, 
 `import conftest` finds depends on collection order."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -79,3 +81,33 @@ def stream_in_thread(url: str, body: dict, timeout: float = 120):
     t = threading.Thread(target=go)
     t.start()
     return t, result, first
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server_process(cmd: list[str], port: int, timeout: float = 60) -> subprocess.Popen:
+    """Start a server command (repo root on PYTHONPATH) and wait until its /health answers 200.
+    Raises AssertionError with its output if it exits first, or after `timeout` seconds."""
+    import httpx
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise AssertionError(f"server exited with {p.returncode}: {p.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return p
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    raise AssertionError(f"server did not come up within {timeout} s")
