@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from adaspec.bench.server import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _SERVER = """
@@ -40,14 +42,6 @@ factory = lambda: FakeEngine(step_delay={step_s!r}, max_model_len=4096, max_num_
 sys.exit(run(factory, ServerSettings(served_model_names=["fake"], disable_log_requests=True), "127.0.0.1",
              {port}, "warning", access_log=False))
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -73,7 +67,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     concs = [int(c) for c in args.concurrency.split(",")]
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     code = _SERVER.format(tests=str(ROOT / "tests" / "serve"), step_s=args.step_ms / 1000, max_seqs=max(concs),
                           k=args.tokens_per_step, port=port)

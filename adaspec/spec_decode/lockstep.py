@@ -105,11 +105,9 @@ class _EagerTap:
             return out
 
         spec.propose, spec._accept, engine.sample = tap_propose, tap_accept, tap_sample
-        self._originals = (spec, propose, accept, sample)
 
     def remove(self) -> None:
-        spec, propose, accept, sample = self._originals
-        for obj, name in ((spec, "propose"), (spec, "_accept"), (self.engine, "sample")):
+        for obj, name in ((self.engine.spec, "propose"), (self.engine.spec, "_accept"), (self.engine, "sample")):
             obj.__dict__.pop(name, None)  # the instance attribute set above; the method shows again
 
     def rejection_sample(self, original):
@@ -119,7 +117,7 @@ class _EagerTap:
                 self.verify[rid] = dict(drafts=draft_tokens[n].tolist(), num_verify=int(num_verify[n]),
                                         n_acc=int(out.num_accepted[n]), p=p[n].float().cpu(),
                                         q=None if q is None else q[n].float().cpu(), seed=int(seeds[n]),
-                                        anchor=int(anchors[n]), greedy=bool(greedy[n]))
+                                        anchor=int(anchors[n]))
             return out
         return tap
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve"))
-from live_server import free_port as _free_port  # noqa: E402  (tests/serve has no package)
+from adaspec.bench.server import free_port as _free_port  # noqa: E402
 from live_server import start_server_process, stream_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -86,12 +86,6 @@ def stream_in_thread(url: str, body: dict, timeout: float = 120):
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server_process(cmd: list[str], port: int, timeout: float = 60) -> subprocess.Popen:
     """Start a server command (repo root on PYTHONPATH) and wait until its /health answers 200.
     Raises AssertionError with its output if it exits first, or after `timeout` seconds."""

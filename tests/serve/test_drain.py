@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from live_server import free_port as _free_port
+from adaspec.bench.server import free_port as _free_port
 from live_server import start_server_process as _start
 from live_server import stream_in_thread
 
