@@ -27,6 +27,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | reference | varlen
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
     enable_chunked_prefill: bool = True
+    # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
+    # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
+    async_scheduling: bool | None = None
     seed: int = 0
     tensor_parallel_size: int = 1  # ranks (GPUs of one host; CPU processes) sharing the model (adaspec/distributed)
     speculative_config: dict[str, Any] | None = None

@@ -10,7 +10,8 @@
    speculative step runs it) of 1- and 2-layer drafters shaped after each target, against the
    target's decode step at the same batch.
    Host share of the decode step: 1 - (graph replay alone, part 2's q = 1) / (the whole step of
-   part 1) at the same batch, i.e. the step time the GPU does not spend in the forward.
+   part 1) at the same batch, i.e. the step time the GPU does not spend in the forward. Part 1
+   runs with async scheduling (the engine's default on CUDA) and again without it (sync_*).
 4. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
 
 Prints a short table per part, writes everything to $OUT/decode_bench.json (default ./out).
@@ -79,7 +80,7 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
     while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
         eng.step()
     eng.step()  # a first decode step (any lazy init)
-    sites = device_sync_sites(eng.step) if eng.device.type == "cuda" else None  # CUDA's sync debug mode
+    sites = step_sync_sites(eng) if eng.device.type == "cuda" else None
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -87,9 +88,35 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
         times.append(time.perf_counter() - t0)
     for s in list(eng.scheduler.running):
         eng.abort_request(s.request_id)
-    eng.step()
+    eng.step()  # under async scheduling this also reads back the last step launched
+    assert eng._in_flight is None
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_p90": 1e3 * float(np.percentile(times, 90)),
             "syncs_per_step": None if sites is None else len(sites), "sync_sites": sites}
+
+
+def step_sync_sites(eng: LLMEngine) -> list[str]:
+    """Device-to-host syncs of one engine step: what CUDA's sync debug mode reports, plus the
+    step's waits for sampled tokens under async scheduling (an event wait, which the debug mode
+    does not report)."""
+    waits = eng.num_result_waits
+    sites = [s for s in device_sync_sites(eng.step) if not s.startswith("async_step.py")]
+    return sites + ["async_step.py:wait"] * (eng.num_result_waits - waits)
+
+
+def decode_both_ways(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
+    """decode_steps with the engine's async scheduling (its default on CUDA), then without it on
+    the same engine and requests: the step as users get it, and what the overlap saves."""
+    r = decode_steps(eng, batch, prompt_len, steps, vocab)
+    r["async_scheduling"] = eng.async_scheduling
+    if eng.async_scheduling:
+        eng.async_scheduling = False
+        try:
+            sync = decode_steps(eng, batch, prompt_len, steps, vocab)
+        finally:
+            eng.async_scheduling = True
+        r.update(sync_step_ms=sync["step_ms"], sync_step_ms_p90=sync["step_ms_p90"],
+                 sync_syncs_per_step=sync["syncs_per_step"])
+    return r
 
 
 def verify_costs(eng: LLMEngine, batches: list[int], qs: list[int], ctx: int, reps: int) -> list[dict]:
@@ -298,15 +325,16 @@ def main() -> int:
         kvt = kv_bytes_per_token(shape)
         print(f"\n{shape}: {param_count(shape) / 1e9:.2f} B params, engine start {startup:.1f} s "
               f"(graphs: {eng.runner.graphs is not None})", flush=True)
-        print(f"{'batch':>6} {'step ms':>9} {'p90':>7} {'floor ms':>9} {'of floor':>8} {'syncs':>5}")
+        print(f"{'batch':>6} {'step ms':>9} {'p90':>7} {'floor ms':>9} {'of floor':>8} {'syncs':>5} {'sync-mode ms':>12}")
         for b in batches:
-            r = decode_steps(eng, b, args.prompt_len, args.steps, 151936)
+            r = decode_both_ways(eng, b, args.prompt_len, args.steps, 151936)
             ctx = args.prompt_len + args.steps / 2
             floor = 1e3 * (weights + b * ctx * kvt) / bw
             r.update(shape=shape, batch=b, floor_ms=floor, fraction_of_floor=floor / r["step_ms"])
             result["decode"].append(r)
             print(f"{b:>6} {r['step_ms']:>9.2f} {r['step_ms_p90']:>7.2f} {floor:>9.3f} "
-                  f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5} {' '.join(r['sync_sites']) if r['syncs_per_step'] > 1 else ''}", flush=True)
+                  f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5} {r.get('sync_step_ms', float('nan')):>12.2f} "
+                  f"{' '.join(r['sync_sites']) if r['syncs_per_step'] > 1 else ''}", flush=True)
         if not args.enforce_eager and time.perf_counter() - t_start < args.budget_s:
             vb = [int(x) for x in args.verify_batches.split(",")]
             vq = [int(x) for x in args.verify_q.split(",")]
@@ -328,8 +356,11 @@ def main() -> int:
                 fwd = next((v["gpu_ms"] for v in rows if v["batch"] == r["batch"] and v["q"] == 1), None)
                 if r["shape"] == shape and fwd is not None:
                     r.update(forward_gpu_ms=fwd, host_share=max(0.0, 1 - fwd / r["step_ms"]))
+                    if "sync_step_ms" in r:
+                        r["sync_host_share"] = max(0.0, 1 - fwd / r["sync_step_ms"])
                     print(f"host share of the decode step at batch {r['batch']}: {100 * r['host_share']:.1f}% "
-                          f"(forward {fwd:.2f} ms on the GPU, step {r['step_ms']:.2f} ms)", flush=True)
+                          f"(forward {fwd:.2f} ms on the GPU, step {r['step_ms']:.2f} ms; without async "
+                          f"scheduling {100 * r.get('sync_host_share', float('nan')):.1f}%)", flush=True)
         if args.draft_layers and time.perf_counter() - t_start < args.budget_s:
             rows = draft_costs(eng.model_config, eng.device, eng.dtype, batches, args.prompt_len,
                                [int(x) for x in args.draft_layers.split(",")])

@@ -176,6 +176,9 @@ def _engine_options() -> dict[str, Option]:
                "model is sharded across", str(d["tensor_parallel_size"]), (("type", int), ("metavar", "N"))),
         Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (graphs are captured on CUDA with "
                "the triton attention backend)"),
+        Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
+               "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "
+               "parallelism", (("action", argparse.BooleanOptionalAction),)),
         Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its "
                "sampling repeatable", str(d["seed"]), (("type", int), ("metavar", "N"))),
     ]
@@ -215,7 +218,7 @@ def add_option(parser, option: Option, default=None, default_text: str | None = 
 # the engine flags of the offline commands (generate, profile), by EngineConfig field name
 ENGINE_ARGS = ("tokenizer", "dtype", "load_format", "device", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend",
-               "speculative_config", "tensor_parallel_size")
+               "speculative_config", "tensor_parallel_size", "async_scheduling")
 
 
 def add_engine_args(parser, **default_texts: str) -> None:

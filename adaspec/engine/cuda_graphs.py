@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
+from adaspec.engine.runner import fill_in
 from adaspec.models.attention import AttentionMetadata
 
 
@@ -87,12 +88,10 @@ class GraphedForward:
         self.query_start = torch.zeros(max_b + 1, **i32)
         self.kv_lens = torch.zeros(max_b, **i32)
         self.block_tables = torch.zeros(max_b, max_blocks_per_seq, **i32)
-        # pinned host mirrors: filled with numpy, copied asynchronously
-        pin = dict(pin_memory=device.type == "cuda")
-        self.h_i64 = torch.zeros(3, max_t, dtype=torch.int64, **pin)
-        self.h_qs = torch.zeros(max_b + 1, dtype=torch.int32, **pin)
-        self.h_kvl = torch.zeros(max_b, dtype=torch.int32, **pin)
-        self.h_bt = torch.zeros(max_b, max_blocks_per_seq, dtype=torch.int32, **pin)
+        # pinned host mirrors, filled with numpy and copied asynchronously: two sets used in turn,
+        # since under async scheduling step t's are filled while step t-1's copies may be in flight
+        self.mirrors = [_HostMirrors(max_t, max_b, max_blocks_per_seq, device) for _ in range(2)]
+        self._turn = 0
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = None
 
@@ -160,12 +159,15 @@ class GraphedForward:
         return b, q
 
     def run(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
-            block_tables: list[list[int]]):
+            block_tables: list[list[int]], fill=None):
         """Refresh the static buffers for this step's real tokens and requests, then replay.
         ids: the packed query tokens; request r has qlens[r] of them at positions starts[r]...
-        Returns views (logits, hidden, captured) of the first T rows, valid until the next run.
-        The pinned mirrors are rewritten only after the previous step read its tokens back (a
-        device sync), so an async copy still in flight is never overwritten."""
+        fill: (rows, src, prev_tokens) on the device: input rows taken from the previous step's
+        sampled tokens (async scheduling; runner.fill_in). Returns views (logits, hidden,
+        captured) of the first T rows, valid until the next run."""
+        m = self.mirrors[self._turn]
+        self._turn ^= 1
+        m.wait_until_copied()  # the copies of two steps ago: done long since, but never overwritten early
         b_pad, q = key
         t_pad = b_pad * q
         n_req, n_tok = len(qlens), len(ids)
@@ -173,32 +175,58 @@ class GraphedForward:
         width = max(len(row) for row in block_tables)
         if width > self.max_blocks:
             raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.max_blocks}")
-        bt = self.h_bt.numpy()
+        bt = m.bt.numpy()
         bt[:b_pad, :width] = scratch
         for r, row in enumerate(block_tables):
             bt[r, : len(row)] = row
         req = np.repeat(np.arange(n_req), qlens)
         pos = np.arange(n_tok) - np.repeat(np.cumsum(qlens) - qlens, qlens) + np.repeat(starts, qlens)
-        h = self.h_i64.numpy()
+        h = m.i64.numpy()
         h[0, :n_tok], h[1, :n_tok] = ids, pos
         h[2, :n_tok] = bt[req, pos // bs].astype(np.int64) * bs + pos % bs
         h[0, n_tok:t_pad] = 0
         h[1, n_tok:t_pad] = 0
         h[2, n_tok:t_pad] = scratch * bs  # padding writes to the scratch block
-        qs, kvl = self.h_qs.numpy(), self.h_kvl.numpy()
+        qs, kvl = m.qs.numpy(), m.kvl.numpy()
         qs[0] = 0
         np.cumsum(qlens, out=qs[1: n_req + 1])
         qs[n_req + 1: b_pad + 1] = n_tok
         kvl[:n_req] = starts + qlens
         kvl[n_req:b_pad] = 0
-        self.input_ids[:t_pad].copy_(self.h_i64[0, :t_pad], non_blocking=True)
-        self.positions[:t_pad].copy_(self.h_i64[1, :t_pad], non_blocking=True)
-        self.slot_mapping[:t_pad].copy_(self.h_i64[2, :t_pad], non_blocking=True)
-        self.query_start[: b_pad + 1].copy_(self.h_qs[: b_pad + 1], non_blocking=True)
-        self.kv_lens[:b_pad].copy_(self.h_kvl[:b_pad], non_blocking=True)
-        self.block_tables[:b_pad, :width].copy_(self.h_bt[:b_pad, :width], non_blocking=True)
+        self.input_ids[:t_pad].copy_(m.i64[0, :t_pad], non_blocking=True)
+        self.positions[:t_pad].copy_(m.i64[1, :t_pad], non_blocking=True)
+        self.slot_mapping[:t_pad].copy_(m.i64[2, :t_pad], non_blocking=True)
+        self.query_start[: b_pad + 1].copy_(m.qs[: b_pad + 1], non_blocking=True)
+        self.kv_lens[:b_pad].copy_(m.kvl[:b_pad], non_blocking=True)
+        self.block_tables[:b_pad, :width].copy_(m.bt[:b_pad, :width], non_blocking=True)
+        m.mark_copied()
+        if fill is not None:
+            fill_in(self.input_ids, *fill)
         logits, hidden, captured = self.graphs[key].replay()
         return logits[:n_tok], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+
+
+class _HostMirrors:
+    """One set of pinned host buffers for the static inputs, and the event after their copies."""
+
+    def __init__(self, max_t: int, max_b: int, max_blocks: int, device: torch.device):
+        pin = dict(pin_memory=device.type == "cuda")
+        self.i64 = torch.zeros(3, max_t, dtype=torch.int64, **pin)  # input ids, positions, slots
+        self.qs = torch.zeros(max_b + 1, dtype=torch.int32, **pin)
+        self.kvl = torch.zeros(max_b, dtype=torch.int32, **pin)
+        self.bt = torch.zeros(max_b, max_blocks, dtype=torch.int32, **pin)
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
+        self.pending = False
+
+    def mark_copied(self) -> None:
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
+
+    def wait_until_copied(self) -> None:
+        if self.pending:
+            self.copied.synchronize()
+            self.pending = False
 
 
 def _ranges(sizes: list[int]) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.distributed.context import join_tensor_parallel
+from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, strip_pending
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
@@ -143,9 +144,26 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
+        self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
+        self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
+        self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
+
+    def _resolve_async_scheduling(self, asked: bool | None) -> bool:
+        """None ("auto"): on where it applies and pays, on CUDA; True where it cannot apply is an error."""
+        why_not = None
+        if self.spec is not None:
+            why_not = "speculative decoding (its steps read the accepted tokens back before the next one)"
+        elif self.tp is not None:
+            why_not = "tensor parallelism (the workers rebuild each step's inputs from the host's tokens)"
+        if asked is None:
+            return why_not is None and self.device.type == "cuda"
+        if asked and why_not:
+            raise ConfigError(f"async_scheduling cannot be combined with {why_not}; leave it unset (auto) or "
+                              "set it to False")
+        return bool(asked)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (also done at interpreter exit); nothing to do otherwise.
@@ -257,11 +275,11 @@ class LLMEngine:
         self._aborted = []
         scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
+        if self.async_scheduling:
+            return outputs + self._async_step(scheduled)
         if not scheduled:
             return outputs
-        self.stats.num_steps += 1
-        for s in scheduled:  # before the step moves num_computed_tokens
-            self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
+        self._count_step(scheduled)
         if self.spec is not None:
             new_tokens = self.spec.step(scheduled)
         else:
@@ -281,6 +299,81 @@ class LLMEngine:
             elif seq.params.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue
             outputs.append(self._output(seq, n))
+        self.stats.time_bookkeeping += time.perf_counter() - t1
+        return outputs
+
+    def _count_step(self, scheduled: list[ScheduledSeq]) -> None:
+        self.stats.num_steps += 1
+        for s in scheduled:  # before the step moves num_computed_tokens
+            self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
+
+    # ---- async scheduling (engine/async_step.py) ------------------------------------------
+    def _async_step(self, scheduled: list[ScheduledSeq]) -> list[RequestOutput]:
+        """Launch this step, then read back and process the previous one while the GPU runs it."""
+        launched = None
+        if scheduled:
+            self._count_step(scheduled)
+            launched = self._launch_plain_step(scheduled)
+        previous, self._in_flight = self._in_flight, launched
+        return self._resolve(previous) if previous is not None else []
+
+    def _launch_plain_step(self, scheduled: list[ScheduledSeq]) -> InFlightStep:
+        t0 = time.perf_counter()
+        prev = self._in_flight
+        prev_rows = prev.rows if prev is not None else {}
+        items, sampling = [], []
+        for s in scheduled:
+            seq, nc = s.seq, s.seq.num_computed_tokens
+            ids = seq.token_ids[nc:nc + s.num_tokens]
+            prev_row = -1
+            if ids[-1] == PENDING:  # its last token is still on the device, in the previous step's output
+                prev_row = prev_rows.get(id(seq), -1)
+                if prev_row < 0 or PENDING in ids[:-1]:
+                    raise RuntimeError(f"request {seq.request_id}: a placeholder token that no step in flight "
+                                       "will fill (async scheduling bookkeeping is broken)")
+            if s.samples:
+                sampling.append(seq)
+            items.append(ForwardItem(ids, nc, seq.block_table, int(s.samples), prev_row))
+        res = self.runner.execute(items, prev_tokens=prev.tokens if prev is not None else None)
+        t1 = time.perf_counter()
+        chosen = self._sample_on_device(res.logits, sampling) if sampling else \
+            torch.zeros(0, dtype=torch.int64, device=res.logits.device)
+        want = [s.params.logprobs for s in sampling]
+        lp_tensors = ()
+        if any(w is not None for w in want):
+            lp_tensors = logprobs_of(res.logits, chosen, max(w or 0 for w in want))
+        for s in scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+        self.stats.num_sampled_without_draft += len(sampling)
+        self.stats.time_verify += t1 - t0
+        self.stats.time_sample += time.perf_counter() - t1
+        return InFlightStep.launch(sampling, chosen, lp_tensors, want)
+
+    def _resolve(self, step: InFlightStep) -> list[RequestOutput]:
+        """Put a step's tokens in place of its placeholders, with the stop checks of a synchronous step."""
+        tokens, lps = step.wait()
+        self.num_result_waits += 1
+        t1 = time.perf_counter()
+        now = time.monotonic()
+        outputs = []
+        for i, (seq, at) in enumerate(zip(step.seqs, step.indices)):
+            if seq.finished:  # aborted, or stopped a step earlier: this row was computed for nothing
+                self.stats.num_discarded_rows += 1
+                continue
+            later = seq.token_ids[at + 1:]  # the placeholder of a step launched since
+            del seq.token_ids[at:]
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            n = self.stop_checker.append(seq, [tokens[i]], [lps[i]] if lps is not None else None)
+            self.stats.num_generated_tokens += n
+            if seq.finish_reason is not None:
+                self._finish(seq)
+            elif seq.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                seq.token_ids.extend(later)
+                continue
+            outputs.append(self._output(seq, n))
+            if not seq.finished:
+                seq.token_ids.extend(later)
         self.stats.time_bookkeeping += time.perf_counter() - t1
         return outputs
 
@@ -313,16 +406,19 @@ class LLMEngine:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
         """One token per row of logits, for each request's next position (len(token_ids)).
         -> (tokens: list[int], logprobs: list[dict] | None)."""
-        params = [s.params for s in seqs]
-        if batch is None and all(p.greedy for p in params):  # no sampling tensors needed at all
-            chosen = logits.argmax(-1)
-        else:
-            if batch is None:
-                batch = SamplingBatch.build(params, [s.seed for s in seqs], logits.device)
-            positions = to_device([len(s.token_ids) for s in seqs], logits.device, torch.int64)
-            chosen = sample_categorical(batch.probs(logits), keyed_uniforms(batch.seeds, positions, SAMPLE))
+        chosen = self._sample_on_device(logits, seqs, batch)
         tokens = chosen.tolist()
-        return tokens, self.logprob_dicts(logits, chosen, tokens, [p.logprobs for p in params])
+        return tokens, self.logprob_dicts(logits, chosen, tokens, [s.params.logprobs for s in seqs])
+
+    @staticmethod
+    def _sample_on_device(logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
+        """The chosen token of every row, left on the device (no sync)."""
+        if batch is None and all(s.params.greedy for s in seqs):  # no sampling tensors needed at all
+            return logits.argmax(-1)
+        if batch is None:
+            batch = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device)
+        positions = to_device([len(s.token_ids) for s in seqs], logits.device, torch.int64)
+        return sample_categorical(batch.probs(logits), keyed_uniforms(batch.seeds, positions, SAMPLE))
 
     @staticmethod
     def logprob_dicts(logits: torch.Tensor, chosen: torch.Tensor, tokens: list[int],
@@ -331,14 +427,12 @@ class LLMEngine:
         (chosen on the device, tokens its host copy)."""
         if all(w is None for w in want):
             return None
-        top_n = max(w or 0 for w in want)
-        c_lp, top_ids, top_lp = logprobs_of(logits, chosen, top_n)
-        c_lp, top_ids, top_lp = c_lp.tolist(), top_ids.tolist(), top_lp.tolist()
-        return [None if w is None else {**dict(zip(top_ids[i][:w], top_lp[i][:w])), tokens[i]: c_lp[i]}
-                for i, w in enumerate(want)]
+        c_lp, top_ids, top_lp = logprobs_of(logits, chosen, max(w or 0 for w in want))
+        return logprob_dicts(tokens, c_lp.tolist(), top_ids.tolist(), top_lp.tolist(), want)
 
     # ---- outputs ------------------------------------------------------------------------
     def _finish(self, seq: Sequence) -> None:
+        strip_pending(seq)  # async scheduling: tokens of steps in flight that will never be read
         seq.status = SequenceStatus.FINISHED
         self.scheduler.remove(seq)
         self.requests.pop(seq.request_id, None)

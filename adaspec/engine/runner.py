@@ -17,12 +17,20 @@ from adaspec.h2d import to_device
 from adaspec.models.attention import build_attention_metadata
 
 
+def fill_in(ids: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, prev_tokens: torch.Tensor) -> None:
+    """ids[rows] = prev_tokens[src], on the device: inputs the host has not read back yet."""
+    ids.index_copy_(0, rows, prev_tokens.index_select(0, src).to(ids.dtype))
+
+
 @dataclass
 class ForwardItem:
     token_ids: list[int]  # query tokens of this request
     start_pos: int  # sequence position of token_ids[0]
     block_table: list[int]
     num_logits: int  # trailing query rows that need logits (0: none)
+    # async scheduling: the last query token is still on the device, row prev_row of the tokens
+    # the previous step sampled (execute's prev_tokens); -1: token_ids holds every token
+    prev_row: int = -1
 
 
 @dataclass
@@ -46,18 +54,20 @@ class ModelRunner:
         self.num_split_steps = 0  # mixed steps run as a graph replay plus an eager forward
 
     @torch.inference_mode()
-    def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None) -> ForwardResult:
+    def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None,
+                prev_tokens: torch.Tensor | None = None) -> ForwardResult:
         qlens = np.fromiter((len(it.token_ids) for it in items), dtype=np.int64, count=len(items))
         starts = np.fromiter((it.start_pos for it in items), dtype=np.int64, count=len(items))
         ids = np.fromiter((t for it in items for t in it.token_ids), dtype=np.int64, count=int(qlens.sum()))
         qstart = np.concatenate([[0], np.cumsum(qlens)])
+        fill = self._fill_from_device(items, qstart, prev_tokens)
         key = self._graph_key(items, qlens, capture_layers)
         if key is None and self.graphs is not None:
-            split = self._split_mixed(items, capture_layers)
+            split = self._split_mixed(items, capture_layers, prev_tokens)
             if split is not None:
                 return split
         if key is not None:
-            logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items])
+            logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items], fill)
             self.num_graph_steps += 1
             return ForwardResult(logits, hidden, captured, qstart)
         self.num_eager_steps += 1
@@ -66,8 +76,11 @@ class ModelRunner:
             self.backend, [it.block_table for it in items], qlens.tolist(), (starts + qlens).tolist(),
             None, self.block_size, self.device,
         )
+        ids_dev = to_device(ids, self.device)
+        if fill is not None:
+            fill_in(ids_dev, *fill)
         hidden, captured = self.model(
-            to_device(ids, self.device), to_device(positions, self.device), self.kv_caches, meta, capture_layers,
+            ids_dev, to_device(positions, self.device), self.kv_caches, meta, capture_layers,
         )
         rows = np.concatenate(
             [np.arange(qstart[b + 1] - it.num_logits, qstart[b + 1]) for b, it in enumerate(items)]
@@ -76,7 +89,19 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
         return ForwardResult(logits, hidden, captured, qstart)
 
-    def _split_mixed(self, items, capture_layers) -> ForwardResult | None:
+    def _fill_from_device(self, items, qstart, prev_tokens):
+        """(rows of the packed ids, rows of prev_tokens, prev_tokens) for the items whose last token
+        is still on the device, or None."""
+        pending = [b for b, it in enumerate(items) if it.prev_row >= 0]
+        if not pending:
+            return None
+        if prev_tokens is None:
+            raise ValueError("items refer to the previous step's tokens (prev_row), but no prev_tokens were given")
+        rows = np.array([qstart[b + 1] - 1 for b in pending], dtype=np.int64)
+        src = np.array([items[b].prev_row for b in pending], dtype=np.int64)
+        return to_device(rows, self.device), to_device(src, self.device), prev_tokens
+
+    def _split_mixed(self, items, capture_layers, prev_tokens=None) -> ForwardResult | None:
         """A step mixing decode rows with prefill chunks: the decode rows replay a graph, the rest
         run eagerly, and the two results are put back in item order. Two forwards instead of
         one, but the eager one is paid anyway and the decode rows keep the graph's speed (with
@@ -88,8 +113,8 @@ class ModelRunner:
         chosen = set(decode)
         rest = [i for i in range(len(items)) if i not in chosen]
         self.num_split_steps += 1
-        parts = [(decode, self.execute([items[i] for i in decode], capture_layers)),
-                 (rest, self.execute([items[i] for i in rest], capture_layers))]
+        parts = [(decode, self.execute([items[i] for i in decode], capture_layers, prev_tokens)),
+                 (rest, self.execute([items[i] for i in rest], capture_layers, prev_tokens))]
         qlens = np.array([len(it.token_ids) for it in items])
         nlog = np.array([it.num_logits for it in items])
         qstart = np.concatenate([[0], np.cumsum(qlens)])

@@ -75,6 +75,13 @@ class Scheduler:
         # a step emits at most l + 1 tokens: drafts beyond remaining - 1 can never be used
         return max(0, min(self.num_spec_tokens, remaining - 1))
 
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """The request holds max_tokens or max_model_len tokens. A synchronous engine has already
+        finished such a request; under async scheduling the last of them may still be in flight."""
+        p = seq.params
+        return (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+            len(seq.token_ids) >= self.max_model_len
+
     def _prefill_left(self, seq: Sequence) -> int:
         """Tokens still to (re)compute before the request samples or drafts. Under speculation a
         request recomputed after preemption stops one token short, so that it resumes as a
@@ -102,6 +109,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._ends_by_length(seq):  # async scheduling: its last token, in flight, ends it
+                i += 1
+                continue
             spec = self._spec_slots(seq)
             n = min(self._prefill_left(seq), budget)
             if seq.is_decoding:

@@ -12,6 +12,8 @@ class EngineStats:
     num_generated_tokens: int = 0
     num_preemptions: int = 0
     num_requests_finished: int = 0
+    # async scheduling: rows computed for requests that had stopped in the step before (wasted)
+    num_discarded_rows: int = 0
     # speculative decoding (vLLM's spec_decode counters)
     num_drafts: int = 0  # requests that got a draft proposal in a step
     num_draft_tokens: int = 0  # proposed draft tokens (k per draft)

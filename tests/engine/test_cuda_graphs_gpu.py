@@ -3,7 +3,9 @@ the speculative step's propose + verify graphs with mixed draft lengths, at batc
 pad), the same seeded samples as the eager speculative step except at near-ties (float32
 rounding of a padded batch can flip a draw whose uniform sits within ~1e-7 of a CDF boundary:
 spec_decode/lockstep.py), and one decode or speculative step makes exactly one device-to-host
-sync (its results read back)."""
+sync (its results read back; under async scheduling, the wait for the previous step's tokens).
+The plain graphed engine runs with async scheduling (its default on CUDA) and is compared with
+the eager engine without it."""
 
 import sys
 from pathlib import Path
@@ -23,7 +25,7 @@ def _prompts(n, vocab=8000):
     return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in torch.randint(5, 60, (n,), generator=g)]
 
 
-def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None):
+def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None, async_scheduling=None):
     # float32: padding changes the matmuls' batch size, and in bf16 that alone can flip a greedy
     # near-tie; in float32 the graph and the eager step must agree token for token
     cfg = None
@@ -32,7 +34,8 @@ def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None):
                "enable_adaptive_verification": spec == "adaptive"}
         if tmp is not None:
             cfg["cost_model_cache_dir"] = str(tmp)
-    return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda", dtype=dtype)
+    return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda", dtype=dtype,
+               async_scheduling=async_scheduling)
 
 
 def _graph_steps(llm) -> int:
@@ -55,14 +58,31 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     prompts = _prompts(19)  # 19 -> 24, then fewer as requests finish: padded sizes
     params = [SamplingParams(temperature=temperature, max_tokens=8 + 5 * (i % 7), ignore_eos=True, seed=i)
               for i in range(19)]
-    eager, graphed = _llm(True, spec, tmp=tmp_path), _llm(False, spec, tmp=tmp_path)
+    eager = _llm(True, spec, tmp=tmp_path, async_scheduling=False if not spec else None)
+    graphed = _llm(False, spec, tmp=tmp_path)
     assert _graph_steps(eager) == 0
+    assert graphed.llm_engine.async_scheduling == (not spec)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     same = sum(a == b for a, b in zip(want, got))
     first = next(((i, a, b) for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
     assert same == len(want), f"{same}/{len(want)} requests identical; first difference {first}"
     assert _graph_steps(graphed) > 5
+
+
+def test_async_scheduling_equals_sync_on_gpu():
+    """Seeded T = 1 with stop tokens (requests stop while their next step is in flight): the
+    graphed engine with and without async scheduling, token for token."""
+    prompts = _prompts(19)
+    params = [SamplingParams(temperature=1.0, max_tokens=8 + 5 * (i % 7), seed=i, ignore_eos=True,
+                             stop_token_ids=[int(t) for t in range(10 + i, 8000, 97)]) for i in range(19)]
+    runs = {}
+    for a in (False, True):
+        llm = _llm(False, False, async_scheduling=a)
+        runs[a] = ([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, params)],
+                   llm.llm_engine)
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1].stats.num_discarded_rows > 0 and _graph_steps(llm) > 5
 
 
 def test_seeded_graphed_step_parts_only_at_near_ties():
@@ -89,6 +109,11 @@ def test_decode_step_syncs_once(temperature, spec, tmp_path):
         eng.step()
     assert all(s.is_decoding for s in eng.scheduler.running)
     for _ in range(5):  # several steps: blocks fill up, requests cross block boundaries
+        waits = eng.num_result_waits
         where = device_sync_sites(eng.step)
-        assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"
+        if eng.async_scheduling:  # the event wait for the previous step's tokens (the debug mode may not see it)
+            others = [w for w in where if not w.startswith("async_step.py")]
+            assert not others and eng.num_result_waits == waits + 1, f"syncs: {where}"
+        else:
+            assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"
     assert _graph_steps(llm) >= 5

@@ -30,10 +30,10 @@ def pair(tmp_path_factory):
     return str(target), str(drafter)
 
 
-def _engine(pair, graphs: bool, spec: bool):
+def _engine(pair, graphs: bool, spec: bool, async_scheduling: bool = False):
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3} if spec else None
     llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=12, device="cpu",
-              skip_tokenizer_init=True)
+              skip_tokenizer_init=True, async_scheduling=async_scheduling)
     eng = llm.llm_engine
     if graphs:
         k = 3 if spec else 0
@@ -78,13 +78,16 @@ def test_graph_buffers_match_eager(pair, spec):
 
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
-def test_mixed_steps_split_into_graph_and_eager_forward(pair):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_mixed_steps_split_into_graph_and_eager_forward(pair, async_scheduling):
     """Requests arrive while others decode (4 slots, 9 prompts): a step with a prefill chunk runs its
-    decode rows through the graph and the chunk eagerly, and the tokens equal the eager engine's."""
+    decode rows through the graph and the chunk eagerly, and the tokens equal the eager engine's.
+    Async: the decode rows' inputs come from the previous step's tokens on the device, in both the
+    graph's static buffers and the eager forward's, and the graph's host buffers alternate."""
     prompts = _prompts(9)
     params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
     eager = _engine(pair, graphs=False, spec=False)
-    graphed = _engine(pair, graphs=True, spec=False)
+    graphed = _engine(pair, graphs=True, spec=False, async_scheduling=async_scheduling)
     for llm in (eager, graphed):
         llm.llm_engine.scheduler.max_num_seqs = 4
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
