@@ -9,6 +9,7 @@ import weakref
 
 import torch
 
+from adaspec.announce import announce
 from adaspec.config import EngineConfig
 from adaspec.distributed.context import join_tensor_parallel
 from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, strip_pending
@@ -128,6 +129,11 @@ class LLMEngine:
         self.use_cuda_graphs = self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
         if self.use_cuda_graphs:
             self._capture_graphs(drafter, lookahead)
+        if self.device.type == "cuda" and backend == "triton" and tp is None:
+            t0 = time.perf_counter()
+            n = self.runner.warm_up(self.scratch_block, config.max_num_seqs, config.max_num_batched_tokens)
+            torch.cuda.synchronize(self.device)
+            announce(f"warmed up the eager forward's kernels ({n} prefill shapes) in {time.perf_counter() - t0:.1f} s")
         if tp:  # rank 0: proxies that announce each model call to the workers; a worker: registers them
             if tp.is_driver:  # weakly: the driver must not keep a dropped engine (its caches) alive
                 tp.before_leave.append(weakref.WeakMethod(self.release_cuda_graphs))

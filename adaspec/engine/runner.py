@@ -89,6 +89,23 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
         return ForwardResult(logits, hidden, captured, qstart)
 
+    @torch.inference_mode()
+    def warm_up(self, scratch_block: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+        """Run the eager forward (prefill chunks, and whatever the graphs do not cover) once per
+        attention tile shape, for one request and for many, so that Triton and torch.compile build
+        their variants at start-up rather than stalling the first requests that need them (on the
+        H200 the first repeat of every served point was slow until they existed). K/V go to the
+        scratch block. -> forwards run."""
+        runs = 0
+        n = 2
+        while n <= min(64, max_num_batched_tokens):
+            table = [scratch_block] * -(-n // self.block_size)
+            for reqs in sorted({1, max(1, min(max_num_seqs, max_num_batched_tokens // n))}):
+                self.execute([ForwardItem([0] * n, 0, table, 1) for _ in range(reqs)])
+                runs += 1
+            n *= 2
+        return runs
+
     def _fill_from_device(self, items, qstart, prev_tokens):
         """(rows of the packed ids, rows of prev_tokens, prev_tokens) for the items whose last token
         is still on the device, or None."""

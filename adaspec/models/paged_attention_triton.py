@@ -49,7 +49,11 @@ def _find_request(tile, qs_ptr, num_seqs, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit
+# Triton compiles a variant per value class (== 1, divisible by 16, other) of every integer argument
+# it specializes; batch size, token count, split count and block-table width change from step to
+# step, so they would mean new compiles mid-serving (seconds each: found with py-spy on the H200,
+# ~19% of the engine thread at 256 streaming requests). They are runtime values only.
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_splits", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,
     part_o_ptr, part_ml_ptr,  # split-K partials (unused without SPLIT_K)
@@ -142,7 +146,7 @@ def _paged_attention_kernel(
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_splits"])
 def _merge_splits_kernel(
     part_o_ptr, part_ml_ptr, o_ptr, qs_ptr, num_seqs, num_tokens, num_q_heads, num_splits, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_SPLITS: tl.constexpr,

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import uvicorn
 
-from adaspec.errors import AdaspecError
+from adaspec.errors import AdaspecError, ConfigError
 from adaspec.serve.app import build_app
 from adaspec.serve.engine_thread import EngineThread
 from adaspec.serve.metrics import ServerMetrics
@@ -140,12 +140,30 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
+def set_switch_interval_from_env() -> float:
+    """$ADASPEC_GIL_SWITCH_INTERVAL (seconds): the interpreter's GIL switch interval (default 5 ms).
+    The engine thread releases the GIL in every torch call and may then wait up to one interval for
+    the event loop's thread to hand it back (benchmarks/serve_gil_check.sh measures what that
+    costs on a GPU). -> the interval in force."""
+    value = os.environ.get("ADASPEC_GIL_SWITCH_INTERVAL")
+    if value:
+        try:
+            interval = float(value)
+            if not interval > 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"ADASPEC_GIL_SWITCH_INTERVAL must be a positive number of seconds, got {value!r}") from None
+        sys.setswitchinterval(interval)
+    return sys.getswitchinterval()
+
+
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
         log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status: 0, or 1
     when the engine failed (a supervisor then restarts the server)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_switch_interval_from_env()
     sock = bind_socket(host, port)
     try:
         et = _load_exiting_on_sigterm(engine_factory, settings)

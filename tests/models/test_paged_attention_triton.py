@@ -240,3 +240,34 @@ def test_gpu_cuda_graph_replay_with_new_lengths():
         torch.cuda.synchronize()
         used = [t[: -(-k // bs)] for t, k in zip(tables, kv_lens)]
         assert_close(out, reference(q, kc, vc, used, q_lens, kv_lens, bs, scale), rtol=2e-2, atol=2e-2)
+
+
+def _compiled_variants(kernel) -> int:
+    """Kernels Triton compiled for a @triton.jit function, over devices (its per-device cache)."""
+    n = 0
+    for entry in kernel.device_caches.values():
+        cache = entry[0] if isinstance(entry, tuple) else entry
+        n += len(cache)
+    return n
+
+
+@pytest.mark.gpu
+def test_gpu_new_batch_shapes_compile_nothing_new():
+    """Batch size, token count, split count and block-table width change every step; none of them
+    may select a new compiled variant (each compile stalls the engine for ~1 s: py-spy on the
+    H200 found them in a serving run). Same tile shape (max_q) and split mode throughout."""
+    from adaspec.models.paged_attention_triton import _merge_splits_kernel, _paged_attention_kernel
+
+    hq, hkv, d, bs = 16, 8, 128, 16
+    seen = []
+    for i, (n_req, q_len, kv_extra) in enumerate([(1, 3, 0), (2, 3, 17), (16, 3, 40), (17, 3, 333), (32, 2, 1),
+                                                   (5, 3, 64), (48, 3, 900)]):
+        q_lens = [q_len] * n_req
+        kv_lens = [q_len + kv_extra + j for j in range(n_req)]
+        q, kc, vc, tables = make_case(q_lens, kv_lens, bs, hq, hkv, d, dtype=torch.bfloat16, seed=i)
+        for splits in (1, 3 + i):  # both split modes, a different split count each time
+            out = run_triton(q, kc, vc, tables, q_lens, kv_lens, bs, d ** -0.5, num_splits=splits)
+            ref = reference(q, kc, vc, tables, q_lens, kv_lens, bs, d ** -0.5)
+            assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        seen.append((_compiled_variants(_paged_attention_kernel), _compiled_variants(_merge_splits_kernel)))
+    assert seen[-1] == seen[0], f"compiled variants (attention, merge) after each shape: {seen}"
