@@ -1,5 +1,6 @@
-"""Device-to-host syncs of one engine step, by where they happen (torch's sync debug mode), for
-the plain, fixed-k and adaptive arms on the tiny pair (CUDA). Prints a table and writes
+"""Device-to-host syncs of one engine step, by where they happen (torch's sync debug mode, plus
+the event waits of async scheduling, which that mode does not see: decode_bench.step_sync_sites),
+for the plain, fixed-k and adaptive arms on the tiny pair (CUDA). Prints a table and writes
 $OUT/step_syncs.json (default ./out).
 
     python3 benchmarks/step_syncs.py
@@ -15,9 +16,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from adaspec import LLM, SamplingParams  # noqa: E402
-from adaspec.testing import device_sync_sites  # noqa: E402
+from decode_bench import step_sync_sites  # noqa: E402
 
 
 def main() -> int:
@@ -35,7 +37,7 @@ def main() -> int:
             eng.add_request(f"{arm}-{i}", ids, SamplingParams(temperature=1.0, max_tokens=200, ignore_eos=True, seed=i))
         for _ in range(4):
             eng.step()
-        counts = [device_sync_sites(eng.step) for _ in range(5)]
+        counts = [step_sync_sites(eng) for _ in range(5)]
         sites = collections.Counter(s for c in counts for s in c)
         result["arms"][arm] = {"syncs_per_step": [len(c) for c in counts], "sites": dict(sites)}
         print(f"{arm:<11} syncs per step {[len(c) for c in counts]}  sites: {dict(sites)}", flush=True)
