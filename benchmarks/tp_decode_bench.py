@@ -41,7 +41,7 @@ def run_size(model: str, tp: int, args, batches: list[int]) -> list[dict]:
         model=model, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype, device=args.device,
         max_num_seqs=max(batches), max_model_len=max_len, max_num_batched_tokens=8192,
         num_kv_blocks=max(batches) * (-(-max_len // 16)) + 8, enforce_eager=args.enforce_eager,
-        tensor_parallel_size=tp))
+        tensor_parallel_size=tp, async_scheduling=args.async_scheduling == "on"))
     print(f"\nTP={tp}: engine start {time.perf_counter() - t0:.1f} s, graphs: {eng.runner.graphs is not None}",
           flush=True)
     vocab = eng.model_config.vocab_size
@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--async-scheduling", choices=["on", "off"], default="on",
+                    help="the same for every size, so that the sizes compare like with like (the engine's "
+                         "default is on at TP = 1 and off above it)")
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     batches = [int(x) for x in args.batches.split(",")]
@@ -98,6 +101,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "tp_decode_bench.json").write_text(json.dumps(
         {"shape": args.shape, "device": args.device, "dtype": args.dtype, "enforce_eager": args.enforce_eager,
+         "async_scheduling": args.async_scheduling,
          "prompt_len": args.prompt_len, "steps": args.steps, "rows": rows, "speedups": verdict}, indent=2))
     print(f"written: {out / 'tp_decode_bench.json'}")
     return 0

@@ -158,14 +158,15 @@ class LLMEngine:
                  "on" if self.spec else "off")
 
     def _resolve_async_scheduling(self, asked: bool | None) -> bool:
-        """None ("auto"): on where it applies and pays, on CUDA; True where it cannot apply is an error."""
+        """None ("auto"): on with CUDA, without speculation and at tensor_parallel_size 1. Under
+        tensor parallelism it works when asked for (the previous step's sampled tokens reach the
+        workers in the mirrored call's device broadcast; CPU-tested with gloo), but is not the
+        default until it has been measured on GPUs. True with speculation is an error."""
         why_not = None
         if self.spec is not None:
             why_not = "speculative decoding (its steps read the accepted tokens back before the next one)"
-        elif self.tp is not None:
-            why_not = "tensor parallelism (the workers rebuild each step's inputs from the host's tokens)"
         if asked is None:
-            return why_not is None and self.device.type == "cuda"
+            return why_not is None and self.device.type == "cuda" and self.tp is None
         if asked and why_not:
             raise ConfigError(f"async_scheduling cannot be combined with {why_not}; leave it unset (auto) or "
                               "set it to False")

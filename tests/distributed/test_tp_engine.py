@@ -10,6 +10,9 @@ from adaspec.errors import ConfigError
 PROMPTS = ["def add(a, b):", "import numpy as np\n", [5, 6, 7, 8, 9], "class Stack:\n    def push(self, x):"]
 ARMS = {
     "nospec": None,
+    # async scheduling: step t's inputs come from step t-1's sampled tokens, which reach the
+    # worker inside the mirrored call (engine/async_step.py)
+    "nospec-async": None,
     "fixed": {"method": "dspark", "num_speculative_tokens": 4},
     "adaptive": {"method": "dspark", "num_speculative_tokens": 5, "enable_adaptive_verification": True,
                  "profile_repeats": 1},
@@ -35,7 +38,8 @@ def pair(request, tmp_path_factory):
     cache = tmp_path_factory.mktemp(f"cost-{arm}")
     kw = _kw(arm, cache)
     one = LLM("tiny", **kw)
-    two = LLM("tiny", tensor_parallel_size=2, **kw)
+    two = LLM("tiny", tensor_parallel_size=2, async_scheduling=arm.endswith("async") or None, **kw)
+    assert two.llm_engine.async_scheduling == arm.endswith("async")
     if arm == "adaptive":  # both profiled (no shared cached tables): the TP size is part of the key
         keys = [json.loads(f.read_text())["key"] for f in cache.glob("cost_model_*.json")]
         assert sorted(k["tensor_parallel_size"] for k in keys) == [1, 2]
@@ -47,9 +51,12 @@ def test_greedy_equals_tp1(pair):
     arm, one, two = pair
     p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     before = (one.llm_engine.stats.num_accepted_tokens, two.llm_engine.stats.num_accepted_tokens)
+    waits = two.llm_engine.num_result_waits
     assert _tokens(two.generate(PROMPTS, p)) == _tokens(one.generate(PROMPTS, p))
     stats = two.llm_engine.stats
-    if arm != "nospec":  # speculation really ran on the sharded drafter
+    if arm.endswith("async"):  # every step was launched before its predecessor was read back
+        assert two.llm_engine.num_result_waits - waits >= 40
+    if not arm.startswith("nospec"):  # speculation really ran on the sharded drafter
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > before[1]
     if arm == "fixed":  # greedy output is the same whatever the drafts: the same acceptance says the drafts are
         assert stats.num_accepted_tokens - before[1] == one.llm_engine.stats.num_accepted_tokens - before[0]
