@@ -129,3 +129,15 @@ def test_async_scheduling_config(micro_qwen3, tmp_path):
     with pytest.raises(ConfigError, match="async_scheduling cannot be combined with speculative decoding"):
         LLM(str(micro_qwen3), async_scheduling=True, speculative_config=spec)
     assert LLM(str(micro_qwen3), speculative_config=spec).llm_engine.async_scheduling is False
+
+
+def test_requests_ending_by_length_are_not_scheduled_again(micro_qwen3):
+    """max_tokens and max_model_len are known before the last token is read back: such a request
+    gets no further row (only stops the host cannot foresee, EOS, stop tokens and strings, cost one)."""
+    prompts = [p[:20] for p in _prompts(6, seed=4)]
+    params = [SamplingParams(max_tokens=3 + 4 * i, temperature=0, ignore_eos=True) for i in range(6)]
+    eng, got = _run(micro_qwen3, True, prompts, params, max_num_seqs=6, max_model_len=40)
+    _, want = _run(micro_qwen3, False, prompts, params, max_num_seqs=6, max_model_len=40)
+    _same(want, got)
+    assert {g.finish_reason for g in got} == {"length"}
+    assert eng.stats.num_discarded_rows == 0
