@@ -29,7 +29,7 @@ from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
-from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger("adaspec.engine")
@@ -150,6 +150,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
+        self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
@@ -251,6 +252,8 @@ class LLMEngine:
         except ValueError as e:  # a seed outside the 64-bit range
             raise InvalidRequestError(str(e), param="seed") from None
         self.requests[request_id] = seq
+        if seq.seed is None:
+            self._unseeded.append(seq)
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
@@ -280,6 +283,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = [self._output(s, 0) for s in self._aborted]
         self._aborted = []
+        if self._unseeded:  # in the order they were added, as one call per request would give
+            for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded))):
+                seq.seed = seed
+            self._unseeded = []
         scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
         if self.async_scheduling:

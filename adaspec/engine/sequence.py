@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import time
 
-from adaspec.sample.random import new_seed, seed_to_int64
+from adaspec.sample.random import seed_to_int64
 from adaspec.sampling_params import SamplingParams
 
 
@@ -29,8 +29,9 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
-        # every request has a seed: its randoms are keyed by (seed, position), see sample/random.py
-        self.seed = seed_to_int64(params.seed) if params.seed is not None else new_seed()
+        # every request has a seed: its randoms are keyed by (seed, position), see sample/random.py;
+        # None until the engine draws the seeds of the requests added since its last step, at once
+        self.seed: int | None = seed_to_int64(params.seed) if params.seed is not None else None
         # text state (see detokenizer.py)
         self.output_text = ""  # stable text exposed to clients
         self.text_stream = None  # incremental detokenizer (StopChecker), made at the first append

@@ -48,3 +48,26 @@ def test_unseeded_requests_differ(llms):
     params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
     a, b = roomy.generate(["def fib(n):"] * 2, params)
     assert a.outputs[0].token_ids != b.outputs[0].token_ids
+
+
+def test_unseeded_requests_follow_torch_manual_seed(monkeypatch):
+    """Unseeded requests draw their seeds from torch's global generator (as vLLM's do), all the
+    requests added since the last step in one call: torch.manual_seed makes a run repeatable."""
+    import torch
+
+    import adaspec.engine.llm_engine as llm_engine
+
+    calls = []
+    real = llm_engine.new_seeds
+    monkeypatch.setattr(llm_engine, "new_seeds", lambda n: calls.append(n) or real(n))
+    llm = LLM("tiny", max_num_seqs=8)
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+    first = run(7)
+    assert calls == [len(PROMPTS)]  # one draw for the four requests
+    assert run(7) == first and run(8) != first
+    assert len({tuple(t) for t in first}) == len(PROMPTS)
