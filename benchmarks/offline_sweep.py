@@ -62,6 +62,7 @@ def closed_loop_arrivals(t0: float, finish_times: list[float], n: int, c: int) -
 def run_point(llm, prompts, params):
     eng = llm.llm_engine
     s0 = dict(eng.stats.as_dict())
+    r0 = forward_kinds(eng.runner)
     rids = []
     for i, p in enumerate(prompts):
         rids.append(f"b{time.monotonic_ns()}-{i}")
@@ -92,7 +93,13 @@ def run_point(llm, prompts, params):
         verified_per_draft=(d("num_verified_tokens") / d("num_drafts")) if d("num_drafts") else None,
         # speculative steps that ran as CUDA graphs (the rest had a prefill chunk, logprobs or filters)
         spec_graphed_step_share=(d("num_graphed_steps") / d("num_steps")) if d("num_steps") else None,
+        # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
+        forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
     )
+
+
+def forward_kinds(runner) -> dict:
+    return {k: getattr(runner, f"num_{k}_steps", 0) for k in ("graph", "mixed_graph", "split", "eager")}
 
 
 def synthetic_keys(args) -> dict | None:

@@ -37,6 +37,20 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def mixed_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[tuple[int, int]]:
+    """(B, T) of the mixed graphs: B = 16 and max_num_seqs (a padded request costs one empty
+    attention program and one row of the LM head), T = 64, 128, ... up to the step's token budget
+    (a padded token costs a whole row of every layer, so T is the finer grid)."""
+    bs = sorted({min(16, max_num_seqs), max_num_seqs})
+    ts, t = [], 64
+    while t < max_num_batched_tokens:
+        ts.append(t)
+        t *= 2
+    ts.append(max_num_batched_tokens)
+    # the capture's dummy requests share T evenly: none may be longer than the model allows
+    return [(b, t) for b in bs for t in ts if -(-t // b) <= max_model_len]
+
+
 class _Graph:
     """A captured graph and its static outputs; `graph=None` replays by running the forward
     eagerly over the same static buffers (CPU tests of the buffer logic, see capture(eager=True))."""
@@ -71,14 +85,19 @@ class GraphedForward:
 
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, max_num_seqs: int,
                  query_lens: tuple[int, ...], max_model_len: int, max_blocks_per_seq: int, scratch_block: int,
-                 capture_layers: list[int] | None, batch_sizes: list[int] | None = None):
+                 capture_layers: list[int] | None, batch_sizes: list[int] | None = None,
+                 mixed_sizes: list[tuple[int, int]] | None = None):
         self.model, self.kv_caches, self.block_size, self.device = model, kv_caches, block_size, device
         self.query_lens = tuple(sorted(set(query_lens)))
         self.max_model_len = max_model_len
         self.capture_layers = list(capture_layers or [])
         self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(max_num_seqs)
         self.scratch_block = scratch_block
-        max_b, max_t = self.batch_sizes[-1], self.batch_sizes[-1] * self.query_lens[-1]
+        # mixed graphs (B requests, T tokens): decodes and prefill chunks in one replay, logits for
+        # each request's last row only; not with captured layers (the speculative step's)
+        self.mixed_sizes = sorted(set(mixed_sizes or []), key=lambda bt: (bt[1], bt[0])) if not self.capture_layers else []
+        max_b = max([self.batch_sizes[-1]] + [b for b, _ in self.mixed_sizes])
+        max_t = max([self.batch_sizes[-1] * self.query_lens[-1]] + [t for _, t in self.mixed_sizes])
         self.max_blocks = max_blocks_per_seq
         i64 = dict(dtype=torch.int64, device=device)
         i32 = dict(dtype=torch.int32, device=device)
@@ -88,11 +107,13 @@ class GraphedForward:
         self.query_start = torch.zeros(max_b + 1, **i32)
         self.kv_lens = torch.zeros(max_b, **i32)
         self.block_tables = torch.zeros(max_b, max_blocks_per_seq, **i32)
+        self.logit_rows = torch.zeros(max_b, **i64)  # mixed graphs: the row of each request's logits
         # pinned host mirrors, filled with numpy and copied asynchronously: two sets used in turn,
         # since under async scheduling step t's are filled while step t-1's copies may be in flight
         self.mirrors = [_HostMirrors(max_t, max_b, max_blocks_per_seq, device) for _ in range(2)]
         self._turn = 0
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.mixed: dict[tuple[int, int], _Graph] = {}  # (B, T) -> graph
         self.pool = None
 
     # -- capture -------------------------------------------------------------------------------
@@ -108,6 +129,38 @@ class GraphedForward:
                                       self.capture_layers)
         return self.model.compute_logits(hidden), hidden, captured
 
+    def _forward_mixed(self, b: int, t: int):
+        """Any mix of query lengths summing to at most T over at most B requests (the kernel's grid
+        depends on (B, T) only; its tile shape is the one for long queries); logits for the B rows
+        in logit_rows (a prefill chunk's last token, a decode's only one)."""
+        hidden, captured = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, t),
+                                      self.capture_layers)
+        return self.model.compute_logits(hidden.index_select(0, self.logit_rows[:b])), hidden, captured
+
+    def _dummy_inputs(self, b: int, t: int) -> None:
+        """Capture inputs: t tokens shared evenly by b requests, at positions 0.. of the scratch block."""
+        lens = torch.full((b,), t // b, device=self.device, dtype=torch.int32)
+        lens[: t % b] += 1
+        starts = torch.zeros(b + 1, device=self.device, dtype=torch.int32)
+        starts[1:] = lens.cumsum(0)
+        self.query_start[: b + 1] = starts
+        req = torch.repeat_interleave(torch.arange(b, device=self.device), lens.long())
+        self.positions[:t] = torch.arange(t, device=self.device) - starts[req].long()
+        self.input_ids[:t].zero_()
+        self.slot_mapping[:t] = self.scratch_block * self.block_size + self.positions[:t] % self.block_size
+        self.kv_lens[:b] = lens
+        self.logit_rows[:b] = starts[1:].long() - 1
+
+    def _capture_one(self, forward) -> _Graph:
+        forward()  # warm-up: Triton compiles, allocator settles
+        torch.cuda.synchronize(self.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            outputs = forward()
+        if self.pool is None:
+            self.pool = g.pool()
+        return _Graph(g, outputs)
+
     @torch.inference_mode()
     def capture(self, eager: bool = False) -> None:
         """Capture every (B, Q) graph. eager=True captures nothing and replays run the forward
@@ -116,36 +169,36 @@ class GraphedForward:
             for q in self.query_lens:
                 for b in self.batch_sizes:
                     self.graphs[(b, q)] = _Graph(None, None, lambda b=b, q=q: self._forward(b, b * q, q))
+            for b, t in self.mixed_sizes:
+                self.mixed[(b, t)] = _Graph(None, None, lambda b=b, t=t: self._forward_mixed(b, t))
             return
         t0 = time.perf_counter()
         free0 = torch.cuda.mem_get_info(self.device)[0]
-        # dummy inputs: every request has q tokens at positions 0..q-1 of the scratch block
         self.block_tables.fill_(self.scratch_block)
-        scratch = self.scratch_block * self.block_size
+        try:
+            for b, t in reversed(self.mixed_sizes):  # largest first: later graphs reuse its pool
+                self._dummy_inputs(b, t)
+                self.mixed[(b, t)] = self._capture_one(lambda b=b, t=t: self._forward_mixed(b, t))
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            # the mixed graphs are an optimization: without them mixed steps run split, as before
+            release_graphs(self.mixed)
+            self.mixed_sizes, self.pool = [], None
+            torch.cuda.synchronize(self.device)
+            announce(f"WARNING: capturing the mixed CUDA graphs failed ({type(e).__name__}: {str(e)[:200]}); "
+                     "steps with prefill chunks run as a decode graph plus an eager forward")
         for q in reversed(self.query_lens):
-            for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
-                t = b * q
-                self.input_ids[:t].zero_()
-                self.positions[:t] = torch.arange(q, device=self.device).repeat(b)
-                self.slot_mapping[:t] = scratch + self.positions[:t] % self.block_size
-                self.query_start[: b + 1] = torch.arange(b + 1, device=self.device, dtype=torch.int32) * q
-                self.kv_lens[:b] = q
-                self._forward(b, t, q)  # warm-up: Triton compiles, allocator settles
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool):
-                    outputs = self._forward(b, t, q)
-                if self.pool is None:
-                    self.pool = g.pool()
-                self.graphs[(b, q)] = _Graph(g, outputs)
+            for b in reversed(self.batch_sizes):
+                self._dummy_inputs(b, b * q)
+                self.graphs[(b, q)] = self._capture_one(lambda b=b, q=q: self._forward(b, b * q, q))
         torch.cuda.synchronize(self.device)
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        mixed = f" and {len(self.mixed)} mixed (requests x tokens {self.mixed_sizes})" if self.mixed else ""
         announce(f"captured {len(self.graphs)} CUDA graphs (requests {_ranges(self.batch_sizes)} x query tokens "
-                 f"{list(self.query_lens)}) in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+                 f"{list(self.query_lens)}){mixed} in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
 
     def release(self) -> int:
         """Free every captured graph and the pool (see release_graphs); the engine then runs eagerly."""
-        n = release_graphs(self.graphs)
+        n = release_graphs(self.graphs) + release_graphs(self.mixed)
         self.pool = None
         return n
 
@@ -158,6 +211,27 @@ class GraphedForward:
         b = next(x for x in self.batch_sizes if x >= num_requests)
         return b, q
 
+    def pick_mixed(self, num_requests: int, num_tokens: int) -> tuple[int, int] | None:
+        """The smallest captured mixed (B, T) that holds the step, or None."""
+        return next(((b, t) for b, t in self.mixed_sizes if b >= num_requests and t >= num_tokens), None)
+
+    def run_mixed(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
+                  block_tables: list[list[int]], logit_rows: np.ndarray, fill=None):
+        """As run, for a mixed graph: logit_rows are the packed rows whose logits are wanted, in
+        order. Returns (logits of those rows, hidden of the first T rows, captured)."""
+        b_pad, t_pad = key
+        m = self._refresh(b_pad, t_pad, ids, qlens, starts, block_tables)
+        lr = m.lr.numpy()
+        lr[: len(logit_rows)] = logit_rows
+        lr[len(logit_rows): b_pad] = 0
+        self.logit_rows[:b_pad].copy_(m.lr[:b_pad], non_blocking=True)
+        m.mark_copied()
+        if fill is not None:
+            fill_in(self.input_ids, *fill)
+        logits, hidden, captured = self.mixed[key].replay()
+        n_tok = len(ids)
+        return logits[: len(logit_rows)], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+
     def run(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
             block_tables: list[list[int]], fill=None):
         """Refresh the static buffers for this step's real tokens and requests, then replay.
@@ -165,11 +239,21 @@ class GraphedForward:
         fill: (rows, src, prev_tokens) on the device: input rows taken from the previous step's
         sampled tokens (async scheduling; runner.fill_in). Returns views (logits, hidden,
         captured) of the first T rows, valid until the next run."""
+        b_pad, q = key
+        m = self._refresh(b_pad, b_pad * q, ids, qlens, starts, block_tables)
+        m.mark_copied()
+        if fill is not None:
+            fill_in(self.input_ids, *fill)
+        logits, hidden, captured = self.graphs[key].replay()
+        n_tok = len(ids)
+        return logits[:n_tok], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+
+    def _refresh(self, b_pad: int, t_pad: int, ids, qlens, starts, block_tables) -> "_HostMirrors":
+        """Fill this step's pinned mirrors and start their copies into the static buffers.
+        -> the mirrors (the caller adds its own copies, then marks them copied)."""
         m = self.mirrors[self._turn]
         self._turn ^= 1
         m.wait_until_copied()  # the copies of two steps ago: done long since, but never overwritten early
-        b_pad, q = key
-        t_pad = b_pad * q
         n_req, n_tok = len(qlens), len(ids)
         bs, scratch = self.block_size, self.scratch_block
         width = max(len(row) for row in block_tables)
@@ -199,11 +283,7 @@ class GraphedForward:
         self.query_start[: b_pad + 1].copy_(m.qs[: b_pad + 1], non_blocking=True)
         self.kv_lens[:b_pad].copy_(m.kvl[:b_pad], non_blocking=True)
         self.block_tables[:b_pad, :width].copy_(m.bt[:b_pad, :width], non_blocking=True)
-        m.mark_copied()
-        if fill is not None:
-            fill_in(self.input_ids, *fill)
-        logits, hidden, captured = self.graphs[key].replay()
-        return logits[:n_tok], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+        return m
 
 
 class _HostMirrors:
@@ -215,6 +295,7 @@ class _HostMirrors:
         self.qs = torch.zeros(max_b + 1, dtype=torch.int32, **pin)
         self.kvl = torch.zeros(max_b, dtype=torch.int32, **pin)
         self.bt = torch.zeros(max_b, max_blocks, dtype=torch.int32, **pin)
+        self.lr = torch.zeros(max_b, dtype=torch.int64, **pin)  # logit rows of a mixed graph
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
         self.pending = False
 

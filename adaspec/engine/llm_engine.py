@@ -197,7 +197,7 @@ class LLMEngine:
         return n
 
     def _capture_graphs(self, drafter, lookahead: int) -> None:
-        from adaspec.engine.cuda_graphs import GraphedForward
+        from adaspec.engine.cuda_graphs import GraphedForward, mixed_capture_sizes
         from adaspec.models.fused import use_compiled
 
         use_compiled()  # norms, RoPE, activation, residual adds: one kernel each inside the graphs
@@ -213,6 +213,9 @@ class LLMEngine:
             query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
             max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
             capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
+            # decodes with prefill chunks in one replay (not yet under tensor parallelism)
+            mixed_sizes=mixed_capture_sizes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                            self.max_model_len) if not drafter and self.tp is None else None,
         )
         graphs.capture()
         self.runner.graphs = graphs

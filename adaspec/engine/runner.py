@@ -52,6 +52,7 @@ class ModelRunner:
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.num_split_steps = 0  # mixed steps run as a graph replay plus an eager forward
+        self.num_mixed_graph_steps = 0  # mixed steps run as one replay of a mixed graph
 
     @torch.inference_mode()
     def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None,
@@ -63,6 +64,9 @@ class ModelRunner:
         fill = self._fill_from_device(items, qstart, prev_tokens)
         key = self._graph_key(items, qlens, capture_layers)
         if key is None and self.graphs is not None:
+            mixed = self._run_mixed_graph(items, ids, qlens, starts, qstart, capture_layers, fill)
+            if mixed is not None:
+                return mixed
             split = self._split_mixed(items, capture_layers, prev_tokens)
             if split is not None:
                 return split
@@ -98,13 +102,32 @@ class ModelRunner:
         scratch block. -> forwards run."""
         runs = 0
         n = 2
-        while n <= min(64, max_num_batched_tokens):
-            table = [scratch_block] * -(-n // self.block_size)
-            for reqs in sorted({1, max(1, min(max_num_seqs, max_num_batched_tokens // n))}):
-                self.execute([ForwardItem([0] * n, 0, table, 1) for _ in range(reqs)])
-                runs += 1
-            n *= 2
+        graphs, self.graphs = self.graphs, None  # the eager path itself, not a mixed graph
+        try:
+            while n <= min(64, max_num_batched_tokens):
+                table = [scratch_block] * -(-n // self.block_size)
+                for reqs in sorted({1, max(1, min(max_num_seqs, max_num_batched_tokens // n))}):
+                    self.execute([ForwardItem([0] * n, 0, table, 1) for _ in range(reqs)])
+                    runs += 1
+                n *= 2
+        finally:
+            self.graphs = graphs
         return runs
+
+    def _run_mixed_graph(self, items, ids, qlens, starts, qstart, capture_layers, fill) -> ForwardResult | None:
+        """A step mixing decodes and prefill chunks (or prefill chunks alone) as one replay of a
+        captured mixed graph (cuda_graphs.GraphedForward.run_mixed), when one holds it: every item
+        wants at most its last row's logits and no layers are captured."""
+        g = self.graphs
+        if not g.mixed or capture_layers or any(it.num_logits > 1 for it in items):
+            return None
+        key = g.pick_mixed(len(items), len(ids))
+        if key is None:
+            return None
+        rows = np.array([qstart[b + 1] - 1 for b, it in enumerate(items) if it.num_logits], dtype=np.int64)
+        logits, hidden, captured = g.run_mixed(key, ids, qlens, starts, [it.block_table for it in items], rows, fill)
+        self.num_mixed_graph_steps += 1
+        return ForwardResult(logits, hidden, captured, qstart)
 
     def _fill_from_device(self, items, qstart, prev_tokens):
         """(rows of the packed ids, rows of prev_tokens, prev_tokens) for the items whose last token

@@ -70,6 +70,23 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     assert _graph_steps(graphed) > 5
 
 
+def test_mixed_graphs_match_eager_with_arrivals():
+    """Requests arrive while others decode (8 slots, 19 prompts): steps with prefill chunks replay
+    a mixed graph (decodes and chunks together, logits at each request's last row), float32 greedy
+    tokens equal the eager engine's."""
+    prompts = _prompts(19)
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
+    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256)
+    eager = LLM("tiny", enforce_eager=True, async_scheduling=False, **kw)
+    graphed = LLM("tiny", **kw)
+    runner = graphed.llm_engine.runner
+    assert runner.graphs.mixed, "no mixed graphs were captured"
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert runner.num_mixed_graph_steps > 5 and runner.num_split_steps == 0
+
+
 def test_async_scheduling_equals_sync_on_gpu():
     """Seeded T = 1 with stop tokens (requests stop while their next step is in flight): the
     graphed engine with and without async scheduling, token for token."""

@@ -94,3 +94,53 @@ def test_mixed_steps_split_into_graph_and_eager_forward(pair, async_scheduling):
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert graphed.llm_engine.runner.num_split_steps > 0
+
+
+def test_mixed_capture_sizes():
+    from adaspec.engine.cuda_graphs import mixed_capture_sizes
+
+    assert mixed_capture_sizes(256, 4096, 8192) == [(b, t) for b in (16, 256) for t in (64, 128, 256, 512, 1024, 2048, 4096)]
+    assert mixed_capture_sizes(8, 100, 4096) == [(8, 64), (8, 100)]
+    assert mixed_capture_sizes(16, 512, 16) == [(16, 64), (16, 128), (16, 256)]  # 512 / 16 > max_model_len
+
+
+@pytest.mark.slow  # the Triton interpreter runs every attention call
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_mixed_graphs_run_decodes_and_prefill_chunks_in_one_replay(pair, async_scheduling):
+    """Requests arrive while others decode: steps with prefill chunks (and prefill-only steps) replay
+    a mixed graph, padded in requests and tokens, whose logits are each request's last row; the
+    tokens equal the eager engine's."""
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+                skip_tokenizer_init=True)
+    graphed = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+                  skip_tokenizer_init=True, async_scheduling=async_scheduling)
+    eng = graphed.llm_engine
+    g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
+                       max_model_len=eng.max_model_len, max_blocks_per_seq=-(-eng.max_model_len // eng.config.block_size),
+                       scratch_block=eng.scratch_block, capture_layers=None, mixed_sizes=[(2, 16), (4, 40)])
+    g.capture(eager=True)
+    eng.runner.graphs = g
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert eng.runner.num_mixed_graph_steps > 3 and eng.runner.num_graph_steps > 3
+    assert eng.runner.num_split_steps == 0  # every mixed step fitted a mixed graph
+
+
+def test_capture_inputs_share_tokens_evenly(pair):
+    """The dummy inputs every graph is captured with (decode, verify and mixed): t tokens over b
+    requests, positions from 0 within each, K/V slots in the scratch block, logits at each last row."""
+    eng = _engine(pair, graphs=False, spec=False).llm_engine
+    bs = eng.config.block_size
+    g = GraphedForward(eng.model, eng.kv_caches, bs, eng.device, 4, query_lens=(1,), max_model_len=eng.max_model_len,
+                       max_blocks_per_seq=4, scratch_block=eng.scratch_block, capture_layers=None, mixed_sizes=[(3, 8)])
+    g._dummy_inputs(3, 8)
+    assert g.query_start[:4].tolist() == [0, 3, 6, 8]
+    assert g.positions[:8].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert g.kv_lens[:3].tolist() == [3, 3, 2]
+    assert g.logit_rows[:3].tolist() == [2, 5, 7]
+    assert g.slot_mapping[:8].tolist() == [eng.scratch_block * bs + p for p in [0, 1, 2, 0, 1, 2, 0, 1]]
+    g._dummy_inputs(4, 4)  # a decode graph: one token each
+    assert g.query_start[:5].tolist() == [0, 1, 2, 3, 4] and g.positions[:4].tolist() == [0, 0, 0, 0]
