@@ -39,12 +39,14 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 def mixed_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[tuple[int, int]]:
     """(B, T) of the mixed graphs: B = 16 and max_num_seqs (a padded request costs one empty
-    attention program and one row of the LM head), T = 64, 128, ... up to the step's token budget
-    (a padded token costs a whole row of every layer, so T is the finer grid)."""
+    attention program), T = 64, 96, 128, 192, ... (steps of 1.5x and 2x in turn) up to the step's
+    token budget (a padded token costs a whole row of every layer, so T is the finer grid)."""
     bs = sorted({min(16, max_num_seqs), max_num_seqs})
     ts, t = [], 64
     while t < max_num_batched_tokens:
         ts.append(t)
+        if t * 3 // 2 < max_num_batched_tokens:
+            ts.append(t * 3 // 2)
         t *= 2
     ts.append(max_num_batched_tokens)
     # the capture's dummy requests share T evenly: none may be longer than the model allows
@@ -131,11 +133,11 @@ class GraphedForward:
 
     def _forward_mixed(self, b: int, t: int):
         """Any mix of query lengths summing to at most T over at most B requests (the kernel's grid
-        depends on (B, T) only; its tile shape is the one for long queries); logits for the B rows
-        in logit_rows (a prefill chunk's last token, a decode's only one)."""
-        hidden, captured = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, t),
-                                      self.capture_layers)
-        return self.model.compute_logits(hidden.index_select(0, self.logit_rows[:b])), hidden, captured
+        depends on (B, T) only; its tile shape is the one for long queries). No logits: run_mixed
+        computes them after the replay for the rows that need them, so the graphs hold no [B, vocab]
+        outputs (155 MB each for B = 256 and a 152k vocabulary)."""
+        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, t),
+                          self.capture_layers)
 
     def _dummy_inputs(self, b: int, t: int) -> None:
         """Capture inputs: t tokens shared evenly by b requests, at positions 0.. of the scratch block."""
@@ -149,7 +151,6 @@ class GraphedForward:
         self.input_ids[:t].zero_()
         self.slot_mapping[:t] = self.scratch_block * self.block_size + self.positions[:t] % self.block_size
         self.kv_lens[:b] = lens
-        self.logit_rows[:b] = starts[1:].long() - 1
 
     def _capture_one(self, forward) -> _Graph:
         forward()  # warm-up: Triton compiles, allocator settles
@@ -212,8 +213,13 @@ class GraphedForward:
         return b, q
 
     def pick_mixed(self, num_requests: int, num_tokens: int) -> tuple[int, int] | None:
-        """The smallest captured mixed (B, T) that holds the step, or None."""
-        return next(((b, t) for b, t in self.mixed_sizes if b >= num_requests and t >= num_tokens), None)
+        """The smallest captured mixed (B, T) that holds the step, or None, also when it would pad
+        by more than max(128, T / 4) tokens: a large step is compute-bound, so padding costs it
+        more than the eager launches a graph saves (a guess until measured on the GPU)."""
+        key = next(((b, t) for b, t in self.mixed_sizes if b >= num_requests and t >= num_tokens), None)
+        if key is None or key[1] - num_tokens > max(128, num_tokens // 4):
+            return None
+        return key
 
     def run_mixed(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
                   block_tables: list[list[int]], logit_rows: np.ndarray, fill=None):
@@ -221,16 +227,16 @@ class GraphedForward:
         order. Returns (logits of those rows, hidden of the first T rows, captured)."""
         b_pad, t_pad = key
         m = self._refresh(b_pad, t_pad, ids, qlens, starts, block_tables)
-        lr = m.lr.numpy()
-        lr[: len(logit_rows)] = logit_rows
-        lr[len(logit_rows): b_pad] = 0
-        self.logit_rows[:b_pad].copy_(m.lr[:b_pad], non_blocking=True)
+        n_logits = len(logit_rows)
+        m.lr.numpy()[:n_logits] = logit_rows
+        self.logit_rows[:n_logits].copy_(m.lr[:n_logits], non_blocking=True)
         m.mark_copied()
         if fill is not None:
             fill_in(self.input_ids, *fill)
-        logits, hidden, captured = self.mixed[key].replay()
+        hidden, captured = self.mixed[key].replay()
+        logits = self.model.compute_logits(hidden.index_select(0, self.logit_rows[:n_logits]))
         n_tok = len(ids)
-        return logits[: len(logit_rows)], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+        return logits, hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
 
     def run(self, key: tuple[int, int], ids: np.ndarray, qlens: np.ndarray, starts: np.ndarray,
             block_tables: list[list[int]], fill=None):

@@ -99,9 +99,23 @@ def test_mixed_steps_split_into_graph_and_eager_forward(pair, async_scheduling):
 def test_mixed_capture_sizes():
     from adaspec.engine.cuda_graphs import mixed_capture_sizes
 
-    assert mixed_capture_sizes(256, 4096, 8192) == [(b, t) for b in (16, 256) for t in (64, 128, 256, 512, 1024, 2048, 4096)]
-    assert mixed_capture_sizes(8, 100, 4096) == [(8, 64), (8, 100)]
-    assert mixed_capture_sizes(16, 512, 16) == [(16, 64), (16, 128), (16, 256)]  # 512 / 16 > max_model_len
+    ts = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    assert mixed_capture_sizes(256, 4096, 8192) == [(b, t) for b in (16, 256) for t in ts]
+    assert mixed_capture_sizes(8, 100, 4096) == [(8, 64), (8, 96), (8, 100)]
+    assert mixed_capture_sizes(16, 512, 16) == [(16, t) for t in (64, 96, 128, 192, 256)]  # 384 / 16 > 16
+
+
+def test_mixed_graph_pick_refuses_heavy_padding(pair):
+    eng = _engine(pair, graphs=False, spec=False).llm_engine
+    g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 256, query_lens=(1,),
+                       max_model_len=eng.max_model_len, max_blocks_per_seq=4, scratch_block=eng.scratch_block,
+                       capture_layers=None, mixed_sizes=[(16, 512), (256, 512), (256, 1024), (256, 2048)])
+    assert g.pick_mixed(10, 400) == (16, 512)
+    assert g.pick_mixed(17, 400) == (256, 512)
+    assert g.pick_mixed(17, 900) == (256, 1024) and g.pick_mixed(17, 1000) == (256, 1024)
+    assert g.pick_mixed(17, 520) is None  # 1024 would pad 504 tokens > max(128, 520 / 4)
+    assert g.pick_mixed(17, 1100) is None  # 2048 would pad 948 tokens > 1100 / 4
+    assert g.pick_mixed(17, 2100) is None  # beyond the largest
 
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
@@ -131,7 +145,7 @@ def test_mixed_graphs_run_decodes_and_prefill_chunks_in_one_replay(pair, async_s
 
 def test_capture_inputs_share_tokens_evenly(pair):
     """The dummy inputs every graph is captured with (decode, verify and mixed): t tokens over b
-    requests, positions from 0 within each, K/V slots in the scratch block, logits at each last row."""
+    requests, positions from 0 within each, K/V slots in the scratch block."""
     eng = _engine(pair, graphs=False, spec=False).llm_engine
     bs = eng.config.block_size
     g = GraphedForward(eng.model, eng.kv_caches, bs, eng.device, 4, query_lens=(1,), max_model_len=eng.max_model_len,
@@ -140,7 +154,6 @@ def test_capture_inputs_share_tokens_evenly(pair):
     assert g.query_start[:4].tolist() == [0, 3, 6, 8]
     assert g.positions[:8].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
     assert g.kv_lens[:3].tolist() == [3, 3, 2]
-    assert g.logit_rows[:3].tolist() == [2, 5, 7]
     assert g.slot_mapping[:8].tolist() == [eng.scratch_block * bs + p for p in [0, 1, 2, 0, 1, 2, 0, 1]]
     g._dummy_inputs(4, 4)  # a decode graph: one token each
     assert g.query_start[:5].tolist() == [0, 1, 2, 3, 4] and g.positions[:4].tolist() == [0, 0, 0, 0]
