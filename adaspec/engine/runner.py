@@ -61,15 +61,15 @@ class ModelRunner:
         starts = np.fromiter((it.start_pos for it in items), dtype=np.int64, count=len(items))
         ids = np.fromiter((t for it in items for t in it.token_ids), dtype=np.int64, count=int(qlens.sum()))
         qstart = np.concatenate([[0], np.cumsum(qlens)])
-        fill = self._fill_from_device(items, qstart, prev_tokens)
         key = self._graph_key(items, qlens, capture_layers)
         if key is None and self.graphs is not None:
-            mixed = self._run_mixed_graph(items, ids, qlens, starts, qstart, capture_layers, fill)
+            mixed = self._run_mixed_graph(items, ids, qlens, starts, qstart, capture_layers, prev_tokens)
             if mixed is not None:
                 return mixed
             split = self._split_mixed(items, capture_layers, prev_tokens)
             if split is not None:
                 return split
+        fill = self._fill_from_device(items, qstart, prev_tokens)
         if key is not None:
             logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items], fill)
             self.num_graph_steps += 1
@@ -114,7 +114,7 @@ class ModelRunner:
             self.graphs = graphs
         return runs
 
-    def _run_mixed_graph(self, items, ids, qlens, starts, qstart, capture_layers, fill) -> ForwardResult | None:
+    def _run_mixed_graph(self, items, ids, qlens, starts, qstart, capture_layers, prev_tokens) -> ForwardResult | None:
         """A step mixing decodes and prefill chunks (or prefill chunks alone) as one replay of a
         captured mixed graph (cuda_graphs.GraphedForward.run_mixed), when one holds it: every item
         wants at most its last row's logits and no layers are captured."""
@@ -125,6 +125,7 @@ class ModelRunner:
         if key is None:
             return None
         rows = np.array([qstart[b + 1] - 1 for b, it in enumerate(items) if it.num_logits], dtype=np.int64)
+        fill = self._fill_from_device(items, qstart, prev_tokens)
         logits, hidden, captured = g.run_mixed(key, ids, qlens, starts, [it.block_table for it in items], rows, fill)
         self.num_mixed_graph_steps += 1
         return ForwardResult(logits, hidden, captured, qstart)
