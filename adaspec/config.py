@@ -8,6 +8,9 @@ from typing import Any
 from adaspec.errors import ConfigError
 
 
+CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL", "NONE")
+
+
 @dataclass
 class EngineConfig:
     model: str  # HF model directory or an embedded model name ("tiny")
@@ -26,6 +29,10 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # vLLM's: GPU fraction for weights + KV (CUDA only)
     attention_backend: str = "auto"  # auto | reference | varlen
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
+    # vLLM's compilation_config cudagraph_mode values that apply here: FULL_DECODE_ONLY (graphs for
+    # decode and verification steps), FULL (also steps with prefill chunks: engine/cuda_graphs.py's
+    # mixed graphs, plain engine only), NONE (as enforce_eager)
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
@@ -55,6 +62,10 @@ class EngineConfig:
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            hint = " (piecewise graphs are not implemented)" if "PIECEWISE" in str(self.cudagraph_mode) else ""
+            raise ConfigError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got "
+                              f"{self.cudagraph_mode!r}{hint}")
         if self.attention_backend not in ("auto", "reference", "varlen", "triton"):
             raise ConfigError(
                 f"attention_backend must be one of auto, reference, varlen, triton; got {self.attention_backend!r}"

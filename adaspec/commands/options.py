@@ -176,6 +176,10 @@ def _engine_options() -> dict[str, Option]:
                "model is sharded across", str(d["tensor_parallel_size"]), (("type", int), ("metavar", "N"))),
         Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (graphs are captured on CUDA with "
                "the triton attention backend)"),
+        Option(("--cudagraph-mode",), "which steps replay CUDA graphs (vLLM's compilation_config cudagraph_mode "
+               "values): FULL_DECODE_ONLY (decode and verification steps), FULL (also steps with prefill "
+               "chunks, plain engine; not yet measured on a GPU), NONE (as --enforce-eager)", d["cudagraph_mode"],
+               (("choices", ["FULL_DECODE_ONLY", "FULL", "NONE"]),)),
         Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
                "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "
                "parallelism", (("action", argparse.BooleanOptionalAction),)),
@@ -218,7 +222,7 @@ def add_option(parser, option: Option, default=None, default_text: str | None = 
 # the engine flags of the offline commands (generate, profile), by EngineConfig field name
 ENGINE_ARGS = ("tokenizer", "dtype", "load_format", "device", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend",
-               "speculative_config", "tensor_parallel_size", "async_scheduling")
+               "speculative_config", "tensor_parallel_size", "async_scheduling", "cudagraph_mode")
 
 
 def add_engine_args(parser, **default_texts: str) -> None:

@@ -126,7 +126,8 @@ class LLMEngine:
             reserve_all_spec_slots=drafter.spec_cfg.reserve_all_spec_slots if drafter else False,
             draft_lookahead=drafter.drafter_cfg.block_size if drafter else 0,
         )
-        self.use_cuda_graphs = self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
+        self.use_cuda_graphs = (self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
+                                and config.cudagraph_mode != "NONE")
         if self.use_cuda_graphs:
             self._capture_graphs(drafter, lookahead)
         if self.device.type == "cuda" and backend == "triton" and tp is None:
@@ -213,9 +214,10 @@ class LLMEngine:
             query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
             max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
             capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
-            # decodes with prefill chunks in one replay (not yet under tensor parallelism)
+            # cudagraph_mode FULL: decodes with prefill chunks in one replay (not yet under tensor parallelism)
             mixed_sizes=mixed_capture_sizes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                            self.max_model_len) if not drafter and self.tp is None else None,
+                                            self.max_model_len)
+            if self.config.cudagraph_mode == "FULL" and not drafter and self.tp is None else None,
         )
         graphs.capture()
         self.runner.graphs = graphs

@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
                    help="fraction of the GPU's memory for weights + KV cache, as vLLM's (the KV cache gets "
                         "what the weights leave); ignored on CPU and under --kv-cache-memory/--num-kv-blocks")
     p.add_argument("--enforce-eager", action="store_true", default=None)
+    p.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
+                   help="which steps replay CUDA graphs: FULL_DECODE_ONLY (default), FULL (also steps with "
+                        "prefill chunks; not yet measured on a GPU), NONE (as --enforce-eager)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each step before the previous one's tokens are read back, overlapping the "
                         "host's work with the GPU's (default: on with CUDA, off with speculative decoding or "
@@ -81,7 +84,7 @@ def add_parser(subparsers) -> None:
 
 _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization", "enforce_eager", "async_scheduling",
-                 "dtype", "device",
+                 "cudagraph_mode", "dtype", "device",
                  "attention_backend", "seed", "speculative_config", "skip_tokenizer_init", "load_format",
                  "tensor_parallel_size")
 

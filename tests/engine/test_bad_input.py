@@ -110,6 +110,9 @@ def test_engine_config_errors(micro_qwen3):
         LLM(str(micro_qwen3), max_model_len=10**6)
     with pytest.raises(ConfigError, match="fewer than one request"):
         LLM(str(micro_qwen3), num_kv_blocks=2, block_size=4)
+    with pytest.raises(ConfigError, match=r"cudagraph_mode must be one of .*'PIECEWISE' \(piecewise graphs are not"):
+        LLM(str(micro_qwen3), cudagraph_mode="PIECEWISE")
+    assert LLM(str(micro_qwen3), cudagraph_mode="FULL").llm_engine.runner.graphs is None  # graphs need CUDA
 
 
 def test_cli_reports_errors_cleanly(tmp_path):
