@@ -28,6 +28,8 @@
 #   the report covers what finished. Writes at most 6 files: OUT/pair.json, OUT/server_T{T}.log,
 #   OUT/server_T{T}_report.md, OUT/server_T{T}_frontier.png, OUT/server_T{T}.tar.gz (points, server
 #   logs, manifest) and OUT/server_T{T}_summary.txt.
+# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL") and SERVER_ARGS
+#   (server flags, e.g. "--cudagraph-mode=FULL --disable-log-requests", each given to every server).
 # CPU smoke test (no build, the embedded tiny pair):
 #   MODEL=tiny MODE=server OUTPUT_LEN=8 NUM_PROMPTS=4 bash benchmarks/h200_frontier.sh /tmp/f none,adaptive:7 1,2 0 1
 set -euo pipefail
@@ -50,7 +52,8 @@ case "$MODE" in
     set +e
     timeout -s TERM -k 10 "$LEFT" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" \
       --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
-      --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} --out "$OUT/frontier_T${TEMP}.json"
+      --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} ${OFFLINE_ARGS:-} \
+      --out "$OUT/frontier_T${TEMP}.json"
     RC=$?
     set -e
     if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_T${TEMP}.json" ]; then
@@ -67,12 +70,14 @@ case "$MODE" in
     install_server_wheels
     ensure_pair "$OUT"
     MAXC=$(echo "$CONC" | tr ',' '\n' | sort -n | tail -1)
+    EXTRA_SERVER_ARGS=()  # SERVER_ARGS="--cudagraph-mode=FULL --disable-log-requests": each passed to every server
+    for a in ${SERVER_ARGS:-}; do EXTRA_SERVER_ARGS+=("--server-arg=$a"); done
     DIR=${RUNS_DIR:-/tmp/adaspec-runs}/$NAME
     rm -rf "$DIR"
     sweep_then_report "$DIR" --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" --concurrency "$CONC" \
       --repeats "$REPEATS" --temperature "$TEMP" --output-len "$OUTPUT_LEN" --ignore-eos \
       --num-prompts "${NUM_PROMPTS:-32}" --num-warmups "${NUM_WARMUPS:-8}" \
-      --server-arg=--max-num-seqs="$MAXC" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
+      --server-arg=--max-num-seqs="$MAXC" "${EXTRA_SERVER_ARGS[@]}" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
     collect "$DIR" "$OUT" "$NAME"
     if [ -f "$DIR/report.md" ]; then
       "$PYTHON" - "$DIR" > "$OUT/${NAME}_summary.txt" <<'EOF'

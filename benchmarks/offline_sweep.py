@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dataset", default="eval-code")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
+                    help="the engine's cudagraph_mode (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--out", default=None)
@@ -175,13 +177,13 @@ def main() -> None:
     texts = load_prompt_set(args.dataset)
     concs = [int(c) for c in args.concurrency.split(",")]
     synthetic = synthetic_keys(args)
-    engine_args = {}
+    engine_args = {"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else {}
     if args.shape:
         from adaspec.models.tokenizer import Tokenizer
         from adaspec.models.registry import resolve_model_path
 
         args.model = shape_model_dir(args.shape, args.shape_overrides)
-        engine_args = dict(load_format="dummy", skip_tokenizer_init=True)
+        engine_args.update(load_format="dummy", skip_tokenizer_init=True)
         ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
