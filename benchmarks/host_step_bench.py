@@ -29,7 +29,7 @@ from adaspec import LLM, SamplingParams
 from adaspec.engine.runner import ForwardResult
 from adaspec.sampling_params import RequestOutputKind
 
-PHASES = (("scheduler", "schedule"), ("engine", "_plain_step"), ("engine", "sample"),
+PHASES = (("scheduler", "schedule"), ("engine", "_launch_plain_step"), ("engine", "_sample_on_device"),
           ("stop_checker", "append"), ("engine", "_output"))
 
 
@@ -45,7 +45,7 @@ def build(batch: int, output_kind: str):
     logits[:, 7] = 1.0
     hidden = torch.zeros(batch, 4)
 
-    def stub(items, capture_layers=None):
+    def stub(items, capture_layers=None, prev_tokens=None):
         n = len(items)
         return ForwardResult(logits[:n], hidden[:n], {}, np.arange(n + 1))
 

@@ -299,10 +299,9 @@ class LLMEngine:
         if not scheduled:
             return outputs
         self._count_step(scheduled)
-        if self.spec is not None:
-            new_tokens = self.spec.step(scheduled)
-        else:
-            new_tokens = self._plain_step(scheduled)
+        if self.spec is None:  # the async step's launch and read back, with nothing in between
+            return outputs + self._resolve(self._launch_plain_step(scheduled))
+        new_tokens = self.spec.step(scheduled)
         t1 = time.perf_counter()
         now = time.monotonic()
         for s, (tokens, lps) in zip(scheduled, new_tokens):
@@ -326,7 +325,9 @@ class LLMEngine:
         for s in scheduled:  # before the step moves num_computed_tokens
             self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
 
-    # ---- async scheduling (engine/async_step.py) ------------------------------------------
+    # ---- the plain step: launch, then read back (engine/async_step.py) ----------------------
+    # Synchronous: step() reads back the step it just launched. Async: it launches step t and
+    # reads back step t-1, whose sampled tokens step t took on the device.
     def _async_step(self, scheduled: list[ScheduledSeq]) -> list[RequestOutput]:
         """Launch this step, then read back and process the previous one while the GPU runs it."""
         launched = None
@@ -395,32 +396,6 @@ class LLMEngine:
                 seq.token_ids.extend(later)
         self.stats.time_bookkeeping += time.perf_counter() - t1
         return outputs
-
-    def _plain_step(self, scheduled: list[ScheduledSeq]):
-        """One target forward; sample the next token for every request that reached its end."""
-        t0 = time.perf_counter()
-        samples = [s.samples for s in scheduled]  # before num_computed_tokens moves
-        items = []
-        for s in scheduled:
-            nc = s.seq.num_computed_tokens
-            items.append(ForwardItem(s.seq.token_ids[nc:nc + s.num_tokens], nc, s.seq.block_table, int(s.samples)))
-        res = self.runner.execute(items)
-        t1 = time.perf_counter()
-        sampling = [s.seq for s, smp in zip(scheduled, samples) if smp]
-        tokens, lps = self.sample(res.logits, sampling) if sampling else ([], None)
-        self.stats.num_sampled_without_draft += len(sampling)
-        for s in scheduled:
-            s.seq.num_computed_tokens += s.num_tokens
-        self.stats.time_verify += t1 - t0
-        self.stats.time_sample += time.perf_counter() - t1
-        out, it = [], iter(range(len(sampling)))
-        for smp in samples:
-            if smp:
-                i = next(it)
-                out.append(([tokens[i]], [lps[i]] if lps is not None else None))
-            else:
-                out.append(([], None))
-        return out
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
         """One token per row of logits, for each request's next position (len(token_ids)).
