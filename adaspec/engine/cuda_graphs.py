@@ -110,6 +110,9 @@ class GraphedForward:
         self.kv_lens = torch.zeros(max_b, **i32)
         self.block_tables = torch.zeros(max_b, max_blocks_per_seq, **i32)
         self.logit_rows = torch.zeros(max_b, **i64)  # mixed graphs: the row of each request's logits
+        # async scheduling: packed rows whose token comes from the previous step's output, and where
+        self.fill_rows = torch.zeros(max_b, **i64)
+        self.fill_src = torch.zeros(max_b, **i64)
         # pinned host mirrors, filled with numpy and copied asynchronously: two sets used in turn,
         # since under async scheduling step t's are filled while step t-1's copies may be in flight
         self.mirrors = [_HostMirrors(max_t, max_b, max_blocks_per_seq, device) for _ in range(2)]
@@ -230,9 +233,7 @@ class GraphedForward:
         n_logits = len(logit_rows)
         m.lr.numpy()[:n_logits] = logit_rows
         self.logit_rows[:n_logits].copy_(m.lr[:n_logits], non_blocking=True)
-        m.mark_copied()
-        if fill is not None:
-            fill_in(self.input_ids, *fill)
+        self._stage_fill(m, fill)
         hidden, captured = self.mixed[key].replay()
         logits = self.model.compute_logits(hidden.index_select(0, self.logit_rows[:n_logits]))
         n_tok = len(ids)
@@ -242,17 +243,28 @@ class GraphedForward:
             block_tables: list[list[int]], fill=None):
         """Refresh the static buffers for this step's real tokens and requests, then replay.
         ids: the packed query tokens; request r has qlens[r] of them at positions starts[r]...
-        fill: (rows, src, prev_tokens) on the device: input rows taken from the previous step's
-        sampled tokens (async scheduling; runner.fill_in). Returns views (logits, hidden,
-        captured) of the first T rows, valid until the next run."""
+        fill: (rows, src: host arrays, prev_tokens on the device): input rows taken from the
+        previous step's sampled tokens (async scheduling; runner.fill_in). Returns views (logits,
+        hidden, captured) of the first T rows, valid until the next run."""
         b_pad, q = key
         m = self._refresh(b_pad, b_pad * q, ids, qlens, starts, block_tables)
-        m.mark_copied()
-        if fill is not None:
-            fill_in(self.input_ids, *fill)
+        self._stage_fill(m, fill)
         logits, hidden, captured = self.graphs[key].replay()
         n_tok = len(ids)
         return logits[:n_tok], hidden[:n_tok], {k: v[:n_tok] for k, v in captured.items()}
+
+    def _stage_fill(self, m: "_HostMirrors", fill) -> None:
+        """Copy the fill rows with the step's other inputs (no allocation per step), close the
+        mirrors' copies, then take those input tokens from the previous step's output."""
+        if fill is not None:
+            rows, src, prev = fill
+            n = len(rows)
+            m.fill.numpy()[:, :n] = (rows, src)
+            self.fill_rows[:n].copy_(m.fill[0, :n], non_blocking=True)
+            self.fill_src[:n].copy_(m.fill[1, :n], non_blocking=True)
+        m.mark_copied()
+        if fill is not None:
+            fill_in(self.input_ids, self.fill_rows[:n], self.fill_src[:n], prev)
 
     def _refresh(self, b_pad: int, t_pad: int, ids, qlens, starts, block_tables) -> "_HostMirrors":
         """Fill this step's pinned mirrors and start their copies into the static buffers.
@@ -302,6 +314,7 @@ class _HostMirrors:
         self.kvl = torch.zeros(max_b, dtype=torch.int32, **pin)
         self.bt = torch.zeros(max_b, max_blocks, dtype=torch.int32, **pin)
         self.lr = torch.zeros(max_b, dtype=torch.int64, **pin)  # logit rows of a mixed graph
+        self.fill = torch.zeros(2, max_b, dtype=torch.int64, **pin)  # rows, source rows (async scheduling)
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
         self.pending = False
 

@@ -270,7 +270,8 @@ class LLMEngine:
         self._aborted.append(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work() or bool(self._aborted)
+        # a step in flight is read back by the next step() even when all its requests have ended
+        return self.scheduler.has_work() or bool(self._aborted) or self._in_flight is not None
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -354,7 +355,9 @@ class LLMEngine:
             if s.samples:
                 sampling.append(seq)
             items.append(ForwardItem(ids, nc, seq.block_table, int(s.samples), prev_row))
-        res = self.runner.execute(items, prev_tokens=prev.tokens if prev is not None else None)
+        # only when an item reads it: under tensor parallelism it is broadcast to the workers
+        needs_prev = any(it.prev_row >= 0 for it in items)
+        res = self.runner.execute(items, prev_tokens=prev.tokens if needs_prev else None)
         t1 = time.perf_counter()
         chosen = self._sample_on_device(res.logits, sampling) if sampling else \
             torch.zeros(0, dtype=torch.int64, device=res.logits.device)

@@ -53,6 +53,7 @@ class ModelRunner:
         self.num_eager_steps = 0
         self.num_split_steps = 0  # mixed steps run as a graph replay plus an eager forward
         self.num_mixed_graph_steps = 0  # mixed steps run as one replay of a mixed graph
+        self._splitting = False  # inside _split_mixed: its parts run as the decode graph and eagerly
 
     @torch.inference_mode()
     def execute(self, items: list[ForwardItem], capture_layers: list[int] | None = None,
@@ -82,7 +83,8 @@ class ModelRunner:
         )
         ids_dev = to_device(ids, self.device)
         if fill is not None:
-            fill_in(ids_dev, *fill)
+            rows, src, prev = fill
+            fill_in(ids_dev, to_device(rows, self.device), to_device(src, self.device), prev)
         hidden, captured = self.model(
             ids_dev, to_device(positions, self.device), self.kv_caches, meta, capture_layers,
         )
@@ -119,7 +121,10 @@ class ModelRunner:
         captured mixed graph (cuda_graphs.GraphedForward.run_mixed), when one holds it: every item
         wants at most its last row's logits and no layers are captured."""
         g = self.graphs
-        if not g.mixed or capture_layers or any(it.num_logits > 1 for it in items):
+        # not for a split step's part: the decode graph's outputs (views of its static buffers,
+        # read after the second part) share the capture pool with the mixed graphs, which could
+        # reuse that memory as scratch when replayed in between
+        if not g.mixed or self._splitting or capture_layers or any(it.num_logits > 1 for it in items):
             return None
         key = g.pick_mixed(len(items), len(ids))
         if key is None:
@@ -131,8 +136,9 @@ class ModelRunner:
         return ForwardResult(logits, hidden, captured, qstart)
 
     def _fill_from_device(self, items, qstart, prev_tokens):
-        """(rows of the packed ids, rows of prev_tokens, prev_tokens) for the items whose last token
-        is still on the device, or None."""
+        """(rows of the packed ids, rows of prev_tokens: host arrays, prev_tokens) for the items
+        whose last token is still on the device, or None. The graphs stage the two arrays with
+        their other inputs (GraphedForward._refresh); the eager path copies them itself."""
         pending = [b for b, it in enumerate(items) if it.prev_row >= 0]
         if not pending:
             return None
@@ -140,7 +146,7 @@ class ModelRunner:
             raise ValueError("items refer to the previous step's tokens (prev_row), but no prev_tokens were given")
         rows = np.array([qstart[b + 1] - 1 for b in pending], dtype=np.int64)
         src = np.array([items[b].prev_row for b in pending], dtype=np.int64)
-        return to_device(rows, self.device), to_device(src, self.device), prev_tokens
+        return rows, src, prev_tokens
 
     def _split_mixed(self, items, capture_layers, prev_tokens=None) -> ForwardResult | None:
         """A step mixing decode rows with prefill chunks: the decode rows replay a graph, the rest
@@ -154,8 +160,12 @@ class ModelRunner:
         chosen = set(decode)
         rest = [i for i in range(len(items)) if i not in chosen]
         self.num_split_steps += 1
-        parts = [(decode, self.execute([items[i] for i in decode], capture_layers, prev_tokens)),
-                 (rest, self.execute([items[i] for i in rest], capture_layers, prev_tokens))]
+        self._splitting = True
+        try:
+            parts = [(decode, self.execute([items[i] for i in decode], capture_layers, prev_tokens)),
+                     (rest, self.execute([items[i] for i in rest], capture_layers, prev_tokens))]
+        finally:
+            self._splitting = False
         qlens = np.array([len(it.token_ids) for it in items])
         nlog = np.array([it.num_logits for it in items])
         qstart = np.concatenate([[0], np.cumsum(qlens)])

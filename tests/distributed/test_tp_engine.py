@@ -51,11 +51,25 @@ def test_greedy_equals_tp1(pair):
     arm, one, two = pair
     p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     before = (one.llm_engine.stats.num_accepted_tokens, two.llm_engine.stats.num_accepted_tokens)
-    waits = two.llm_engine.num_result_waits
-    assert _tokens(two.generate(PROMPTS, p)) == _tokens(one.generate(PROMPTS, p))
-    stats = two.llm_engine.stats
-    if arm.endswith("async"):  # every step was launched before its predecessor was read back
-        assert two.llm_engine.num_result_waits - waits >= 40
+    eng = two.llm_engine
+    runner, from_device = eng.runner, []
+
+    class Spy:  # which forwards took inputs from the previous step's tokens on the device
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        def execute(self, items, *args, **kw):
+            from_device.append(sum(it.prev_row >= 0 for it in items))
+            return runner.execute(items, *args, **kw)
+
+    eng.runner = Spy()
+    try:
+        assert _tokens(two.generate(PROMPTS, p)) == _tokens(one.generate(PROMPTS, p))
+    finally:
+        eng.runner = runner
+    stats = eng.stats
+    # async: every decode step's inputs came from the step before, on the device (through the workers too)
+    assert (sum(n == len(PROMPTS) for n in from_device) >= 35) == arm.endswith("async")
     if not arm.startswith("nospec"):  # speculation really ran on the sharded drafter
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > before[1]
     if arm == "fixed":  # greedy output is the same whatever the drafts: the same acceptance says the drafts are

@@ -157,3 +157,37 @@ def test_capture_inputs_share_tokens_evenly(pair):
     assert g.slot_mapping[:8].tolist() == [eng.scratch_block * bs + p for p in [0, 1, 2, 0, 1, 2, 0, 1]]
     g._dummy_inputs(4, 4)  # a decode graph: one token each
     assert g.query_start[:5].tolist() == [0, 1, 2, 3, 4] and g.positions[:4].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.slow  # the Triton interpreter runs every attention call
+def test_split_steps_never_replay_a_mixed_graph(pair):
+    """A step no mixed graph holds (here: more than one request) is split; its parts run as the decode
+    graph and eagerly, never as a mixed graph (the prefill part alone would fit this one), whose replay could reuse the decode graph's output
+    memory (one capture pool) before those outputs are read. Tokens equal the eager engine's."""
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+                skip_tokenizer_init=True)
+    graphed = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+                  skip_tokenizer_init=True)
+    eng = graphed.llm_engine
+    g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
+                       max_model_len=eng.max_model_len, max_blocks_per_seq=-(-eng.max_model_len // eng.config.block_size),
+                       scratch_block=eng.scratch_block, capture_layers=None, mixed_sizes=[(1, 40)])
+    g.capture(eager=True)
+    eng.runner.graphs = g
+    runner, mixed_in_split = eng.runner, []
+    real_split = runner._split_mixed
+
+    def watched_split(*args, **kw):
+        before = runner.num_mixed_graph_steps
+        out = real_split(*args, **kw)
+        mixed_in_split.append(runner.num_mixed_graph_steps - before)
+        return out
+
+    runner._split_mixed = watched_split
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert runner.num_split_steps > 0
+    assert sum(mixed_in_split) == 0
