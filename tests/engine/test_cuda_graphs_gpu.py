@@ -102,6 +102,27 @@ def test_async_scheduling_equals_sync_on_gpu():
     assert runs[True][1].stats.num_discarded_rows > 0 and _graph_steps(llm) > 5
 
 
+def test_async_inputs_survive_a_busy_gpu(monkeypatch):
+    """The GPU is kept busy (a spin kernel queued before every refresh), so step t's input copies are
+    still queued when the host fills step t+1's: the pinned mirrors must alternate and be reused only
+    after their copies ran. Greedy tokens equal the synchronous engine's (fails with one mirror set)."""
+    from adaspec.engine.cuda_graphs import GraphedForward
+
+    prompts = _prompts(12)
+    params = [SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True) for i in range(12)]
+    want = [o.outputs[0].token_ids for o in _llm(False, False, async_scheduling=False).generate(prompts, params)]
+    real = GraphedForward._refresh
+
+    def slow_refresh(self, *args, **kw):
+        torch.cuda._sleep(2_000_000)  # ~1 ms of spinning ahead of this step's copies
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(GraphedForward, "_refresh", slow_refresh)
+    llm = _llm(False, False, async_scheduling=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert _graph_steps(llm) > 5
+
+
 def test_seeded_graphed_step_parts_only_at_near_ties():
     """Fixed k at T = 1, probabilistic drafts: the graphed engine in lockstep with the eager one;
     a request whose tokens differ must have parted at a draw within rounding of its threshold
