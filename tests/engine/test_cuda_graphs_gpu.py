@@ -104,8 +104,9 @@ def test_async_scheduling_equals_sync_on_gpu():
 
 def test_async_inputs_survive_a_busy_gpu(monkeypatch):
     """The GPU is kept busy (a spin kernel queued before every refresh), so step t's input copies are
-    still queued when the host fills step t+1's: the pinned mirrors must alternate and be reused only
-    after their copies ran. Greedy tokens equal the synchronous engine's (fails with one mirror set)."""
+    still queued when the host fills step t+1's: the pinned mirrors must alternate (or be waited on)
+    and never be rewritten before their copies ran. Greedy tokens equal the synchronous engine's
+    (one mirror set refilled without a wait would hand step t the inputs of step t+1)."""
     from adaspec.engine.cuda_graphs import GraphedForward
 
     prompts = _prompts(12)
