@@ -13,6 +13,8 @@
    part 1) at the same batch, i.e. the step time the GPU does not spend in the forward. Part 1
    runs with async scheduling (the engine's default on CUDA) and again without it (sync_*).
 4. (--hf) transformers' generate with a static cache (compiled) on the same weights, same run.
+5. (--mixed-chunk N) steps of B decodes plus one N-token prompt, as one mixed-graph replay
+   (cudagraph_mode FULL) and split into the decode graph and an eager forward, same engine.
 
 Prints a short table per part, writes everything to $OUT/decode_bench.json (default ./out).
 Usage on the GPU machine: python3 benchmarks/decode_bench.py --shapes qwen3-0.6b,qwen3-8b
@@ -101,6 +103,43 @@ def step_sync_sites(eng: LLMEngine) -> list[str]:
     waits = eng.num_result_waits
     sites = [s for s in device_sync_sites(eng.step) if not s.startswith("async_step.py")]
     return sites + ["async_step.py:wait"] * (eng.num_result_waits - waits)
+
+
+def mixed_steps(eng: LLMEngine, batch: int, prompt_len: int, chunk: int, steps: int, vocab: int) -> dict:
+    """Steps of `batch` decoding requests plus one new request's whole prompt of `chunk` tokens
+    (the new request stops after its first token, so every step has the same shape): as one
+    mixed-graph replay (cudagraph_mode FULL), then split into the decode graph and an eager
+    forward on the same engine (the mixed graphs hidden), median ms per step each."""
+    g = torch.Generator().manual_seed(1000 + batch)
+    for r in range(batch):
+        ids = torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist()
+        eng.add_request(f"m{batch}-{r}", ids, SamplingParams(temperature=0, max_tokens=4 * steps + 16, ignore_eos=True))
+    while not all(s.is_decoding for s in eng.scheduler.running) or eng.num_waiting():
+        eng.step()
+    graphs, out = eng.runner.graphs, {}
+    for mode in ("mixed", "split"):
+        saved = graphs.mixed_sizes
+        if mode == "split":
+            graphs.mixed_sizes = []  # pick_mixed finds nothing: the step splits
+        before = (eng.runner.num_mixed_graph_steps, eng.runner.num_split_steps)
+        times = []
+        try:
+            for i in range(steps + 3):
+                ids = torch.randint(10, vocab - 10, (chunk,), generator=g).tolist()
+                eng.add_request(f"m{batch}-{mode}-{i}", ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+                t0 = time.perf_counter()
+                eng.step()
+                if i >= 3:
+                    times.append(time.perf_counter() - t0)
+        finally:
+            graphs.mixed_sizes = saved
+        out[f"{mode}_step_ms"] = 1e3 * statistics.median(times)
+        out[f"{mode}_counts"] = [eng.runner.num_mixed_graph_steps - before[0], eng.runner.num_split_steps - before[1]]
+    for s in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+        eng.abort_request(s.request_id)
+    while eng.has_unfinished_requests():
+        eng.step()
+    return {"batch": batch, "chunk": chunk, **out}
 
 
 def decode_both_ways(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
@@ -295,6 +334,9 @@ def main() -> int:
     ap.add_argument("--draft-layers", default="", help="also time DSpark propose steps (k = 7) of drafters "
                                                      "with these backbone layer counts, e.g. 1,2 (benchmark 3)")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--mixed-chunk", type=int, default=0,
+                    help="also time steps of B decodes plus one prompt of this many tokens as a mixed graph and "
+                         "split (the engine then runs with cudagraph_mode FULL; decode steps are the same either way)")
     ap.add_argument("--budget-s", type=float, default=500, help="skip remaining parts past this many seconds")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -306,7 +348,8 @@ def main() -> int:
           f"torch {torch.__version__}", flush=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": bw,
               "matmul_flops_per_s": peak, "prompt_len": args.prompt_len, "steps": args.steps,
-              "enforce_eager": args.enforce_eager, "decode": [], "verify": [], "draft": [], "hf": [], "skipped": []}
+              "enforce_eager": args.enforce_eager, "decode": [], "verify": [], "draft": [], "hf": [], "mixed": [],
+              "skipped": []}
     hf_pairs = [tuple(p.split(":")) for p in args.hf.split(",") if p]
     tmp = Path(tempfile.mkdtemp())
     for shape in args.shapes.split(","):
@@ -318,8 +361,10 @@ def main() -> int:
         t0 = time.perf_counter()
         eng = LLMEngine(EngineConfig(
             model=str(d), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
-            max_num_seqs=max(batches), max_model_len=max_len, max_num_batched_tokens=8192,
-            num_kv_blocks=max(batches) * (-(-max_len // 16)) + 8, enforce_eager=args.enforce_eager))
+            # --mixed-chunk: one slot more, for the prompt that joins the largest batch's decodes
+            max_num_seqs=max(batches) + bool(args.mixed_chunk), max_model_len=max_len, max_num_batched_tokens=8192,
+            num_kv_blocks=(max(batches) + 1) * (-(-max_len // 16)) + 8, enforce_eager=args.enforce_eager,
+            cudagraph_mode="FULL" if args.mixed_chunk else "FULL_DECODE_ONLY"))
         startup = time.perf_counter() - t0
         weights = param_count(shape) * 2
         kvt = kv_bytes_per_token(shape)
@@ -335,6 +380,14 @@ def main() -> int:
             print(f"{b:>6} {r['step_ms']:>9.2f} {r['step_ms_p90']:>7.2f} {floor:>9.3f} "
                   f"{100 * r['fraction_of_floor']:>7.1f}% {r['syncs_per_step']:>5} {r.get('sync_step_ms', float('nan')):>12.2f} "
                   f"{' '.join(r['sync_sites']) if r['syncs_per_step'] > 1 else ''}", flush=True)
+        if args.mixed_chunk and eng.runner.graphs is not None and time.perf_counter() - t_start < args.budget_s:
+            print(f"{'batch':>6} {'mixed graph ms':>15} {'split ms':>9}   (B decodes + a {args.mixed_chunk}-token prompt)")
+            for b in batches:
+                r = mixed_steps(eng, b, args.prompt_len, args.mixed_chunk, args.steps, 151936)
+                r.update(shape=shape)
+                result["mixed"].append(r)
+                print(f"{b:>6} {r['mixed_step_ms']:>15.2f} {r['split_step_ms']:>9.2f}   "
+                      f"(steps by kind: {r['mixed_counts']} / {r['split_counts']})", flush=True)
         if not args.enforce_eager and time.perf_counter() - t_start < args.budget_s:
             vb = [int(x) for x in args.verify_batches.split(",")]
             vq = [int(x) for x in args.verify_q.split(",")]
