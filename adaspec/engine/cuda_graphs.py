@@ -256,15 +256,16 @@ class GraphedForward:
     def _stage_fill(self, m: "_HostMirrors", fill) -> None:
         """Copy the fill rows with the step's other inputs (no allocation per step), close the
         mirrors' copies, then take those input tokens from the previous step's output."""
-        if fill is not None:
-            rows, src, prev = fill
-            n = len(rows)
-            m.fill.numpy()[:, :n] = (rows, src)
-            self.fill_rows[:n].copy_(m.fill[0, :n], non_blocking=True)
-            self.fill_src[:n].copy_(m.fill[1, :n], non_blocking=True)
+        if fill is None:
+            m.mark_copied()
+            return
+        rows, src, prev = fill
+        n = len(rows)
+        m.fill.numpy()[:, :n] = (rows, src)
+        self.fill_rows[:n].copy_(m.fill[0, :n], non_blocking=True)
+        self.fill_src[:n].copy_(m.fill[1, :n], non_blocking=True)
         m.mark_copied()
-        if fill is not None:
-            fill_in(self.input_ids, self.fill_rows[:n], self.fill_src[:n], prev)
+        fill_in(self.input_ids, self.fill_rows[:n], self.fill_src[:n], prev)
 
     def _refresh(self, b_pad: int, t_pad: int, ids, qlens, starts, block_tables) -> "_HostMirrors":
         """Fill this step's pinned mirrors and start their copies into the static buffers.

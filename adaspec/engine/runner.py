@@ -138,7 +138,7 @@ class ModelRunner:
     def _fill_from_device(self, items, qstart, prev_tokens):
         """(rows of the packed ids, rows of prev_tokens: host arrays, prev_tokens) for the items
         whose last token is still on the device, or None. The graphs stage the two arrays with
-        their other inputs (GraphedForward._refresh); the eager path copies them itself."""
+        their other inputs (GraphedForward._stage_fill); the eager path copies them itself."""
         pending = [b for b, it in enumerate(items) if it.prev_row >= 0]
         if not pending:
             return None
