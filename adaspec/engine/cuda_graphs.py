@@ -67,6 +67,16 @@ class _Graph:
         return self.outputs
 
 
+def device_memory_held(device) -> int:
+    """Bytes of the device's memory in use, cached-but-free allocator blocks excluded. Entering
+    torch.cuda.graph empties the allocator's cache, so a before/after difference of raw free
+    memory counts the blocks that released as negative use; emptying it here first does not."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
 def release_graphs(graphs: dict) -> int:
     """Free the captured graphs of a {key: _Graph} dict and empty it. -> how many were freed.
     Under tensor parallelism this must happen before the process group is destroyed: a live graph
@@ -177,7 +187,7 @@ class GraphedForward:
                 self.mixed[(b, t)] = _Graph(None, None, lambda b=b, t=t: self._forward_mixed(b, t))
             return
         t0 = time.perf_counter()
-        free0 = torch.cuda.mem_get_info(self.device)[0]
+        held0 = device_memory_held(self.device)
         self.block_tables.fill_(self.scratch_block)
         try:
             for b, t in reversed(self.mixed_sizes):  # largest first: later graphs reuse its pool
@@ -194,8 +204,7 @@ class GraphedForward:
             for b in reversed(self.batch_sizes):
                 self._dummy_inputs(b, b * q)
                 self.graphs[(b, q)] = self._capture_one(lambda b=b, q=q: self._forward(b, b * q, q))
-        torch.cuda.synchronize(self.device)
-        used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        used = (device_memory_held(self.device) - held0) / 2**20
         mixed = f" and {len(self.mixed)} mixed (requests x tokens {self.mixed_sizes})" if self.mixed else ""
         announce(f"captured {len(self.graphs)} CUDA graphs (requests {_ranges(self.batch_sizes)} x query tokens "
                  f"{list(self.query_lens)}){mixed} in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
-from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes, release_graphs
+from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes, device_memory_held, release_graphs
 from adaspec.models.attention import AttentionMetadata
 from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
@@ -212,7 +212,7 @@ class GraphedSpecStep:
                     self.verify_graphs[(b, q)] = _Graph(None, None, lambda b=b, q=q: self._verify(b, q))
             return
         t0 = time.perf_counter()
-        free0 = torch.cuda.mem_get_info(self.device)[0]
+        held0 = device_memory_held(self.device)
         for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
             jobs = [(b, None)] + [(b, q) for q in reversed(self.levels)]
             for _, q in jobs:
@@ -229,8 +229,7 @@ class GraphedSpecStep:
                     self.propose_graphs[b] = _Graph(g, None)
                 else:
                     self.verify_graphs[(b, q)] = _Graph(g, None)
-        torch.cuda.synchronize(self.device)
-        used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
+        used = (device_memory_held(self.device) - held0) / 2**20
         announce(f"captured {len(self.propose_graphs) + len(self.verify_graphs)} CUDA graphs of the speculative "
                  f"step (requests {_ranges(self.batch_sizes)}: propose, and verify x query tokens {self.levels}) "
                  f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
