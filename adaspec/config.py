@@ -29,10 +29,13 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # vLLM's: GPU fraction for weights + KV (CUDA only)
     attention_backend: str = "auto"  # auto | reference | varlen
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
-    # vLLM's compilation_config cudagraph_mode values that apply here: FULL_DECODE_ONLY (graphs for
-    # decode and verification steps), FULL (also steps with prefill chunks: engine/cuda_graphs.py's
-    # mixed graphs, plain engine only), NONE (as enforce_eager)
-    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    # vLLM's compilation_config cudagraph_mode values that apply here: FULL (graphs for decode and
+    # verification steps, and for steps with prefill chunks: engine/cuda_graphs.py's mixed graphs,
+    # plain engine at tensor_parallel_size 1; elsewhere the same as FULL_DECODE_ONLY), FULL_DECODE_ONLY
+    # (decode and verification steps only; prefill chunks run eagerly), NONE (as enforce_eager).
+    # FULL is the default: on the H200 a step with a 128-token prompt chunk took 1.2-1.4x a decode
+    # step as one mixed graph and 2-13x split (BENCHMARKS.md, run 7)
+    cudagraph_mode: str = "FULL"
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)

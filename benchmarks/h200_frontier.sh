@@ -28,8 +28,8 @@
 #   the report covers what finished. Writes at most 6 files: OUT/pair.json, OUT/server_T{T}.log,
 #   OUT/server_T{T}_report.md, OUT/server_T{T}_frontier.png, OUT/server_T{T}.tar.gz (points, server
 #   logs, manifest) and OUT/server_T{T}_summary.txt.
-# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL") and SERVER_ARGS
-#   (server flags, e.g. "--cudagraph-mode=FULL --disable-log-requests", each given to every server).
+# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL_DECODE_ONLY") and SERVER_ARGS
+#   (server flags, e.g. "--cudagraph-mode=FULL_DECODE_ONLY --disable-log-requests", each given to every server).
 # CPU smoke test (no build, the embedded tiny pair):
 #   MODEL=tiny MODE=server OUTPUT_LEN=8 NUM_PROMPTS=4 bash benchmarks/h200_frontier.sh /tmp/f none,adaptive:7 1,2 0 1
 set -euo pipefail
