@@ -31,7 +31,7 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs (graphs need CUDA and the triton attention backend)
     # vLLM's compilation_config cudagraph_mode values that apply here: FULL (graphs for decode and
     # verification steps, and for steps with prefill chunks: engine/cuda_graphs.py's mixed graphs,
-    # plain engine at tensor_parallel_size 1; elsewhere the same as FULL_DECODE_ONLY), FULL_DECODE_ONLY
+    # at tensor_parallel_size 1; under TP the same as FULL_DECODE_ONLY), FULL_DECODE_ONLY
     # (decode and verification steps only; prefill chunks run eagerly), NONE (as enforce_eager).
     # FULL is the default: on the H200 a step with a 128-token prompt chunk took 1.2-1.4x a decode
     # step as one mixed graph and 2-13x split (BENCHMARKS.md, run 7)

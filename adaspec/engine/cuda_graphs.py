@@ -106,8 +106,9 @@ class GraphedForward:
         self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(max_num_seqs)
         self.scratch_block = scratch_block
         # mixed graphs (B requests, T tokens): decodes and prefill chunks in one replay, logits for
-        # each request's last row only; not with captured layers (the speculative step's)
-        self.mixed_sizes = sorted(set(mixed_sizes or []), key=lambda bt: (bt[1], bt[0])) if not self.capture_layers else []
+        # each request's last row only, the capture layers' hidden states of every row (the
+        # speculative engine writes the drafter's context from them)
+        self.mixed_sizes = sorted(set(mixed_sizes or []), key=lambda bt: (bt[1], bt[0]))
         max_b = max([self.batch_sizes[-1]] + [b for b, _ in self.mixed_sizes])
         max_t = max([self.batch_sizes[-1] * self.query_lens[-1]] + [t for _, t in self.mixed_sizes])
         self.max_blocks = max_blocks_per_seq

@@ -203,21 +203,24 @@ class LLMEngine:
 
         use_compiled()  # norms, RoPE, activation, residual adds: one kernel each inside the graphs
 
-        if drafter is not None and self.tp is None:
+        mixed = self.config.cudagraph_mode == "FULL" and self.tp is None  # not yet under tensor parallelism
+        if drafter is not None and self.tp is None and not mixed:
             return  # the speculative step captures its own graphs (spec_decode/graphed_step.py)
-        # plain decode; under tensor parallelism also verification (the graphed speculative step
-        # calls the model inside its graphs, which the workers' mirrored calls cannot follow yet)
-        k = drafter.spec_cfg.num_speculative_tokens if drafter else 0
+        # plain decode, and with cudagraph_mode FULL decodes with prefill chunks in one replay
+        # (mixed graphs). With speculation at TP 1 the speculative step captures its own decode
+        # graphs and these serve the steps' other rows: prefill chunks (on the H200 an eager
+        # prefill forward of a 28-layer target took ~20 ms, several graphed steps). Under tensor
+        # parallelism also verification (the graphed speculative step calls the model inside its
+        # graphs, which the workers' mirrored calls cannot follow yet).
+        k = drafter.spec_cfg.num_speculative_tokens if drafter and self.tp is not None else 0
         bs = self.config.block_size
         graphs = GraphedForward(
             self.model, self.kv_caches, bs, self.device, self.config.max_num_seqs,
             query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
             max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
             capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
-            # cudagraph_mode FULL: decodes with prefill chunks in one replay (not yet under tensor parallelism)
             mixed_sizes=mixed_capture_sizes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                            self.max_model_len)
-            if self.config.cudagraph_mode == "FULL" and not drafter and self.tp is None else None,
+                                            self.max_model_len) if mixed else None,
         )
         graphs.capture()
         self.runner.graphs = graphs

@@ -119,12 +119,14 @@ class ModelRunner:
     def _run_mixed_graph(self, items, ids, qlens, starts, qstart, capture_layers, prev_tokens) -> ForwardResult | None:
         """A step mixing decodes and prefill chunks (or prefill chunks alone) as one replay of a
         captured mixed graph (cuda_graphs.GraphedForward.run_mixed), when one holds it: every item
-        wants at most its last row's logits and no layers are captured."""
+        wants at most its last row's logits and the graphs capture the layers asked for."""
         g = self.graphs
         # not for a split step's part: the decode graph's outputs (views of its static buffers,
         # read after the second part) share the capture pool with the mixed graphs, which could
         # reuse that memory as scratch when replayed in between
-        if not g.mixed or self._splitting or capture_layers or any(it.num_logits > 1 for it in items):
+        if not g.mixed or self._splitting or any(it.num_logits > 1 for it in items):
+            return None
+        if capture_layers and not set(capture_layers) <= set(g.capture_layers):
             return None
         key = g.pick_mixed(len(items), len(ids))
         if key is None:

@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
                    help="which steps replay CUDA graphs: FULL (default: decode and verification steps, and steps "
-                        "with prefill chunks in the plain engine), FULL_DECODE_ONLY (prefill chunks run "
+                        "with prefill chunks, at tensor parallel size 1), FULL_DECODE_ONLY (prefill chunks run "
                         "eagerly), NONE (as --enforce-eager)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each step before the previous one's tokens are read back, overlapping the "

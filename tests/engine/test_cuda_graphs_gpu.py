@@ -70,14 +70,18 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     assert _graph_steps(graphed) > 5
 
 
-def test_mixed_graphs_match_eager_with_arrivals():
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_mixed_graphs_match_eager_with_arrivals(spec):
     """Requests arrive while others decode (8 slots, 19 prompts): steps with prefill chunks replay
     a mixed graph (decodes and chunks together, logits at each request's last row), float32 greedy
-    tokens equal the eager engine's."""
+    tokens equal the eager engine's. With speculation the decoding rows take the speculative
+    step's graphs and the prefill chunks a mixed graph that captures the drafter's target layers;
+    the acceptance must then match the eager engine's too (a wrong context row would lower it)."""
     prompts = _prompts(19)
     params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
-    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256)
-    eager = LLM("tiny", enforce_eager=True, async_scheduling=False, **kw)
+    cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy"} if spec else None
+    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256, speculative_config=cfg)
+    eager = LLM("tiny", enforce_eager=True, async_scheduling=False if not spec else None, **kw)
     graphed = LLM("tiny", cudagraph_mode="FULL", **kw)
     runner = graphed.llm_engine.runner
     assert runner.graphs.mixed, "no mixed graphs were captured"
@@ -85,6 +89,11 @@ def test_mixed_graphs_match_eager_with_arrivals():
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert runner.num_mixed_graph_steps > 5 and runner.num_split_steps == 0
+    if spec:
+        a, b = eager.llm_engine.stats, graphed.llm_engine.stats
+        assert b.num_graphed_steps > 5
+        # float32 near-ties may flip a draft now and then: within 2% of the eager engine's
+        assert abs(b.num_accepted_tokens - a.num_accepted_tokens) <= 0.02 * a.num_accepted_tokens
 
 
 def test_async_scheduling_equals_sync_on_gpu():

@@ -191,3 +191,44 @@ def test_split_steps_never_replay_a_mixed_graph(pair):
     assert got == want
     assert runner.num_split_steps > 0
     assert sum(mixed_in_split) == 0
+
+
+@pytest.mark.slow  # the Triton interpreter runs every attention call
+def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
+    """With speculation, the rows the speculative step's own graphs do not serve (prefill chunks of
+    arriving requests) replay the target's mixed graphs, which capture the drafter's target layers
+    for every row. Tokens equal the plain engine's (lossless either way), and the drafter's context
+    cache, written from those layers, equals the one written after an eager prefill: a wrong row or
+    layer there would only lower acceptance, which the tokens cannot show."""
+    from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    kw = dict(attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+              skip_tokenizer_init=True)
+    want = [o.outputs[0].token_ids for o in LLM(pair[0], **kw).generate(prompts, params)]
+    engines = {}
+    for mixed in (False, True):
+        llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": 3,
+                                               "draft_sample_method": "greedy"}, **kw)
+        eng = llm.llm_engine
+        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
+        steps.capture(eager=True)
+        eng.spec.use_graphs(steps)
+        if mixed:
+            g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
+                               max_model_len=eng.max_model_len,
+                               max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
+                               scratch_block=eng.scratch_block, capture_layers=list(eng.spec.capture_layers),
+                               mixed_sizes=[(2, 16), (4, 40)])
+            g.capture(eager=True)
+            eng.runner.graphs = g
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+        engines[mixed] = eng
+    eager, graphed = engines[False], engines[True]
+    assert graphed.runner.num_mixed_graph_steps > 3 and eager.runner.num_mixed_graph_steps == 0
+    assert graphed.stats.num_graphed_steps > 3 and graphed.stats.num_verified_tokens > 0
+    owned = eager.scratch_block * eager.config.block_size  # the scratch block holds whatever padding wrote last
+    torch.testing.assert_close([c[:owned] for layer in graphed.spec.kv_caches for c in layer],
+                               [c[:owned] for layer in eager.spec.kv_caches for c in layer], atol=1e-5, rtol=1e-5)
+    assert graphed.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
