@@ -11,6 +11,12 @@ from adaspec.errors import ConfigError
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL", "NONE")
 
 
+def resolve_cudagraph_mode(asked: str | None, speculative: bool) -> str:
+    """cudagraph_mode as the engine runs it: what was asked for, else FULL without speculation and
+    FULL_DECODE_ONLY with it (EngineConfig.cudagraph_mode says why)."""
+    return asked or ("FULL_DECODE_ONLY" if speculative else "FULL")
+
+
 @dataclass
 class EngineConfig:
     model: str  # HF model directory or an embedded model name ("tiny")
@@ -33,9 +39,10 @@ class EngineConfig:
     # verification steps, and for steps with prefill chunks: engine/cuda_graphs.py's mixed graphs,
     # at tensor_parallel_size 1; under TP the same as FULL_DECODE_ONLY), FULL_DECODE_ONLY
     # (decode and verification steps only; prefill chunks run eagerly), NONE (as enforce_eager).
-    # FULL is the default: on the H200 a step with a 128-token prompt chunk took 1.2-1.4x a decode
-    # step as one mixed graph and 2-13x split (BENCHMARKS.md, run 7)
-    cudagraph_mode: str = "FULL"
+    # None: FULL without speculation (on the H200 a step with a 128-token prompt chunk took 1.2-1.4x
+    # a decode step as one mixed graph and 2-13x split: BENCHMARKS.md, run 7), FULL_DECODE_ONLY with
+    # it until the speculative engine's mixed graphs have run on a GPU (CPU-tested only)
+    cudagraph_mode: str | None = None
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
@@ -65,7 +72,7 @@ class EngineConfig:
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
-        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+        if self.cudagraph_mode is not None and self.cudagraph_mode not in CUDAGRAPH_MODES:
             hint = " (piecewise graphs are not implemented)" if "PIECEWISE" in str(self.cudagraph_mode) else ""
             raise ConfigError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got "
                               f"{self.cudagraph_mode!r}{hint}")

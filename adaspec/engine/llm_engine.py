@@ -10,7 +10,7 @@ import weakref
 import torch
 
 from adaspec.announce import announce
-from adaspec.config import EngineConfig
+from adaspec.config import EngineConfig, resolve_cudagraph_mode
 from adaspec.distributed.context import join_tensor_parallel
 from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, strip_pending
 from adaspec.engine.block_manager import BlockManager
@@ -203,7 +203,8 @@ class LLMEngine:
 
         use_compiled()  # norms, RoPE, activation, residual adds: one kernel each inside the graphs
 
-        mixed = self.config.cudagraph_mode == "FULL" and self.tp is None  # not yet under tensor parallelism
+        mode = resolve_cudagraph_mode(self.config.cudagraph_mode, speculative=drafter is not None)
+        mixed = mode == "FULL" and self.tp is None  # not yet under tensor parallelism
         if drafter is not None and self.tp is None and not mixed:
             return  # the speculative step captures its own graphs (spec_decode/graphed_step.py)
         # plain decode, and with cudagraph_mode FULL decodes with prefill chunks in one replay

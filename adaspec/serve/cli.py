@@ -54,9 +54,10 @@ def add_parser(subparsers) -> None:
                         "what the weights leave); ignored on CPU and under --kv-cache-memory/--num-kv-blocks")
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
-                   help="which steps replay CUDA graphs: FULL (default: decode and verification steps, and steps "
-                        "with prefill chunks, at tensor parallel size 1), FULL_DECODE_ONLY (prefill chunks run "
-                        "eagerly), NONE (as --enforce-eager)")
+                   help="which steps replay CUDA graphs: FULL (decode and verification steps, and steps with "
+                        "prefill chunks, at tensor parallel size 1), FULL_DECODE_ONLY (prefill chunks run "
+                        "eagerly), NONE (as --enforce-eager) (default: FULL without speculation, FULL_DECODE_ONLY "
+                        "with it: its mixed graphs are not yet measured on a GPU)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each step before the previous one's tokens are read back, overlapping the "
                         "host's work with the GPU's (default: on with CUDA, off with speculative decoding or "

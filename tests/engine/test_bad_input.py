@@ -115,6 +115,15 @@ def test_engine_config_errors(micro_qwen3):
     assert LLM(str(micro_qwen3), cudagraph_mode="FULL").llm_engine.runner.graphs is None  # graphs need CUDA
 
 
+def test_cudagraph_mode_default_depends_on_speculation():
+    from adaspec.config import resolve_cudagraph_mode
+
+    assert resolve_cudagraph_mode(None, speculative=False) == "FULL"
+    assert resolve_cudagraph_mode(None, speculative=True) == "FULL_DECODE_ONLY"  # until measured on a GPU
+    for asked in ("FULL", "FULL_DECODE_ONLY", "NONE"):
+        assert resolve_cudagraph_mode(asked, speculative=True) == asked == resolve_cudagraph_mode(asked, False)
+
+
 def test_cli_reports_errors_cleanly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "adaspec.cli", "generate", str(tmp_path / "none"), "--prompt", "x"],
                        capture_output=True, text=True, timeout=120)
