@@ -5,10 +5,15 @@
 #
 #   bash benchmarks/h200x2_tp_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]
 #
-# Defaults: arms none,fixed:7,adaptive:7 at 1,32,256, T = 0, 2 repeats (h200_frontier.sh's server
-# mode: 64 output tokens, 32 prompts per point or C when larger). Budget: BUDGET_S (default 570)
-# for the whole command, of which TP2_S (default 170) is kept for the TP = 2 sweep; each sweep is
-# stopped in time and reports what finished. Carry .whl (benchmarks/fetch_server_wheels.sh).
+# Defaults: arms adaptive:7,none,fixed:7 (adaptive first: if time runs out a later arm is cut) at
+# 1,32,256, T = 0, 2 repeats (h200_frontier.sh's server mode: 64 output tokens, 32 prompts per point
+# or C when larger). Both sizes run with --cudagraph-mode FULL_DECODE_ONLY: mixed graphs exist at
+# TP = 1 only, and the comparison is of tensor parallelism, not of graph modes.
+# Budget: BUDGET_S (default 570) for the whole command, of which TP2_S (default 170) is kept for
+# the TP = 2 sweep; each sweep is stopped in time and reports what finished. The pair build takes
+# ~270 s of it, so one command holds few points per size: SIZES="1" then SIZES="2" as two calls
+# issued back to back (the warm machine keeps /tmp/pair, so both use one build; the pair.json of
+# each names the build) gives each size a whole command. Carry .whl (benchmarks/fetch_server_wheels.sh).
 # Writes at most 6 files: OUT/pair.json, OUT/tp{1,2}.tar.gz (report, plot, log, every point),
 # OUT/tp{1,2}_summary.txt, OUT/tp_summary.txt (TP = 2 against TP = 1 per arm and concurrency).
 # CPU smoke test (gloo, the embedded tiny pair, no build):
@@ -16,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200x2_tp_frontier.sh OUT_DIR [ARMS] [CONCURRENCY] [TEMPERATURE] [REPEATS]}
-ARMS=${2:-none,fixed:7,adaptive:7}
+ARMS=${2:-adaptive:7,none,fixed:7}
 CONC=${3:-1,32,256}
 TEMP=${4:-0}
 REPEATS=${5:-2}
@@ -25,11 +30,16 @@ START=$SECONDS
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/adaspec-tp.XXXXXX)
 export MODE=server
-for tp in 1 2; do
-  if [ "$tp" = 1 ]; then budget=$((TOTAL - ${TP2_S:-170})); else budget=$((TOTAL - (SECONDS - START))); fi
+SIZES=${SIZES:-1 2}
+for tp in $SIZES; do
+  if [ "$tp" = 1 ] && [ "$SIZES" != 1 ]; then budget=$((TOTAL - ${TP2_S:-170})); else budget=$((TOTAL - (SECONDS - START))); fi
+  if [ -z "${MODEL:-}" ] && [ "$tp" != 1 ] && [ ! -f "${PAIR_DIR:-/tmp/pair}/pair.json" ]; then
+    echo "TP = $tp: no built pair (its build failed or ran out of time): not started"; continue
+  fi
   echo "[h200x2_tp_frontier.sh +$((SECONDS - START)) s] tensor parallel size $tp, budget $budget s"
   mkdir -p "$WORK/tp$tp"
-  BUDGET_S=$budget RUNS_DIR="$WORK/runs$tp" SERVER_ARGS="--tensor-parallel-size=$tp ${SERVER_ARGS:-}" \
+  BUDGET_S=$budget RUNS_DIR="$WORK/runs$tp" RESERVE_S=${RESERVE_S:-25} \
+    SERVER_ARGS="--tensor-parallel-size=$tp --cudagraph-mode=FULL_DECODE_ONLY ${SERVER_ARGS:-}" \
     bash benchmarks/h200_frontier.sh "$WORK/tp$tp" "$ARMS" "$CONC" "$TEMP" "$REPEATS" || echo "TP = $tp: exit $?"
   if [ -f "$WORK/tp$tp/pair.json" ]; then cp "$WORK/tp$tp/pair.json" "$OUT/pair.json"; fi
   if [ -f "$WORK/tp$tp/server_T${TEMP}_summary.txt" ]; then cp "$WORK/tp$tp/server_T${TEMP}_summary.txt" "$OUT/tp${tp}_summary.txt"; fi
@@ -37,7 +47,7 @@ for tp in 1 2; do
 done
 PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
 PYTHONPATH="$PWD:/tmp/adaspec-site${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$WORK/runs1/server_T${TEMP}" \
-  "$WORK/runs2/server_T${TEMP}" <<'EOF' | tee "$OUT/tp_summary.txt"
+  "$WORK/runs2/server_T${TEMP}" <<'EOF' | tee "$OUT/tp_summary.txt" || echo "the TP summary failed"
 import os
 import sys
 

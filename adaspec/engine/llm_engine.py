@@ -215,8 +215,12 @@ class LLMEngine:
         # graphs, which the workers' mirrored calls cannot follow yet).
         k = drafter.spec_cfg.num_speculative_tokens if drafter and self.tp is not None else 0
         bs = self.config.block_size
+        # at TP 1 the speculative step's decodes take its own graphs: one small decode graph here
+        # (for a split step's lone decode row) instead of a [B, vocab] logits buffer per batch size
+        spec_own_decode = drafter is not None and self.tp is None
         graphs = GraphedForward(
             self.model, self.kv_caches, bs, self.device, self.config.max_num_seqs,
+            batch_sizes=[1] if spec_own_decode else None,
             query_lens=(1, k + 1) if k else (1,), max_model_len=self.max_model_len,
             max_blocks_per_seq=-(-(self.max_model_len + lookahead) // bs), scratch_block=self.scratch_block,
             capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,

@@ -159,6 +159,10 @@ class ModelRunner:
         decode = decode[: self.graphs.batch_sizes[-1]]
         if not decode or len(decode) == len(items):
             return None
+        # verify rows of a speculative step's eager part count as "decode" here; without a graph
+        # for them the split would run two eager forwards where one does
+        if self.graphs.pick(len(decode), max(len(items[i].token_ids) for i in decode)) is None:
+            return None
         chosen = set(decode)
         rest = [i for i in range(len(items)) if i not in chosen]
         self.num_split_steps += 1

@@ -232,3 +232,25 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
     torch.testing.assert_close([c[:owned] for layer in graphed.spec.kv_caches for c in layer],
                                [c[:owned] for layer in eager.spec.kv_caches for c in layer], atol=1e-5, rtol=1e-5)
     assert graphed.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
+
+
+def test_verify_rows_without_a_graph_are_not_split(pair):
+    """A speculative step's eager part can hold verify rows (every row wants logits) beside a
+    prefill chunk; with only 1-token decode graphs captured, splitting would run the verify rows
+    eagerly AND the chunk eagerly (a split part never replays a mixed graph): one eager forward
+    instead. A 1-token decode row beside the chunk is still split."""
+    from adaspec.engine.runner import ForwardItem
+
+    eng = _engine(pair, graphs=False, spec=False).llm_engine
+    g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
+                       max_model_len=eng.max_model_len, max_blocks_per_seq=4, scratch_block=eng.scratch_block,
+                       capture_layers=None, batch_sizes=[1, 2])
+    g.capture(eager=True)
+    runner = eng.runner
+    runner.graphs = g
+    table = [eng.scratch_block]
+    chunk = ForwardItem([3, 4, 5, 6, 7], 0, table, 1)
+    runner.execute([ForwardItem([1, 2, 3, 4], 5, table, 4), chunk])  # a verify row: 4 query rows, 4 logits
+    assert runner.num_split_steps == 0 and runner.num_eager_steps == 1
+    runner.execute([ForwardItem([1], 5, table, 1), chunk])  # a decode row the graphs serve
+    assert runner.num_split_steps == 1
