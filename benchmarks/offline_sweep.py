@@ -32,6 +32,8 @@ import time
 import numpy as np
 import torch
 
+from adaspec.config import CUDAGRAPH_MODES
+
 
 def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
     """synthetic: the "synthetic_*" keys for every speculative arm (method "synthetic"), or None."""
@@ -157,7 +159,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dataset", default="eval-code")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
+    ap.add_argument("--cudagraph-mode", default=None, choices=list(CUDAGRAPH_MODES),
                     help="the engine's cudagraph_mode (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)

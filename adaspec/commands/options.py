@@ -13,6 +13,8 @@ import re
 import textwrap
 from dataclasses import dataclass, fields
 
+from adaspec.config import CUDAGRAPH_MODES
+
 _FLAG_ACTIONS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
                  argparse._AppendConstAction, argparse._CountAction, argparse._HelpAction, argparse._VersionAction)
 _DEFAULT_SUFFIX = re.compile(r"\s*\(default: [^()]*(\([^()]*\)[^()]*)*\)\s*$")
@@ -180,7 +182,7 @@ def _engine_options() -> dict[str, Option]:
                "values): FULL (decode and verification steps, and steps with prefill chunks at tensor "
                "parallel size 1), FULL_DECODE_ONLY (prefill chunks run eagerly), NONE (as --enforce-eager)",
                "FULL without speculation, FULL_DECODE_ONLY with it (its mixed graphs are not yet measured on a GPU)",
-               (("choices", ["FULL_DECODE_ONLY", "FULL", "NONE"]),)),
+               (("choices", list(CUDAGRAPH_MODES)),)),
         Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
                "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "
                "parallelism", (("action", argparse.BooleanOptionalAction),)),

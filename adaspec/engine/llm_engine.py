@@ -205,19 +205,20 @@ class LLMEngine:
 
         mode = resolve_cudagraph_mode(self.config.cudagraph_mode, speculative=drafter is not None)
         mixed = mode == "FULL" and self.tp is None  # not yet under tensor parallelism
-        if drafter is not None and self.tp is None and not mixed:
-            return  # the speculative step captures its own graphs (spec_decode/graphed_step.py)
+        # at TP 1 the speculative step captures its own decode graphs (spec_decode/graphed_step.py)
+        spec_own_decode = drafter is not None and self.tp is None
+        if spec_own_decode and not mixed:
+            return
         # plain decode, and with cudagraph_mode FULL decodes with prefill chunks in one replay
         # (mixed graphs). With speculation at TP 1 the speculative step captures its own decode
         # graphs and these serve the steps' other rows: prefill chunks (on the H200 an eager
         # prefill forward of a 28-layer target took ~20 ms, several graphed steps). Under tensor
         # parallelism also verification (the graphed speculative step calls the model inside its
         # graphs, which the workers' mirrored calls cannot follow yet).
-        k = drafter.spec_cfg.num_speculative_tokens if drafter and self.tp is not None else 0
+        k = drafter.spec_cfg.num_speculative_tokens if drafter and not spec_own_decode else 0
         bs = self.config.block_size
-        # at TP 1 the speculative step's decodes take its own graphs: one small decode graph here
-        # (for a split step's lone decode row) instead of a [B, vocab] logits buffer per batch size
-        spec_own_decode = drafter is not None and self.tp is None
+        # with its own decode graphs, one small decode graph here (for a split step's lone decode
+        # row) instead of a [B, vocab] logits buffer per batch size
         graphs = GraphedForward(
             self.model, self.kv_caches, bs, self.device, self.config.max_num_seqs,
             batch_sizes=[1] if spec_own_decode else None,

@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+from adaspec.config import CUDAGRAPH_MODES
 from adaspec.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -53,7 +54,7 @@ def add_parser(subparsers) -> None:
                    help="fraction of the GPU's memory for weights + KV cache, as vLLM's (the KV cache gets "
                         "what the weights leave); ignored on CPU and under --kv-cache-memory/--num-kv-blocks")
     p.add_argument("--enforce-eager", action="store_true", default=None)
-    p.add_argument("--cudagraph-mode", default=None, choices=["FULL_DECODE_ONLY", "FULL", "NONE"],
+    p.add_argument("--cudagraph-mode", default=None, choices=list(CUDAGRAPH_MODES),
                    help="which steps replay CUDA graphs: FULL (decode and verification steps, and steps with "
                         "prefill chunks, at tensor parallel size 1), FULL_DECODE_ONLY (prefill chunks run "
                         "eagerly), NONE (as --enforce-eager) (default: FULL without speculation, FULL_DECODE_ONLY "
