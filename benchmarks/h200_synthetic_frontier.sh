@@ -10,6 +10,8 @@
 # real frontier's settings, benchmarks/h200_frontier.sh). The curve is read from $CURVE_FROM
 # (default: the pair.json the real frontier ran on), at the same temperature; pair.json is copied
 # beside the result. Every row of the result says "synthetic acceptance: timing only".
+# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL"). The sweep is
+# stopped after SWEEP_S seconds (default 540; the JSON keeps the points that finished, "partial": true).
 # CPU smoke test of the same path: DEVICE=cpu SHAPE_OVERRIDES='{"num_hidden_layers": 2, ...}'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,16 @@ t = 'T=%g' % float(sys.argv[2])
 print(','.join('%.4f' % x for x in d['heldout'][t]['cond_acceptance']))" "$CURVE_FROM" "$TEMP")
 echo "synthetic acceptance (timing only) from $CURVE_FROM at T=$TEMP: $CURVE"
 cp "$CURVE_FROM" "$OUT/pair.json"
-"$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" --arms "$ARMS" \
+set +e
+timeout -s TERM -k 10 "${SWEEP_S:-540}" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" --arms "$ARMS" \
   --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len 64 --device "${DEVICE:-cuda}" \
-  ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} --out "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"
+  ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} ${OFFLINE_ARGS:-} \
+  --out "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"
+RC=$?
+set -e
+if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json" ]; then
+  echo "synthetic sweep stopped after ${SWEEP_S:-540} s: the points that finished"
+  "$PYTHON" benchmarks/summarize_sweep.py "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"
+elif [ "$RC" -ne 0 ]; then
+  exit "$RC"
+fi
