@@ -12,9 +12,11 @@ CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL", "NONE")
 
 
 def resolve_cudagraph_mode(asked: str | None, speculative: bool) -> str:
-    """cudagraph_mode as the engine runs it: what was asked for, else FULL without speculation and
-    FULL_DECODE_ONLY with it (EngineConfig.cudagraph_mode says why)."""
-    return asked or ("FULL_DECODE_ONLY" if speculative else "FULL")
+    """cudagraph_mode as the engine runs it: what was asked for, else FULL, with or without
+    speculation (EngineConfig.cudagraph_mode says why). ``speculative`` is kept so that callers
+    state which engine asks, and a later default may differ by it again."""
+    del speculative  # one default since both engines' mixed graphs passed their GPU tests (run 8)
+    return asked or "FULL"
 
 
 @dataclass
@@ -39,9 +41,9 @@ class EngineConfig:
     # verification steps, and for steps with prefill chunks: engine/cuda_graphs.py's mixed graphs,
     # at tensor_parallel_size 1; under TP the same as FULL_DECODE_ONLY), FULL_DECODE_ONLY
     # (decode and verification steps only; prefill chunks run eagerly), NONE (as enforce_eager).
-    # None: FULL without speculation (on the H200 a step with a 128-token prompt chunk took 1.2-1.4x
-    # a decode step as one mixed graph and 2-13x split: BENCHMARKS.md, run 7), FULL_DECODE_ONLY with
-    # it until the speculative engine's mixed graphs have run on a GPU (CPU-tested only)
+    # None: FULL (on the H200 a step with a 128-token prompt chunk took 1.2-1.4x a decode step as
+    # one mixed graph and 2-13x split: BENCHMARKS.md, run 7; the speculative engine's mixed graphs
+    # equal eager with arrivals on the H200 since run 8)
     cudagraph_mode: str | None = None
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).

@@ -181,7 +181,7 @@ def _engine_options() -> dict[str, Option]:
         Option(("--cudagraph-mode",), "which steps replay CUDA graphs (vLLM's compilation_config cudagraph_mode "
                "values): FULL (decode and verification steps, and steps with prefill chunks at tensor "
                "parallel size 1), FULL_DECODE_ONLY (prefill chunks run eagerly), NONE (as --enforce-eager)",
-               "FULL without speculation, FULL_DECODE_ONLY with it (its mixed graphs are not yet measured on a GPU)",
+               "FULL",
                (("choices", list(CUDAGRAPH_MODES)),)),
         Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
                "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "

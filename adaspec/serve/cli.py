@@ -57,8 +57,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cudagraph-mode", default=None, choices=list(CUDAGRAPH_MODES),
                    help="which steps replay CUDA graphs: FULL (decode and verification steps, and steps with "
                         "prefill chunks, at tensor parallel size 1), FULL_DECODE_ONLY (prefill chunks run "
-                        "eagerly), NONE (as --enforce-eager) (default: FULL without speculation, FULL_DECODE_ONLY "
-                        "with it: its mixed graphs are not yet measured on a GPU)")
+                        "eagerly), NONE (as --enforce-eager) (default: FULL)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each step before the previous one's tokens are read back, overlapping the "
                         "host's work with the GPU's (default: on with CUDA, off with speculative decoding or "
