@@ -97,7 +97,20 @@ def run_point(llm, prompts, params):
         spec_graphed_step_share=(d("num_graphed_steps") / d("num_steps")) if d("num_steps") else None,
         # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
+        step_split=step_split(d, wall),
     )
+
+
+def step_split(d, wall: float) -> dict:
+    """Where a point's steps went: counts, and ms per step of the engine's own timers (the graphed
+    speculative step's replays + read back; the eager one's draft / verify / sample; bookkeeping)
+    beside the wall time per step, so a step slower than its cost tables says shows where."""
+    n = d("num_steps")
+    ms = lambda k: round(1e3 * d(k) / n, 3) if n else None
+    return dict(steps=n, draft_skipped=d("num_steps_draft_skipped"), graphed=d("num_graphed_steps"),
+                wall_ms=round(1e3 * wall / n, 3) if n else None, graphed_ms=ms("time_graphed"),
+                draft_ms=ms("time_draft"), verify_ms=ms("time_verify"), sample_ms=ms("time_sample"),
+                bookkeeping_ms=ms("time_bookkeeping"))
 
 
 def forward_kinds(runner) -> dict:

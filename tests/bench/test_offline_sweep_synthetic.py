@@ -32,6 +32,9 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
                                                                   for c in (1, 2)}
     for row in d["rows"]:
         assert row["total_output_tokens"] == row["num_prompts"] * 6
+        split = row["step_split"]  # where the steps went: counts and ms per step, wall beside the timers
+        assert split["steps"] > 0 and split["wall_ms"] > 0 and split["bookkeeping_ms"] >= 0
+        assert split["draft_skipped"] <= split["steps"]
         if row["arm"] == "none":  # the no-spec arm: no speculative config at all, so no label
             assert "synthetic_acceptance" not in row and row["mean_accepted_length"] is None
         else:
