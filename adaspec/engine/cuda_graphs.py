@@ -37,17 +37,25 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def mixed_pad_limit(num_tokens: int) -> int:
+    """The most padding a mixed graph may add to a step of num_tokens: max(128, num_tokens / 4).
+    A large step is compute-bound, so padding costs it more than the eager launches a graph saves;
+    a small one is launch-bound (an eager forward of the 0.6B shape takes ~20 ms at any size)."""
+    return max(128, num_tokens // 4)
+
+
 def mixed_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[tuple[int, int]]:
     """(B, T) of the mixed graphs: B = 16 and max_num_seqs (a padded request costs one empty
-    attention program), T = 64, 96, 128, 192, ... (steps of 1.5x and 2x in turn) up to the step's
-    token budget (a padded token costs a whole row of every layer, so T is the finer grid)."""
+    attention program), T = 64, 192, 320, ... up to the step's token budget, each T the previous
+    plus mixed_pad_limit(previous) rounded down to a multiple of 64, so that EVERY step size has a
+    graph within the pad limit. (A coarser 1.5x / 2x grid left gaps: on the H200 a speculative
+    step's prefill chunk, the budget left after 8 tokens per verifying request, fell in them in
+    ~20 of 77 steps at C = 256 and ran eagerly at ~25 ms; BENCHMARKS.md, run 8.)"""
     bs = sorted({min(16, max_num_seqs), max_num_seqs})
     ts, t = [], 64
     while t < max_num_batched_tokens:
         ts.append(t)
-        if t * 3 // 2 < max_num_batched_tokens:
-            ts.append(t * 3 // 2)
-        t *= 2
+        t += mixed_pad_limit(t) // 64 * 64
     ts.append(max_num_batched_tokens)
     # the capture's dummy requests share T evenly: none may be longer than the model allows
     return [(b, t) for b in bs for t in ts if -(-t // b) <= max_model_len]
@@ -227,10 +235,9 @@ class GraphedForward:
 
     def pick_mixed(self, num_requests: int, num_tokens: int) -> tuple[int, int] | None:
         """The smallest captured mixed (B, T) that holds the step, or None, also when it would pad
-        by more than max(128, T / 4) tokens: a large step is compute-bound, so padding costs it
-        more than the eager launches a graph saves (a guess until measured on the GPU)."""
+        by more than mixed_pad_limit(T) tokens."""
         key = next(((b, t) for b, t in self.mixed_sizes if b >= num_requests and t >= num_tokens), None)
-        if key is None or key[1] - num_tokens > max(128, num_tokens // 4):
+        if key is None or key[1] - num_tokens > mixed_pad_limit(num_tokens):
             return None
         return key
 

@@ -99,10 +99,22 @@ def test_mixed_steps_split_into_graph_and_eager_forward(pair, async_scheduling):
 def test_mixed_capture_sizes():
     from adaspec.engine.cuda_graphs import mixed_capture_sizes
 
-    ts = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    ts = (64, 192, 320, 448, 576, 704, 832, 1024, 1280, 1600, 1984, 2432, 3008, 3712, 4096)
     assert mixed_capture_sizes(256, 4096, 8192) == [(b, t) for b in (16, 256) for t in ts]
-    assert mixed_capture_sizes(8, 100, 4096) == [(8, 64), (8, 96), (8, 100)]
-    assert mixed_capture_sizes(16, 512, 16) == [(16, t) for t in (64, 96, 128, 192, 256)]  # 384 / 16 > 16
+    assert mixed_capture_sizes(8, 100, 4096) == [(8, 64), (8, 100)]
+    assert mixed_capture_sizes(16, 512, 16) == [(16, t) for t in (64, 192)]  # 320 / 16 > 16
+
+
+@pytest.mark.parametrize("budget", [100, 512, 2048, 3000, 4096, 8192])
+def test_every_step_size_has_a_mixed_graph_within_the_pad_limit(budget):
+    """No gaps: a step of any size up to the token budget finds a graph that pick_mixed accepts
+    (a speculative step's prefill chunk can be any size; one in a gap ran eagerly at ~25 ms)."""
+    from adaspec.engine.cuda_graphs import mixed_capture_sizes, mixed_pad_limit
+
+    ts = sorted({t for _, t in mixed_capture_sizes(256, budget, 1 << 20)})
+    for n in range(1, budget + 1):
+        t = next(x for x in ts if x >= n)
+        assert t - n <= mixed_pad_limit(n), (n, t)
 
 
 def test_mixed_graph_pick_refuses_heavy_padding(pair):
