@@ -278,23 +278,8 @@ class SpeculativeDecoder:
     def _count(self, scheduled, drafted, verify_lens, n_acc, conf) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
         calibration (predicted against realized acceptance)."""
-        stats, k = self.engine.stats, self.num_spec_tokens
-        surv = survival(conf)
-        for n, i in enumerate(drafted):
-            n_accepted, n_verify = int(n_acc[n]), int(verify_lens[n])
-            stats.num_drafts += 1
-            stats.num_draft_tokens += k
-            stats.num_verified_tokens += n_verify
-            stats.num_capped_draft_slots += k - int(scheduled[i].spec_slots)
-            stats.num_accepted_tokens += n_accepted
-            stats.num_bonus_tokens += 1
-            stats.verify_len_hist[n_verify] += 1
-            for j in range(n_verify):
-                stats.verified_per_pos[j] += 1
-                stats.predicted_accept_per_pos[j] += float(surv[n, j])
-                if j < n_accepted:
-                    stats.accepted_per_pos[j] += 1
-        stats.budget_hist[int(np.sum(verify_lens))] += 1
+        self.engine.stats.record_drafts(self.num_spec_tokens, [scheduled[i].spec_slots for i in drafted], verify_lens,
+                                        n_acc, survival(conf))
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
