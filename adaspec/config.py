@@ -103,6 +103,10 @@ class SpeculativeConfig:
     enable_adaptive_verification: bool = False
     adaptive_verification_ema_alpha: float | None = None  # EMA over per-request confidences (off)
     # ours:
+    # ms every candidate step pays beyond the cost tables (host, prefill chunks riding along), or
+    # "measured": tracked online as (step wall time - the tables' price), spec_decode/step_overhead.py.
+    # 0: the tables alone, as vLLM's adaptive verification prices steps
+    adaptive_verification_step_overhead_ms: float | str = 0.0
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -136,6 +140,10 @@ class SpeculativeConfig:
         a = c.adaptive_verification_ema_alpha
         if a is not None and not (isinstance(a, (int, float)) and 0 < a <= 1):
             raise ConfigError(f"adaptive_verification_ema_alpha must be in (0, 1], got {a!r}")
+        o = c.adaptive_verification_step_overhead_ms
+        if o != "measured" and (isinstance(o, bool) or not isinstance(o, (int, float)) or not o >= 0):
+            raise ConfigError(f"adaptive_verification_step_overhead_ms must be a number of ms >= 0 or \"measured\", "
+                              f"got {o!r}")
         if not isinstance(c.profile_context_len, int) or c.profile_context_len < 1:
             raise ConfigError(f"profile_context_len must be a positive integer, got {c.profile_context_len!r}")
         if c.method == "synthetic":

@@ -98,6 +98,9 @@ def run_point(llm, prompts, params):
         # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
+        # the adaptive policy's step overhead at the end of the point (ms added to its tables)
+        policy_overhead_ms=getattr(getattr(getattr(eng, "spec", None), "policy", None), "overhead", None)
+        and round(eng.spec.policy.overhead.value, 3),
     )
 
 
@@ -172,6 +175,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dataset", default="eval-code")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--speculative-config-extra", metavar="JSON", default=None,
+                    help='keys merged into every speculative arm\'s config (as `adaspec bench sweep`\'s), e.g. '
+                         '\'{"adaptive_verification_step_overhead_ms": "measured"}\'')
     ap.add_argument("--cudagraph-mode", default=None, choices=list(CUDAGRAPH_MODES),
                     help="the engine's cudagraph_mode (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None)
@@ -208,6 +214,11 @@ def main() -> None:
 
     def load(arm):
         cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
+        if cfg is not None and args.speculative_config_extra:
+            extra = json.loads(args.speculative_config_extra)
+            if not isinstance(extra, dict):
+                raise SystemExit("--speculative-config-extra must be a JSON object")
+            cfg.update(extra)
         llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg,
                   **engine_args, **kv)
         # "synthetic acceptance: timing only" when the arm's acceptance follows the configured curve

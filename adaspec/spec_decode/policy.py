@@ -268,6 +268,9 @@ class FixedPolicy:
     def forget(self, request_id) -> None:
         pass
 
+    def observe_step(self, wall_ms: float) -> None:
+        pass
+
 
 class AdaptivePolicy:
     """Besides the budget, decides whether drafting pays at all this step (beyond vLLM, whose
@@ -277,12 +280,35 @@ class AdaptivePolicy:
     depends on a current draft (lossless). Every `probe_every`-th skipped step drafts anyway, to
     refresh confidences that would otherwise stay as old as the last drafted step."""
 
-    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16):
-        self.budget = AdaptiveBudget(cost_model, k, ema_alpha=ema_alpha)
-        self.cost = cost_model
+    def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
+                 overhead=None):
+        from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
+
+        # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
+        # every candidate; the default 0 prices the tables alone
+        self.overhead = overhead if overhead is not None else StepOverhead(0.0)
+        self.tables = cost_model  # what the tables say, to measure the overhead against
+        self.cost = OverheadCost(cost_model, self.overhead)
+        self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha)
         self.probe_every = probe_every
         self.skipped_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
+        self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
+
+    def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None) -> None:
+        self._planned = (num_requests, base_tokens, budget)
+
+    def observe_step(self, wall_ms: float) -> None:
+        """The step this policy planned took wall_ms (host and GPU, all of it): update the
+        overhead against what the tables priced it at. Steps it did not plan are ignored."""
+        planned, self._planned = self._planned, None
+        if planned is None:
+            return
+        r, base, b = planned
+        predicted = float(np.ravel(step_verify_ms(self.tables, r, base + (b or 0)))[0])
+        if b is not None:
+            predicted += float(self.tables.draft_ms(r))
+        self.overhead.observe(wall_ms, predicted)
 
     def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
         self._budget_now = None
@@ -301,6 +327,7 @@ class AdaptivePolicy:
             self.skipped_in_a_row = 0
             return True
         self.skipped_in_a_row += 1
+        self._plan_step(len(request_ids), base_tokens, None)
         return False
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
@@ -310,14 +337,18 @@ class AdaptivePolicy:
         if b is None:
             b = self.budget.budget(request_ids, n_sampling, base_tokens, limits=limits)
         self.budget.last_budget = b
+        self._plan_step(len(request_ids), base_tokens, b)
         return b
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
         b, self._budget_now = self._budget_now, None
         if b is None:
-            return self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
-        self.budget.last_budget = b
-        return allocate(survival(conf), b, limits).astype(np.int64)
+            lengths = self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
+        else:
+            self.budget.last_budget = b
+            lengths = allocate(survival(conf), b, limits).astype(np.int64)
+        self._plan_step(len(request_ids), base_tokens, int(self.budget.last_budget))
+        return lengths
 
     def observe(self, request_ids, conf) -> None:
         self.budget.observe(request_ids, conf)

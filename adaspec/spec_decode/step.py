@@ -116,7 +116,10 @@ class SpeculativeDecoder:
             from adaspec.spec_decode.graphed_step import GraphPaddedCost
 
             step_cost = GraphPaddedCost(self.cost_model, self.graphed)
-        return AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha)
+        from adaspec.spec_decode.step_overhead import StepOverhead
+
+        return AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha,
+                              overhead=StepOverhead(self.cfg.adaptive_verification_step_overhead_ms))
 
     def use_graphs(self, graphed) -> None:
         """Run decode steps through `graphed` (a captured GraphedSpecStep; CPU tests pass one
@@ -143,6 +146,14 @@ class SpeculativeDecoder:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, scheduled: list[ScheduledSeq]):
+        t0 = time.perf_counter()
+        results = self._run(scheduled)
+        # the adaptive policy learns what a step costs beyond its tables (when it measures that:
+        # step_overhead.py); the wall time covers both parts of a mixed step and the read back
+        self.policy.observe_step(1e3 * (time.perf_counter() - t0))
+        return results
+
+    def _run(self, scheduled: list[ScheduledSeq]):
         g = self.graphed
         if g is None:
             return self._step(scheduled, False)

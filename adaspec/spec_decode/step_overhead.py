@@ -1,0 +1,62 @@
+"""What a speculative step costs beyond its cost tables, and the tables with it added.
+
+The cost tables (profiler.py) time the GPU work of a propose and of a verify forward. A real step
+also pays the host (scheduling, bookkeeping, the read back) and, under load, the prefill chunks
+that ride along; on the H200 at 256 requests that was ~7 of a ~14 ms speculative step (BENCHMARKS.md,
+run 8). A cost that every candidate step pays alike changes which budget is best: the objective
+(n + sum of the B best survivals) / (overhead + draft_ms + verify_ms(T + B)) favours a larger B as
+the overhead grows (for B2 > B1, B2 wins iff overhead * (gain2 - gain1) > gain1 * cost2 - gain2 * cost1,
+and the left side grows with the overhead). Without it the policy verifies fewer drafts than pays.
+
+`StepOverhead` holds the overhead: a fixed value, or "measured": an exponential average of
+(the step's wall time - the tables' time for what it ran), never below 0, updated after each step
+the policy planned. Only past steps' times enter, so no decision depends on a current draft
+(lossless, policy.py). `OverheadCost` adds it to every verify forward's price, so drafting and a
+plain step are both charged it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+MEASURED = "measured"
+
+
+class StepOverhead:
+    def __init__(self, setting: float | str = 0.0, alpha: float = 0.1):
+        if setting == MEASURED:
+            self.measured, self.value = True, 0.0
+        elif isinstance(setting, (int, float)) and not isinstance(setting, bool) and setting >= 0:
+            self.measured, self.value = False, float(setting)
+        else:
+            raise ValueError(f"step overhead must be a number of ms >= 0 or {MEASURED!r}, got {setting!r}")
+        self.alpha = alpha
+        self.samples = 0
+
+    def observe(self, wall_ms: float, predicted_ms: float) -> None:
+        """One planned step: it took wall_ms, the tables priced what it ran at predicted_ms."""
+        if not self.measured:
+            return
+        sample = max(0.0, float(wall_ms) - float(predicted_ms))
+        self.value = sample if self.samples == 0 else self.alpha * sample + (1.0 - self.alpha) * self.value
+        self.samples += 1
+
+
+class OverheadCost:
+    """A cost model (plain, or graphed_step.GraphPaddedCost) with the step overhead added to every
+    verify forward's price; draft_ms unchanged."""
+
+    def __init__(self, cost: Any, overhead: StepOverhead):
+        self.cost, self.overhead = cost, overhead
+
+    def draft_ms(self, n_requests):
+        return self.cost.draft_ms(n_requests)
+
+    def verify_ms(self, n_tokens):
+        return np.asarray(self.cost.verify_ms(n_tokens), dtype=np.float64) + self.overhead.value
+
+    def verify_ms_for(self, num_requests: int, tokens) -> np.ndarray:
+        from adaspec.spec_decode.policy import step_verify_ms
+
+        return np.asarray(step_verify_ms(self.cost, num_requests, tokens), dtype=np.float64) + self.overhead.value

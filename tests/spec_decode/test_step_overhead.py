@@ -1,0 +1,113 @@
+"""The step overhead the adaptive policy can add to its cost tables (spec_decode/step_overhead.py):
+the tracker with fake timings (no clock), the priced costs, the budget's response to it, and the
+speculative_config key."""
+import numpy as np
+import pytest
+
+from adaspec import LLM, SamplingParams
+from adaspec.errors import ConfigError
+from adaspec.spec_decode.policy import AdaptivePolicy, choose_budget, step_verify_ms
+from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
+
+
+class Tables:
+    """draft 1 ms + 0.01 ms per request; verify 2 ms + 0.02 ms per token, vectorized."""
+
+    def draft_ms(self, r):
+        return 1.0 + 0.01 * r
+
+    def verify_ms(self, n):
+        return 2.0 + 0.02 * np.asarray(n, dtype=np.float64)
+
+
+class PaddedTables(Tables):
+    """As a GraphPaddedCost: prices per (requests, tokens), padding tokens up to a multiple of 8."""
+
+    def verify_ms_for(self, r, tokens):
+        return self.verify_ms(-(-np.asarray(tokens) // 8) * 8)
+
+
+def test_fixed_and_measured_overhead():
+    assert StepOverhead(2.5).value == 2.5
+    fixed = StepOverhead(2.5)
+    fixed.observe(100.0, 1.0)
+    assert fixed.value == 2.5  # a fixed value is not measured
+    m = StepOverhead("measured", alpha=0.5)
+    assert m.value == 0.0
+    m.observe(10.0, 4.0)
+    assert m.value == 6.0  # the first sample is taken as is
+    m.observe(6.0, 4.0)
+    assert m.value == pytest.approx(0.5 * 2.0 + 0.5 * 6.0)
+    m.observe(1.0, 4.0)  # faster than the tables: a sample of 0, never negative
+    assert m.value == pytest.approx(0.5 * 4.0) and m.samples == 3
+    for bad in (-1.0, "fast", None, True):
+        with pytest.raises(ValueError, match="step overhead"):
+            StepOverhead(bad)
+
+
+@pytest.mark.parametrize("tables", [Tables(), PaddedTables()], ids=["plain", "padded"])
+def test_overhead_is_added_to_every_verify_price_and_not_to_drafting(tables):
+    cost = OverheadCost(tables, StepOverhead(3.0))
+    tokens = np.array([1, 9, 64, 300])
+    np.testing.assert_allclose(step_verify_ms(cost, 16, tokens), step_verify_ms(tables, 16, tokens) + 3.0)
+    assert float(cost.verify_ms(40)) == pytest.approx(float(tables.verify_ms(40)) + 3.0)
+    assert cost.draft_ms(16) == tables.draft_ms(16)
+
+
+def test_budget_never_shrinks_as_the_overhead_grows():
+    """For B2 > B1, B2 wins iff overhead * (gain2 - gain1) > gain1 * cost2 - gain2 * cost1: a larger
+    overhead can only move B* up. Checked on random survivals and steep tables, where it moves."""
+    rng = np.random.default_rng(0)
+    moved = 0
+    for case in range(200):
+        r, k = int(rng.integers(1, 40)), int(rng.integers(1, 8))
+        a = np.minimum.accumulate(np.cumprod(rng.uniform(0.2, 1.0, (r, k)), axis=1), axis=1)
+        tables = Tables() if case % 2 else PaddedTables()
+        budgets = [choose_budget(a, r, r, r, OverheadCost(tables, StepOverhead(o))) for o in (0.0, 1.0, 5.0, 50.0)]
+        assert budgets == sorted(budgets), (case, budgets)
+        moved += budgets[-1] > budgets[0]
+    assert moved > 50  # the overhead matters in most cases, not only at the edges
+
+
+def test_policy_measures_the_overhead_of_the_steps_it_planned():
+    tables = Tables()
+    policy = AdaptivePolicy(tables, k=4, overhead=StepOverhead("measured", alpha=1.0))
+    ids, limits = ["a", "b"], np.array([4, 4])
+    policy.observe_step(50.0)  # a step the policy did not plan: ignored
+    assert policy.overhead.samples == 0
+    assert policy.should_draft(ids, 2, 2, limits)  # unknown requests count as confidence 1: drafting pays
+    b = policy.step_budget(ids, 2, 2, limits)
+    predicted = float(tables.draft_ms(2)) + float(tables.verify_ms(2 + b))
+    policy.observe_step(predicted + 7.0)
+    assert policy.overhead.value == pytest.approx(7.0)
+    # the overhead now prices every candidate: the same objective with 7 ms added to the tables
+    assert policy.budget.budget(ids, 2, 2, limits=limits) == choose_budget(
+        np.ones((2, 4)), 2, 2, 2, OverheadCost(tables, StepOverhead(7.0)))
+
+
+def test_policy_measures_a_step_without_drafts_against_a_plain_verify():
+    tables = Tables()
+    policy = AdaptivePolicy(tables, k=2, probe_every=100, overhead=StepOverhead("measured", alpha=1.0))
+    policy.observe(["a"], np.array([[0.0, 0.0]]))  # a request whose drafts never survive
+    assert not policy.should_draft(["a"], 1, 1, np.array([2]))
+    policy.observe_step(float(tables.verify_ms(1)) + 4.0)
+    assert policy.overhead.value == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("bad", [-1, "sometimes", True, [1.0]])
+def test_config_rejects_a_bad_overhead(bad):
+    with pytest.raises(ConfigError, match="adaptive_verification_step_overhead_ms"):
+        LLM("tiny", device="cpu", speculative_config={"method": "dspark", "enable_adaptive_verification": True,
+                                                      "adaptive_verification_step_overhead_ms": bad})
+
+
+def test_engine_with_a_measured_overhead_stays_lossless_greedy(tmp_path):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["def add(a, b):", "import os\n", "class Point:"]
+    plain = [o.outputs[0].token_ids for o in LLM("tiny", device="cpu").generate(prompts, params)]
+    llm = LLM("tiny", device="cpu", speculative_config={
+        "method": "dspark", "num_speculative_tokens": 4, "enable_adaptive_verification": True,
+        "cost_model_cache_dir": str(tmp_path), "adaptive_verification_step_overhead_ms": "measured"})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    overhead = llm.llm_engine.spec.policy.overhead
+    assert overhead.measured and overhead.samples > 0 and overhead.value >= 0
