@@ -302,7 +302,7 @@ class AdaptivePolicy:
         """The step this policy planned took wall_ms (host and GPU, all of it): update the
         overhead against what the tables priced it at. Steps it did not plan are ignored."""
         planned, self._planned = self._planned, None
-        if planned is None:
+        if planned is None or not self.overhead.measured:  # a fixed overhead: nothing to price here
             return
         r, base, b = planned
         predicted = float(np.ravel(step_verify_ms(self.tables, r, base + (b or 0)))[0])
