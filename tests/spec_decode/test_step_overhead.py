@@ -107,7 +107,8 @@ def test_engine_with_a_measured_overhead_stays_lossless_greedy(tmp_path):
     plain = [o.outputs[0].token_ids for o in LLM("tiny", device="cpu").generate(prompts, params)]
     llm = LLM("tiny", device="cpu", speculative_config={
         "method": "dspark", "num_speculative_tokens": 4, "enable_adaptive_verification": True,
-        "cost_model_cache_dir": str(tmp_path), "adaptive_verification_step_overhead_ms": "measured"})
+        "cost_model_cache_dir": str(tmp_path), "profile_repeats": 1,
+        "adaptive_verification_step_overhead_ms": "measured"})
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
     overhead = llm.llm_engine.spec.policy.overhead
     assert overhead.measured and overhead.samples > 0 and overhead.value >= 0
