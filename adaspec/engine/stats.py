@@ -65,14 +65,16 @@ class EngineStats:
         self.num_capped_draft_slots += k * r - int(np.asarray(spec_slots, dtype=np.int64).sum())
         self.num_accepted_tokens += int(accepted_raw.sum())
         self.num_bonus_tokens += r
-        self.verify_len_hist.update(dict(zip(*(x.tolist() for x in np.unique(verify_lens, return_counts=True)))))
-        pos = np.arange(k)
-        verified = verify_lens[:, None] > pos[None, :]  # [R, k]: slot j was verified
-        for j, (v, a, p) in enumerate(zip(verified.sum(0).tolist(), (accepted[:, None] > pos[None, :]).sum(0).tolist(),
-                                          np.where(verified, np.asarray(surv, dtype=np.float64)[:, :k], 0.0).sum(0).tolist())):
-            self.verified_per_pos[j] += v
-            self.accepted_per_pos[j] += a
-            self.predicted_accept_per_pos[j] += p
+        lengths, counts = np.unique(verify_lens, return_counts=True)
+        self.verify_len_hist.update(dict(zip(lengths.tolist(), counts.tolist())))
+        pos = np.arange(k)[None, :]
+        verified = verify_lens[:, None] > pos  # [R, k]: slot j was verified
+        per_pos = zip(verified.sum(0).tolist(), (accepted[:, None] > pos).sum(0).tolist(),
+                      np.where(verified, np.asarray(surv, dtype=np.float64)[:, :k], 0.0).sum(0).tolist())
+        for j, (n_verified, n_accepted, predicted) in enumerate(per_pos):
+            self.verified_per_pos[j] += n_verified
+            self.accepted_per_pos[j] += n_accepted
+            self.predicted_accept_per_pos[j] += predicted
         self.budget_hist[int(verify_lens.sum())] += 1
 
     @property
