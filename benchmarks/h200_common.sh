@@ -96,3 +96,21 @@ collect() {
   done
   if [ -d "$dir" ]; then tar -czf "$out/${prefix}.tar.gz" -C "$(dirname "$dir")" "$(basename "$dir")"; fi
 }
+
+# "$@" (a benchmarks/offline_sweep.py command writing the JSON $2) stopped with SIGTERM after $1
+# seconds; the sweep rewrites its JSON after every point ("partial": true), so a stopped sweep's
+# finished points are tabled from it. Any other failure ends the script with the sweep's status.
+offline_sweep_in_time() {
+  local left=$1 json=$2
+  shift 2
+  set +e
+  timeout -s TERM -k 10 "$left" "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 124 ] && [ -f "$json" ]; then
+    say "offline sweep stopped after $left s: the points that finished"
+    "$PYTHON" benchmarks/summarize_sweep.py "$json"
+  elif [ "$rc" -ne 0 ]; then
+    exit "$rc"
+  fi
+}

@@ -49,19 +49,10 @@ case "$MODE" in
     ensure_pair "$OUT"
     # stopped in time if the grid does not fit: the JSON is rewritten after every point (partial: true)
     LEFT=$(( $(time_left) - ${RESERVE_S:-15} ))
-    set +e
-    timeout -s TERM -k 10 "$LEFT" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" "${DRAFTER_ARGS[@]}" \
-      --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len "$OUTPUT_LEN" \
-      --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} ${OFFLINE_ARGS:-} \
-      --out "$OUT/frontier_T${TEMP}.json"
-    RC=$?
-    set -e
-    if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_T${TEMP}.json" ]; then
-      say "offline sweep stopped after $LEFT s: the points that finished"
-      "$PYTHON" benchmarks/summarize_sweep.py "$OUT/frontier_T${TEMP}.json"
-    elif [ "$RC" -ne 0 ]; then
-      exit "$RC"
-    fi
+    offline_sweep_in_time "$LEFT" "$OUT/frontier_T${TEMP}.json" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" \
+      "${DRAFTER_ARGS[@]}" --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" \
+      --output-len "$OUTPUT_LEN" --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} \
+      ${OFFLINE_ARGS:-} --out "$OUT/frontier_T${TEMP}.json"
     ;;
   server)
     ARMS=${2:-adaptive:7,none,fixed:7}

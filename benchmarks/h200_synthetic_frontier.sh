@@ -8,7 +8,7 @@
 #
 # Defaults: qwen3-8b, none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens (the
 # real frontier's settings, benchmarks/h200_frontier.sh). The curve is read from $CURVE_FROM
-# (default: the pair.json the real frontier ran on), at the same temperature; pair.json is copied
+# (default: the pair.json of the run 8 frontier, built by the current preset), at the same temperature; pair.json is copied
 # beside the result. Every row of the result says "synthetic acceptance: timing only".
 # Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL"). The sweep is
 # stopped after SWEEP_S seconds (default 540; the JSON keeps the points that finished, "partial": true).
@@ -21,9 +21,8 @@ ARMS=${3:-none,fixed:7,adaptive:7}
 CONC=${4:-1,16,64,256}
 TEMP=${5:-0}
 REPEATS=${6:-2}
-CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/frontier_pair/pair.json}
-PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run8/frontier_T0/pair.json}
+source benchmarks/h200_common.sh  # PYTHON, PYTHONPATH, say, offline_sweep_in_time
 mkdir -p "$OUT"
 CURVE=$("$PYTHON" -c "
 import json, sys
@@ -32,16 +31,8 @@ t = 'T=%g' % float(sys.argv[2])
 print(','.join('%.4f' % x for x in d['heldout'][t]['cond_acceptance']))" "$CURVE_FROM" "$TEMP")
 echo "synthetic acceptance (timing only) from $CURVE_FROM at T=$TEMP: $CURVE"
 cp "$CURVE_FROM" "$OUT/pair.json"
-set +e
-timeout -s TERM -k 10 "${SWEEP_S:-540}" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" --arms "$ARMS" \
+offline_sweep_in_time "${SWEEP_S:-540}" "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json" \
+  "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" --arms "$ARMS" \
   --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" --output-len 64 --device "${DEVICE:-cuda}" \
   ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} ${OFFLINE_ARGS:-} \
   --out "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"
-RC=$?
-set -e
-if [ "$RC" -eq 124 ] && [ -f "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json" ]; then
-  echo "synthetic sweep stopped after ${SWEEP_S:-540} s: the points that finished"
-  "$PYTHON" benchmarks/summarize_sweep.py "$OUT/frontier_synthetic_${SHAPE}_T${TEMP}.json"
-elif [ "$RC" -ne 0 ]; then
-  exit "$RC"
-fi
