@@ -98,10 +98,15 @@ def run_point(llm, prompts, params):
         # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
-        # the adaptive policy's step overhead at the end of the point (ms added to its tables)
-        policy_overhead_ms=getattr(getattr(getattr(eng, "spec", None), "policy", None), "overhead", None)
-        and round(eng.spec.policy.overhead.value, 3),
+        policy_overhead_ms=policy_overhead_ms(eng),
     )
+
+
+def policy_overhead_ms(eng) -> float | None:
+    """The adaptive policy's step overhead at the end of a point (ms added to its cost tables);
+    None for an arm without one (no speculation, fixed k)."""
+    overhead = getattr(getattr(getattr(eng, "spec", None), "policy", None), "overhead", None)
+    return None if overhead is None else round(overhead.value, 3)
 
 
 def step_split(d, wall: float) -> dict:
@@ -118,6 +123,19 @@ def step_split(d, wall: float) -> dict:
 
 def forward_kinds(runner) -> dict:
     return {k: getattr(runner, f"num_{k}_steps", 0) for k in ("graph", "mixed_graph", "split", "eager")}
+
+
+def speculative_config_extra(text: str | None) -> dict:
+    """--speculative-config-extra: a JSON object, or a clear exit naming what is wrong."""
+    if not text:
+        return {}
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--speculative-config-extra is not valid JSON: {e}") from None
+    if not isinstance(extra, dict):
+        raise SystemExit(f"--speculative-config-extra must be a JSON object, got {text!r}")
+    return extra
 
 
 def synthetic_keys(args) -> dict | None:
@@ -198,6 +216,7 @@ def main() -> None:
     texts = load_prompt_set(args.dataset)
     concs = [int(c) for c in args.concurrency.split(",")]
     synthetic = synthetic_keys(args)
+    spec_extra = speculative_config_extra(args.speculative_config_extra)
     engine_args = {"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else {}
     if args.shape:
         from adaspec.models.tokenizer import Tokenizer
@@ -214,11 +233,8 @@ def main() -> None:
 
     def load(arm):
         cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
-        if cfg is not None and args.speculative_config_extra:
-            extra = json.loads(args.speculative_config_extra)
-            if not isinstance(extra, dict):
-                raise SystemExit("--speculative-config-extra must be a JSON object")
-            cfg.update(extra)
+        if cfg is not None:
+            cfg.update(spec_extra)
         llm = LLM(args.model, device=args.device, max_num_seqs=max(concs), speculative_config=cfg,
                   **engine_args, **kv)
         # "synthetic acceptance: timing only" when the arm's acceptance follows the configured curve

@@ -35,6 +35,8 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
         split = row["step_split"]  # where the steps went: counts and ms per step, wall beside the timers
         assert split["steps"] > 0 and split["wall_ms"] > 0 and split["bookkeeping_ms"] >= 0
         assert split["draft_skipped"] <= split["steps"]
+        # only the adaptive arm's policy has a step overhead (0 by default: the tables alone)
+        assert row["policy_overhead_ms"] == (0.0 if row["arm"].startswith("adaptive") else None)
         if row["arm"] == "none":  # the no-spec arm: no speculative config at all, so no label
             assert "synthetic_acceptance" not in row and row["mean_accepted_length"] is None
         else:
@@ -54,3 +56,18 @@ def test_arm_configs_of_a_synthetic_sweep():
     assert arm_config("fixed:2", None, 0.0, keys) == {"method": "synthetic", "num_speculative_tokens": 2,
                                                       "draft_sample_method": "greedy", **keys}
     assert arm_config("adaptive:2", None, 1.0, None)["method"] == "dspark"
+
+
+def test_speculative_config_extra_is_a_json_object_or_a_clear_exit():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from offline_sweep import speculative_config_extra
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert speculative_config_extra(None) == {}
+    assert speculative_config_extra('{"adaptive_verification_step_overhead_ms": "measured"}') == {
+        "adaptive_verification_step_overhead_ms": "measured"}
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        speculative_config_extra("{bad")
+    with pytest.raises(SystemExit, match="must be a JSON object"):
+        speculative_config_extra("[1]")
