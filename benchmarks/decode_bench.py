@@ -98,11 +98,16 @@ def decode_steps(eng: LLMEngine, batch: int, prompt_len: int, steps: int, vocab:
 
 def step_sync_sites(eng: LLMEngine) -> list[str]:
     """Device-to-host syncs of one engine step: what CUDA's sync debug mode reports, plus the
-    step's waits for sampled tokens under async scheduling (an event wait, which the debug mode
-    does not report)."""
+    event waits it does not report: for sampled tokens under async scheduling, and for the
+    graphed speculative step's results."""
     waits = eng.num_result_waits
+    graphed = eng.spec.graphed if getattr(eng, "spec", None) is not None else None
+    reads = graphed.num_read_backs if graphed is not None else 0
     sites = [s for s in device_sync_sites(eng.step) if not s.startswith("async_step.py")]
-    return sites + ["async_step.py:wait"] * (eng.num_result_waits - waits)
+    sites += ["async_step.py:wait"] * (eng.num_result_waits - waits)
+    if graphed is not None:
+        sites += ["graphed_step.py:read_back"] * (graphed.num_read_backs - reads)
+    return sites
 
 
 def mixed_steps(eng: LLMEngine, batch: int, prompt_len: int, chunk: int, steps: int, vocab: int) -> dict:

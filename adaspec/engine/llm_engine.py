@@ -311,11 +311,19 @@ class LLMEngine:
         self._count_step(scheduled)
         if self.spec is None:  # the async step's launch and read back, with nothing in between
             return outputs + self._resolve(self._launch_plain_step(scheduled))
-        new_tokens = self.spec.step(scheduled)
+        # each part of the step hands its rows' tokens over as soon as they are read back (in a
+        # mixed step the graphed rows come first, while the GPU still runs the prefill chunks)
+        by_row: dict[int, RequestOutput] = {}
+        self.spec.step(scheduled, lambda indices, results: self._take_spec_tokens(scheduled, indices, results, by_row))
+        return outputs + [by_row[i] for i in sorted(by_row)]  # in scheduling order, as a one-part step gives them
+
+    def _take_spec_tokens(self, scheduled: list[ScheduledSeq], indices: list[int], results: list,
+                          by_row: dict[int, RequestOutput]) -> None:
+        """Stop checks and outputs for the rows `indices` of a speculative step."""
         t1 = time.perf_counter()
         now = time.monotonic()
-        for s, (tokens, lps) in zip(scheduled, new_tokens):
-            seq = s.seq
+        for i, (tokens, lps) in zip(indices, results):
+            seq = scheduled[i].seq
             if not tokens:
                 continue
             if seq.first_token_time is None:
@@ -326,9 +334,8 @@ class LLMEngine:
                 self._finish(seq)
             elif seq.params.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue
-            outputs.append(self._output(seq, n))
+            by_row[i] = self._output(seq, n)
         self.stats.time_bookkeeping += time.perf_counter() - t1
-        return outputs
 
     def _count_step(self, scheduled: list[ScheduledSeq]) -> None:
         self.stats.num_steps += 1

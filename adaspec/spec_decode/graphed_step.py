@@ -120,8 +120,14 @@ class GraphedSpecStep:
         self.drafts = torch.zeros(bmax, k, **i64)
         self.conf = torch.ones(bmax, k, dtype=torch.float32, device=dev)
         self.draft_q = None if self.greedy_drafts else torch.zeros(bmax, k, V, dtype=torch.float32, device=dev)
-        # what the host reads back: k + 1 tokens, accepted drafts, query count, k confidence bits
+        # what the host reads back: k + 1 tokens, accepted drafts, query count, k confidence bits;
+        # copied into a pinned mirror right after the replays, so that work the engine queues
+        # behind them (a mixed step's prefill forward) need not finish before the host reads it
         self.readback = torch.zeros(bmax, 2 * k + 3, **i64)
+        self.h_readback = torch.zeros(bmax, 2 * k + 3, dtype=torch.int64, **pin)
+        self.readback_ready = torch.cuda.Event() if dev.type == "cuda" else None
+        self._launched_rows: int | None = None  # rows of the replay launched last, until read_back
+        self.num_read_backs = 0  # event waits for results (CUDA's sync debug mode does not see them)
         self.arange_block = torch.arange(bmax + 1, dtype=torch.int32, device=dev) * self.block
         self.propose_graphs: dict[int, _Graph] = {}
         self.verify_graphs: dict[tuple[int, int], _Graph] = {}
@@ -249,12 +255,21 @@ class GraphedSpecStep:
         q = next((x for x in self.levels if (x > 1 or not drafting) and b * x >= max_tokens), None)
         return None if q is None else (b, q)
 
-    @torch.inference_mode()
     def run(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
             drafting: bool, budget: int | None) -> np.ndarray:
-        """Fill the inputs (host arrays of the real requests), replay, read back once.
-        slots: draft slots per request (0 when it does not draft). -> int64 [R, 2k + 3]: k + 1
-        output tokens (-1 padding), accepted drafts, query count, k confidences as float32 bits."""
+        """launch, then read_back: the step's replays and its one device-to-host sync."""
+        self.launch(key, last_tok, start, slots, seeds, temperature, block_tables, drafting, budget)
+        return self.read_back()
+
+    @torch.inference_mode()
+    def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
+               drafting: bool, budget: int | None) -> None:
+        """Fill the inputs (host arrays of the real requests), replay, and start the copy of the
+        results to the host (read_back waits for it). slots: draft slots per request (0 when it
+        does not draft)."""
+        if self._launched_rows is not None:
+            raise RuntimeError("a graphed step was launched while the previous one was not read back: "
+                               "its pinned inputs may still be in flight")
         b, q = key
         n, width = len(last_tok), max(len(row) for row in block_tables)
         if width > self.width:
@@ -279,7 +294,22 @@ class GraphedSpecStep:
         if drafting:
             self.propose_graphs[b].replay()
         self.verify_graphs[key].replay()
-        return self.readback[:n].cpu().numpy()  # the step's one device-to-host sync
+        self.h_readback[:n].copy_(self.readback[:n], non_blocking=True)
+        if self.readback_ready is not None:
+            self.readback_ready.record()
+        self._launched_rows = n
+
+    def read_back(self) -> np.ndarray:
+        """Wait for the launched step's results (the step's one device-to-host sync; work queued
+        after the launch does not delay it). -> int64 [R, 2k + 3]: k + 1 output tokens (-1
+        padding), accepted drafts, query count, k confidences as float32 bits."""
+        n, self._launched_rows = self._launched_rows, None
+        if n is None:
+            raise RuntimeError("read_back without a launched graphed step")
+        self.num_read_backs += 1
+        if self.readback_ready is not None:
+            self.readback_ready.synchronize()
+        return self.h_readback[:n].numpy().copy()  # the pinned mirror is rewritten by the next launch
 
     @torch.inference_mode()
     def time_draft(self, num_requests: int, table: list[int], context_len: int) -> None:

@@ -173,18 +173,23 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
     done. -> (the divergences, each request's first only; requests compared)."""
     tap = _EagerTap(eager)
     rows: dict[str, dict] = {}  # this step's graphed rows that drafted: drafts, accepted drafts
-    graphed_step = graphed.spec._graphed_step
+    launch_graphed = graphed.spec._launch_graphed
     k = graphed.spec.num_spec_tokens
 
     def tap_graphed(scheduled, *a):
-        out = graphed_step(scheduled, *a)
-        g = graphed.spec.graphed
-        for i, sch in enumerate(scheduled):
-            if sch.spec_slots > 0:  # rows without slots only sampled (their drafts were never judged)
-                rows[sch.seq.request_id] = dict(drafts=g.drafts[i].tolist(), n_acc=int(g.readback[i, k + 1]))
-        return out
+        finish = launch_graphed(scheduled, *a)
 
-    graphed.spec._graphed_step = tap_graphed
+        def tapped_finish():
+            out = finish()
+            g = graphed.spec.graphed
+            for i, sch in enumerate(scheduled):
+                if sch.spec_slots > 0:  # rows without slots only sampled (their drafts were never judged)
+                    rows[sch.seq.request_id] = dict(drafts=g.drafts[i].tolist(), n_acc=int(g.readback[i, k + 1]))
+            return out
+
+        return tapped_finish
+
+    graphed.spec._launch_graphed = tap_graphed
     for rid, prompt, params in requests:
         eager.add_request(rid, prompt, params)
         graphed.add_request(rid, prompt, params)
@@ -211,5 +216,5 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
     finally:
         step_module.rejection_sample = original
         tap.remove()
-        graphed.spec.__dict__.pop("_graphed_step", None)
+        graphed.spec.__dict__.pop("_launch_graphed", None)
     return found, len(requests)

@@ -145,49 +145,68 @@ class SpeculativeDecoder:
         self.policy.forget(seq.request_id)
 
     # -- the step ------------------------------------------------------------------------------
-    def step(self, scheduled: list[ScheduledSeq]):
+    def step(self, scheduled: list[ScheduledSeq], on_ready) -> None:
+        """Run one step; on_ready(indices, results) receives the new tokens of the rows `indices`
+        (results[j] = (tokens, logprobs) of scheduled[indices[j]]) as soon as they are on the host:
+        in a mixed step the graphed rows first, while the GPU still runs the other rows' forward,
+        so the engine's stop checks and outputs for them overlap it. Every row is reported once."""
         t0 = time.perf_counter()
-        results = self._run(scheduled)
+        callback_s = 0.0
+
+        def report(indices, results):
+            nonlocal callback_s
+            c0 = time.perf_counter()
+            on_ready(indices, results)
+            callback_s += time.perf_counter() - c0
+
+        self._run(scheduled, report)
         # the adaptive policy learns what a step costs beyond its tables (when it measures that:
-        # step_overhead.py); the wall time covers both parts of a mixed step and the read back
-        self.policy.observe_step(1e3 * (time.perf_counter() - t0))
-        return results
+        # step_overhead.py); the wall time covers both parts of a mixed step and the read backs,
+        # not the engine's work on the tokens
+        self.policy.observe_step(1e3 * (time.perf_counter() - t0 - callback_s))
 
-    def _run(self, scheduled: list[ScheduledSeq]):
+    def _run(self, scheduled: list[ScheduledSeq], report) -> None:
         g = self.graphed
+        every = list(range(len(scheduled)))
         if g is None:
-            return self._step(scheduled, False)
-        covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
-        if len(covered) in (0, len(scheduled)):
-            return self._step(scheduled, bool(covered))
-        # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows take
-        # the graphs, the rest the eager step; two forwards, but the eager one is paid anyway and
-        # with continuous arrivals most steps at high concurrency are mixed
-        chosen = set(covered)
-        rest = [i for i in range(len(scheduled)) if i not in chosen]
-        results: list = [None] * len(scheduled)
-        for idx, graphed in ((covered, True), (rest, False)):
-            for i, r in zip(idx, self._step([scheduled[i] for i in idx], graphed)):
-                results[i] = r
-        return results
+            parts = [(every, False)]
+        else:
+            covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
+            if len(covered) in (0, len(scheduled)):
+                parts = [(every, bool(covered))]
+            else:
+                # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows
+                # take the graphs, the rest the eager step; two forwards, but the eager one is paid
+                # anyway and with continuous arrivals most steps at high concurrency are mixed. Both
+                # are launched before either is read back: the graphs' results come back while the
+                # GPU runs the eager forward, and the host works on them meanwhile
+                chosen = set(covered)
+                parts = [(covered, True), ([i for i in every if i not in chosen], False)]
+        launched = [(idx, self._launch([scheduled[i] for i in idx], graphed)) for idx, graphed in parts]
+        for idx, finish in launched:
+            report(idx, finish())
 
-    def _step(self, scheduled: list[ScheduledSeq], graphed: bool):
-        """graphed: every row is one the graphs serve (step() decided), so the step replays them."""
-        eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
+    def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
+        """Queue the step's GPU work for these rows. -> finish(): reads the results back and
+        returns them. graphed: every row is one the graphs serve (_run decided)."""
+        stats = self.engine.stats
         t0 = time.perf_counter()
         samples = [s.samples for s in scheduled]
         drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
+        if drafted and not self.policy.should_draft(
+                [scheduled[i].seq.request_id for i in drafted], int(sum(samples)),
+                sum(s.num_tokens for s in scheduled), np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
+            stats.num_steps_draft_skipped += 1
+            drafted = []
+        if graphed:
+            return self._launch_graphed(scheduled, drafted, samples, t0)
+        return self._launch_eager(scheduled, drafted, samples, t0)
+
+    def _launch_eager(self, scheduled, drafted, samples, t0):
+        eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         drafted_seqs = [scheduled[i].seq for i in drafted]
         num_verify = np.zeros(len(scheduled), dtype=np.int64)
-        proposal = None
-        if drafted and not self.policy.should_draft(
-                [s.request_id for s in drafted_seqs], int(sum(samples)), sum(s.num_tokens for s in scheduled),
-                np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
-            stats.num_steps_draft_skipped += 1
-            drafted, drafted_seqs = [], []
-        if graphed:
-            return self._graphed_step(scheduled, drafted, samples, t0)
-        sampling = None
+        proposal = conf = sampling = None
         if drafted:
             sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
             proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
@@ -214,30 +233,32 @@ class SpeculativeDecoder:
             else:
                 items.append(ForwardItem(seq.token_ids[nc:nc + s.num_tokens], nc, seq.block_table, int(samples[i])))
         res = eng.runner.execute(items, self.capture_layers)
-        t2 = time.perf_counter()
-
-        # rows of res.logits: n_verify + 1 per drafted request, 1 per other sampling request, in item order
-        row_start = np.cumsum([0] + [it.num_logits for it in items])
-        results: list = [([], None)] * len(scheduled)
-        accepted = np.zeros(len(scheduled), dtype=np.int64)
-        if drafted:
-            results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
-                                             res.logits, row_start, results)
-        plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
-        if plain:
-            rows = to_device(row_start[plain], res.logits.device)
-            toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
-            for n, i in enumerate(plain):
-                results[i] = ([toks[n]], [lps[n]] if lps is not None else None)
-            eng.stats.num_sampled_without_draft += len(plain)
-        t3 = time.perf_counter()
-
-        self._commit(scheduled, drafted_set, accepted, res, items)
         stats.time_draft += t1 - t0
-        stats.time_verify += t2 - t1
-        stats.time_sample += t3 - t2
-        stats.time_bookkeeping += time.perf_counter() - t3
-        return results
+        stats.time_verify += time.perf_counter() - t1
+
+        def finish():
+            t2 = time.perf_counter()
+            # rows of res.logits: n_verify + 1 per drafted request, 1 per other sampling request, in item order
+            row_start = np.cumsum([0] + [it.num_logits for it in items])
+            results: list = [([], None)] * len(scheduled)
+            accepted = np.zeros(len(scheduled), dtype=np.int64)
+            if drafted:
+                results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
+                                                 res.logits, row_start, results)
+            plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
+            if plain:
+                rows = to_device(row_start[plain], res.logits.device)
+                toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
+                for n, i in enumerate(plain):
+                    results[i] = ([toks[n]], [lps[n]] if lps is not None else None)
+                eng.stats.num_sampled_without_draft += len(plain)
+            t3 = time.perf_counter()
+            self._commit(scheduled, drafted_set, accepted, res, items)
+            stats.time_sample += t3 - t2
+            stats.time_bookkeeping += time.perf_counter() - t3
+            return results
+
+        return finish
 
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     @staticmethod
@@ -246,8 +267,8 @@ class SpeculativeDecoder:
         p = s.seq.params
         return s.num_tokens == 1 and s.samples and p.logprobs is None and p.top_p >= 1 and p.top_k <= 0
 
-    def _graphed_step(self, scheduled, drafted, samples, t0):
-        """The step as two graph replays and one read back (graphed_step.py)."""
+    def _launch_graphed(self, scheduled, drafted, samples, t0):
+        """The step as two graph replays and one read back (graphed_step.py). -> finish()."""
         eng, stats, k, g = self.engine, self.engine.stats, self.num_spec_tokens, self.graphed
         seqs = [s.seq for s in scheduled]
         drafting = bool(drafted)
@@ -259,32 +280,40 @@ class SpeculativeDecoder:
                                              sum(s.num_tokens for s in scheduled), slots)
             max_tokens = min(max_tokens, len(scheduled) + budget)
         key = g.pick(len(scheduled), max_tokens, drafting)
-        rb = g.run(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
-                   [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
-                   [q.block_table for q in seqs], drafting, budget)
-        t1 = time.perf_counter()
-        tokens, n_acc, nq = rb[:, : k + 1], rb[:, k + 1], rb[:, k + 2]
-        results = [([int(tokens[i, 0])], None) for i in range(len(scheduled))]
-        accepted = np.zeros(len(scheduled), dtype=np.int64)
-        # rows with draft slots drafted (when the step drafts); the others only sampled their next
-        # token, as in the eager step (their drafts, made in the same graph, are never verified)
-        rows = np.flatnonzero(slots) if drafting else np.zeros(0, dtype=np.int64)
-        if len(rows):
-            conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
-            self.policy.observe([seqs[i].request_id for i in rows], conf)
-            accepted = np.where(slots > 0, n_acc, 0)
-            for i in rows:
-                results[i] = (tokens[i, : n_acc[i] + 1].tolist(), None)
-            self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf)
-        stats.num_sampled_without_draft += len(scheduled) - len(rows)
-        for i, s in enumerate(scheduled):  # the drafter's context was written inside the graph
-            s.seq.num_computed_tokens += 1 + int(accepted[i])
-            if drafting and slots[i]:
-                eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
-        stats.time_graphed += t1 - t0  # both replays and the read back: the GPU runs them in one go
-        stats.num_graphed_steps += 1
-        stats.time_bookkeeping += time.perf_counter() - t1
-        return results
+        g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
+                 [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
+                 [q.block_table for q in seqs], drafting, budget)
+        launch_s = time.perf_counter() - t0
+
+        def finish():
+            t_wait = time.perf_counter()
+            rb = g.read_back()
+            t1 = time.perf_counter()
+            tokens, n_acc, nq = rb[:, : k + 1], rb[:, k + 1], rb[:, k + 2]
+            results = [([int(tokens[i, 0])], None) for i in range(len(scheduled))]
+            accepted = np.zeros(len(scheduled), dtype=np.int64)
+            # rows with draft slots drafted (when the step drafts); the others only sampled their next
+            # token, as in the eager step (their drafts, made in the same graph, are never verified)
+            rows = np.flatnonzero(slots) if drafting else np.zeros(0, dtype=np.int64)
+            if len(rows):
+                conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
+                self.policy.observe([seqs[i].request_id for i in rows], conf)
+                accepted = np.where(slots > 0, n_acc, 0)
+                for i in rows:
+                    results[i] = (tokens[i, : n_acc[i] + 1].tolist(), None)
+                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf)
+            stats.num_sampled_without_draft += len(scheduled) - len(rows)
+            for i, s in enumerate(scheduled):  # the drafter's context was written inside the graph
+                s.seq.num_computed_tokens += 1 + int(accepted[i])
+                if drafting and slots[i]:
+                    eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
+            # the launch, the replays and the wait for the read back: the GPU runs them in one go
+            stats.time_graphed += launch_s + (t1 - t_wait)
+            stats.num_graphed_steps += 1
+            stats.time_bookkeeping += time.perf_counter() - t1
+            return results
+
+        return finish
 
     def _count(self, scheduled, drafted, verify_lens, n_acc, conf) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),

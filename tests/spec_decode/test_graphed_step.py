@@ -185,30 +185,48 @@ def test_graph_padded_cost_matches_pick_everywhere():
 
 def test_mixed_steps_split_between_graphs_and_eager_step(pair, plain_greedy, tmp_path):
     """A request arriving while others decode: the decoding rows take the graphs, the prefill chunk
-    the eager step, in the same engine step; tokens still equal plain decoding."""
+    the eager step, in the same engine step; tokens still equal plain decoding. Both parts are
+    launched before the graphed one is read back, and the engine gets the graphed rows' tokens
+    before the eager part is read back (its stop checks overlap the eager forward on a GPU)."""
     llm = _llm(pair, tmp_path, 3, True, graphed=True)
     spec = llm.llm_engine.spec
-    calls, split_steps = [], []
-    inner = spec._step
+    events, split_steps = [], []
+    inner = spec._launch
 
-    def counted(rows, graphed):
-        calls.append(len(rows))
-        return inner(rows, graphed)
+    def launch(rows, graphed):
+        events.append(("launch", graphed, len(rows)))
+        finish = inner(rows, graphed)
 
-    spec._step = counted
+        def counted_finish():
+            events.append(("finish", graphed, len(rows)))
+            return finish()
+
+        return counted_finish
+
+    spec._launch = launch
     outer = spec.step
 
-    def step(scheduled):
-        before = len(calls)
-        out = outer(scheduled)
-        if len(calls) - before == 2:
-            split_steps.append(len(scheduled))
-        return out
+    def step(scheduled, on_ready):
+        before = len(events)
+
+        def ready(indices, results):
+            events.append(("ready", None, len(indices)))
+            on_ready(indices, results)
+
+        outer(scheduled, ready)
+        mine = events[before:]
+        if sum(e[0] == "launch" for e in mine) == 2:
+            split_steps.append(mine)
 
     spec.step = step
     outs = llm.generate(_prompts(), GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == plain_greedy
     assert split_steps, "no step mixed decoding rows with a prefill chunk"
+    for ev in split_steps:
+        (_, g1, n1), (_, g2, n2) = ev[0], ev[1]
+        assert [e[0] for e in ev] == ["launch", "launch", "finish", "ready", "finish", "ready"]
+        assert (g1, g2) == (True, False)
+        assert ev[2] == ("finish", True, n1) and ev[3][2] == n1 and ev[4] == ("finish", False, n2)
 
 
 def test_release_cuda_graphs_frees_them_and_the_engine_goes_on_eagerly(pair, plain_greedy, tmp_path):
@@ -221,3 +239,15 @@ def test_release_cuda_graphs_frees_them_and_the_engine_goes_on_eagerly(pair, pla
     before = eng.stats.num_graphed_steps
     got = [o.outputs[0].token_ids for o in llm.generate(_prompts(), GREEDY)]
     assert got == plain_greedy and eng.stats.num_graphed_steps == before
+
+
+def test_read_back_without_a_launch_is_an_error(pair, tmp_path):
+    """The pinned read-back mirror belongs to the step launched last: reading with none launched
+    (or reading twice) is a bookkeeping fault, not stale tokens."""
+    llm = _llm(pair, tmp_path, 3, False, graphed=True)
+    g = llm.llm_engine.spec.graphed
+    with pytest.raises(RuntimeError, match="without a launched"):
+        g.read_back()
+    llm.generate(_prompts(3), GREEDY)  # steps launch and read back in pairs
+    with pytest.raises(RuntimeError, match="without a launched"):
+        g.read_back()
