@@ -13,7 +13,7 @@
 # (per arm and concurrency: A and B's mean output throughput and median per-user speed over every
 # repeat, with their standard deviations, and B / A), and prints that table; the sweeps' output in
 # OUT/ab_log.txt.
-# A_LABEL / B_LABEL name the versions in the table (e.g. their commits); CURVE_FROM as in
+# A_LABEL / B_LABEL name the versions in the table; A_COMMIT is recorded in A's results (B's: ADASPEC_COMMIT); CURVE_FROM as in
 # h200_synthetic_frontier.sh; OFFLINE_ARGS are passed to both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +39,11 @@ print(','.join('%.4f' % x for x in d['heldout']['T=0']['cond_acceptance']))" "$C
 say "A = $A_TREE (${A_LABEL:-A}), B = $B_TREE (${B_LABEL:-B}); synthetic acceptance (timing only) $CURVE"
 for round in $(seq 1 "$ROUNDS"); do
   for side in A B; do
-    tree=$A_TREE; [ "$side" = B ] && tree=$B_TREE
+    tree=$A_TREE commit="${A_COMMIT:-unrecorded (tree $A_TREE)}"
+    if [ "$side" = B ]; then tree=$B_TREE commit="${ADASPEC_COMMIT:-}"; fi
     say "round $round, $side"
     # the sweep script of this checkout, the engine of the side's tree (first on the path)
-    PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
+    ADASPEC_COMMIT="$commit" PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
       --arms "$ARMS" --concurrency "$CONC" --temperature 0 --repeats 2 --output-len 64 ${OFFLINE_ARGS:-} \
       --out "$OUT/ab_${side}_${round}.json" >>"$OUT/ab_log.txt" 2>&1 \
       || { tail -20 "$OUT/ab_log.txt"; exit 1; }
