@@ -34,6 +34,9 @@ def add_drafter_eval_args(p, num_prompts: int) -> None:
     p.add_argument("--prompts", default="eval-code",
                    help="prompt set: eval-code (packaged), a .jsonl file with a prompt field, or a .npy of token ids")
     p.add_argument("--num-prompts", type=int, default=num_prompts, help="prompts used (at most)")
+    p.add_argument("--skip-prompts", type=int, default=0,
+                   help="leave out the set's first N prompts (e.g. calibrate on eval-code prompts the held-out "
+                        "`eval drafter` run does not use)")
     p.add_argument("--max-prompt-len", type=int, default=512, help="prompt tokens kept (the last ones)")
     p.add_argument("--gen-len", type=int, default=128, help="tokens the target generates per prompt")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per scoring batch")
@@ -70,7 +73,7 @@ def load_pair(args):
     target, tcfg = load_target(args.target, dtype=dtype, device=device)
     drafter, dcfg = load_drafter(args.drafter, target_cfg=tcfg, dtype=dtype, device=device)
     tok = Tokenizer.from_dir(model_dir(args.target))
-    prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len)
+    prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len, skip=args.skip_prompts)
     return target, tcfg, drafter, dcfg, prompts
 
 

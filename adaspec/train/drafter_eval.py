@@ -26,9 +26,11 @@ from adaspec.errors import AdaspecError
 PROMPT_SETS = {"eval-code": Path(__file__).resolve().parent.parent / "assets" / "prompts" / "eval-code.jsonl"}
 
 
-def load_prompts(spec: str, tokenizer, limit: int | None = None, max_len: int | None = None) -> list[list[int]]:
+def load_prompts(spec: str, tokenizer, limit: int | None = None, max_len: int | None = None,
+                 skip: int = 0) -> list[list[int]]:
     """'eval-code' (shipped), a .jsonl file ("prompt" | "text" | "messages" per line), or a .npy
-    [N, P] of token ids."""
+    [N, P] of token ids. skip: leave out the set's first prompts (e.g. those a held-out
+    evaluation uses, so that a calibration on the rest stays disjoint from it)."""
     path = PROMPT_SETS.get(spec, Path(spec))
     if not path.is_file():
         raise AdaspecError(f"prompt set not found: {spec} (looked at {path})")
@@ -49,6 +51,11 @@ def load_prompts(spec: str, tokenizer, limit: int | None = None, max_len: int | 
                     raise AdaspecError(f"{path}: each line needs a 'prompt', 'text' or 'messages' field")
                 out.append(tokenizer.encode(text))
     out = [p[-max_len:] if max_len else p for p in out if p]
+    if skip < 0:
+        raise AdaspecError(f"--skip-prompts must be >= 0, got {skip}")
+    if skip >= len(out):
+        raise AdaspecError(f"prompt set {spec} has {len(out)} prompts: skipping the first {skip} leaves none")
+    out = out[skip:]
     return out[:limit] if limit else out
 
 
@@ -83,7 +90,7 @@ def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], te
         batch = seqs[i:i + batch_size]
         T = max(len(s) for s in batch)
         ids = torch.zeros(len(batch), T, dtype=torch.long)
-        anchors, valid = [], []
+        anchors = []
         for b, s in enumerate(batch):
             ids[b, : len(s)] = torch.tensor(s)
             a = list(range(max(starts[i + b], 0), len(s) - K))  # slot K's token must exist

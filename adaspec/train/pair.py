@@ -7,7 +7,8 @@ Stages, in order, each calling the code of its own command (nothing is re-implem
   target      `train target`                                                     -> OUT/target
   selfdistill the target's own continuations of corpus windows (greedy + T=1)    -> OUT/selfdistill
   drafter     `train drafter` on them, mixed with corpus text                    -> OUT/drafter
-  calibrate   `train calibrate` at T=1 and T=0 on val-split windows (held out)   -> OUT/drafter/config.json
+  calibrate   `train calibrate` at T=1 and T=0 on val-split windows (held out; or calibrate.prompts=eval-code:
+              the eval-code prompts the eval stage does not use)   -> OUT/drafter/config.json
   eval        `eval drafter` on the shipped eval-code prompts (stdlib test split) -> OUT/drafter/eval.json
   cards       MODEL_CARD.md of both models, with the held-out figures
 
@@ -352,16 +353,12 @@ def _calibrate(ctx: Context) -> dict:
     from adaspec.train.drafter_data import corpus_tokens, prompt_windows
 
     c = ctx.settings["calibrate"]
-    val = corpus_tokens(ctx.corpus, ctx.target, split="val")
-    if val.size <= c["prompt_len"] + 1:
-        raise AdaspecError(f"the val split has {val.size} tokens, too few for {c['prompt_len']}-token prompts")
-    prompts = ctx.out / "calibrate" / "prompts.npy"
-    prompts.parent.mkdir(parents=True, exist_ok=True)
-    np.save(prompts, prompt_windows(val, c["num_prompts"], c["prompt_len"], seed=c["seed"] + 1).numpy())
+    prompts, skip = _calibration_prompts(ctx, corpus_tokens, prompt_windows, np)
     res = {}
     for temp in (1.0, 0.0):  # sampled requests' temperatures, then greedy requests'
         args = _parse(calibrate.add_subparser, [
             "calibrate", "--target", str(ctx.target), "--drafter", str(ctx.drafter), "--prompts", str(prompts),
+            "--skip-prompts", str(skip),
             "--num-prompts", str(c["num_prompts"]), "--max-prompt-len", str(c["prompt_len"]),
             "--gen-len", str(c["gen_len"]), "--temperature", str(temp), "--samples", str(c["samples"]),
             "--batch-size", str(c["batch_size"]), "--device", ctx.device, "--seed", str(c["seed"])])
@@ -371,6 +368,31 @@ def _calibrate(ctx: Context) -> dict:
         res[f"T={temp:g}"] = {"temperatures": cal["temperatures"], "ece_before": cal["before"]["ece"],
                               "ece_after": cal["after"]["ece"], "auc": cal["after"]["auc"]}
     return res
+
+
+CALIBRATION_PROMPTS = ("val", "eval-code")
+
+
+def _calibration_prompts(ctx: Context, corpus_tokens, prompt_windows, np) -> tuple[str, int]:
+    """-> (the prompt set `train calibrate` reads, prompts to skip in it). calibrate.prompts "val":
+    windows of the corpus's val split; "eval-code": the packaged eval-code prompts after the ones
+    the eval stage uses (the same distribution as the held-out figures, disjoint prompts)."""
+    c, e = ctx.settings["calibrate"], ctx.settings["eval"]
+    source = c.get("prompts", "val")
+    if source == "eval-code":
+        if e["prompts"] != "eval-code":
+            raise AdaspecError(f"calibrate.prompts=eval-code needs eval.prompts=eval-code (got {e['prompts']!r}): "
+                               "the calibration skips the prompts the eval uses")
+        return "eval-code", int(e["num_prompts"])
+    if source != "val":
+        raise AdaspecError(f"calibrate.prompts={source!r}: choose one of {', '.join(CALIBRATION_PROMPTS)}")
+    val = corpus_tokens(ctx.corpus, ctx.target, split="val")
+    if val.size <= c["prompt_len"] + 1:
+        raise AdaspecError(f"the val split has {val.size} tokens, too few for {c['prompt_len']}-token prompts")
+    prompts = ctx.out / "calibrate" / "prompts.npy"
+    prompts.parent.mkdir(parents=True, exist_ok=True)
+    np.save(prompts, prompt_windows(val, c["num_prompts"], c["prompt_len"], seed=c["seed"] + 1).numpy())
+    return str(prompts), 0
 
 
 def _eval(ctx: Context) -> dict:

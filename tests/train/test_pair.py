@@ -275,3 +275,67 @@ def test_a_failing_stage_is_named_in_pair_json_and_a_refusal_leaves_it(pair, tmp
     assert s["heldout"] is None and s["target"]["val_loss"] > 0  # done stages still reported
     assert "FAILED in stage eval" in pair_mod.format_summary(s)
     assert json.loads((copy / "manifest" / "eval.json").read_text())["done"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["val", "eval-code"])
+def test_calibration_prompts_never_overlap_the_eval_prompts(pair, source, monkeypatch):
+    """calibrate.prompts=eval-code calibrates on the packaged eval-code prompts AFTER those the eval
+    stage scores (same distribution as the held-out figures, none of its prompts); "val" on val-split
+    windows. The calibrate command is stubbed: what is checked is the prompt set it would load."""
+    import numpy as np
+
+    from adaspec.models.tokenizer import Tokenizer
+    from adaspec.train import calibrate
+    from adaspec.train.drafter_eval import load_prompts
+    from adaspec.train.pair import Context, _calibrate
+
+    out, src, _, _ = pair
+    settings = _micro_settings(src, f"calibrate.prompts={source}")
+    ctx = Context(out, settings, "micro", "micro", "cpu")
+    seen = []
+    monkeypatch.setattr(calibrate, "run", lambda args: seen.append(args) or 0)
+    _calibrate(ctx)  # reads the calibration files the fixture's build wrote
+    assert [a.temperature for a in seen] == [1.0, 0.0]
+    tok = Tokenizer.from_dir(ctx.target)
+    e = settings["eval"]
+    evaluated = load_prompts(e["prompts"], tok, e["num_prompts"], e["max_prompt_len"])
+    a = seen[0]
+    calib = load_prompts(a.prompts, tok, a.num_prompts, a.max_prompt_len, skip=a.skip_prompts)
+    assert len(calib) == settings["calibrate"]["num_prompts"]
+    if source == "eval-code":
+        assert (a.prompts, a.skip_prompts) == ("eval-code", e["num_prompts"])
+        # the eval's prompts are the set's first ones: the calibration starts right after them
+        every = load_prompts("eval-code", tok, None, a.max_prompt_len)
+        assert calib == every[e["num_prompts"]: e["num_prompts"] + len(calib)]
+    else:
+        assert a.skip_prompts == 0 and a.prompts.endswith("prompts.npy")
+        assert np.load(a.prompts).shape == (settings["calibrate"]["num_prompts"], settings["calibrate"]["prompt_len"])
+    assert not {tuple(p) for p in calib} & {tuple(p[-a.max_prompt_len:]) for p in evaluated}
+
+
+def test_calibration_prompt_source_errors_name_the_setting(tmp_path):
+    from adaspec.train.pair import Context, _calibrate
+
+    s = preset("micro")
+    s["calibrate"]["prompts"] = "test"
+    with pytest.raises(AdaspecError, match="calibrate.prompts='test': choose one of val, eval-code"):
+        _calibrate(Context(tmp_path, s, "micro", "micro", "cpu"))
+    s = apply_overrides(preset("micro"), ["calibrate.prompts=eval-code", "eval.prompts=my.jsonl"])
+    with pytest.raises(AdaspecError, match="needs eval.prompts=eval-code"):
+        _calibrate(Context(tmp_path, s, "micro", "micro", "cpu"))
+
+
+def test_load_prompts_skip(tmp_path):
+    import numpy as np
+
+    from adaspec.train.drafter_eval import load_prompts
+
+    f = tmp_path / "p.npy"
+    np.save(f, np.arange(15).reshape(5, 3))
+    assert load_prompts(str(f), None, limit=1, skip=3) == [[9, 10, 11]]
+    assert load_prompts(str(f), None, skip=3) == [[9, 10, 11], [12, 13, 14]]
+    with pytest.raises(AdaspecError, match="skipping the first 5 leaves none"):
+        load_prompts(str(f), None, skip=5)
+    with pytest.raises(AdaspecError, match="--skip-prompts must be >= 0"):
+        load_prompts(str(f), None, skip=-1)
