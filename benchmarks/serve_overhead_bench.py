@@ -10,7 +10,7 @@ how the H200 frontier's "none" arm could make 4,033 tok/s through the server at 
 22,960 offline (BENCHMARKS.md, run 4): a server ceiling shows up here without a GPU.
 
     python3 benchmarks/serve_overhead_bench.py [--step-ms 10] [--concurrency 1,64,256] [--output-len 64]
-        [--tokens-per-step 1] [--out FILE]
+        [--tokens-per-step 1] [--host-ms 0] [--engine-process] [--out FILE]
 
 Prints per concurrency the output throughput, its ideal, their ratio and the ITL p50/p99, and
 writes them as JSON (--out). One server per run; the client's numbers come from its result file.
@@ -32,15 +32,17 @@ from adaspec.bench.server import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 _SERVER = """
+import functools
 import sys
 sys.path.insert(0, {tests!r})
 from fake_engine import FakeEngine
 from adaspec.serve.server import run
 from adaspec.serve.state import ServerSettings
-factory = lambda: FakeEngine(step_delay={step_s!r}, max_model_len=4096, max_num_seqs={max_seqs},
-                             num_kv_blocks=1 << 20, tokens_per_step={k})
-sys.exit(run(factory, ServerSettings(served_model_names=["fake"], disable_log_requests=True), "127.0.0.1",
-             {port}, "warning", access_log=False))
+if __name__ == "__main__":  # the engine process (spawned) imports this script again
+    factory = functools.partial(FakeEngine, step_delay={step_s!r}, max_model_len=4096, max_num_seqs={max_seqs},
+                                num_kv_blocks=1 << 20, tokens_per_step={k}, host_work={host_s!r})
+    sys.exit(run(factory, ServerSettings(served_model_names=["fake"], disable_log_requests=True,
+                                         engine_process={process!r}), "127.0.0.1", {port}, "warning", access_log=False))
 """
 
 
@@ -59,19 +61,24 @@ def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--step-ms", type=float, default=10.0, help="the fake engine's step time")
+    ap.add_argument("--step-ms", type=float, default=10.0, help="the fake engine's sleep per step (a GPU step's wait)")
     ap.add_argument("--concurrency", default="1,64,256")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--tokens-per-step", type=int, default=1, help=">1 mimics speculation: tokens per chunk")
     ap.add_argument("--prompts-per-request", type=int, default=2, help="requests per point = this x C (at least 8)")
+    ap.add_argument("--host-ms", type=float, default=0.0,
+                    help="pure-Python work per fake step that holds the GIL (a real step's host side), before its sleep")
+    ap.add_argument("--engine-process", action="store_true", help="the engine in a process of its own")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     concs = [int(c) for c in args.concurrency.split(",")]
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     code = _SERVER.format(tests=str(ROOT / "tests" / "serve"), step_s=args.step_ms / 1000, max_seqs=max(concs),
-                          k=args.tokens_per_step, port=port)
-    server = subprocess.Popen([sys.executable, "-c", code], env=env)
+                          k=args.tokens_per_step, port=port, host_s=args.host_ms / 1000, process=args.engine_process)
+    script = Path(tempfile.mkdtemp()) / "serve_fake.py"  # a file, not -c: a spawned engine process re-imports it
+    script.write_text(code)
+    server = subprocess.Popen([sys.executable, str(script)], env=env)
     rows = []
     try:
         _wait_healthy(port, server)
@@ -86,15 +93,16 @@ def main() -> int:
                                 "--result-dir", tmp, "--result-filename", name],
                                env=env, check=True, stdout=subprocess.DEVNULL)
                 r = json.loads((Path(tmp) / name).read_text())
-                ideal = c * args.tokens_per_step * 1000.0 / args.step_ms
+                ideal = c * args.tokens_per_step * 1000.0 / (args.step_ms + args.host_ms)
                 rows.append(dict(concurrency=c, num_prompts=n, output_throughput=r["output_throughput"],
                                  ideal_output_throughput=ideal, efficiency=r["output_throughput"] / ideal,
                                  median_itl_ms=r.get("median_itl_ms"), p99_itl_ms=r.get("p99_itl_ms")))
     finally:
         server.terminate()
         server.wait(30)
-    print(f"fake engine step {args.step_ms} ms, {args.tokens_per_step} token(s) per step, "
-          f"{args.output_len} output tokens, {os.cpu_count()} CPUs")
+    print(f"fake engine step {args.step_ms} ms (of which {args.host_ms} ms host work holding the GIL), "
+          f"{args.tokens_per_step} token(s) per step, {args.output_len} output tokens, {os.cpu_count()} CPUs, "
+          f"engine in {'its own process' if args.engine_process else 'a thread'}")
     print(f"{'C':>5} {'out tok/s':>10} {'ideal':>9} {'ratio':>6} {'ITL p50':>8} {'ITL p99':>8}")
     for r in rows:
         print(f"{r['concurrency']:>5} {r['output_throughput']:>10.0f} {r['ideal_output_throughput']:>9.0f} "

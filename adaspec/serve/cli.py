@@ -6,6 +6,7 @@ Only argparse at import time: the server stack and torch load inside the handler
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -76,6 +77,9 @@ def add_parser(subparsers) -> None:
                    help="larger request bodies get 413, e.g. 64MiB (default: 32MiB)")
     p.add_argument("--disable-log-requests", action="store_true",
                    help="do not log each request's id, prompt lengths and sampling parameters (as vllm serve's)")
+    p.add_argument("--engine-process", action="store_true",
+                   help="run the engine in a process of its own (as vLLM's engine core), so that HTTP and "
+                        "streaming do not compete with it for the GIL (default: a thread of the server)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -128,7 +132,8 @@ def settings_from_args(args: argparse.Namespace):
         extra["max_request_body_bytes"] = args.max_request_body_bytes
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
-                          disable_log_requests=args.disable_log_requests, **extra)
+                          disable_log_requests=args.disable_log_requests,
+                          engine_process=bool(getattr(args, "engine_process", False)), **extra)
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -136,9 +141,12 @@ def _handler(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     from adaspec.serve.server import run
 
-    def factory():
-        from adaspec.engine.llm_engine import LLMEngine
-
-        return LLMEngine(config)
-
+    # picklable: with --engine-process the engine is built in a spawned process
+    factory = functools.partial(build_engine, config)
     return run(factory, settings, args.host, args.port, args.log_level, not args.disable_uvicorn_access_log)
+
+
+def build_engine(config):
+    from adaspec.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config)

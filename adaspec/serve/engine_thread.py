@@ -42,6 +42,19 @@ class Chunk:
         return self.finish_reason is not None
 
 
+async def accepted(q: asyncio.Queue, abort: Callable[[], None]) -> asyncio.Queue:
+    """A request's queue once its first item says the engine took it; raises the refusal instead.
+    A caller that goes away while waiting aborts the request (no orphan keeps running)."""
+    try:
+        first = await q.get()
+    except asyncio.CancelledError:
+        abort()
+        raise
+    if isinstance(first, BaseException):
+        raise first
+    return q
+
+
 def _put_all(items) -> None:
     """On the event loop: one step's items into their requests' queues, in order."""
     for q, item in items:
@@ -125,14 +138,7 @@ class EngineThread:
                          asyncio.get_running_loop(), q))
         if not self._thread.is_alive():  # died between the check above and the put
             self._fail_pending(APIError(503, "The engine is not running.", code="engine_dead"))
-        try:
-            first = await q.get()
-        except asyncio.CancelledError:  # the caller is gone: do not leave an orphan running
-            self.abort(request_id)
-            raise
-        if isinstance(first, BaseException):
-            raise first
-        return q
+        return await accepted(q, lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id, None))

@@ -92,7 +92,13 @@ def make_server(engine_thread: EngineThread, settings: ServerSettings, host: str
 
 
 def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
+    """The engine in a thread of this process, or with settings.engine_process in a process of its
+    own (engine_factory must then be picklable)."""
     name = settings.served_model_names[0]
+    if settings.engine_process:
+        from adaspec.serve.engine_process import EngineProcess
+
+        return EngineProcess(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
     return EngineThread(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
 
 

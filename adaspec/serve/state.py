@@ -20,12 +20,13 @@ class ServerSettings:
     drain_timeout: float = 30.0  # seconds running requests get after SIGTERM before being aborted
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies get a 413
     disable_log_requests: bool = False  # no per-request log line
+    engine_process: bool = False  # the engine in a process of its own (engine_process.py), else a thread
 
 
 @dataclass
 class ServeState:
     settings: ServerSettings
-    engine_thread: object  # adaspec.serve.engine_thread.EngineThread
+    engine_thread: object  # engine_thread.EngineThread, or engine_process.EngineProcess (the same interface)
     draining: bool = False
     inflight: int = 0  # generation requests between submit and their response's end
     accepted_names: set[str] = field(default_factory=set)

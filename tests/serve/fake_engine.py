@@ -67,7 +67,7 @@ class _Req:
 
 class FakeEngine:
     def __init__(self, max_model_len=256, max_num_seqs=8, num_kv_blocks=256, block_size=16, step_delay=0.0,
-                 tokens_per_step=1, eos_at=None, fail_on_step=None, model_name="fake"):
+                 tokens_per_step=1, eos_at=None, fail_on_step=None, model_name="fake", host_work=0.0):
         self.tokenizer = FakeTokenizer()
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -76,6 +76,7 @@ class FakeEngine:
         self._total_blocks = num_kv_blocks
         self._free_blocks = num_kv_blocks
         self.step_delay = step_delay
+        self.host_work = host_work  # seconds of pure-Python work per step, holding the GIL (a real step's host side)
         self.tokens_per_step = tokens_per_step
         self.eos_at = eos_at
         self.fail_on_step = fail_on_step
@@ -139,6 +140,10 @@ class FakeEngine:
         self.stats.num_steps += 1
         if self.fail_on_step is not None and self.stats.num_steps >= self.fail_on_step:
             raise RuntimeError("fake engine failure")
+        if self.host_work:
+            until = time.perf_counter() + self.host_work
+            while time.perf_counter() < until:
+                pass
         if self.step_delay:
             time.sleep(self.step_delay)
         while self.waiting and len(self.running) < self.max_num_seqs and self._need(self.waiting[0]) <= self._free_blocks:

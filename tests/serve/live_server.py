@@ -34,14 +34,15 @@ class LiveServer:
             time.sleep(0.01)
 
     def engine(self, fn):
+        """fn(engine) on the engine's thread, or in its process (fn must then be picklable: a
+        module-level function such as the ones below)."""
         return self.engine_thread.call(fn)
 
     def wait_idle(self, timeout=10.0):
         """Wait until the engine has nothing running or waiting; return (free, total) KV blocks."""
         deadline = time.monotonic() + timeout
         while True:
-            busy, free, total = self.engine(
-                lambda e: (e.has_unfinished_requests(), e.kv_blocks_free(), e.kv_blocks_total()))
+            busy, free, total = self.engine(idle_state)
             if (not busy and self.state.inflight == 0) or time.monotonic() > deadline:
                 return free, total
             time.sleep(0.02)
@@ -50,6 +51,14 @@ class LiveServer:
         self.server.should_exit = True
         self._thread.join(15)
         self.engine_thread.stop()
+
+
+def idle_state(engine):
+    return engine.has_unfinished_requests(), engine.kv_blocks_free(), engine.kv_blocks_total()
+
+
+def request_counts(engine):
+    return engine.num_running(), engine.num_waiting(), engine.has_unfinished_requests()
 
 
 def openai_client(server: LiveServer, key: str = "none"):
@@ -105,3 +114,7 @@ def start_server_process(cmd: list[str], port: int, timeout: float = 60) -> subp
         time.sleep(0.1)
     p.kill()
     raise AssertionError(f"server did not come up within {timeout} s")
+
+
+def engine_pid(engine):
+    return os.getpid()

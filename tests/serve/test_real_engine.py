@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import httpx
 import pytest
-from live_server import LiveServer, openai_client
+from live_server import LiveServer, openai_client, request_counts
 
 pytest.importorskip("torch")
 testing = pytest.importorskip("adaspec.testing")
@@ -34,12 +35,14 @@ def reference(micro_dir):
     return generate
 
 
-@pytest.fixture(scope="module")
-def real_server(micro_dir):
+@pytest.fixture(scope="module", params=["thread", "process"])
+def real_server(micro_dir, request):
+    """The engine in a thread of the server, and in a process of its own (--engine-process)."""
     from adaspec.config import EngineConfig
-    from adaspec.engine.llm_engine import LLMEngine
+    from adaspec.serve.cli import build_engine
 
-    s = LiveServer(lambda: LLMEngine(EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",))
+    s = LiveServer(functools.partial(build_engine, EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",),
+                   engine_process=request.param == "process")
     yield s
     s.close()
 
@@ -136,7 +139,7 @@ def test_64_concurrent_streams_and_20_disconnects_free_every_kv_block(real_serve
     assert results[64:] == ["disconnected"] * 20
     free, total = real_server.wait_idle(timeout=20)
     assert free == total
-    assert real_server.engine(lambda e: (e.num_running(), e.num_waiting(), e.has_unfinished_requests())) == (0, 0, False)
+    assert real_server.engine(request_counts) == (0, 0, False)
     assert real_server.state.inflight == 0
     r = httpx.post(url, json={"model": "micro", "prompt": "still there?", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

@@ -1,0 +1,114 @@
+"""`adaspec serve --engine-process`: the engine in a spawned process of its own (serve/engine_process.py).
+The HTTP behaviour on the real engine runs in both modes in test_real_engine.py; here what only
+the process has: where the engine runs, a child that dies or cannot load, refusals that cross
+the pipe, the metrics it reports, and a clean stop."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from live_server import LiveServer, engine_pid, request_counts, stream_in_thread
+
+pytest.importorskip("torch")
+testing = pytest.importorskip("adaspec.testing")
+
+ENGINE_ARGS = dict(max_num_seqs=16, num_kv_blocks=256, block_size=16, max_model_len=256, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    return str(testing.make_micro_model_dir(tmp_path_factory.mktemp("engine_process") / "micro"))
+
+
+def _server(micro_dir, **settings):
+    from adaspec.config import EngineConfig
+    from adaspec.serve.cli import build_engine
+
+    return LiveServer(functools.partial(build_engine, EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",),
+                      engine_process=True, **settings)
+
+
+@pytest.fixture(scope="module")
+def server(micro_dir):
+    s = _server(micro_dir)
+    yield s
+    s.close()
+
+
+def test_the_engine_runs_in_another_process(server):
+    pid = server.engine(engine_pid)
+    assert pid != os.getpid() and pid == server.engine_thread._process.pid
+
+
+def test_engine_refusals_cross_the_pipe_as_the_errors_the_thread_raises(server):
+    """The HTTP side checks most of what add_request does; called directly, the engine's own
+    refusal must come back as the InvalidRequestError (a 400 naming the field) it raised."""
+    import asyncio
+
+    from adaspec import SamplingParams
+    from adaspec.errors import InvalidRequestError
+
+    async def add():
+        return await server.engine_thread.add("direct-1", [10, 99999], SamplingParams(max_tokens=2),
+                                              time.monotonic(), 2)
+
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary") as e:
+        asyncio.run(add())
+    assert e.value.param == "prompt"
+    assert server.engine(request_counts) == (0, 0, False) and server.engine_thread.waiting_estimate() == 0
+
+
+def test_metrics_come_from_the_engine_process(server):
+    r = httpx.post(server.url + "/v1/completions", json={"model": "micro", "prompt": "def f(x):", "max_tokens": 5,
+                                                         "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200
+    text = httpx.get(server.url + "/metrics").text
+    generated = [float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("adaspec:generation_tokens_total{")]
+    assert generated and generated[0] >= 5
+    assert 'adaspec:request_success_total{finished_reason="length",model_name="micro"}' in text
+
+
+def test_a_killed_engine_process_fails_open_requests_and_ends_the_server(micro_dir):
+    s = _server(micro_dir)
+    died = []
+    on_death = s.engine_thread.on_death  # the server's: exit non-zero
+    s.engine_thread.on_death = lambda e: (died.append(e), on_death(e))
+    try:
+        thread, result, first = stream_in_thread(s.url + "/v1/completions",
+                                                 {"model": "micro", "prompt": "x", "max_tokens": 200, "ignore_eos": True})
+        assert first.wait(60)
+        os.kill(s.engine_thread._process.pid, signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive()
+        # the stream ends with an error event (its headers were sent), not a hang
+        assert any('"engine_error"' in c for c in result["chunks"]), result
+        deadline = time.monotonic() + 10
+        while not died and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert died and "exit code -9" in str(died[0])
+        # the server exits non-zero (uvicorn may already have closed its socket)
+        assert not s.engine_thread.alive and s.server.exit_code == 1 and s.server.should_exit
+    finally:
+        s.close()
+
+
+def test_a_load_error_in_the_engine_process_is_raised_by_start(tmp_path):
+    from adaspec.config import EngineConfig
+    from adaspec.serve.cli import build_engine
+    from adaspec.serve.engine_process import EngineProcess
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(Exception, match="no-such-model"):
+        EngineProcess(functools.partial(build_engine, EngineConfig(model=str(missing), device="cpu"))).start()
+
+
+def test_stop_ends_the_process_and_fails_what_waits(micro_dir):
+    s = _server(micro_dir)
+    proc = s.engine_thread._process
+    s.close()
+    assert not proc.is_alive() and proc.exitcode == 0
