@@ -274,6 +274,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None or seq.finished:
             return
+        self.stop_checker.finish_text(seq)  # before the finish reason: a final-only output has no text yet
         seq.finish_reason = "abort"
         self._finish(seq)
         self._aborted.append(seq)

@@ -61,3 +61,38 @@ def test_final_only_reports_a_request_once_and_generate_is_unchanged():
             if out.request_id == "f":
                 assert out.finished and out.outputs[0].token_ids == want
     assert reported["f"] == 1 and reported["c"] > 1
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "dspark", "num_speculative_tokens": 3}])
+def test_final_only_text_is_decoded_once_at_the_end_and_equals_the_streamed_text(spec):
+    """A final-only request without stop strings is not detokenized token by token (its text is
+    read only when it ends): no incremental decoder, empty text while it runs, and at the end the
+    text a cumulative request gets. An abort still reports the text made so far."""
+    from adaspec import RequestOutputKind
+
+    llm = LLM("tiny", speculative_config=spec)
+    eng, tok = llm.llm_engine, llm.get_tokenizer()
+    final = RequestOutputKind.FINAL_ONLY
+    kw = dict(temperature=1.0, max_tokens=30, ignore_eos=True, seed=3)
+    eng.add_request("f", "def fib(n):", SamplingParams(**kw, output_kind=final))
+    eng.add_request("c", "def fib(n):", SamplingParams(**kw))
+    eng.add_request("s", "def fib(n):", SamplingParams(**kw, output_kind=final, stop=["never-seen"]))
+    eng.add_request("a", "import os", SamplingParams(**kw, output_kind=final))
+    outs = {}
+    steps = 0
+    while eng.has_unfinished_requests():
+        steps += 1
+        f = eng.requests.get("f")
+        if f is not None and f.finish_reason is None:
+            assert f.text_stream is None and f.output_text == ""
+        if steps == 3:
+            a = eng.requests["a"]
+            assert a.output_token_ids and a.output_text == ""
+            eng.abort_request("a")
+            want_abort = tok.decode(a.output_token_ids)
+        for out in eng.step():
+            if out.finished:
+                outs[out.request_id] = out.outputs[0]
+    assert outs["f"].token_ids == outs["c"].token_ids == outs["s"].token_ids
+    assert outs["f"].text == outs["c"].text == outs["s"].text == tok.decode(outs["f"].token_ids) != ""
+    assert outs["a"].finish_reason == "abort" and outs["a"].text == want_abort != ""
