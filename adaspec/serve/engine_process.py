@@ -23,12 +23,14 @@ request with a 500 and calls on_death: the server exits non-zero, as with the th
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import itertools
 import logging
 import multiprocessing
 import signal
 import threading
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -155,6 +157,9 @@ def _engine_main(factory: Callable[[], Any], conn) -> None:
                 cmds.append(conn.recv())
             for cmd in cmds:
                 if cmd[0] == "stop":
+                    shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
+                    if shutdown is not None:
+                        shutdown()
                     return
                 _handle(engine, cmd, acks, conn)
             records = outbox.records(engine.step()) if engine.has_unfinished_requests() else []
@@ -224,14 +229,18 @@ class EngineProcess:
         self._stopping = False
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=True)
+        # not a daemon: the engine may start processes of its own (tensor-parallel workers), which a
+        # daemonic process may not. It ends when the pipe closes (this process gone) or on stop(),
+        # which an exit handler calls if nobody did (multiprocessing would otherwise wait for it)
         self._process = ctx.Process(target=_engine_main, args=(engine_factory, child_conn),
-                                    name="adaspec-engine", daemon=True)
+                                    name="adaspec-engine", daemon=False)
         self._child_conn = child_conn
         self._reader = threading.Thread(target=self._read, name="adaspec-engine-reader", daemon=True)
 
     # ------------------------------------------------------------------ any thread
     def start(self) -> "EngineProcess":
         self._process.start()
+        atexit.register(_stop_at_exit, weakref.ref(self))
         self._child_conn.close()  # ours would keep the pipe open after the child dies: no EOF
         if not self._conn.poll(self.start_timeout):
             self._process.kill()
@@ -404,6 +413,12 @@ class EngineProcess:
             metrics.update_engine(snapshot)
         for loop, items in batches.items():
             _deliver(loop, items)
+
+
+def _stop_at_exit(ref) -> None:
+    engine_process = ref()
+    if engine_process is not None and engine_process._process.is_alive():
+        engine_process.stop(timeout=10.0)
 
 
 def _ack_item(refusal: tuple | None):

@@ -112,3 +112,24 @@ def test_stop_ends_the_process_and_fails_what_waits(micro_dir):
     proc = s.engine_thread._process
     s.close()
     assert not proc.is_alive() and proc.exitcode == 0
+
+
+def test_tensor_parallel_engine_in_its_own_process(micro_dir):
+    """The engine process may start processes of its own (tensor-parallel workers, gloo on CPU):
+    greedy text equals one process's, and stop() ends the workers with it."""
+    from adaspec import LLM, SamplingParams
+    from adaspec.config import EngineConfig
+    from adaspec.serve.cli import build_engine
+
+    want = LLM(micro_dir, **ENGINE_ARGS).generate(["x"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
+    s = LiveServer(functools.partial(build_engine, EngineConfig(model=micro_dir, tensor_parallel_size=2, **ENGINE_ARGS)),
+                   names=("micro",), engine_process=True)
+    proc = s.engine_thread._process
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"model": "micro", "prompt": "x", "max_tokens": 8,
+                                                         "temperature": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+    finally:
+        t0 = time.monotonic()
+        s.close()
+    assert proc.exitcode == 0 and time.monotonic() - t0 < 20
