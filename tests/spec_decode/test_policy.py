@@ -71,15 +71,25 @@ def test_allocation_admits_top_budget_as_prefixes(conf, budget):
 @FAST
 @given(conf_matrix(max_r=8, max_k=7), st.integers(0, 60), st.booleans())
 def test_numpy_and_torch_allocation_agree(conf, budget, as_tensor):
+    """Same survivals, same allocation. The device computes them in float32, so the host's
+    reference sorts the same float32 values: survivals 1e-9 apart in float64 tie in float32 and
+    then go by index (both orders admit a prefix per request, as losslessness needs)."""
     a = survival(conf)
     at = survival_torch(torch.tensor(conf))
     assert np.allclose(at.numpy(), a)
+    a = at.numpy().astype(np.float64)
     b = torch.tensor(budget) if as_tensor else budget
     assert allocate_torch(at, b).tolist() == allocate(a, budget).tolist()
     limits = np.random.default_rng(budget).integers(0, conf.shape[1] + 1, conf.shape[0])
     la = allocate(a, budget, limits)
     assert (la <= limits).all()
     assert allocate_torch(at, b, torch.tensor(limits)).tolist() == la.tolist()
+
+
+def test_allocation_agrees_at_a_float32_tie():
+    conf = np.array([[0.5], [0.5 + 1e-9]])  # distinct in float64, equal in float32
+    at = survival_torch(torch.tensor(conf))
+    assert allocate_torch(at, 1).tolist() == allocate(at.numpy().astype(np.float64), 1).tolist() == [1, 0]
 
 
 @FAST
