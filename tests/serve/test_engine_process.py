@@ -87,7 +87,7 @@ def test_a_killed_engine_process_fails_open_requests_and_ends_the_server(micro_d
         assert not thread.is_alive()
         # the stream ends with an error event (its headers were sent), not a hang
         assert any('"engine_error"' in c for c in result["chunks"]), result
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bound on a hang only
         while not died and time.monotonic() < deadline:
             time.sleep(0.01)
         assert died and "exit code -9" in str(died[0])
@@ -130,6 +130,6 @@ def test_tensor_parallel_engine_in_its_own_process(micro_dir):
                                                          "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
     finally:
-        t0 = time.monotonic()
         s.close()
-    assert proc.exitcode == 0 and time.monotonic() - t0 < 20
+    # 0: it returned after stopping its workers (without that it outlives stop()'s wait and is killed)
+    assert proc.exitcode == 0
