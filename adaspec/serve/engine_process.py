@@ -28,6 +28,7 @@ import gc
 import itertools
 import logging
 import multiprocessing
+import pickle
 import signal
 import threading
 import weakref
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from adaspec.errors import InvalidRequestError
+from adaspec.errors import ConfigError, InvalidRequestError
 from adaspec.serve.engine_thread import ACCEPTED, Chunk, _put_all, _Route, accepted
 from adaspec.serve.errors import APIError, QueueFullError
 
@@ -122,8 +123,6 @@ class _Outbox:
 
 
 def _picklable_error(e: BaseException) -> BaseException:
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(e))
         return e
@@ -239,7 +238,11 @@ class EngineProcess:
 
     # ------------------------------------------------------------------ any thread
     def start(self) -> "EngineProcess":
-        self._process.start()
+        try:
+            self._process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # what spawn raises for a lambda or closure
+            raise ConfigError(f"the engine process needs a picklable engine factory (a module-level function, or "
+                              f"functools.partial of one), got {self._factory!r}: {e}") from None
         atexit.register(_stop_at_exit, weakref.ref(self))
         self._child_conn.close()  # ours would keep the pipe open after the child dies: no EOF
         if not self._conn.poll(self.start_timeout):

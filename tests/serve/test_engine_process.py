@@ -133,3 +133,11 @@ def test_tensor_parallel_engine_in_its_own_process(micro_dir):
         s.close()
     # 0: it returned after stopping its workers (without that it outlives stop()'s wait and is killed)
     assert proc.exitcode == 0
+
+
+def test_an_unpicklable_factory_is_a_clear_error():
+    from adaspec.errors import ConfigError
+    from adaspec.serve.engine_process import EngineProcess
+
+    with pytest.raises(ConfigError, match="picklable engine factory"):
+        EngineProcess(lambda: None).start()
