@@ -255,12 +255,6 @@ class GraphedSpecStep:
         q = next((x for x in self.levels if (x > 1 or not drafting) and b * x >= max_tokens), None)
         return None if q is None else (b, q)
 
-    def run(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
-            drafting: bool, budget: int | None) -> np.ndarray:
-        """launch, then read_back: the step's replays and its one device-to-host sync."""
-        self.launch(key, last_tok, start, slots, seeds, temperature, block_tables, drafting, budget)
-        return self.read_back()
-
     @torch.inference_mode()
     def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
                drafting: bool, budget: int | None) -> None:
