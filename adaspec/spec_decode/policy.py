@@ -181,10 +181,18 @@ class AdaptiveBudget:
               ab.observe(ids, conf_now copied to host asynchronously); ab.forget(id) when done.
     """
 
-    def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None):
+    def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None,
+                 unknown: str = "one"):
         if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
             raise ValueError("ema_alpha must be in (0, 1] or None")
+        if unknown not in ("one", "population"):
+            raise ValueError(f"unknown must be 'one' or 'population', got {unknown!r}")
         self.cost, self.k, self.ema_alpha, self.max_budget = cost, int(k), ema_alpha, max_budget
+        # what a request never observed counts as: 1.0 per slot ("one", vLLM's optimism), or the
+        # average of the confidences observed so far ("population": steps that do not draft leave
+        # new requests unobserved for a while, and 1.0 would overrate drafting for all of them)
+        self.unknown = unknown
+        self.population: np.ndarray | None = None  # running average of observed confidences [K]
         # last confidences live in one array (row per request) so a step is a few numpy ops
         self._row: dict[Hashable, int] = {}
         self._conf = np.ones((64, self.k))
@@ -215,11 +223,13 @@ class AdaptiveBudget:
         return rows
 
     def old_confidences(self, request_ids: Sequence[Hashable]) -> np.ndarray:
-        """[R, K] stored confidences; unknown requests (and never-set entries) count as 1.0."""
+        """[R, K] stored confidences; unknown requests (and never-set entries) count as 1.0, or
+        as the population average (unknown="population") once there is one."""
         rows = self._rows(request_ids, create=False)
         out = self._conf[np.maximum(rows, 0)]
-        out[rows < 0] = 1.0
-        return np.nan_to_num(out, nan=1.0)
+        prior = self.population if self.unknown == "population" and self.population is not None else 1.0
+        out[rows < 0] = prior
+        return np.where(np.isnan(out), prior, out)
 
     def budget(self, request_ids: Sequence[Hashable], n_sampling: int, base_tokens: int,
                num_requests: int | None = None, limits: np.ndarray | None = None) -> int:
@@ -242,6 +252,9 @@ class AdaptiveBudget:
         conf = np.asarray(conf, dtype=np.float64)
         new = np.ones((conf.shape[0], self.k))
         new[:, : min(self.k, conf.shape[1])] = conf[:, : self.k]
+        if len(new):  # from this step's confidences only (before the per-request EMA)
+            mean = new.mean(axis=0)
+            self.population = mean if self.population is None else 0.2 * mean + 0.8 * self.population
         rows = self._rows(request_ids, create=True)
         old = self._conf[rows]
         if self.ema_alpha is not None:
@@ -276,12 +289,18 @@ class AdaptivePolicy:
     """Besides the budget, decides whether drafting pays at all this step (beyond vLLM, whose
     budget can only drop to B = 0 after the drafts were paid for): the best expected rate with
     drafting, (n_sampling + sum of the B best OLD survivals) / (draft_ms(R) + verify_ms(T + B)),
-    against a plain step's n_sampling / verify_ms(T). Old confidences only, so the choice never
-    depends on a current draft (lossless). Every `probe_every`-th skipped step drafts anyway, to
-    refresh confidences that would otherwise stay as old as the last drafted step."""
+    against a plain step's n_sampling / verify_ms(T), each divided by what that kind of step has
+    really cost against its tables (step_costs.MeasuredStepCosts, when given). Old confidences
+    and past steps' times only, so the choice never depends on a current draft (lossless). Every
+    `probe_every`-th step without drafts drafts anyway, to refresh confidences (and the drafted
+    steps' measured cost) that would otherwise stay as old as the last drafted step.
+
+    Step timing (step_costs.py): the engine calls step_started() at the start of every step; a
+    step this policy planned (plan, step_budget, a skip in should_draft, plan_plain) is measured
+    from its start to the next step's start."""
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
-                 overhead=None):
+                 overhead=None, step_costs=None):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
@@ -289,14 +308,48 @@ class AdaptivePolicy:
         self.overhead = overhead if overhead is not None else StepOverhead(0.0)
         self.tables = cost_model  # what the tables say, to measure the overhead against
         self.cost = OverheadCost(cost_model, self.overhead)
-        self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha)
+        self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
+        self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
+                                     unknown="population" if step_costs is not None else "one")
         self.probe_every = probe_every
         self.skipped_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
         self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
+        self._probe_next = False  # next_step_drafts announced a probe: the next should_draft drafts
+        self._started: float | None = None  # when the running step started (step_started)
+        self._open: tuple[str, int, float, float] | None = None  # (kind, requests, priced ms, start) being timed
 
-    def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None) -> None:
+    def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None) -> float:
+        """What the tables say a step of this shape costs (drafting when budget is not None)."""
+        ms = float(np.ravel(step_verify_ms(self.tables, num_requests, base_tokens + (budget or 0)))[0])
+        return ms + (float(self.tables.draft_ms(num_requests)) if budget is not None else 0.0)
+
+    def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True) -> None:
         self._planned = (num_requests, base_tokens, budget)
+        if self.step_costs is not None and timed and self._started is not None:
+            from adaspec.spec_decode.step_costs import DRAFT, PLAIN
+
+            self._open = (DRAFT if budget is not None else PLAIN, num_requests,
+                          self._priced_ms(num_requests, base_tokens, budget), self._started)
+
+    def step_started(self, now_s: float, measure_previous: bool = True) -> None:
+        """A step starts at now_s (seconds, any monotonic clock): the step planned before it ends
+        here. measure_previous=False drops it (the engine waited for it inside this step, e.g. to
+        read back a step in flight before drafting: its interval would miss that wait)."""
+        if self._open is not None and measure_previous and self.step_costs is not None:
+            kind, r, priced, t0 = self._open
+            self.step_costs.observe(kind, r, 1e3 * (now_s - t0), priced)
+        self._open = None
+        self._started = now_s
+
+    def idle(self) -> None:
+        """No step ran (nothing scheduled): the next interval is not a step's."""
+        self._open, self._started = None, None
+
+    def plan_plain(self, num_requests: int, base_tokens: int, timed: bool = True) -> None:
+        """The engine runs a step without drafts on its own (asynchronously). timed=False: do not
+        measure it (the first of a run: its GPU time is waited for in the next step)."""
+        self._plan_step(num_requests, base_tokens, None, timed)
 
     def observe_step(self, wall_ms: float) -> None:
         """The step this policy planned took wall_ms (host and GPU, all of it): update the
@@ -304,30 +357,63 @@ class AdaptivePolicy:
         planned, self._planned = self._planned, None
         if planned is None or not self.overhead.measured:  # a fixed overhead: nothing to price here
             return
-        r, base, b = planned
-        predicted = float(np.ravel(step_verify_ms(self.tables, r, base + (b or 0)))[0])
-        if b is not None:
-            predicted += float(self.tables.draft_ms(r))
-        self.overhead.observe(wall_ms, predicted)
+        self.overhead.observe(wall_ms, self._priced_ms(*planned))
 
-    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
-        self._budget_now = None
+    def _scale(self, kind: str, num_requests: int) -> float:
+        return self.step_costs.scale(kind, num_requests) if self.step_costs is not None else 1.0
+
+    def _draft_pays(self, request_ids, n_sampling, base_tokens, limits) -> tuple[bool, int]:
+        """(drafting beats a plain step, B* if it drafts), from old survivals and past costs."""
+        from adaspec.spec_decode.step_costs import DRAFT, PLAIN
+
+        r = len(request_ids)
+        a = survival(self.budget.old_confidences(request_ids))
+        a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
+        objective = budget_objective(a, n_sampling, base_tokens, r, self.cost)
+        # the same objective choose_budget maximizes (same old survivals, limits, step shape):
+        # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
+        b = int(np.argmax(objective))
+        with_drafts = float(objective[b]) / self._scale(DRAFT, r)
+        plain_ms = float(np.ravel(step_verify_ms(self.cost, r, base_tokens))[0]) * self._scale(PLAIN, r)
+        return with_drafts > n_sampling / max(plain_ms, 1e-12), b
+
+    def _probe_due(self) -> bool:
+        if self._probe_next:  # next_step_drafts announced a probe for this step
+            self._probe_next = False
+            return True
         if self.skipped_in_a_row + 1 >= self.probe_every:
             self.skipped_in_a_row = 0
             return True
-        a = survival(self.budget.old_confidences(request_ids))
-        a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
-        objective = budget_objective(a, n_sampling, base_tokens, len(request_ids), self.cost)
-        # the same objective choose_budget maximizes (same old survivals, limits, step shape):
-        # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
-        self._budget_now = int(np.argmax(objective))
-        with_drafts = float(objective[self._budget_now])
-        plain = n_sampling / max(float(np.ravel(step_verify_ms(self.cost, len(request_ids), base_tokens))[0]), 1e-12)
-        if with_drafts > plain:
+        return False
+
+    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+        """Whether the step about to run drafts (when not, it is planned as a plain step)."""
+        self._budget_now = None
+        if self._probe_due():
+            return True
+        pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
+        if pays:
+            self._budget_now = b
             self.skipped_in_a_row = 0
             return True
         self.skipped_in_a_row += 1
         self._plan_step(len(request_ids), base_tokens, None)
+        return False
+
+    def next_step_drafts(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+        """After a plain step the engine ran on its own: whether the next step should draft,
+        judged on this step's requests (limits: the draft slots each would have). A False counts
+        as a skipped step toward the next probe."""
+        if self._probe_due():
+            self._probe_next = True  # should_draft must then draft, whatever the survivals say
+            return True
+        if not len(request_ids):
+            return False
+        pays, _ = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
+        if pays:
+            self.skipped_in_a_row = 0
+            return True
+        self.skipped_in_a_row += 1
         return False
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
