@@ -99,7 +99,15 @@ def run_point(llm, prompts, params):
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
         policy_overhead_ms=policy_overhead_ms(eng),
+        policy_step_costs=policy_step_costs(eng),
     )
+
+
+def policy_step_costs(eng) -> dict | None:
+    """The adaptive policy's measured wall / priced ratios per step kind and batch-size bucket at
+    the end of a point (spec_decode/step_costs.py); None where it does not measure them."""
+    costs = getattr(getattr(getattr(eng, "spec", None), "policy", None), "step_costs", None)
+    return None if costs is None else costs.snapshot()
 
 
 def policy_overhead_ms(eng) -> float | None:

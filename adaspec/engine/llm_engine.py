@@ -154,21 +154,30 @@ class LLMEngine:
         self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
+        self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
 
     def _resolve_async_scheduling(self, asked: bool | None) -> bool:
-        """None ("auto"): on with CUDA, without speculation and at tensor_parallel_size 1. Under
-        tensor parallelism it works when asked for (the previous step's sampled tokens reach the
-        workers in the mirrored call's device broadcast; CPU-tested with gloo), but is not the
-        default until it has been measured on GPUs. True with speculation is an error."""
+        """None ("auto"): on with CUDA at tensor_parallel_size 1, without speculation or with
+        adaptive speculation (whose steps that do not draft then run as async plain steps; the
+        drafting ones read their accepted tokens back before the next step, as always). Under
+        tensor parallelism it works when asked for without speculation (the previous step's
+        sampled tokens reach the workers in the mirrored call's device broadcast; CPU-tested with
+        gloo), but is not the default until it has been measured on GPUs. True with fixed-k
+        speculation (every step drafts) is an error."""
         why_not = None
-        if self.spec is not None:
-            why_not = "speculative decoding (its steps read the accepted tokens back before the next one)"
+        if self.spec is not None and not self.spec.cfg.enable_adaptive_verification:
+            why_not = "fixed-k speculative decoding (every step drafts and reads its accepted tokens back)"
+        elif self.spec is not None and self.tp is not None:
+            why_not = "speculative decoding under tensor parallelism"
         if asked is None:
-            return why_not is None and self.device.type == "cuda" and self.tp is None
+            # with speculation under cudagraph_mode FULL_DECODE_ONLY no graph serves a plain step
+            # of many requests (the speculative step's own graphs serve drafting steps only)
+            plain_graphed = self.spec is None or not self.use_cuda_graphs or self.runner.graphs is not None
+            return why_not is None and self.device.type == "cuda" and self.tp is None and plain_graphed
         if asked and why_not:
             raise ConfigError(f"async_scheduling cannot be combined with {why_not}; leave it unset (auto) or "
                               "set it to False")
@@ -303,6 +312,8 @@ class LLMEngine:
             for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded))):
                 seq.seed = seed
             self._unseeded = []
+        if self.spec is not None and self.async_scheduling:
+            return outputs + self._adaptive_async_step()
         scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
         if self.async_scheduling:
@@ -312,11 +323,54 @@ class LLMEngine:
         self._count_step(scheduled)
         if self.spec is None:  # the async step's launch and read back, with nothing in between
             return outputs + self._resolve(self._launch_plain_step(scheduled))
+        return outputs + self._spec_step(scheduled)
+
+    def _spec_step(self, scheduled: list[ScheduledSeq]) -> list[RequestOutput]:
         # each part of the step hands its rows' tokens over as soon as they are read back (in a
         # mixed step the graphed rows come first, while the GPU still runs the prefill chunks)
         by_row: dict[int, RequestOutput] = {}
         self.spec.step(scheduled, lambda indices, results: self._take_spec_tokens(scheduled, indices, results, by_row))
-        return outputs + [by_row[i] for i in sorted(by_row)]  # in scheduling order, as a one-part step gives them
+        return [by_row[i] for i in sorted(by_row)]  # in scheduling order, as a one-part step gives them
+
+    def _adaptive_async_step(self) -> list[RequestOutput]:
+        """Adaptive speculation under async scheduling. A step the policy expects drafting to pay
+        for runs as a speculative step (synchronous: its drafts start from tokens on the host, so
+        a plain step still in flight is read back first); one it does not, as the plain engine's
+        async step (launched before the previous one is read back, no draft slots reserved, the
+        drafter's context written on the device). After each step the policy judges the next
+        from this one's requests (SpeculativeDecoder.next_step_drafts); it times both kinds."""
+        policy = self.spec.policy
+        outputs: list[RequestOutput] = []
+        if self._draft_next and self._in_flight is not None:
+            outputs = self._resolve(self._in_flight)
+            self._in_flight = None
+            policy.step_started(time.perf_counter(), measure_previous=False)  # this step waited for it
+        else:
+            policy.step_started(time.perf_counter())
+        scheduled = self.scheduler.schedule(drafts=self._draft_next)
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        if self._draft_next:
+            if scheduled:
+                self._count_step(scheduled)
+                outputs += self._spec_step(scheduled)
+        else:
+            launched = None
+            if scheduled:
+                self._count_step(scheduled)
+                # the first of a run is not timed: the next step waits for its GPU work
+                policy.plan_plain(len(scheduled), sum(s.num_tokens for s in scheduled),
+                                  timed=self._in_flight is not None)
+                launched = self._launch_plain_step(scheduled)
+                self.stats.num_steps_draft_skipped += 1
+            previous, self._in_flight = self._in_flight, launched
+            if previous is not None:
+                outputs += self._resolve(previous)
+        if not scheduled:
+            policy.idle()
+            self._draft_next = True
+        else:
+            self._draft_next = self.spec.next_step_drafts(scheduled)
+        return outputs
 
     def _take_spec_tokens(self, scheduled: list[ScheduledSeq], indices: list[int], results: list,
                           by_row: dict[int, RequestOutput]) -> None:
@@ -374,7 +428,10 @@ class LLMEngine:
             items.append(ForwardItem(ids, nc, seq.block_table, int(s.samples), prev_row))
         # only when an item reads it: under tensor parallelism it is broadcast to the workers
         needs_prev = any(it.prev_row >= 0 for it in items)
-        res = self.runner.execute(items, prev_tokens=prev.tokens if needs_prev else None)
+        capture = self.spec.capture_layers if self.spec is not None else None
+        res = self.runner.execute(items, capture, prev_tokens=prev.tokens if needs_prev else None)
+        if self.spec is not None:  # a step of adaptive speculation that does not draft
+            self.spec.write_context(scheduled, [s.num_tokens for s in scheduled], res)
         t1 = time.perf_counter()
         chosen = self._sample_on_device(res.logits, sampling) if sampling else \
             torch.zeros(0, dtype=torch.int64, device=res.logits.device)

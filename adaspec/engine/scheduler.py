@@ -65,7 +65,8 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _spec_slots(self, seq: Sequence) -> int:
+    def spec_slots_for(self, seq: Sequence) -> int:
+        """Draft slots a request would get if it were scheduled now."""
         if not self.num_spec_tokens or not seq.is_decoding:
             return 0
         p = seq.params
@@ -101,9 +102,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(self, drafts: bool = True) -> list[ScheduledSeq]:
+        """drafts=False: a step the engine runs without drafting (adaptive speculation under async
+        scheduling) reserves no draft slots, so its prefill chunks get the whole budget."""
         budget = self.max_num_batched_tokens
-        if self.reserve_all_spec_slots and self.num_spec_tokens:
+        if self.reserve_all_spec_slots and self.num_spec_tokens and drafts:
             budget = max(1, budget - self.max_num_seqs * self.num_spec_tokens)
         out: list[ScheduledSeq] = []
         i = 0
@@ -112,7 +115,7 @@ class Scheduler:
             if self._ends_by_length(seq):  # async scheduling: its last token, in flight, ends it
                 i += 1
                 continue
-            spec = self._spec_slots(seq)
+            spec = self.spec_slots_for(seq) if drafts else 0
             n = min(self._prefill_left(seq), budget)
             if seq.is_decoding:
                 spec = min(spec, budget - n)  # never exceed the step's token budget

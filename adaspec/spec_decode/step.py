@@ -116,10 +116,22 @@ class SpeculativeDecoder:
             from adaspec.spec_decode.graphed_step import GraphPaddedCost
 
             step_cost = GraphPaddedCost(self.cost_model, self.graphed)
+        from adaspec.spec_decode.step_costs import MeasuredStepCosts
         from adaspec.spec_decode.step_overhead import StepOverhead
 
         return AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha,
-                              overhead=StepOverhead(self.cfg.adaptive_verification_step_overhead_ms))
+                              overhead=StepOverhead(self.cfg.adaptive_verification_step_overhead_ms),
+                              step_costs=MeasuredStepCosts() if self.measures_step_costs() else None)
+
+    def measures_step_costs(self) -> bool:
+        """adaptive_verification_step_costs: "measured", "tables", or None: measured where the
+        tables time CUDA-graph replays (they then miss the host's share of a step and the
+        difference async scheduling makes to a plain step); on CPU a step is its host work,
+        which the tables time."""
+        mode = self.cfg.adaptive_verification_step_costs
+        if mode is None:
+            return bool(self.engine.use_cuda_graphs)
+        return mode == "measured"
 
     def use_graphs(self, graphed) -> None:
         """Run decode steps through `graphed` (a captured GraphedSpecStep; CPU tests pass one
@@ -367,18 +379,27 @@ class SpeculativeDecoder:
     def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:
         """Move num_computed_tokens, give back rejected blocks, write the drafter's context."""
         eng = self.engine
+        n_valid = [1 + int(accepted[i]) if i in drafted_set else s.num_tokens for i, s in enumerate(scheduled)]
+        self.write_context(scheduled, n_valid, res)
+        for i, s in enumerate(scheduled):
+            s.seq.num_computed_tokens += n_valid[i]
+            if i in drafted_set:
+                eng.block_manager.shrink(s.seq, s.seq.num_computed_tokens + 1)
+
+    def write_context(self, scheduled: list[ScheduledSeq], n_valid: list[int], res) -> None:
+        """The drafter's context K/V for the first n_valid[i] query rows of each row of a forward
+        `res` that captured the drafter's target layers, at positions from num_computed_tokens on
+        (called before they move). Device work only: a plain step under async scheduling calls
+        it for its rows too, whose input tokens may still be on the device."""
+        eng = self.engine
         bs = eng.config.block_size
         rows, positions, slots = [], [], []
-        for i, (s, it) in enumerate(zip(scheduled, items)):
-            seq, nc = s.seq, s.seq.num_computed_tokens
-            n_valid = 1 + int(accepted[i]) if i in drafted_set else s.num_tokens
-            seq.num_computed_tokens = nc + n_valid
-            if i in drafted_set:
-                eng.block_manager.shrink(seq, seq.num_computed_tokens + 1)
+        for i, s in enumerate(scheduled):
+            nc = s.seq.num_computed_tokens
             start = int(res.query_start[i])
-            pos = np.arange(nc, nc + n_valid)
-            bt = np.asarray(seq.block_table)
-            rows.append(np.arange(start, start + n_valid))
+            pos = np.arange(nc, nc + n_valid[i])
+            bt = np.asarray(s.seq.block_table)
+            rows.append(np.arange(start, start + n_valid[i]))
             positions.append(pos)
             slots.append(bt[pos // bs] * bs + pos % bs)
         rows_t = to_device(np.concatenate(rows), eng.device)
@@ -387,3 +408,16 @@ class SpeculativeDecoder:
             feats, to_device(np.concatenate(positions), eng.device), to_device(np.concatenate(slots), eng.device),
             self.kv_caches,
         )
+
+    def next_step_drafts(self, scheduled: list[ScheduledSeq]) -> bool:
+        """After a step: whether the next one should draft (adaptive under async scheduling, which
+        runs the steps that do not as plain async steps): the next step is taken to look like this
+        one (as many tokens), with drafts for the requests that will decode next (its sampling rows).
+        Called after the step moved the requests on."""
+        sched = self.engine.scheduler
+        seqs = [s.seq for s in scheduled if not s.seq.finished and s.seq.is_decoding]
+        limits = np.array([sched.spec_slots_for(q) for q in seqs], dtype=np.int64)
+        keep = limits > 0
+        ids = [q.request_id for q, k in zip(seqs, keep) if k]
+        return self.policy.next_step_drafts(ids, len(seqs), max(len(seqs), sum(s.num_tokens for s in scheduled)),
+                                            limits[keep])

@@ -1,0 +1,161 @@
+"""Adaptive speculation under async scheduling: steps the policy expects drafting not to pay for
+run as the plain engine's async steps (no draft slots, the drafter's context written on the
+device), the others as synchronous speculative steps. Whatever the sequence of the two kinds,
+greedy outputs are the target's, and the drafter sees the same context as when every step is
+synchronous."""
+import random
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.engine.async_step import PENDING
+from adaspec.errors import ConfigError
+from adaspec.sampling_params import RequestOutputKind
+from adaspec.testing import make_bigram_drafter_dir, make_micro_drafter_dir, make_micro_model_dir
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adaptive_async")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=7))
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(1, 50, (n,), generator=g).tolist()]
+
+
+def _params(n):
+    """Greedy rows: stop tokens that end some requests while a plain step is in flight, logprobs
+    on some (their rows take the eager part of a speculative step), both output kinds."""
+    return [SamplingParams(temperature=0, max_tokens=8 + (7 * i) % 23, ignore_eos=True,
+                           stop_token_ids=[7, 11, 19] if i % 3 else [], logprobs=2 if i % 4 == 1 else None,
+                           output_kind=RequestOutputKind.FINAL_ONLY if i % 5 == 4 else RequestOutputKind.CUMULATIVE)
+            for i in range(n)]
+
+
+def _llm(pair, tmp_path, async_scheduling, k=7, **kw):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path)}
+    return LLM(pair[0], speculative_config=cfg, async_scheduling=async_scheduling, **kw)
+
+
+def _script(llm, drafts_at, async_mode: bool):
+    """Make step n (1-based, as stats.num_steps counts them) draft iff drafts_at(n)."""
+    eng = llm.llm_engine
+    policy = eng.spec.policy
+    if async_mode:  # decided after each step for the next; a drafting step then drafts
+        policy.next_step_drafts = lambda *a: drafts_at(eng.stats.num_steps + 1)
+        policy.should_draft = lambda *a: True
+    else:  # the synchronous engine decides inside the step (counted before it runs)
+        policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
+    eng._draft_next = drafts_at(1)
+
+
+def _same(want, got):
+    for w, g in zip(want, got, strict=True):
+        assert PENDING not in g.token_ids
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
+                                                                          w.stop_reason)
+        assert (g.logprobs is None) == (w.logprobs is None)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(max_num_seqs=8, max_num_batched_tokens=40, block_size=4),  # chunked prefill, waves of admissions
+    dict(max_num_seqs=16, max_num_batched_tokens=64, block_size=4, num_kv_blocks=70, max_model_len=128),  # preemption
+], ids=["chunked", "preempting"])
+@pytest.mark.parametrize("pattern", ["random", "plain_runs"])
+def test_greedy_outputs_are_the_targets_whatever_the_mix_of_steps(pair, tmp_path, kw, pattern):
+    prompts, params = _prompts(20), _params(20)
+    want = [o.outputs[0] for o in LLM(pair[0], **kw).generate(prompts, params)]
+    llm = _llm(pair, tmp_path, True, **kw)
+    rng = random.Random(1)
+    # random: switches nearly every step; plain_runs: 6 plain steps then 2 drafting ones
+    drafts_at = (lambda n: rng.random() < 0.5) if pattern == "random" else (lambda n: n % 8 >= 6)
+    _script(llm, drafts_at, async_mode=True)
+    got = [o.outputs[0] for o in llm.generate(prompts, params)]
+    _same(want, got)
+    eng, st = llm.llm_engine, llm.llm_engine.stats
+    assert eng.async_scheduling and eng.num_result_waits > 0  # plain steps ran asynchronously
+    assert st.num_steps_draft_skipped > 0 and st.num_draft_tokens > 0  # both kinds of step ran
+    assert eng.kv_blocks_free() == eng.kv_blocks_total() and not eng.has_unfinished_requests()
+    # a plain row of a request that stopped in the step before is computed and thrown away
+    assert st.num_generated_tokens == (st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
+                                       - st.num_discarded_rows)
+    if "num_kv_blocks" in kw:
+        assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
+
+
+def test_plain_async_steps_write_the_drafters_context(pair, tmp_path):
+    """The same steps draft in a synchronous engine (skipped steps through the speculative step's
+    own path) and in the async one (skipped steps as plain async steps), with a drafter that
+    attends to its context: every proposal (drafts and confidences) is the same only if the plain
+    async steps wrote the drafter's context as the others do."""
+    drafter = make_micro_drafter_dir(tmp_path / "ctx_drafter", pair[0], block_size=4, seed=2, init_std=0.3)
+    prompts = _prompts(6, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    drafts_at = lambda n: n % 5 == 0  # noqa: E731  four plain steps, then one that drafts
+    runs = []
+    for async_mode in (False, True):
+        llm = _llm((pair[0], str(drafter)), tmp_path, async_mode, k=4, max_num_seqs=8, max_num_batched_tokens=512)
+        _script(llm, drafts_at, async_mode)
+        spec, proposals = llm.llm_engine.spec, []
+        propose = spec.drafter.propose
+
+        def recording(*a, _propose=propose, _out=proposals, **kw):
+            p = _propose(*a, **kw)
+            _out.append((p.tokens.tolist(), p.confidences.tolist()))
+            return p
+
+        spec.drafter.propose = recording
+        llm.generate(prompts, params)
+        runs.append((llm.llm_engine.stats.num_steps, proposals))
+    assert len(runs[0][1]) >= 5
+    assert runs[0][0] == runs[1][0]
+    for (tok0, conf0), (tok1, conf1) in zip(runs[0][1], runs[1][1], strict=True):
+        assert tok0 == tok1
+        torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)
+
+
+def test_abort_while_a_plain_step_is_in_flight(pair, tmp_path):
+    llm = _llm(pair, tmp_path, True, max_num_seqs=8)
+    _script(llm, lambda n: False, async_mode=True)
+    eng = llm.llm_engine
+    p = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    for i, prompt in enumerate(_prompts(4, seed=2)):
+        eng.add_request(str(i), prompt, p)
+    for _ in range(4):
+        eng.step()
+    assert eng._in_flight is not None
+    eng.abort_request("1")
+    finished = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                finished[o.request_id] = o
+    assert finished["1"].outputs[0].finish_reason == "abort"
+    assert PENDING not in finished["1"].outputs[0].token_ids
+    assert all(len(finished[r].outputs[0].token_ids) == 30 for r in "023")
+    assert eng.kv_blocks_free() == eng.kv_blocks_total()
+
+
+def test_async_scheduling_with_fixed_k_is_refused(pair, tmp_path):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "cost_model_cache_dir": str(tmp_path)}
+    with pytest.raises(ConfigError, match="fixed-k"):
+        LLM(pair[0], speculative_config=cfg, async_scheduling=True)
+    assert not LLM(pair[0], speculative_config=cfg).llm_engine.async_scheduling  # auto: off (and CPU)
+
+
+def test_step_costs_setting(pair, tmp_path):
+    from adaspec.spec_decode.step_costs import MeasuredStepCosts
+
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path)}
+    auto = LLM(pair[0], speculative_config=cfg).llm_engine.spec.policy
+    assert auto.step_costs is None  # CPU, no CUDA graphs: the tables time the whole step
+    measured = LLM(pair[0], speculative_config={**cfg, "adaptive_verification_step_costs": "measured"})
+    assert isinstance(measured.llm_engine.spec.policy.step_costs, MeasuredStepCosts)
+    with pytest.raises(ConfigError, match="adaptive_verification_step_costs"):
+        LLM(pair[0], speculative_config={**cfg, "adaptive_verification_step_costs": "wall"})
