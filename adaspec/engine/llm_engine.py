@@ -333,26 +333,28 @@ class LLMEngine:
         return [by_row[i] for i in sorted(by_row)]  # in scheduling order, as a one-part step gives them
 
     def _adaptive_async_step(self) -> list[RequestOutput]:
-        """Adaptive speculation under async scheduling. A step the policy expects drafting to pay
-        for runs as a speculative step (synchronous: its drafts start from tokens on the host, so
-        a plain step still in flight is read back first); one it does not, as the plain engine's
-        async step (launched before the previous one is read back, no draft slots reserved, the
-        drafter's context written on the device). After each step the policy judges the next
-        from this one's requests (SpeculativeDecoder.next_step_drafts); it times both kinds."""
+        """Adaptive speculation under async scheduling. A step the policy lets draft runs as a
+        speculative step (synchronous: its drafts start from tokens on the host, so a plain step
+        still in flight is read back first); a step it skips runs as the plain engine's async
+        step (launched before the previous one is read back, the drafter's context written on
+        the device), and so do the steps after it, scheduled without draft slots and without
+        asking the policy, until its next probe drafts (policy.plain_step_done). It times both
+        kinds (policy.step_started; spec_decode/step_costs.py)."""
         policy = self.spec.policy
         outputs: list[RequestOutput] = []
-        if self._draft_next and self._in_flight is not None:
+        was_drafting = self._draft_next
+        if was_drafting and self._in_flight is not None:
             outputs = self._resolve(self._in_flight)
             self._in_flight = None
             policy.step_started(time.perf_counter(), measure_previous=False)  # this step waited for it
         else:
             policy.step_started(time.perf_counter())
-        scheduled = self.scheduler.schedule(drafts=self._draft_next)
+        scheduled = self.scheduler.schedule(drafts=was_drafting)
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        if self._draft_next:
-            if scheduled:
-                self._count_step(scheduled)
-                outputs += self._spec_step(scheduled)
+        decision = self.spec.decide_drafting(scheduled) if was_drafting and scheduled else None
+        if decision:
+            self._count_step(scheduled)
+            outputs += self._spec_step(scheduled)
         else:
             launched = None
             if scheduled:
@@ -361,15 +363,17 @@ class LLMEngine:
                 policy.plan_plain(len(scheduled), sum(s.num_tokens for s in scheduled),
                                   timed=self._in_flight is not None)
                 launched = self._launch_plain_step(scheduled)
-                self.stats.num_steps_draft_skipped += 1
+                self.stats.num_steps_draft_skipped += decision is False or not was_drafting
             previous, self._in_flight = self._in_flight, launched
             if previous is not None:
                 outputs += self._resolve(previous)
         if not scheduled:
             policy.idle()
             self._draft_next = True
+        elif was_drafting:  # drafted: keep drafting; skipped: plain from now on; nothing to draft: ask again
+            self._draft_next = decision is not False
         else:
-            self._draft_next = self.spec.next_step_drafts(scheduled)
+            self._draft_next = policy.plain_step_done()
         return outputs
 
     def _take_spec_tokens(self, scheduled: list[ScheduledSeq], indices: list[int], results: list,

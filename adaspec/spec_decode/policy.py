@@ -297,7 +297,11 @@ class AdaptivePolicy:
 
     Step timing (step_costs.py): the engine calls step_started() at the start of every step; a
     step this policy planned (plan, step_budget, a skip in should_draft, plan_plain) is measured
-    from its start to the next step's start."""
+    from its start to the next step's start.
+
+    Under async scheduling (LLMEngine._adaptive_async_step) a step should_draft skips runs as an
+    async plain step, and so do the steps after it, without asking again (plain_step_done counts
+    them), until a probe drafts; the probe's confidences and time then decide the next step."""
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
                  overhead=None, step_costs=None):
@@ -315,7 +319,7 @@ class AdaptivePolicy:
         self.skipped_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
         self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
-        self._probe_next = False  # next_step_drafts announced a probe: the next should_draft drafts
+        self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
         self._started: float | None = None  # when the running step started (step_started)
         self._open: tuple[str, int, float, float] | None = None  # (kind, requests, priced ms, start) being timed
 
@@ -326,6 +330,7 @@ class AdaptivePolicy:
 
     def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True) -> None:
         self._planned = (num_requests, base_tokens, budget)
+        self._open = None
         if self.step_costs is not None and timed and self._started is not None:
             from adaspec.spec_decode.step_costs import DRAFT, PLAIN
 
@@ -378,7 +383,7 @@ class AdaptivePolicy:
         return with_drafts > n_sampling / max(plain_ms, 1e-12), b
 
     def _probe_due(self) -> bool:
-        if self._probe_next:  # next_step_drafts announced a probe for this step
+        if self._probe_next:  # plain_step_done announced a probe for this step
             self._probe_next = False
             return True
         if self.skipped_in_a_row + 1 >= self.probe_every:
@@ -400,20 +405,15 @@ class AdaptivePolicy:
         self._plan_step(len(request_ids), base_tokens, None)
         return False
 
-    def next_step_drafts(self, request_ids, n_sampling, base_tokens, limits) -> bool:
-        """After a plain step the engine ran on its own: whether the next step should draft,
-        judged on this step's requests (limits: the draft slots each would have). A False counts
-        as a skipped step toward the next probe."""
-        if self._probe_due():
-            self._probe_next = True  # should_draft must then draft, whatever the survivals say
-            return True
-        if not len(request_ids):
-            return False
-        pays, _ = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
-        if pays:
-            self.skipped_in_a_row = 0
-            return True
+    def plain_step_done(self) -> bool:
+        """The engine ran a plain step on its own (async scheduling, after a step this policy
+        skipped): count it toward the next probe. -> whether the next step should draft (a probe,
+        which then drafts whatever the survivals say)."""
         self.skipped_in_a_row += 1
+        if self.skipped_in_a_row + 1 >= self.probe_every:
+            self.skipped_in_a_row = 0
+            self._probe_next = True
+            return True
         return False
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:

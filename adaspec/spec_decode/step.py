@@ -93,6 +93,7 @@ class SpeculativeDecoder:
         self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
         self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
+        self._decided: bool | None = None  # decide_drafting's answer for the step about to run
         if engine.use_cuda_graphs and getattr(engine, "tp", None) is None:  # TP: the mirrored eager step
             from adaspec.spec_decode.graphed_step import GraphedSpecStep
 
@@ -105,6 +106,8 @@ class SpeculativeDecoder:
         else:
             self.cost_model = None
         self.policy = self._make_policy()
+        if engine.device.type == "cuda":
+            self._warm_up_context()
         engine.stats.ensure_positions(self.num_spec_tokens)
         engine.stats.synthetic_acceptance = getattr(self.drafter, "label", None)  # "synthetic acceptance: timing only"
 
@@ -132,6 +135,20 @@ class SpeculativeDecoder:
         if mode is None:
             return bool(self.engine.use_cuda_graphs)
         return mode == "measured"
+
+    def _warm_up_context(self) -> None:
+        """Write the drafter's context for 1 and for 2 rows into the scratch block once, so that
+        the compiled pointwise kernels it uses exist for both (dynamic shapes specialize a size of
+        1) before a request needs them: a plain step of one request under async scheduling writes
+        one row eagerly, and compiling then stalled the first such steps on the H200."""
+        eng = self.engine
+        width = self.drafter.fc.in_features
+        scratch = eng.scratch_block * eng.config.block_size
+        for n in (1, 2):
+            self.drafter.write_context(
+                torch.ones(n, width, dtype=eng.dtype, device=eng.device),
+                torch.zeros(n, dtype=torch.int64, device=eng.device),
+                torch.full((n,), scratch, dtype=torch.int64, device=eng.device), self.kv_caches)
 
     def use_graphs(self, graphed) -> None:
         """Run decode steps through `graphed` (a captured GraphedSpecStep; CPU tests pass one
@@ -171,7 +188,10 @@ class SpeculativeDecoder:
             on_ready(indices, results)
             callback_s += time.perf_counter() - c0
 
-        self._run(scheduled, report)
+        try:
+            self._run(scheduled, report)
+        finally:
+            self._decided = None  # decide_drafting's answer holds for one step
         # the adaptive policy learns what a step costs beyond its tables (when it measures that:
         # step_overhead.py); the wall time covers both parts of a mixed step and the read backs,
         # not the engine's work on the tokens
@@ -205,7 +225,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         samples = [s.samples for s in scheduled]
         drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
-        if drafted and not self.policy.should_draft(
+        if drafted and self._decided is None and not self.policy.should_draft(
                 [scheduled[i].seq.request_id for i in drafted], int(sum(samples)),
                 sum(s.num_tokens for s in scheduled), np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
             stats.num_steps_draft_skipped += 1
@@ -390,34 +410,42 @@ class SpeculativeDecoder:
         """The drafter's context K/V for the first n_valid[i] query rows of each row of a forward
         `res` that captured the drafter's target layers, at positions from num_computed_tokens on
         (called before they move). Device work only: a plain step under async scheduling calls
-        it for its rows too, whose input tokens may still be on the device."""
+        it for its rows too, whose input tokens may still be on the device. Per row the host does
+        a few integer operations (a decoding row has one position): at 256 requests a numpy
+        array per row cost milliseconds of host time in every plain step."""
         eng = self.engine
         bs = eng.config.block_size
-        rows, positions, slots = [], [], []
-        for i, s in enumerate(scheduled):
-            nc = s.seq.num_computed_tokens
-            start = int(res.query_start[i])
-            pos = np.arange(nc, nc + n_valid[i])
-            bt = np.asarray(s.seq.block_table)
-            rows.append(np.arange(start, start + n_valid[i]))
-            positions.append(pos)
-            slots.append(bt[pos // bs] * bs + pos % bs)
-        rows_t = to_device(np.concatenate(rows), eng.device)
-        feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)[rows_t]
+        qs = res.query_start
+        positions, slots, rows = [], [], []
+        every_row = True  # every query row of the forward is kept: no gather needed
+        for i, (s, n) in enumerate(zip(scheduled, n_valid)):
+            nc, bt = s.seq.num_computed_tokens, s.seq.block_table
+            start = int(qs[i])
+            every_row = every_row and n == int(qs[i + 1]) - start
+            if n == 1:
+                positions.append(nc)
+                slots.append(bt[nc // bs] * bs + nc % bs)
+                rows.append(start)
+                continue
+            pos = np.arange(nc, nc + n)
+            positions.extend(pos.tolist())
+            slots.extend((np.asarray(bt)[pos // bs] * bs + pos % bs).tolist())
+            rows.extend(range(start, start + n))
+        feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)
+        feats = feats[: len(rows)] if every_row else feats[to_device(np.asarray(rows, dtype=np.int64), eng.device)]
         self.drafter.write_context(
-            feats, to_device(np.concatenate(positions), eng.device), to_device(np.concatenate(slots), eng.device),
-            self.kv_caches,
+            feats, to_device(np.asarray(positions, dtype=np.int64), eng.device),
+            to_device(np.asarray(slots, dtype=np.int64), eng.device), self.kv_caches,
         )
 
-    def next_step_drafts(self, scheduled: list[ScheduledSeq]) -> bool:
-        """After a step: whether the next one should draft (adaptive under async scheduling, which
-        runs the steps that do not as plain async steps): the next step is taken to look like this
-        one (as many tokens), with drafts for the requests that will decode next (its sampling rows).
-        Called after the step moved the requests on."""
-        sched = self.engine.scheduler
-        seqs = [s.seq for s in scheduled if not s.seq.finished and s.seq.is_decoding]
-        limits = np.array([sched.spec_slots_for(q) for q in seqs], dtype=np.int64)
-        keep = limits > 0
-        ids = [q.request_id for q, k in zip(seqs, keep) if k]
-        return self.policy.next_step_drafts(ids, len(seqs), max(len(seqs), sum(s.num_tokens for s in scheduled)),
-                                            limits[keep])
+    def decide_drafting(self, scheduled: list[ScheduledSeq]) -> bool | None:
+        """Ask the policy once for the whole step whether it drafts (adaptive under async
+        scheduling, which runs a step that does not as an async plain step); the step then keeps
+        that decision. None: no row of the step could draft (all prefilling, or out of slots)."""
+        drafted = [s for s in scheduled if s.spec_slots > 0]
+        if not drafted:
+            return None
+        self._decided = self.policy.should_draft(
+            [s.seq.request_id for s in drafted], int(sum(s.samples for s in scheduled)),
+            sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64))
+        return self._decided

@@ -43,15 +43,15 @@ def _llm(pair, tmp_path, async_scheduling, k=7, **kw):
 
 
 def _script(llm, drafts_at, async_mode: bool):
-    """Make step n (1-based, as stats.num_steps counts them) draft iff drafts_at(n)."""
+    """Make step n (1-based, as stats.num_steps counts them) draft iff drafts_at(n), where any
+    of its rows could draft."""
     eng = llm.llm_engine
     policy = eng.spec.policy
-    if async_mode:  # decided after each step for the next; a drafting step then drafts
-        policy.next_step_drafts = lambda *a: drafts_at(eng.stats.num_steps + 1)
-        policy.should_draft = lambda *a: True
+    if async_mode:  # asked before the step is counted (a drafting step), or after it (a plain one)
+        policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps + 1)
+        policy.plain_step_done = lambda: drafts_at(eng.stats.num_steps + 1)
     else:  # the synchronous engine decides inside the step (counted before it runs)
         policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
-    eng._draft_next = drafts_at(1)
 
 
 def _same(want, got):
@@ -159,3 +159,17 @@ def test_step_costs_setting(pair, tmp_path):
     assert isinstance(measured.llm_engine.spec.policy.step_costs, MeasuredStepCosts)
     with pytest.raises(ConfigError, match="adaptive_verification_step_costs"):
         LLM(pair[0], speculative_config={**cfg, "adaptive_verification_step_costs": "wall"})
+
+
+def test_context_warm_up_writes_only_the_scratch_block(pair, tmp_path):
+    """The start-up write that compiles the context kernels (run on CUDA) touches no real block."""
+    llm = _llm(pair, tmp_path, False, max_num_seqs=4)
+    eng = llm.llm_engine
+    caches = eng.spec.kv_caches
+    scratch = eng.scratch_block * eng.config.block_size
+    before = [c.clone() for layer in caches for c in layer]
+    eng.spec._warm_up_context()
+    after = [c for layer in caches for c in layer]
+    for b, a in zip(before, after):
+        assert torch.equal(b[:scratch], a[:scratch])
+    assert any(not torch.equal(b[scratch:], a[scratch:]) for b, a in zip(before, after))

@@ -61,7 +61,7 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     eager = _llm(True, spec, tmp=tmp_path, async_scheduling=False if not spec else None)
     graphed = _llm(False, spec, tmp=tmp_path)
     assert _graph_steps(eager) == 0
-    assert graphed.llm_engine.async_scheduling == (not spec)
+    assert graphed.llm_engine.async_scheduling == (spec != "fixed")  # adaptive: its plain steps
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     same = sum(a == b for a, b in zip(want, got))
@@ -161,7 +161,13 @@ def test_decode_step_syncs_once(temperature, spec, tmp_path):
         waits = eng.num_result_waits
         reads = graphed.num_read_backs if graphed is not None else 0
         where = device_sync_sites(eng.step)
-        if eng.async_scheduling:  # the event wait for the previous step's tokens (the debug mode may not see it)
+        if eng.async_scheduling and graphed is not None:
+            # adaptive: a plain async step waits for the previous step's tokens, a drafting step
+            # reads its own back, after reading back a plain step still in flight (a switch)
+            others = [w for w in where if not w.startswith("async_step.py")]
+            w, r = eng.num_result_waits - waits, graphed.num_read_backs - reads
+            assert not others and (w, r) in ((1, 0), (0, 1), (1, 1)), f"syncs: {where}, waits {w}, read backs {r}"
+        elif eng.async_scheduling:  # the event wait for the previous step's tokens (the debug mode may not see it)
             others = [w for w in where if not w.startswith("async_step.py")]
             assert not others and eng.num_result_waits == waits + 1, f"syncs: {where}"
         elif graphed is not None:  # the graphed step's one wait is an event wait, which the debug mode does not see
@@ -170,3 +176,35 @@ def test_decode_step_syncs_once(temperature, spec, tmp_path):
         else:
             assert len(where) == 1, f"a decode step made {len(where)} device-to-host syncs: {where}"
     assert _graph_steps(llm) >= 5
+
+
+def test_adaptive_plain_async_steps_on_gpu():
+    """Adaptive speculation under async scheduling, with CUDA graphs: four plain async steps
+    (mixed graphs that capture the drafter's target layers, context written on the device), then
+    one that drafts, over and over. float32 greedy tokens equal the no-spec engine's, and the
+    acceptance is a synchronous engine's with the same steps drafting (whose skipped steps write
+    the drafter's context inside the speculative step's own graph): a context row written wrong
+    or not at all would lower it."""
+    prompts = _prompts(19)
+    params = [SamplingParams(temperature=0, max_tokens=20 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
+    cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
+           "enable_adaptive_verification": True}
+    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256)
+    want = [o.outputs[0].token_ids for o in LLM("tiny", **kw).generate(prompts, params)]
+    stats = []
+    for async_mode in (False, True):
+        llm = LLM("tiny", speculative_config=cfg, async_scheduling=async_mode, **kw)
+        eng = llm.llm_engine
+        drafts_at = lambda n: n % 5 == 0  # noqa: E731
+        if async_mode:
+            eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps + 1)
+            eng.spec.policy.plain_step_done = lambda: drafts_at(eng.stats.num_steps + 1)
+        else:
+            eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert got == want
+        assert eng.async_scheduling == async_mode and eng.stats.num_steps_draft_skipped > 10
+        stats.append(eng.stats)
+    a, b = stats
+    assert a.num_accepted_tokens > 0
+    assert abs(b.num_accepted_tokens - a.num_accepted_tokens) <= 0.02 * a.num_accepted_tokens

@@ -67,7 +67,6 @@ def test_drafted_steps_that_cost_more_than_priced_turn_the_policy_to_plain_steps
     assert measured.step_costs.scale(DRAFT, 64) > 4
     assert tables.should_draft(ids, 64, 64, limits)  # the tables alone never see it
     assert not measured.should_draft(ids, 64, 64, limits)
-    assert not measured.next_step_drafts(ids, 64, 64, limits)
 
 
 def test_plain_steps_that_cost_more_than_priced_turn_it_back():
@@ -78,15 +77,15 @@ def test_plain_steps_that_cost_more_than_priced_turn_it_back():
     policy.step_started(clock.t)
     for _ in range(10):
         _drafted_step(policy, ids, clock, 20.0)
-    assert not policy.next_step_drafts(ids, 64, 64, limits)
-    policy.plan_plain(64, 64, timed=False)  # first of a run: not measured
+    assert not policy.should_draft(ids, 64, 64, limits)  # this step runs plain, not measured (the first of
+    policy.plan_plain(64, 64, timed=False)                # a run under async scheduling)  # first of a run: not measured
     policy.step_started(clock.advance(1.0))
     assert PLAIN not in {k for k, _ in policy.step_costs.ratio}
     for _ in range(10):  # plain steps priced at ~2.1 ms took 30 ms each
         policy.plan_plain(64, 64)
         policy.step_started(clock.advance(30.0))
     assert policy.step_costs.scale(PLAIN, 64) > 10
-    assert policy.next_step_drafts(ids, 64, 64, limits)
+    assert policy.should_draft(ids, 64, 64, limits)
 
 
 def test_waited_and_idle_intervals_are_not_measured():
@@ -105,18 +104,22 @@ def test_waited_and_idle_intervals_are_not_measured():
     assert policy.step_costs.scale(PLAIN, 8) == pytest.approx(5.0 / (2.0 + 0.002 * 8))
 
 
-def test_probes_announced_after_a_plain_step_draft_the_next_step():
-    """In plain mode every probe_every-th step drafts, even when drafting does not pay."""
+def test_probes_announced_after_plain_steps_draft_the_next_step():
+    """Under async scheduling a skipped step is followed by plain steps the engine runs without
+    asking (plain_step_done counts them); every probe_every-th step drafts, paying or not."""
     expensive = CostModel(CostTable([1, 8], [1.0, 1.0]), CostTable([1, 8], [1000.0, 1000.0]))
     policy = AdaptivePolicy(expensive, 7, probe_every=4, step_costs=MeasuredStepCosts())
     ids, limits = ["a"], np.array([7])
-    decisions = []
-    for _ in range(8):
-        nxt = policy.next_step_drafts(ids, 1, 1, limits)
-        decisions.append(nxt)
-        if nxt:  # the engine's drafting step asks should_draft: a probe must draft
-            assert policy.should_draft(ids, 1, 1, limits)
-    assert decisions == [False, False, False, True, False, False, False, True]
+    decisions, draft_mode = [], True
+    for _ in range(12):
+        if draft_mode:  # the engine asks; a skipped step then runs plain
+            drafts = policy.should_draft(ids, 1, 1, limits)
+            draft_mode = drafts
+        else:
+            drafts = False
+            draft_mode = policy.plain_step_done()
+        decisions.append(drafts)
+    assert decisions == [False, False, False, True, False, False, False, True, False, False, False, True]
 
 
 def test_unknown_requests_count_as_the_population_average():
