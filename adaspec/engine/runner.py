@@ -39,6 +39,11 @@ class ForwardResult:
     hidden: torch.Tensor  # [T, d] final-normed hidden of every query token
     captured: dict[int, torch.Tensor]  # layer id -> [T, d]
     query_start: np.ndarray  # [B+1] row offsets of each item in hidden / captured
+    # the device positions and cache slots of the query rows (the first T; views of a graph's
+    # static buffers, valid until the next forward): the drafter's context K/V of a plain step
+    # goes to the same slots (it shares the block tables) without the host rebuilding them
+    positions: torch.Tensor | None = None
+    slot_mapping: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -74,7 +79,8 @@ class ModelRunner:
         if key is not None:
             logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items], fill)
             self.num_graph_steps += 1
-            return ForwardResult(logits, hidden, captured, qstart)
+            n = len(ids)
+            return ForwardResult(logits, hidden, captured, qstart, self.graphs.positions[:n], self.graphs.slot_mapping[:n])
         self.num_eager_steps += 1
         positions = np.concatenate([np.arange(s, s + q) for s, q in zip(starts, qlens)])
         meta = build_attention_metadata(
@@ -85,15 +91,14 @@ class ModelRunner:
         if fill is not None:
             rows, src, prev = fill
             fill_in(ids_dev, to_device(rows, self.device), to_device(src, self.device), prev)
-        hidden, captured = self.model(
-            ids_dev, to_device(positions, self.device), self.kv_caches, meta, capture_layers,
-        )
+        pos_dev = to_device(positions, self.device)
+        hidden, captured = self.model(ids_dev, pos_dev, self.kv_caches, meta, capture_layers)
         rows = np.concatenate(
             [np.arange(qstart[b + 1] - it.num_logits, qstart[b + 1]) for b, it in enumerate(items)]
             + [np.zeros(0, dtype=np.int64)]
         )
         logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
-        return ForwardResult(logits, hidden, captured, qstart)
+        return ForwardResult(logits, hidden, captured, qstart, pos_dev, meta.slot_mapping)
 
     @torch.inference_mode()
     def warm_up(self, scratch_block: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
@@ -135,7 +140,8 @@ class ModelRunner:
         fill = self._fill_from_device(items, qstart, prev_tokens)
         logits, hidden, captured = g.run_mixed(key, ids, qlens, starts, [it.block_table for it in items], rows, fill)
         self.num_mixed_graph_steps += 1
-        return ForwardResult(logits, hidden, captured, qstart)
+        n = len(ids)
+        return ForwardResult(logits, hidden, captured, qstart, g.positions[:n], g.slot_mapping[:n])
 
     def _fill_from_device(self, items, qstart, prev_tokens):
         """(rows of the packed ids, rows of prev_tokens: host arrays, prev_tokens) for the items

@@ -410,12 +410,18 @@ class SpeculativeDecoder:
         """The drafter's context K/V for the first n_valid[i] query rows of each row of a forward
         `res` that captured the drafter's target layers, at positions from num_computed_tokens on
         (called before they move). Device work only: a plain step under async scheduling calls
-        it for its rows too, whose input tokens may still be on the device. Per row the host does
-        a few integer operations (a decoding row has one position): at 256 requests a numpy
-        array per row cost milliseconds of host time in every plain step."""
+        it for its rows too, whose input tokens may still be on the device. When every query row
+        is kept (a plain step) the forward's own device positions and slots are used (the drafter
+        shares the target's block tables); otherwise the host builds them with a few integer
+        operations per row (at 256 requests a numpy array per row cost milliseconds a step)."""
         eng = self.engine
         bs = eng.config.block_size
         qs = res.query_start
+        total = int(qs[len(scheduled)])
+        if res.slot_mapping is not None and sum(n_valid) == total:  # every query row: the forward's own slots
+            feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)[:total]
+            self.drafter.write_context(feats, res.positions[:total], res.slot_mapping[:total], self.kv_caches)
+            return
         positions, slots, rows = [], [], []
         every_row = True  # every query row of the forward is kept: no gather needed
         for i, (s, n) in enumerate(zip(scheduled, n_valid)):
@@ -442,6 +448,7 @@ class SpeculativeDecoder:
         """Ask the policy once for the whole step whether it drafts (adaptive under async
         scheduling, which runs a step that does not as an async plain step); the step then keeps
         that decision. None: no row of the step could draft (all prefilling, or out of slots)."""
+        self._decided = None
         drafted = [s for s in scheduled if s.spec_slots > 0]
         if not drafted:
             return None

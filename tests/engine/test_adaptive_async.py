@@ -3,6 +3,7 @@ run as the plain engine's async steps (no draft slots, the drafter's context wri
 device), the others as synchronous speculative steps. Whatever the sequence of the two kinds,
 greedy outputs are the target's, and the drafter sees the same context as when every step is
 synchronous."""
+import dataclasses
 import random
 
 import pytest
@@ -98,9 +99,15 @@ def test_plain_async_steps_write_the_drafters_context(pair, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     drafts_at = lambda n: n % 5 == 0  # noqa: E731  four plain steps, then one that drafts
     runs = []
-    for async_mode in (False, True):
+    # the third run builds the context's slots on the host from the block tables instead of taking
+    # the forward's own (an independent check of both)
+    for async_mode, forward_slots in ((False, True), (True, True), (True, False)):
         llm = _llm((pair[0], str(drafter)), tmp_path, async_mode, k=4, max_num_seqs=8, max_num_batched_tokens=512)
         _script(llm, drafts_at, async_mode)
+        if not forward_slots:
+            runner, execute = llm.llm_engine.runner, llm.llm_engine.runner.execute
+            runner.execute = lambda *a, _execute=execute, **kw: dataclasses.replace(
+                _execute(*a, **kw), positions=None, slot_mapping=None)
         spec, proposals = llm.llm_engine.spec, []
         propose = spec.drafter.propose
 
@@ -113,10 +120,11 @@ def test_plain_async_steps_write_the_drafters_context(pair, tmp_path):
         llm.generate(prompts, params)
         runs.append((llm.llm_engine.stats.num_steps, proposals))
     assert len(runs[0][1]) >= 5
-    assert runs[0][0] == runs[1][0]
-    for (tok0, conf0), (tok1, conf1) in zip(runs[0][1], runs[1][1], strict=True):
-        assert tok0 == tok1
-        torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)
+    for other in runs[1:]:
+        assert runs[0][0] == other[0]
+        for (tok0, conf0), (tok1, conf1) in zip(runs[0][1], other[1], strict=True):
+            assert tok0 == tok1
+            torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)
 
 
 def test_abort_while_a_plain_step_is_in_flight(pair, tmp_path):
