@@ -194,7 +194,9 @@ def test_adaptive_plain_async_steps_on_gpu():
     params = [SamplingParams(temperature=0, max_tokens=20 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
     cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
            "enable_adaptive_verification": True}
-    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256)
+    # every request admitted and prefilled at once: the two engines then run the same steps (a
+    # skipped step of the synchronous one reserves draft slots, which would chunk prefills apart)
+    kw = dict(max_num_seqs=24, device="cuda", dtype="float32", max_num_batched_tokens=2048)
     want = [o.outputs[0].token_ids for o in LLM("tiny", **kw).generate(prompts, params)]
     stats = []
     for async_mode in (False, True):
