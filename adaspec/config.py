@@ -107,11 +107,13 @@ class SpeculativeConfig:
     # "measured": tracked online as (step wall time - the tables' price), spec_decode/step_overhead.py.
     # 0: the tables alone, as vLLM's adaptive verification prices steps
     adaptive_verification_step_overhead_ms: float | str = 0.0
-    # whether drafting pays in a step is judged on the cost tables scaled by what each kind of step
-    # (drafting; plain, async where the engine schedules async) has cost per batch-size bucket
-    # ("measured", spec_decode/step_costs.py), or on the tables alone ("tables"). None: measured
-    # with CUDA graphs, tables otherwise
-    adaptive_verification_step_costs: str | None = None
+    # whether drafting pays in a step is judged on the cost tables alone ("tables", as vLLM), or on
+    # the tables scaled by what each kind of step (drafting; plain, async where the engine schedules
+    # async) has cost per batch-size bucket ("measured", spec_decode/step_costs.py). On the H200
+    # "measured" raised adaptive throughput 1.15x at 64 and 1.29x at 256 requests of the 0.6B shape
+    # but chose plain steps at 16 requests of the real pair where drafting made more (BENCHMARKS.md,
+    # run 10), so it is opt-in
+    adaptive_verification_step_costs: str = "tables"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -149,8 +151,8 @@ class SpeculativeConfig:
         if o != "measured" and (isinstance(o, bool) or not isinstance(o, (int, float)) or not o >= 0):
             raise ConfigError(f"adaptive_verification_step_overhead_ms must be a number of ms >= 0 or \"measured\", "
                               f"got {o!r}")
-        if c.adaptive_verification_step_costs not in (None, "measured", "tables"):
-            raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\" (or unset), got "
+        if c.adaptive_verification_step_costs not in ("measured", "tables"):
+            raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\", got "
                               f"{c.adaptive_verification_step_costs!r}")
         if not isinstance(c.profile_context_len, int) or c.profile_context_len < 1:
             raise ConfigError(f"profile_context_len must be a positive integer, got {c.profile_context_len!r}")

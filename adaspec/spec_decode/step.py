@@ -127,14 +127,8 @@ class SpeculativeDecoder:
                               step_costs=MeasuredStepCosts() if self.measures_step_costs() else None)
 
     def measures_step_costs(self) -> bool:
-        """adaptive_verification_step_costs: "measured", "tables", or None: measured where the
-        tables time CUDA-graph replays (they then miss the host's share of a step and the
-        difference async scheduling makes to a plain step); on CPU a step is its host work,
-        which the tables time."""
-        mode = self.cfg.adaptive_verification_step_costs
-        if mode is None:
-            return bool(self.engine.use_cuda_graphs)
-        return mode == "measured"
+        """adaptive_verification_step_costs "measured" (opt-in; config.py says why)."""
+        return self.cfg.adaptive_verification_step_costs == "measured"
 
     def _warm_up_context(self) -> None:
         """Write the drafter's context for 1 and for 2 rows into the scratch block once, so that

@@ -161,8 +161,8 @@ def test_step_costs_setting(pair, tmp_path):
 
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "enable_adaptive_verification": True,
            "cost_model_cache_dir": str(tmp_path)}
-    auto = LLM(pair[0], speculative_config=cfg).llm_engine.spec.policy
-    assert auto.step_costs is None  # CPU, no CUDA graphs: the tables time the whole step
+    default = LLM(pair[0], speculative_config=cfg).llm_engine.spec.policy
+    assert default.step_costs is None  # the tables alone, unless asked
     measured = LLM(pair[0], speculative_config={**cfg, "adaptive_verification_step_costs": "measured"})
     assert isinstance(measured.llm_engine.spec.policy.step_costs, MeasuredStepCosts)
     with pytest.raises(ConfigError, match="adaptive_verification_step_costs"):
