@@ -106,7 +106,7 @@ class SpeculativeDecoder:
         else:
             self.cost_model = None
         self.policy = self._make_policy()
-        if engine.device.type == "cuda":
+        if engine.device.type == "cuda" and getattr(engine, "tp", None) is None:  # TP: the drafter is mirrored
             self._warm_up_context()
         engine.stats.ensure_positions(self.num_spec_tokens)
         engine.stats.synthetic_acceptance = getattr(self.drafter, "label", None)  # "synthetic acceptance: timing only"
