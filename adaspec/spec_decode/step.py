@@ -417,11 +417,9 @@ class SpeculativeDecoder:
             self.drafter.write_context(feats, res.positions[:total], res.slot_mapping[:total], self.kv_caches)
             return
         positions, slots, rows = [], [], []
-        every_row = True  # every query row of the forward is kept: no gather needed
         for i, (s, n) in enumerate(zip(scheduled, n_valid)):
             nc, bt = s.seq.num_computed_tokens, s.seq.block_table
             start = int(qs[i])
-            every_row = every_row and n == int(qs[i + 1]) - start
             if n == 1:
                 positions.append(nc)
                 slots.append(bt[nc // bs] * bs + nc % bs)
@@ -432,7 +430,7 @@ class SpeculativeDecoder:
             slots.extend((np.asarray(bt)[pos // bs] * bs + pos % bs).tolist())
             rows.extend(range(start, start + n))
         feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)
-        feats = feats[: len(rows)] if every_row else feats[to_device(np.asarray(rows, dtype=np.int64), eng.device)]
+        feats = feats[to_device(np.asarray(rows, dtype=np.int64), eng.device)]
         self.drafter.write_context(
             feats, to_device(np.asarray(positions, dtype=np.int64), eng.device),
             to_device(np.asarray(slots, dtype=np.int64), eng.device), self.kv_caches,
