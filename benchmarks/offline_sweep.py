@@ -44,10 +44,12 @@ def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dic
            "draft_sample_method": "probabilistic" if temperature > 0 else "greedy", **(synthetic or {})}
     if drafter:
         cfg["model"] = drafter
-    if kind == "adaptive":
+    if kind in ("adaptive", "adaptive-measured"):
         cfg["enable_adaptive_verification"] = True
+        if kind == "adaptive-measured":  # the tables scaled by measured step times (spec_decode/step_costs.py)
+            cfg["adaptive_verification_step_costs"] = "measured"
     elif kind != "fixed":
-        raise SystemExit(f"unknown arm {arm!r}: use none, fixed:K or adaptive:K")
+        raise SystemExit(f"unknown arm {arm!r}: use none, fixed:K, adaptive:K or adaptive-measured:K")
     return cfg
 
 

@@ -106,8 +106,15 @@ class GraphedForward:
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, max_num_seqs: int,
                  query_lens: tuple[int, ...], max_model_len: int, max_blocks_per_seq: int, scratch_block: int,
                  capture_layers: list[int] | None, batch_sizes: list[int] | None = None,
-                 mixed_sizes: list[tuple[int, int]] | None = None):
+                 mixed_sizes: list[tuple[int, int]] | None = None, write_context=None):
         self.model, self.kv_caches, self.block_size, self.device = model, kv_caches, block_size, device
+        # write_context(captured, positions, slot_mapping): a speculative engine's drafter context
+        # write (spec_decode/step.DrafterSetup), run inside every graph after the forward, for all
+        # T rows (padding writes the scratch block). A plain step of adaptive speculation then costs
+        # the plain engine's one replay: run eagerly after it, the write's ~20 launches made that
+        # step host-bound at 1-16 requests on the H200 (BENCHMARKS.md, run 11)
+        self.write_context = write_context
+        self.writes_context = write_context is not None
         self.query_lens = tuple(sorted(set(query_lens)))
         self.max_model_len = max_model_len
         self.capture_layers = list(capture_layers or [])
@@ -151,15 +158,22 @@ class GraphedForward:
     def _forward(self, b: int, t: int, q: int):
         hidden, captured = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, q),
                                       self.capture_layers)
+        self._write_context(captured, t)
         return self.model.compute_logits(hidden), hidden, captured
+
+    def _write_context(self, captured, t: int) -> None:
+        if self.write_context is not None:
+            self.write_context(captured, self.positions[:t], self.slot_mapping[:t])
 
     def _forward_mixed(self, b: int, t: int):
         """Any mix of query lengths summing to at most T over at most B requests (the kernel's grid
         depends on (B, T) only; its tile shape is the one for long queries). No logits: run_mixed
         computes them after the replay for the rows that need them, so the graphs hold no [B, vocab]
         outputs (155 MB each for B = 256 and a 152k vocabulary)."""
-        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, t),
-                          self.capture_layers)
+        hidden, captured = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(b, t, t),
+                                      self.capture_layers)
+        self._write_context(captured, t)
+        return hidden, captured
 
     def _dummy_inputs(self, b: int, t: int) -> None:
         """Capture inputs: t tokens shared evenly by b requests, at positions 0.. of the scratch block."""

@@ -128,6 +128,8 @@ class LLMEngine:
         )
         self.use_cuda_graphs = (self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
                                 and config.cudagraph_mode != "NONE")
+        if drafter is not None and tp is None:  # before the graphs, which write the drafter's context
+            drafter.allocate_kv_caches(num_slots, self.dtype, self.device)
         if self.use_cuda_graphs:
             self._capture_graphs(drafter, lookahead)
         if self.device.type == "cuda" and backend == "triton" and tp is None:
@@ -239,6 +241,8 @@ class LLMEngine:
             capture_layers=list(drafter.drafter_cfg.target_layer_ids) if drafter else None,
             mixed_sizes=mixed_capture_sizes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                             self.max_model_len) if mixed else None,
+            # the drafter's context from every row these graphs run (plain steps, prefill chunks)
+            write_context=drafter.write_context if drafter is not None and self.tp is None else None,
         )
         graphs.capture()
         self.runner.graphs = graphs
@@ -376,7 +380,7 @@ class LLMEngine:
         elif was_drafting:  # drafted: keep drafting; skipped: plain from now on; nothing to draft: ask again
             self._draft_next = decision is not False
         else:
-            self._draft_next = policy.plain_step_done()
+            self._draft_next = policy.plain_step_done(len(scheduled))
         return outputs
 
     def _take_spec_tokens(self, scheduled: list[ScheduledSeq], indices: list[int], results: list,

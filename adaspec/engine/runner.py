@@ -44,6 +44,9 @@ class ForwardResult:
     # goes to the same slots (it shares the block tables) without the host rebuilding them
     positions: torch.Tensor | None = None
     slot_mapping: torch.Tensor | None = None
+    # the forward's graph also wrote the drafter's context for every query row (cuda_graphs.py,
+    # GraphedForward's write_context): a speculative engine has nothing left to write for them
+    context_written: bool = False
 
 
 class ModelRunner:
@@ -80,7 +83,8 @@ class ModelRunner:
             logits, hidden, captured = self.graphs.run(key, ids, qlens, starts, [it.block_table for it in items], fill)
             self.num_graph_steps += 1
             n = len(ids)
-            return ForwardResult(logits, hidden, captured, qstart, self.graphs.positions[:n], self.graphs.slot_mapping[:n])
+            return ForwardResult(logits, hidden, captured, qstart, self.graphs.positions[:n], self.graphs.slot_mapping[:n],
+                                 self.graphs.writes_context)
         self.num_eager_steps += 1
         positions = np.concatenate([np.arange(s, s + q) for s, q in zip(starts, qlens)])
         meta = build_attention_metadata(
@@ -141,7 +145,7 @@ class ModelRunner:
         logits, hidden, captured = g.run_mixed(key, ids, qlens, starts, [it.block_table for it in items], rows, fill)
         self.num_mixed_graph_steps += 1
         n = len(ids)
-        return ForwardResult(logits, hidden, captured, qstart, g.positions[:n], g.slot_mapping[:n])
+        return ForwardResult(logits, hidden, captured, qstart, g.positions[:n], g.slot_mapping[:n], g.writes_context)
 
     def _fill_from_device(self, items, qstart, prev_tokens):
         """(rows of the packed ids, rows of prev_tokens: host arrays, prev_tokens) for the items

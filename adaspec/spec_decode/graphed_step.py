@@ -171,8 +171,7 @@ class GraphedSpecStep:
             block_tables=self.block_tables[:b], kv_lens=kv_lens, causal=True, block_size=self.block_size,
         )
         hidden, captured = self.model(ids, pos, self.engine.kv_caches, meta, self.capture_layers)
-        feats = torch.cat([captured[layer] for layer in self.capture_layers], dim=-1)
-        self.drafter.write_context(feats, pos, slots, self.decoder.kv_caches)
+        self.decoder.setup.write_context(captured, pos, slots)
         greedy = temps <= 0
         sampling = StaticSampling(temps, seeds)
         rb = self.readback[:b]

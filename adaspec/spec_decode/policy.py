@@ -293,7 +293,11 @@ class AdaptivePolicy:
     really cost against its tables (step_costs.MeasuredStepCosts, when given). Old confidences
     and past steps' times only, so the choice never depends on a current draft (lossless). Every
     `probe_every`-th step without drafts drafts anyway, to refresh confidences (and the drafted
-    steps' measured cost) that would otherwise stay as old as the last drafted step.
+    steps' measured cost) that would otherwise stay as old as the last drafted step. A probe costs
+    a drafting step where plain ones pay better (at 256 requests of the Qwen3-0.6B shape on the
+    H200, ~10x a plain step), so each probe after which the policy still skips doubles the
+    interval, up to `probe_max`; a step that drafts because it pays, or a load that moved by more
+    than 1.5x since the last decision, brings it back to `probe_every`.
 
     Step timing (step_costs.py): the engine calls step_started() at the start of every step; a
     step this policy planned (plan, step_budget, a skip in should_draft, plan_plain) is measured
@@ -304,7 +308,7 @@ class AdaptivePolicy:
     them), until a probe drafts; the probe's confidences and time then decide the next step."""
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
-                 overhead=None, step_costs=None):
+                 overhead=None, step_costs=None, probe_max: int | None = None):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
@@ -316,6 +320,10 @@ class AdaptivePolicy:
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
                                      unknown="population" if step_costs is not None else "one")
         self.probe_every = probe_every
+        self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
+        self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)
+        self._after_probe = False  # the last step was a probe: the next decision may lengthen the interval
+        self._decided_requests: int | None = None  # requests of the step should_draft last decided for
         self.skipped_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
         self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
@@ -385,32 +393,44 @@ class AdaptivePolicy:
     def _probe_due(self) -> bool:
         if self._probe_next:  # plain_step_done announced a probe for this step
             self._probe_next = False
-            return True
-        if self.skipped_in_a_row + 1 >= self.probe_every:
+        elif self.skipped_in_a_row + 1 >= self.probe_interval:
             self.skipped_in_a_row = 0
-            return True
-        return False
+        else:
+            return False
+        self._after_probe = True
+        return True
 
     def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
         """Whether the step about to run drafts (when not, it is planned as a plain step)."""
         self._budget_now = None
         if self._probe_due():
             return True
+        self._decided_requests = len(request_ids)
+        after_probe, self._after_probe = self._after_probe, False
         pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
         if pays:
             self._budget_now = b
             self.skipped_in_a_row = 0
+            self.probe_interval = self.probe_every
             return True
+        if after_probe:  # the probe's fresh confidences and times still say skip: probe less often
+            self.probe_interval = min(2 * self.probe_interval, self.probe_max)
         self.skipped_in_a_row += 1
         self._plan_step(len(request_ids), base_tokens, None)
         return False
 
-    def plain_step_done(self) -> bool:
-        """The engine ran a plain step on its own (async scheduling, after a step this policy
-        skipped): count it toward the next probe. -> whether the next step should draft (a probe,
-        which then drafts whatever the survivals say)."""
+    def plain_step_done(self, num_requests: int | None = None) -> bool:
+        """The engine ran a plain step of num_requests on its own (async scheduling, after a step
+        this policy skipped): count it toward the next probe. -> whether the next step should ask
+        should_draft again: at a probe (which then drafts whatever the survivals say), or when the
+        load moved by more than 1.5x since the last decision (which decides afresh, and probes
+        at the shortest interval again)."""
         self.skipped_in_a_row += 1
-        if self.skipped_in_a_row + 1 >= self.probe_every:
+        ref = self._decided_requests
+        if num_requests is not None and ref and not ref / 1.5 <= num_requests <= 1.5 * ref:
+            self.probe_interval = self.probe_every
+            return True
+        if self.skipped_in_a_row + 1 >= self.probe_interval:
             self.skipped_in_a_row = 0
             self._probe_next = True
             return True

@@ -41,10 +41,26 @@ class DrafterSetup:
 
     def __init__(self, spec_cfg: SpeculativeConfig, drafter, drafter_cfg, drafter_path: str):
         self.spec_cfg, self.drafter, self.drafter_cfg, self.drafter_path = spec_cfg, drafter, drafter_cfg, drafter_path
+        self.kv_caches = None  # allocate_kv_caches: before the target's graphs are captured, which write them
 
     def kv_block_bytes(self, block_size: int) -> int:
         n_layers, n_kv, hd = self.drafter.kv_cache_spec()
         return bytes_per_block(n_layers, n_kv, hd, block_size, next(self.drafter.parameters()).dtype)
+
+    def allocate_kv_caches(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> list:
+        """The drafter's context caches (same slots as the target's: they share block tables)."""
+        if self.kv_caches is None:
+            n_layers, n_kv, hd = self.drafter.kv_cache_spec()
+            self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, dtype, device)
+        return self.kv_caches
+
+    def write_context(self, captured: dict[int, torch.Tensor], positions: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+        """The drafter's context K/V from a target forward's captured layers, for its rows at these
+        positions and cache slots. Device work only, so the target's CUDA graphs can capture it
+        (engine/cuda_graphs.py: a plain step's context then costs no launches of its own)."""
+        feats = torch.cat([captured[layer] for layer in self.drafter_cfg.target_layer_ids], dim=-1)
+        self.drafter.write_context(feats, positions, slot_mapping, self.kv_caches)
 
     def build(self, engine, num_slots: int) -> "SpeculativeDecoder":
         return SpeculativeDecoder(engine, self, num_slots)
@@ -89,8 +105,9 @@ class SpeculativeDecoder:
         self.num_spec_tokens = self.cfg.num_speculative_tokens
         self.block = self.dcfg.block_size  # positions the draft block occupies in the cache
         self.capture_layers = list(self.dcfg.target_layer_ids)
-        n_layers, n_kv, hd = self.drafter.kv_cache_spec()
-        self.kv_caches = allocate_kv_caches(n_layers, num_slots, n_kv, hd, engine.dtype, engine.device)
+        self.setup = setup
+        self.kv_caches = setup.allocate_kv_caches(num_slots, engine.dtype, engine.device)
+        self.num_context_rows_written_eagerly = 0  # write_context's rows that no graph had written
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
         self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
         self._decided: bool | None = None  # decide_drafting's answer for the step about to run
@@ -405,17 +422,24 @@ class SpeculativeDecoder:
         `res` that captured the drafter's target layers, at positions from num_computed_tokens on
         (called before they move). Device work only: a plain step under async scheduling calls
         it for its rows too, whose input tokens may still be on the device. When every query row
-        is kept (a plain step) the forward's own device positions and slots are used (the drafter
-        shares the target's block tables); otherwise the host builds them with a few integer
-        operations per row (at 256 requests a numpy array per row cost milliseconds a step)."""
+        is kept (a plain step, a prefill chunk) and the forward ran in one of the target's graphs,
+        that graph wrote them already (res.context_written); otherwise the forward's own device
+        positions and slots are used (the drafter shares the target's block tables). When only some
+        rows are kept, the host builds their slots with a few integer operations per row (at 256
+        requests a numpy array per row cost milliseconds a step)."""
         eng = self.engine
         bs = eng.config.block_size
         qs = res.query_start
         total = int(qs[len(scheduled)])
-        if res.slot_mapping is not None and sum(n_valid) == total:  # every query row: the forward's own slots
-            feats = torch.cat([res.captured[layer] for layer in self.capture_layers], dim=-1)[:total]
-            self.drafter.write_context(feats, res.positions[:total], res.slot_mapping[:total], self.kv_caches)
-            return
+        if sum(n_valid) == total:  # every query row
+            if res.context_written:  # inside the forward's graph
+                return
+            self.num_context_rows_written_eagerly += total
+            if res.slot_mapping is not None:  # at the forward's own positions and slots
+                self.setup.write_context({layer: res.captured[layer][:total] for layer in self.capture_layers},
+                                         res.positions[:total], res.slot_mapping[:total])
+                return
+        self.num_context_rows_written_eagerly += sum(n_valid)
         positions, slots, rows = [], [], []
         for i, (s, n) in enumerate(zip(scheduled, n_valid)):
             nc, bt = s.seq.num_computed_tokens, s.seq.block_table

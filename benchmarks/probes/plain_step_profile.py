@@ -42,7 +42,7 @@ def engine(mode, n, model_dir):
     eng = llm.llm_engine
     if mode == "plain":  # plain steps only: the policy never lets a step draft
         eng.spec.policy.should_draft = lambda *a: False
-        eng.spec.policy.plain_step_done = lambda: False
+        eng.spec.policy.plain_step_done = lambda *a: False
     g = torch.Generator().manual_seed(0)
     for i in range(n):
         eng.add_request(str(i), torch.randint(1, 10000, (64,), generator=g).tolist(),

@@ -56,6 +56,11 @@ def test_arm_configs_of_a_synthetic_sweep():
     assert arm_config("fixed:2", None, 0.0, keys) == {"method": "synthetic", "num_speculative_tokens": 2,
                                                       "draft_sample_method": "greedy", **keys}
     assert arm_config("adaptive:2", None, 1.0, None)["method"] == "dspark"
+    assert "adaptive_verification_step_costs" not in arm_config("adaptive:2", None, 0.0, None)
+    measured = arm_config("adaptive-measured:2", None, 0.0, None)
+    assert measured["enable_adaptive_verification"] and measured["adaptive_verification_step_costs"] == "measured"
+    with pytest.raises(SystemExit, match="unknown arm"):
+        arm_config("adaptive-wall:2", None, 0.0, None)
 
 
 def test_speculative_config_extra_is_a_json_object_or_a_clear_exit():

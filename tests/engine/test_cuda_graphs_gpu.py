@@ -205,7 +205,7 @@ def test_adaptive_plain_async_steps_on_gpu():
         drafts_at = lambda n: n % 5 == 0  # noqa: E731
         if async_mode:
             eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps + 1)
-            eng.spec.policy.plain_step_done = lambda: drafts_at(eng.stats.num_steps + 1)
+            eng.spec.policy.plain_step_done = lambda *a: drafts_at(eng.stats.num_steps + 1)
         else:
             eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

@@ -232,13 +232,14 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
                                max_model_len=eng.max_model_len,
                                max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
                                scratch_block=eng.scratch_block, capture_layers=list(eng.spec.capture_layers),
-                               mixed_sizes=[(2, 16), (4, 40)])
+                               mixed_sizes=[(2, 16), (4, 40)], write_context=eng.spec.setup.write_context)
             g.capture(eager=True)
             eng.runner.graphs = g
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
         engines[mixed] = eng
     eager, graphed = engines[False], engines[True]
     assert graphed.runner.num_mixed_graph_steps > 3 and eager.runner.num_mixed_graph_steps == 0
+    assert graphed.spec.num_context_rows_written_eagerly == 0  # the mixed graphs wrote every chunk's context
     assert graphed.stats.num_graphed_steps > 3 and graphed.stats.num_verified_tokens > 0
     owned = eager.scratch_block * eager.config.block_size  # the scratch block holds whatever padding wrote last
     torch.testing.assert_close([c[:owned] for layer in graphed.spec.kv_caches for c in layer],
@@ -266,3 +267,61 @@ def test_verify_rows_without_a_graph_are_not_split(pair):
     assert runner.num_split_steps == 0 and runner.num_eager_steps == 1
     runner.execute([ForwardItem([1], 5, table, 1), chunk])  # a decode row the graphs serve
     assert runner.num_split_steps == 1
+
+
+def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair, tmp_path, monkeypatch):
+    """Adaptive speculation's plain async steps replay the target's decode and mixed graphs, which
+    write the drafter's context inside the graph (engine/cuda_graphs.py, write_context), so no
+    eager write follows them. With a drafter that attends to its context, every proposal (drafts
+    and confidences) equals the synchronous engine's, whose plain steps write it eagerly: a graph
+    that wrote nothing, or wrote the wrong rows, changes them."""
+    prompts = _prompts(4)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path)}
+    # the policy is scripted below: its tables are never read (profiling them in Triton's interpreter
+    # would take most of this test's time)
+    from adaspec.spec_decode import profiler
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
+
+    monkeypatch.setattr(profiler, "build_cost_model", lambda *a, **kw: CostModel(CostTable([1, 64], [1.0, 2.0]),
+                                                                                  CostTable([1, 8], [0.1, 0.2])))
+    runs = []
+    for graphed in (False, True):
+        llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=4, device="cpu",
+                  max_num_batched_tokens=64, skip_tokenizer_init=True, async_scheduling=graphed)
+        eng = llm.llm_engine
+        spec = eng.spec
+        if graphed:
+            g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
+                               max_model_len=eng.max_model_len,
+                               max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
+                               scratch_block=eng.scratch_block, capture_layers=list(spec.capture_layers),
+                               mixed_sizes=[(4, 64)], write_context=spec.setup.write_context)
+            g.capture(eager=True)
+            eng.runner.graphs = g
+        # step n (1-based) drafts iff n % 4 == 0, in both engines (the async one asks before a drafting
+        # step is counted, or after a plain one; the synchronous one inside the counted step)
+        ahead = 1 if graphed else 0
+        spec.policy.should_draft = lambda *a, e=eng, d=ahead: (e.stats.num_steps + d) % 4 == 0
+        spec.policy.plain_step_done = lambda *a, e=eng: (e.stats.num_steps + 1) % 4 == 0
+        proposals = []
+        propose = spec.drafter.propose
+
+        def recording(*a, _propose=propose, _out=proposals, **kw):
+            p = _propose(*a, **kw)
+            _out.append((p.tokens.tolist(), p.confidences.tolist()))
+            return p
+
+        spec.drafter.propose = recording
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * len(prompts))]
+        runs.append((eng, tokens, proposals))
+    (sync, want, ref), (eng, got, props) = runs
+    assert got == want
+    plain_replays = eng.runner.num_graph_steps + eng.runner.num_mixed_graph_steps
+    assert plain_replays > 5 and eng.stats.num_steps_draft_skipped > 0 and eng.async_scheduling
+    assert sync.runner.num_graph_steps == 0
+    assert len(ref) >= 4 and len(props) == len(ref)
+    for (tok0, conf0), (tok1, conf1) in zip(ref, props, strict=True):
+        assert tok0 == tok1
+        torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)

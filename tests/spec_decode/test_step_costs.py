@@ -108,7 +108,7 @@ def test_probes_announced_after_plain_steps_draft_the_next_step():
     """Under async scheduling a skipped step is followed by plain steps the engine runs without
     asking (plain_step_done counts them); every probe_every-th step drafts, paying or not."""
     expensive = CostModel(CostTable([1, 8], [1.0, 1.0]), CostTable([1, 8], [1000.0, 1000.0]))
-    policy = AdaptivePolicy(expensive, 7, probe_every=4, step_costs=MeasuredStepCosts())
+    policy = AdaptivePolicy(expensive, 7, probe_every=4, step_costs=MeasuredStepCosts(), probe_max=4)
     ids, limits = ["a"], np.array([7])
     decisions, draft_mode = [], True
     for _ in range(12):
