@@ -56,6 +56,9 @@ def add_subparser(sub) -> None:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the frozen target's layers (its features are most of a step's time) and the "
+                        "loss; falls back to eager if the compiler fails")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="wall-clock budget for the optimization: after a short probe, --steps is lowered to fit "
                         "(the cosine schedule follows the new total)")
@@ -102,6 +105,30 @@ def init_drafter(drafter, target, seed: int, from_target: bool = False) -> None:
             deepest = max(range(len(drafter.config.target_layer_ids)), key=lambda i: drafter.config.target_layer_ids[i])
             drafter.fc.weight.zero_()
             drafter.fc.weight[:, deepest * d:(deepest + 1) * d] = torch.eye(d)
+
+
+def _compile(target, loss_fn):
+    """torch.compile each layer of the frozen target (one graph for all: the layers are alike, the
+    batch shape fixed) and the loss. On the H200 the eager target took 47 of a step's 74 ms for the
+    code-0.6b preset, mostly unfused elementwise work (BENCHMARKS.md, run 11). -> (loss, compiled)."""
+    import sys
+
+    import torch
+
+    try:
+        for layer in target.model.layers:
+            layer.compile()
+        return torch.compile(loss_fn), True
+    except Exception as e:  # noqa: BLE001 - any backend problem: train eagerly instead
+        _uncompile(target)
+        print(f"torch.compile unavailable ({e}); training eagerly", file=sys.stderr)
+        return loss_fn, False
+
+
+def _uncompile(target) -> None:
+    for layer in target.model.layers:
+        if getattr(layer, "_compiled_call_impl", None) is not None:
+            layer._compiled_call_impl = None
 
 
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
@@ -162,7 +189,7 @@ def run(args) -> int:
 
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
     from adaspec.models.loader import load_target, model_dir
-    from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, sample_anchors
+    from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, float_stats, sample_anchors
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     torch.manual_seed(args.seed)
@@ -208,6 +235,9 @@ def run(args) -> int:
                    ckpt_path.with_suffix(".tmp"))
         ckpt_path.with_suffix(".tmp").replace(ckpt_path)
 
+    loss_fn, compiled = dspark_loss, False
+    if args.compile:  # after the sampler: self-distillation runs the target at other shapes
+        loss_fn, compiled = _compile(target, dspark_loss)
     n_train = sum(p.numel() for p in params)
     print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
           f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
@@ -221,6 +251,8 @@ def run(args) -> int:
     probe_t = None
     drafter.train()
     while step < args.steps:
+        if step in probe and device.type == "cuda":  # the loop never reads back otherwise: time the GPU's work
+            torch.cuda.synchronize(device)
         if step == probe[0]:
             probe_t = time.time()
         if step == probe[1]:
@@ -235,16 +267,29 @@ def run(args) -> int:
         lr = cosine_lr(step, args.steps, args.lr, args.warmup)
         for gparam in opt.param_groups:
             gparam["lr"] = lr
-        with amp:
-            bb = block_forward(target, drafter, ids, anchors)
-        loss, stats = dspark_loss(bb, gamma=args.gamma)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            with amp:
+                bb = block_forward(target, drafter, ids, anchors)
+            loss, stats = loss_fn(bb, gamma=args.gamma)
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
+            if not compiled:
+                raise
+            tqdm.write(f"compiled step failed ({type(e).__name__}: {e}); training eagerly")
+            loss_fn, compiled = dspark_loss, False
+            _uncompile(target)
+            opt.zero_grad(set_to_none=True)
+            with amp:
+                bb = block_forward(target, drafter, ids, anchors)
+            loss, stats = loss_fn(bb, gamma=args.gamma)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         bar.update(1)
         if step % args.log_every == 0 or step == args.steps:
+            stats = float_stats(stats)
             rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}
             history.append(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{stats['ce']:.2f}", acc1=f"{stats['accept'][0]:.2f}")

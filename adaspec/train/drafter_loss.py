@@ -65,7 +65,9 @@ def slot_weights(k: int, gamma: float, device=None) -> torch.Tensor:
 
 
 def dspark_loss(bb: BlockBatch, gamma: float = 4.0, w_ce: float = 0.1, w_l1: float = 0.9, w_bce: float = 1.0):
-    """-> (scalar loss, dict of per-slot float stats for logging)."""
+    """-> (scalar loss, dict of stat tensors for logging: float_stats turns them into numbers).
+    Nothing here reads a tensor back, so a training loop that logs every N steps syncs only then,
+    and torch.compile can fuse the whole loss (its [B, A, k, V] float32 passes dominate it)."""
     k = bb.logits.shape[-2]
     logq = torch.log_softmax(bb.logits, dim=-1)
     q = logq.exp()
@@ -79,13 +81,18 @@ def dspark_loss(bb: BlockBatch, gamma: float = 4.0, w_ce: float = 0.1, w_l1: flo
     loss = (per_slot * w).sum()
     with torch.no_grad():
         stats = {
-            "ce": ce.mean().item(),
-            "l1": l1.mean().item(),
-            "bce": bce.mean().item(),
-            "accept": soft_label.flatten(0, -2).mean(0).tolist(),  # per slot E[min(p,q)] at T=1
-            "conf": torch.sigmoid(bb.conf_logits).flatten(0, -2).mean(0).tolist(),
+            "ce": ce.mean(),
+            "l1": l1.mean(),
+            "bce": bce.mean(),
+            "accept": soft_label.flatten(0, -2).mean(0),  # per slot E[min(p,q)] at T=1
+            "conf": torch.sigmoid(bb.conf_logits).flatten(0, -2).mean(0),
         }
     return loss, stats
+
+
+def float_stats(stats: dict[str, torch.Tensor]) -> dict:
+    """dspark_loss's stats as numbers: scalars as floats, per-slot ones as lists (one read back)."""
+    return {k: v.item() if v.ndim == 0 else v.tolist() for k, v in stats.items()}
 
 
 def cosine_lr(step: int, total: int, base: float, warmup_frac: float = 0.04) -> float:

@@ -66,8 +66,8 @@ _CODE_06B = {
         "layers": 1, "block_size": 7, "markov_rank": 64, "init": "target",
         "sd_num_seqs": 1024, "sd_prompt_len": 32, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 1024,
         "corpus_frac": 0.25, "seq_len": 256, "batch_size": 32, "anchors_per_seq": 64,
-        "steps": 1800, "max_minutes": 3.0, "lr": 1e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
-        "save_dtype": "bfloat16", "log_every": 100,
+        "steps": 4000, "max_minutes": 3.0, "lr": 1e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
+        "save_dtype": "bfloat16", "log_every": 100, "compile": True,
     },
     # calibration prompts: windows of the val split (the eval prompts come from the stdlib's test split);
     # "eval-code": the packaged eval-code prompts after the eval's 250 (same distribution as the

@@ -4,7 +4,7 @@ block_forward + dspark_loss + backward + AdamW), on a random-weight target of th
 anchors per sequence, k = 7, 1 layer). Prints ms per step and the top CUDA kernels, split into the
 frozen target's forward and the rest. Writes $OUT/drafter_train_profile.txt.
 
-    python3 benchmarks/probes/drafter_train_profile.py [--steps 20]
+    python3 benchmarks/probes/drafter_train_profile.py [--steps 20] [--compile]
 """
 import argparse
 import json
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter  # noqa: E402
 from adaspec.models.loader import load_target  # noqa: E402
-from adaspec.train.drafter import init_drafter  # noqa: E402
+from adaspec.train.drafter import _compile, init_drafter  # noqa: E402
 from adaspec.train.drafter_loss import block_forward, dspark_loss, sample_anchors, target_features  # noqa: E402
 from adaspec.train.pair_presets import PRESETS  # noqa: E402
 from qwen3_shapes import write_shape  # noqa: E402
@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--preset", default="code-0.6b", help="micro: a CPU smoke test of this script")
     ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--compile", action="store_true", help="then time the compiled step too (profiled last)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -60,12 +61,14 @@ def main():
     g = torch.Generator().manual_seed(0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
 
+    loss_fn = [dspark_loss]
+
     def step():
         ids = torch.randint(4, args.vocab, (B, T), generator=g).to(dev)
         anchors = sample_anchors(B, T, dcfg.block_size, A, g).to(dev)
         with amp:
             bb = block_forward(target, drafter, ids, anchors)
-        loss, _ = dspark_loss(bb)
+        loss, _ = loss_fn[0](bb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -76,10 +79,23 @@ def main():
         with amp, torch.no_grad():
             target_features(target, ids, dcfg.target_layer_ids)
 
+    def compile_all():
+        loss_fn[0], ok = _compile(target, dspark_loss)
+        assert ok, "torch.compile failed"
+
     lines = []
-    for name, fn in (("full step", step), ("target features only", target_only)):
+    runs = [("full step", step), ("target features only", target_only)]
+    if args.compile:  # the same, compiled as `train drafter --compile` does (warm-up steps compile)
+        runs += [("compile", compile_all), ("full step, compiled", step), ("target features only, compiled", target_only)]
+    for name, fn in runs:
+        if name == "compile":
+            fn()
+            continue
+        t_warm = time.perf_counter()
         for _ in range(5):
             fn()
+        sync()
+        print(f"{name}: warm-up (5 steps) {time.perf_counter() - t_warm:.1f} s", flush=True)
         sync()
         t0 = time.perf_counter()
         for _ in range(args.steps):

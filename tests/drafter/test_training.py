@@ -102,3 +102,39 @@ def test_commands_end_to_end(trained_target, tmp_path, capsys):
     assert [r["temperature"] for r in runs] == [0.0, 1.0]
     assert all(len(r["cond_acceptance"]) == 3 and r["tau"] >= 1.0 for r in runs)
     assert "confidence_calibrated" in runs[0]
+
+
+def test_train_drafter_compile_falls_back_to_eager(trained_target, tmp_path, capsys, monkeypatch):
+    """--compile (the code-0.6b preset's, for the GPU): a compiler that fails when the compiled
+    step runs, or already when asked to compile, leaves an eager training that completes."""
+    import torch.nn as nn
+
+    from adaspec.cli import main
+    from adaspec.models.drafter import load_drafter
+
+    _, tcfg, tdir = trained_target
+    data = tmp_path / "seqs.npy"
+    np.save(data, chain_sequences(32, 40, seed=7).numpy().astype(np.uint16))
+
+    def argv(out):
+        return ["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(out), "--block-size",
+                "3", "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4", "--anchors-per-seq", "8",
+                "--steps", "3", "--log-every", "1", "--save-dtype", "float32", "--device", "cpu", "--compile"]
+
+    def broken_compile(fn, *a, **kw):
+        def run(*args, **kwargs):
+            raise RuntimeError("inductor exploded")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    assert main(argv(tmp_path / "d1")) == 0
+    assert "compiled step failed (RuntimeError: inductor exploded); training eagerly" in capsys.readouterr().out
+    load_drafter(tmp_path / "d1", target_cfg=tcfg)
+
+    def no_compiler(self, *a, **kw):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(nn.Module, "compile", no_compiler)
+    assert main(argv(tmp_path / "d2")) == 0
+    assert "torch.compile unavailable (no compiler here); training eagerly" in capsys.readouterr().err
+    load_drafter(tmp_path / "d2", target_cfg=tcfg)
