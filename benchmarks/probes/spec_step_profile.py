@@ -1,0 +1,96 @@
+"""GPU probe: what the graphed speculative step's two graphs cost against the no-spec engine's
+decode graph, at small batches where per-user speed is decided. The Qwen3-0.6B shape with the
+code-0.6b pair's vocabulary (16384), random weights, fixed:7 with synthetic acceptance (timing
+only). After a few real steps (so the static buffers hold a real step's inputs) each graph is
+replayed alone: ms per replay (CUDA events, 200 replays) and its kernels (torch.profiler, 20
+replays: count and the top ones by time). Writes $OUT/spec_step_profile.txt.
+
+    python3 benchmarks/probes/spec_step_profile.py [--batch 1,16]
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adaspec import LLM, SamplingParams  # noqa: E402
+from offline_sweep import shape_model_dir  # noqa: E402
+
+CURVE = [0.72, 0.68, 0.68, 0.71, 0.73, 0.78, 0.83]
+
+
+def engine(n, spec, model_dir):
+    cfg = {"method": "synthetic", "num_speculative_tokens": 7, "synthetic_acceptance": CURVE,
+           "draft_sample_method": "greedy"} if spec else None
+    llm = LLM(model_dir, load_format="dummy", max_num_seqs=n, speculative_config=cfg, skip_tokenizer_init=True,
+              max_model_len=2048)
+    eng = llm.llm_engine
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        eng.add_request(str(i), torch.randint(1, 10000, (64,), generator=g).tolist(),
+                        SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True))
+    for _ in range(20):
+        eng.step()
+    torch.cuda.synchronize()
+    return eng
+
+
+def time_replays(replay, n=200):
+    for _ in range(10):
+        replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def kernels(replay, n=20):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            replay()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.key_averages() if (getattr(e, "self_device_time_total", 0) or 0) > 0]
+    count = sum(e.count for e in evs) / n
+    total = sum(e.self_device_time_total for e in evs) / n / 1e3
+    top = sorted(evs, key=lambda e: -e.self_device_time_total)[:25]
+    lines = [f"  {e.self_device_time_total / n:8.1f} us  x{e.count / n:5.1f}  {e.key[:110]}" for e in top]
+    return count, total, "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="1,16")
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = shape_model_dir("qwen3-0.6b", '{"vocab_size": 16384}')
+    report = []
+    for n in (int(x) for x in args.batch.split(",")):
+        plain = engine(n, False, model_dir)
+        g = plain.runner.graphs
+        key = g.pick(n, 1)
+        graphs = {"none: decode graph": g.graphs[key].replay}
+        spec = engine(n, True, model_dir)
+        s = spec.spec.graphed
+        b = next(x for x in s.batch_sizes if x >= n)
+        graphs["fixed:7: propose graph"] = s.propose_graphs[b].replay
+        graphs["fixed:7: verify graph (Q=8)"] = s.verify_graphs[(b, s.levels[-1])].replay
+        for name, replay in graphs.items():
+            ms = time_replays(replay)
+            count, total, top = kernels(replay)
+            line = f"batch {n}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels ({total:.3f} ms of kernel time)"
+            print(line, flush=True)
+            report.append(f"==== {line}\n{top}\n")
+        del plain, spec
+        torch.cuda.empty_cache()
+    (out_dir / "spec_step_profile.txt").write_text("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()
