@@ -108,11 +108,11 @@ class SpeculativeConfig:
     # 0: the tables alone, as vLLM's adaptive verification prices steps
     adaptive_verification_step_overhead_ms: float | str = 0.0
     # whether drafting pays in a step is judged on the cost tables alone ("tables", as vLLM), or on
-    # the tables scaled by what each kind of step (drafting; plain, async where the engine schedules
-    # async) has cost per batch-size bucket ("measured", spec_decode/step_costs.py). On the H200
-    # "measured" raised adaptive throughput 1.15x at 64 and 1.29x at 256 requests of the 0.6B shape
-    # but chose plain steps at 16 requests of the real pair where drafting made more (BENCHMARKS.md,
-    # run 10), so it is opt-in
+    # the tokens per request per ms that each kind of step (drafting; plain, async where the engine
+    # schedules async) has really made at this batch-size bucket ("measured", spec_decode/step_costs.py;
+    # the tables until both kinds were measured there, probes of both kinds keep them fresh). Opt-in
+    # until measured on the real pair (BENCHMARKS.md, run 11): its first version (the tables scaled
+    # by measured wall / priced ratios) chose plain steps at 16 requests where drafting made more
     adaptive_verification_step_costs: str = "tables"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5

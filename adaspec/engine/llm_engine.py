@@ -368,7 +368,7 @@ class LLMEngine:
                 self._count_step(scheduled)
                 # the first of a run is not timed: the next step waits for its GPU work
                 policy.plan_plain(len(scheduled), sum(s.num_tokens for s in scheduled),
-                                  timed=self._in_flight is not None)
+                                  timed=self._in_flight is not None, tokens=sum(1 for s in scheduled if s.samples))
                 launched = self._launch_plain_step(scheduled)
                 self.stats.num_steps_draft_skipped += decision is False or not was_drafting
             previous, self._in_flight = self._in_flight, launched

@@ -88,6 +88,10 @@ ops = _Ops()
 
 
 def use_compiled() -> None:
-    """Compile the pointwise ops for CUDA tensors (idempotent). Called by the engine before it
-    captures CUDA graphs; compilation happens at the first call of each op (the graphs' warm-up)."""
+    """Compile the pointwise ops for CUDA tensors (idempotent), and the samplers' keyed random
+    numbers (sample/random.py). Called by the engine before it captures CUDA graphs; compilation
+    happens at the first call of each op (the graphs' warm-up)."""
+    from adaspec.sample.random import compile_for_cuda
+
     ops.compile()
+    compile_for_cuda()

@@ -73,6 +73,12 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
     seeds: [N] int64 (one per request); positions: [N] or [N, K] int64 sequence positions;
     anchors: optional, broadcastable to positions (the draft block's anchor position).
     """
+    if _compiled is not None and positions.is_cuda:
+        return _compiled(seeds, positions, stream, anchors)
+    return _keyed_uniforms(seeds, positions, stream, anchors)
+
+
+def _keyed_uniforms(seeds, positions, stream, anchors):
     seeds = seeds.to(torch.int64)
     while seeds.dim() < positions.dim():
         seeds = seeds.unsqueeze(-1)
@@ -83,6 +89,21 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
     h = _mix32(h ^ seed_hi)
     h = _mix32(h ^ seed_lo)
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+# keyed_uniforms for CUDA tensors compiled into one kernel (compile_for_cuda): written as torch
+# ops the hash is ~50 integer kernels per call, and a speculative step makes several calls: on the
+# H200 they were ~280 of a batch-1 step's ~975 kernels (BENCHMARKS.md, run 11). Integer operations
+# and one exact conversion, so the compiled values equal the eager ones bit for bit.
+_compiled = None
+
+
+def compile_for_cuda() -> None:
+    """Use a torch.compile'd keyed_uniforms for CUDA tensors from now on (idempotent; CPU tensors
+    keep the eager one). Called with models.fused.use_compiled, before CUDA graphs are captured."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_keyed_uniforms, dynamic=True, fullgraph=True)
 
 
 def sample_categorical(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

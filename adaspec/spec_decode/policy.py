@@ -284,28 +284,43 @@ class FixedPolicy:
     def observe_step(self, wall_ms: float) -> None:
         pass
 
+    def step_tokens(self, tokens: int) -> None:
+        pass
+
 
 class AdaptivePolicy:
     """Besides the budget, decides whether drafting pays at all this step (beyond vLLM, whose
-    budget can only drop to B = 0 after the drafts were paid for): the best expected rate with
-    drafting, (n_sampling + sum of the B best OLD survivals) / (draft_ms(R) + verify_ms(T + B)),
-    against a plain step's n_sampling / verify_ms(T), each divided by what that kind of step has
-    really cost against its tables (step_costs.MeasuredStepCosts, when given). Old confidences
-    and past steps' times only, so the choice never depends on a current draft (lossless). Every
-    `probe_every`-th step without drafts drafts anyway, to refresh confidences (and the drafted
-    steps' measured cost) that would otherwise stay as old as the last drafted step. A probe costs
-    a drafting step where plain ones pay better (at 256 requests of the Qwen3-0.6B shape on the
-    H200, ~10x a plain step), so each probe after which the policy still skips doubles the
-    interval, up to `probe_max`; a step that drafts because it pays, or a load that moved by more
-    than 1.5x since the last decision, brings it back to `probe_every`.
+    budget can only drop to B = 0 after the drafts were paid for). From the tables: the best
+    expected rate with drafting, (n_sampling + sum of the B best OLD survivals) / (draft_ms(R) +
+    verify_ms(T + B)), against a plain step's n_sampling / verify_ms(T). With measured step costs
+    (step_costs.MeasuredStepCosts), once both kinds of step were measured at this batch-size
+    bucket: the tokens per request per ms each kind really made there. Old confidences and past
+    steps only, so the choice never depends on a current draft (lossless).
+
+    Probes keep both measurements fresh. Every `probe_interval`-th step without drafts drafts
+    anyway (refreshing the confidences, which would otherwise stay as old as the last drafted step,
+    and the drafting rate). A probe costs a drafting step where plain ones pay better (at 256
+    requests of the Qwen3-0.6B shape on the H200, ~3x a plain step), so each probe after which the
+    policy still skips doubles the interval, up to `probe_max`; a step that drafts because it
+    pays, or a load that moved by more than 1.5x since the last decision, brings it back to
+    `probe_every`. With measured costs, drafting steps are likewise interrupted by a plain probe
+    of PLAIN_PROBE_STEPS steps every `plain_probe_interval` drafting decisions (doubling while
+    drafting still wins after one), so a bucket where drafting looked better from the start still
+    learns what plain steps make there.
 
     Step timing (step_costs.py): the engine calls step_started() at the start of every step; a
     step this policy planned (plan, step_budget, a skip in should_draft, plan_plain) is measured
-    from its start to the next step's start.
+    from its start to the next step's start, with the tokens it emitted (plan_plain's, or
+    step_tokens after a drafting step).
 
     Under async scheduling (LLMEngine._adaptive_async_step) a step should_draft skips runs as an
     async plain step, and so do the steps after it, without asking again (plain_step_done counts
     them), until a probe drafts; the probe's confidences and time then decide the next step."""
+
+    # a plain probe's steps under async scheduling: the first after a drafting step is not timed (its
+    # GPU time is waited for in the next), the last not either (the drafting step after it waits for
+    # it), so 4 give two measured plain steps
+    PLAIN_PROBE_STEPS = 4
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
                  overhead=None, step_costs=None, probe_max: int | None = None):
@@ -322,36 +337,45 @@ class AdaptivePolicy:
         self.probe_every = probe_every
         self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
         self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)
+        self.plain_probe_interval = probe_every  # drafting decisions between plain probes (measured costs)
         self._after_probe = False  # the last step was a probe: the next decision may lengthen the interval
+        self._after_plain_probe = False  # likewise after a plain probe
+        self._plain_probe_left = 0  # steps of the running plain probe still to come
         self._decided_requests: int | None = None  # requests of the step should_draft last decided for
         self.skipped_in_a_row = 0
+        self.drafted_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
         self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
         self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
         self._started: float | None = None  # when the running step started (step_started)
-        self._open: tuple[str, int, float, float] | None = None  # (kind, requests, priced ms, start) being timed
+        self._open: list | None = None  # [kind, requests, start, tokens or None] of the step being timed
 
     def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None) -> float:
         """What the tables say a step of this shape costs (drafting when budget is not None)."""
         ms = float(np.ravel(step_verify_ms(self.tables, num_requests, base_tokens + (budget or 0)))[0])
         return ms + (float(self.tables.draft_ms(num_requests)) if budget is not None else 0.0)
 
-    def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True) -> None:
+    def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True,
+                   tokens: int | None = None) -> None:
         self._planned = (num_requests, base_tokens, budget)
         self._open = None
         if self.step_costs is not None and timed and self._started is not None:
             from adaspec.spec_decode.step_costs import DRAFT, PLAIN
 
-            self._open = (DRAFT if budget is not None else PLAIN, num_requests,
-                          self._priced_ms(num_requests, base_tokens, budget), self._started)
+            self._open = [DRAFT if budget is not None else PLAIN, num_requests, self._started, tokens]
+
+    def step_tokens(self, tokens: int) -> None:
+        """The step being timed emitted `tokens` (a drafting step reports them once read back)."""
+        if self._open is not None:
+            self._open[3] = tokens
 
     def step_started(self, now_s: float, measure_previous: bool = True) -> None:
         """A step starts at now_s (seconds, any monotonic clock): the step planned before it ends
         here. measure_previous=False drops it (the engine waited for it inside this step, e.g. to
         read back a step in flight before drafting: its interval would miss that wait)."""
-        if self._open is not None and measure_previous and self.step_costs is not None:
-            kind, r, priced, t0 = self._open
-            self.step_costs.observe(kind, r, 1e3 * (now_s - t0), priced)
+        if self._open is not None and measure_previous and self._open[3] is not None:
+            kind, r, t0, tokens = self._open
+            self.step_costs.observe(kind, r, 1e3 * (now_s - t0), tokens)
         self._open = None
         self._started = now_s
 
@@ -359,10 +383,11 @@ class AdaptivePolicy:
         """No step ran (nothing scheduled): the next interval is not a step's."""
         self._open, self._started = None, None
 
-    def plan_plain(self, num_requests: int, base_tokens: int, timed: bool = True) -> None:
-        """The engine runs a step without drafts on its own (asynchronously). timed=False: do not
-        measure it (the first of a run: its GPU time is waited for in the next step)."""
-        self._plan_step(num_requests, base_tokens, None, timed)
+    def plan_plain(self, num_requests: int, base_tokens: int, timed: bool = True, tokens: int | None = None) -> None:
+        """The engine runs a step without drafts on its own (asynchronously), emitting `tokens`
+        (its sampling rows; None: num_requests). timed=False: do not measure it (the first of a
+        run: its GPU time is waited for in the next step)."""
+        self._plan_step(num_requests, base_tokens, None, timed, num_requests if tokens is None else tokens)
 
     def observe_step(self, wall_ms: float) -> None:
         """The step this policy planned took wall_ms (host and GPU, all of it): update the
@@ -372,11 +397,9 @@ class AdaptivePolicy:
             return
         self.overhead.observe(wall_ms, self._priced_ms(*planned))
 
-    def _scale(self, kind: str, num_requests: int) -> float:
-        return self.step_costs.scale(kind, num_requests) if self.step_costs is not None else 1.0
-
     def _draft_pays(self, request_ids, n_sampling, base_tokens, limits) -> tuple[bool, int]:
-        """(drafting beats a plain step, B* if it drafts), from old survivals and past costs."""
+        """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or
+        from the measured rates of both kinds where there are some."""
         from adaspec.spec_decode.step_costs import DRAFT, PLAIN
 
         r = len(request_ids)
@@ -386,9 +409,12 @@ class AdaptivePolicy:
         # the same objective choose_budget maximizes (same old survivals, limits, step shape):
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
         b = int(np.argmax(objective))
-        with_drafts = float(objective[b]) / self._scale(DRAFT, r)
-        plain_ms = float(np.ravel(step_verify_ms(self.cost, r, base_tokens))[0]) * self._scale(PLAIN, r)
-        return with_drafts > n_sampling / max(plain_ms, 1e-12), b
+        if self.step_costs is not None:
+            drafting, plain = self.step_costs.rate(DRAFT, r), self.step_costs.rate(PLAIN, r)
+            if drafting is not None and plain is not None:
+                return drafting >= plain, b
+        plain_ms = float(np.ravel(step_verify_ms(self.cost, r, base_tokens))[0])
+        return float(objective[b]) > n_sampling / max(plain_ms, 1e-12), b
 
     def _probe_due(self) -> bool:
         if self._probe_next:  # plain_step_done announced a probe for this step
@@ -403,28 +429,52 @@ class AdaptivePolicy:
     def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
         """Whether the step about to run drafts (when not, it is planned as a plain step)."""
         self._budget_now = None
+        if self._plain_probe_left > 0:  # a plain probe's steps, where the engine asks every step
+            self._plain_probe_left -= 1
+            return self._skip(request_ids, base_tokens, n_sampling, probe=True)
         if self._probe_due():
             return True
         self._decided_requests = len(request_ids)
         after_probe, self._after_probe = self._after_probe, False
+        after_plain_probe, self._after_plain_probe = self._after_plain_probe, False
         pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
         if pays:
             self._budget_now = b
             self.skipped_in_a_row = 0
             self.probe_interval = self.probe_every
+            if after_plain_probe:  # drafting still wins: look at plain steps less often
+                self.plain_probe_interval = min(2 * self.plain_probe_interval, self.probe_max)
+            self.drafted_in_a_row += 1
+            if self.step_costs is not None and self.drafted_in_a_row >= self.plain_probe_interval:
+                self.drafted_in_a_row = 0
+                self._budget_now = None
+                self._after_plain_probe = True
+                self._plain_probe_left = self.PLAIN_PROBE_STEPS - 1
+                return self._skip(request_ids, base_tokens, n_sampling, probe=True)
             return True
         if after_probe:  # the probe's fresh confidences and times still say skip: probe less often
             self.probe_interval = min(2 * self.probe_interval, self.probe_max)
-        self.skipped_in_a_row += 1
-        self._plan_step(len(request_ids), base_tokens, None)
+        self.plain_probe_interval = self.probe_every
+        return self._skip(request_ids, base_tokens, n_sampling)
+
+    def _skip(self, request_ids, base_tokens, n_sampling, probe: bool = False) -> bool:
+        """Plan this step without drafts; probe: a plain probe's step, not counted toward the
+        drafting probes (those are for runs of plain steps the policy chose)."""
+        self.drafted_in_a_row = 0
+        if not probe:
+            self.skipped_in_a_row += 1
+        self._plan_step(len(request_ids), base_tokens, None, tokens=n_sampling)
         return False
 
     def plain_step_done(self, num_requests: int | None = None) -> bool:
         """The engine ran a plain step of num_requests on its own (async scheduling, after a step
         this policy skipped): count it toward the next probe. -> whether the next step should ask
-        should_draft again: at a probe (which then drafts whatever the survivals say), or when the
-        load moved by more than 1.5x since the last decision (which decides afresh, and probes
-        at the shortest interval again)."""
+        should_draft again: at a probe (which then drafts whatever the survivals say), at the end
+        of a plain probe, or when the load moved by more than 1.5x since the last decision (which
+        decides afresh, and probes at the shortest interval again)."""
+        if self._plain_probe_left > 0:
+            self._plain_probe_left -= 1
+            return self._plain_probe_left == 0
         self.skipped_in_a_row += 1
         ref = self._decided_requests
         if num_requests is not None and ref and not ref / 1.5 <= num_requests <= 1.5 * ref:

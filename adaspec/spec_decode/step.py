@@ -192,10 +192,12 @@ class SpeculativeDecoder:
         so the engine's stop checks and outputs for them overlap it. Every row is reported once."""
         t0 = time.perf_counter()
         callback_s = 0.0
+        emitted = 0
 
         def report(indices, results):
-            nonlocal callback_s
+            nonlocal callback_s, emitted
             c0 = time.perf_counter()
+            emitted += sum(len(tokens) for tokens, _ in results)
             on_ready(indices, results)
             callback_s += time.perf_counter() - c0
 
@@ -203,6 +205,7 @@ class SpeculativeDecoder:
             self._run(scheduled, report)
         finally:
             self._decided = None  # decide_drafting's answer holds for one step
+        self.policy.step_tokens(emitted)  # the measured step costs' yield of this step
         # the adaptive policy learns what a step costs beyond its tables (when it measures that:
         # step_overhead.py); the wall time covers both parts of a mixed step and the read backs,
         # not the engine's work on the tokens

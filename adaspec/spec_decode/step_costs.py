@@ -1,4 +1,4 @@
-"""What each kind of step really costs against what the cost tables price it at.
+"""What each kind of step really yields per unit of time, measured on the running engine.
 
 The cost tables (profiler.py) time replays of the propose and verify graphs on dummy inputs. A
 real step pays more, and not in the same proportion for both kinds of step: a step that drafts is
@@ -9,11 +9,14 @@ plain step of the no-spec engine 2.4 ms (BENCHMARKS.md, run 8), a gap the tables
 policy that prices both from the tables drafts where a plain step makes more tokens per second.
 
 `MeasuredStepCosts` keeps, per kind ("draft", "plain") and per batch-size bucket (powers of two of
-the step's requests), an exponential average of wall time / priced time; the policy divides each
-kind's expected token rate by its ratio. The walls are engine step-to-step intervals (everything
-the loop does until it starts the next step), of past steps only, so no decision depends on a
-current draft (lossless, policy.py). A kind never measured at a bucket borrows the nearest measured
-bucket's ratio, else 1 (the tables alone).
+the step's requests), an exponential average of the tokens a step of that kind produced per
+request per millisecond of wall time: the objective itself, realized, so neither the tables' prices
+nor the confidences' calibration enter the draft-or-not choice once both kinds are measured at a
+bucket. (Run 10 and 11 scaled the tables' prices by measured wall / priced ratios instead; at 16
+requests that chose plain steps where drafting made 1.2x the tokens.) The walls are engine
+step-to-step intervals (everything the loop does until it starts the next step) and the tokens
+those the step emitted, of past steps only: no decision depends on a current draft (lossless,
+policy.py).
 """
 from __future__ import annotations
 
@@ -21,11 +24,11 @@ DRAFT, PLAIN = "draft", "plain"
 
 
 class MeasuredStepCosts:
-    def __init__(self, alpha: float = 0.2, clip: tuple[float, float] = (0.25, 50.0)):
-        # alpha: weight of the newest step; clip: one outlier step (a garbage collection, a stall)
-        # moves a ratio by at most alpha * clip
-        self.alpha, self.clip = alpha, clip
-        self.ratio: dict[tuple[str, int], float] = {}
+    def __init__(self, alpha: float = 0.3, min_samples: int = 2):
+        # alpha: weight of the newest step (acceptance drifts with the text, the batch with arrivals);
+        # min_samples: a bucket's rate is used once that many steps of the kind were measured there
+        self.alpha, self.min_samples = alpha, min_samples
+        self.rates: dict[tuple[str, int], float] = {}
         self.samples: dict[tuple[str, int], int] = {}
 
     @staticmethod
@@ -33,31 +36,27 @@ class MeasuredStepCosts:
         """1 -> 1, 2-3 -> 2, 4-7 -> 3, ..., 256-511 -> 9."""
         return max(1, int(num_requests)).bit_length()
 
-    def observe(self, kind: str, num_requests: int, wall_ms: float, priced_ms: float) -> None:
+    def observe(self, kind: str, num_requests: int, wall_ms: float, tokens: int) -> None:
+        """A step of `kind` over num_requests took wall_ms and emitted `tokens`."""
         if kind not in (DRAFT, PLAIN):
             raise ValueError(f"step kind must be {DRAFT!r} or {PLAIN!r}, got {kind!r}")
-        if not priced_ms > 0 or not wall_ms >= 0:
+        if not wall_ms > 0 or num_requests < 1 or tokens < 0:
             return
-        lo, hi = self.clip
-        r = min(hi, max(lo, wall_ms / priced_ms))
+        r = tokens / (num_requests * wall_ms)
         key = (kind, self.bucket(num_requests))
         n = self.samples.get(key, 0)
-        self.ratio[key] = r if n == 0 else self.alpha * r + (1.0 - self.alpha) * self.ratio[key]
+        self.rates[key] = r if n == 0 else self.alpha * r + (1.0 - self.alpha) * self.rates[key]
         self.samples[key] = n + 1
 
-    def scale(self, kind: str, num_requests: int) -> float:
-        """wall / priced for a step of this kind and size: its bucket's, else the nearest measured
-        bucket's (the smaller one on a tie), else 1."""
-        b = self.bucket(num_requests)
-        measured = [k for (kd, k) in self.ratio if kd == kind]
-        if not measured:
-            return 1.0
-        nearest = min(measured, key=lambda k: (abs(k - b), k))
-        return self.ratio[(kind, nearest)]
+    def rate(self, kind: str, num_requests: int) -> float | None:
+        """Tokens per request per ms of this kind at this batch size's bucket, or None (not yet
+        measured min_samples times there)."""
+        key = (kind, self.bucket(num_requests))
+        return self.rates[key] if self.samples.get(key, 0) >= self.min_samples else None
 
     def snapshot(self) -> dict[str, dict[int, float]]:
-        """{kind: {bucket: ratio}}, for logs and benchmark records."""
+        """{kind: {bucket: tokens per request per ms}}, for logs and benchmark records."""
         out: dict[str, dict[int, float]] = {DRAFT: {}, PLAIN: {}}
-        for (kind, b), r in sorted(self.ratio.items()):
-            out[kind][b] = round(r, 3)
+        for (kind, b), r in sorted(self.rates.items()):
+            out[kind][b] = round(r, 4)
         return out

@@ -1,5 +1,6 @@
 """Measured step costs (spec_decode/step_costs.py) and the adaptive policy's draft-or-not choice
-with them, on a fake clock: what each kind of step really took against its tables decides."""
+with them, on a fake clock: the tokens per request per ms each kind of step really made decide,
+once both kinds were measured at a batch-size bucket; probes of both kinds keep them fresh."""
 import numpy as np
 import pytest
 
@@ -13,22 +14,19 @@ def test_buckets_are_powers_of_two():
     assert [b(n) for n in (0, 1, 2, 3, 4, 7, 8, 255, 256, 511)] == [1, 1, 2, 2, 3, 3, 4, 8, 9, 9]
 
 
-def test_ratio_is_an_average_per_kind_and_bucket_with_nearest_fallback():
-    m = MeasuredStepCosts(alpha=0.5, clip=(0.25, 10.0))
-    assert m.scale(DRAFT, 64) == 1.0  # nothing measured: the tables alone
-    m.observe(DRAFT, 64, 30.0, 10.0)
-    assert m.scale(DRAFT, 64) == pytest.approx(3.0)
-    m.observe(DRAFT, 100, 10.0, 10.0)  # same bucket (64-127): 0.5 * 1 + 0.5 * 3
-    assert m.scale(DRAFT, 64) == pytest.approx(2.0)
-    assert m.scale(PLAIN, 64) == 1.0  # kinds are separate
-    assert m.scale(DRAFT, 1) == pytest.approx(2.0)  # nearest measured bucket
-    m.observe(DRAFT, 4, 500.0, 1.0)  # clipped to 10
-    assert m.scale(DRAFT, 4) == pytest.approx(10.0)
-    assert m.scale(DRAFT, 16) == pytest.approx(10.0)  # bucket 5: 3 away from 64's 7, 2 from 4's 3
-    m.observe(DRAFT, 8, 1.0, 0.0)  # nothing priced: ignored
-    assert m.snapshot() == {DRAFT: {3: 10.0, 7: 2.0}, PLAIN: {}}
+def test_rate_is_an_average_per_kind_and_bucket_once_measured_enough():
+    m = MeasuredStepCosts(alpha=0.5, min_samples=2)
+    assert m.rate(DRAFT, 64) is None  # nothing measured: the tables decide
+    m.observe(DRAFT, 64, 10.0, 192)  # 192 tokens over 64 requests in 10 ms: 0.3 per request per ms
+    assert m.rate(DRAFT, 64) is None  # one sample is not enough
+    m.observe(DRAFT, 100, 10.0, 100)  # same bucket (64-127): 0.1; averaged 0.5 * 0.1 + 0.5 * 0.3
+    assert m.rate(DRAFT, 64) == pytest.approx(0.2)
+    assert m.rate(PLAIN, 64) is None and m.rate(DRAFT, 32) is None  # kinds and buckets are separate
+    m.observe(PLAIN, 8, 0.0, 8)  # no time: ignored
+    m.observe(PLAIN, 0, 1.0, 8)  # no requests: ignored
+    assert m.snapshot() == {DRAFT: {7: 0.2}, PLAIN: {}}
     with pytest.raises(ValueError, match="step kind"):
-        m.observe("verify", 1, 1.0, 1.0)
+        m.observe("verify", 1, 1.0, 1)
 
 
 def _cost():
@@ -46,15 +44,25 @@ class _Clock:
         return self.t
 
 
-def _drafted_step(policy, ids, clock, wall_ms):
-    """One step that drafts (as the engine runs it), taking wall_ms."""
+def _drafted_step(policy, ids, clock, wall_ms, tokens):
+    """One step that drafts (as the engine runs it), taking wall_ms, emitting `tokens`."""
     limits = np.full(len(ids), 7)
     policy.step_budget(ids, len(ids), len(ids), limits)
     policy.observe(ids, np.full((len(ids), 7), 0.6))
+    policy.step_tokens(tokens)
     policy.step_started(clock.advance(wall_ms))
 
 
-def test_drafted_steps_that_cost_more_than_priced_turn_the_policy_to_plain_steps():
+def _plain_steps(policy, n, clock, wall_ms, r=64):
+    for _ in range(n):
+        policy.plan_plain(r, r)
+        policy.step_started(clock.advance(wall_ms))
+
+
+@pytest.mark.parametrize("draft_ms, want_draft", [(20.0, False), (6.0, True)])
+def test_the_kind_that_made_more_tokens_per_ms_decides(draft_ms, want_draft):
+    """Drafting steps made 192 tokens for 64 requests; plain steps 64 in 4 ms (0.25 per request per
+    ms). In 20 ms drafting makes 0.15: plain wins, whatever the tables say; in 6 ms 0.5: drafting."""
     ids = [f"r{i}" for i in range(64)]
     limits = np.full(64, 7)
     measured, tables = (AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=c)
@@ -62,46 +70,65 @@ def test_drafted_steps_that_cost_more_than_priced_turn_the_policy_to_plain_steps
     for policy in (measured, tables):
         clock = _Clock()
         policy.step_started(clock.t)
-        for _ in range(10):  # priced at ~3.6 ms, each took 20 ms
-            _drafted_step(policy, ids, clock, 20.0)
-    assert measured.step_costs.scale(DRAFT, 64) > 4
-    assert tables.should_draft(ids, 64, 64, limits)  # the tables alone never see it
-    assert not measured.should_draft(ids, 64, 64, limits)
+        for _ in range(3):
+            _drafted_step(policy, ids, clock, draft_ms, 192)
+        _plain_steps(policy, 3, clock, 4.0)
+    assert measured.step_costs.rate(DRAFT, 64) == pytest.approx(192 / 64 / draft_ms)
+    assert measured.step_costs.rate(PLAIN, 64) == pytest.approx(0.25)
+    assert tables.should_draft(ids, 64, 64, limits)  # the tables alone price drafting as cheap
+    assert measured.should_draft(ids, 64, 64, limits) == want_draft
+    assert measured.should_draft([f"r{i}" for i in range(8)], 8, 8, np.full(8, 7))  # bucket 4: tables
 
 
-def test_plain_steps_that_cost_more_than_priced_turn_it_back():
-    ids = [f"r{i}" for i in range(64)]
-    limits = np.full(64, 7)
-    policy = AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=MeasuredStepCosts())
+def test_untimed_waited_and_idle_intervals_are_not_measured():
+    policy = AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=MeasuredStepCosts(min_samples=1))
     clock = _Clock()
     policy.step_started(clock.t)
-    for _ in range(10):
-        _drafted_step(policy, ids, clock, 20.0)
-    assert not policy.should_draft(ids, 64, 64, limits)  # this step runs plain, not measured (the first of
-    policy.plan_plain(64, 64, timed=False)                # a run under async scheduling)  # first of a run: not measured
-    policy.step_started(clock.advance(1.0))
-    assert PLAIN not in {k for k, _ in policy.step_costs.ratio}
-    for _ in range(10):  # plain steps priced at ~2.1 ms took 30 ms each
-        policy.plan_plain(64, 64)
-        policy.step_started(clock.advance(30.0))
-    assert policy.step_costs.scale(PLAIN, 64) > 10
-    assert policy.should_draft(ids, 64, 64, limits)
-
-
-def test_waited_and_idle_intervals_are_not_measured():
-    policy = AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=MeasuredStepCosts())
-    clock = _Clock()
-    policy.step_started(clock.t)
+    policy.plan_plain(8, 8, timed=False)  # the first of an async run
+    policy.step_started(clock.advance(5.0))
     policy.plan_plain(8, 8)
     policy.step_started(clock.advance(50.0), measure_previous=False)  # the next step waited for it
     policy.plan_plain(8, 8)
     policy.idle()  # nothing was scheduled: the engine waited for requests
     policy.step_started(clock.advance(1000.0))
+    policy.step_budget(["a"], 1, 1, np.array([7]))  # a drafting step whose tokens were never reported
+    policy.step_started(clock.advance(3.0))
     assert policy.step_costs.samples == {}
-    policy.plan_plain(8, 8)  # a fresh interval from the step after the idle one
+    policy.plan_plain(8, 8, tokens=6)  # a fresh interval from the step after the idle one; 6 rows sampled
     policy.step_started(clock.advance(5.0))
     assert policy.step_costs.samples == {(PLAIN, 4): 1}
-    assert policy.step_costs.scale(PLAIN, 8) == pytest.approx(5.0 / (2.0 + 0.002 * 8))
+    assert policy.step_costs.rate(PLAIN, 8) == pytest.approx(6 / 8 / 5.0)
+
+
+def test_plain_probes_interrupt_drafting_and_back_off_while_drafting_wins():
+    """With measured costs a run of drafting decisions is interrupted every plain_probe_interval
+    decisions by PLAIN_PROBE_STEPS plain steps (here the engine asks every step, as without async
+    scheduling); each probe after which drafting still wins doubles the interval."""
+    cheap = CostModel(CostTable([1, 8], [1.0, 1.0]), CostTable([1, 8], [0.01, 0.01]))
+    policy = AdaptivePolicy(cheap, 7, probe_every=2, probe_max=8, step_costs=MeasuredStepCosts())
+    n = AdaptivePolicy.PLAIN_PROBE_STEPS
+    decisions = "".join("D" if policy.should_draft(["a"], 1, 1, np.array([7])) else "p" for _ in range(40))
+    # drafts once, then the interval of 2 is reached: a plain probe; drafting wins (tables) after
+    # it, so the next comes after 4 drafting decisions, then 8 (probe_max)
+    p = "p" * n
+    assert decisions == "D" + p + "DDD" + p + "DDDDDDD" + p + "DDDDDDD" + p + "DDDDDD"
+    assert policy.plain_probe_interval == 8
+    assert "p" * (n + 1) not in decisions  # never a longer plain run: drafting pays throughout
+    # without measured costs there are no plain probes
+    tables = AdaptivePolicy(cheap, 7, probe_every=2, probe_max=8)
+    assert all(tables.should_draft(["a"], 1, 1, np.array([7])) for _ in range(40))
+
+
+def test_plain_probe_under_async_scheduling_ends_after_its_steps():
+    """Under async scheduling the engine asks should_draft once and then reports plain steps:
+    plain_step_done asks for a decision again after the probe's last step."""
+    cheap = CostModel(CostTable([1, 8], [1.0, 1.0]), CostTable([1, 8], [0.01, 0.01]))
+    policy = AdaptivePolicy(cheap, 7, probe_every=2, probe_max=2, step_costs=MeasuredStepCosts())
+    assert policy.should_draft(["a"], 1, 1, np.array([7]))
+    assert not policy.should_draft(["a"], 1, 1, np.array([7]))  # the second drafting decision: a plain probe
+    assert [policy.plain_step_done(1) for _ in range(AdaptivePolicy.PLAIN_PROBE_STEPS - 1)] == [False, False, True]
+    assert policy.should_draft(["a"], 1, 1, np.array([7]))  # asked again: drafting (the tables) wins
+    assert not policy.should_draft(["a"], 1, 1, np.array([7]))  # and the next probe, 2 decisions on
 
 
 def test_probes_announced_after_plain_steps_draft_the_next_step():
