@@ -73,17 +73,26 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
     seeds: [N] int64 (one per request); positions: [N] or [N, K] int64 sequence positions;
     anchors: optional, broadcastable to positions (the draft block's anchor position).
     """
-    if _compiled is not None and positions.is_cuda:
-        return _compiled(seeds, positions, stream, anchors)
+    if _compiling and positions.is_cuda:
+        fast = _compiled.get(stream) or _compile_stream(stream)
+        if fast is not None:
+            try:
+                return fast(seeds, positions, anchors)
+            except Exception as e:  # noqa: BLE001 - a compiler failure: the eager hash gives the same values
+                _give_up(e)
     return _keyed_uniforms(seeds, positions, stream, anchors)
 
 
 def _keyed_uniforms(seeds, positions, stream, anchors):
+    return _hash(seeds, positions, stream * 0x9E3779B9 & _M32, anchors)
+
+
+def _hash(seeds, positions, stream_key: int, anchors):
     seeds = seeds.to(torch.int64)
     while seeds.dim() < positions.dim():
         seeds = seeds.unsqueeze(-1)
     seed_lo, seed_hi = seeds & _M32, (seeds >> 32) & _M32
-    h = _mix32((positions.to(torch.int64) & _M32) ^ (stream * 0x9E3779B9 & _M32))
+    h = _mix32((positions.to(torch.int64) & _M32) ^ stream_key)
     if anchors is not None:
         h = _mix32(h ^ (anchors.to(torch.int64) & _M32))
     h = _mix32(h ^ seed_hi)
@@ -94,16 +103,40 @@ def _keyed_uniforms(seeds, positions, stream, anchors):
 # keyed_uniforms for CUDA tensors compiled into one kernel (compile_for_cuda): written as torch
 # ops the hash is ~50 integer kernels per call, and a speculative step makes several calls: on the
 # H200 they were ~280 of a batch-1 step's ~975 kernels (BENCHMARKS.md, run 11). Integer operations
-# and one exact conversion, so the compiled values equal the eager ones bit for bit.
-_compiled = None
+# and one exact conversion, so the compiled values equal the eager ones bit for bit. One compiled
+# function per stream, whose key is a constant of its closure: passed as an argument, the stream
+# became a symbolic integer that Inductor (torch 2.11) XORed as a float32, failing to compile.
+_compiling = False
+_compiled: dict = {}
 
 
 def compile_for_cuda() -> None:
-    """Use a torch.compile'd keyed_uniforms for CUDA tensors from now on (idempotent; CPU tensors
-    keep the eager one). Called with models.fused.use_compiled, before CUDA graphs are captured."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_keyed_uniforms, dynamic=True, fullgraph=True)
+    """Use torch.compile'd hashes for CUDA tensors from now on (idempotent; CPU tensors keep the
+    eager one). Called with models.fused.use_compiled, before CUDA graphs are captured; each
+    stream compiles at its first call. A compiler failure falls back to the eager hash for good."""
+    global _compiling
+    _compiling = True
+
+
+def _compile_stream(stream: int):
+    key = stream * 0x9E3779B9 & _M32
+
+    def hash_of_stream(seeds, positions, anchors):
+        return _hash(seeds, positions, key, anchors)
+
+    _compiled[stream] = torch.compile(hash_of_stream, dynamic=True, fullgraph=True)
+    return _compiled[stream]
+
+
+def _give_up(err: Exception) -> None:
+    global _compiling
+    if _compiling:
+        import logging
+
+        logging.getLogger("adaspec").warning("compiling keyed_uniforms failed (%s: %s); using the eager hash",
+                                             type(err).__name__, str(err)[:300])
+    _compiling = False
+    _compiled.clear()
 
 
 def sample_categorical(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -52,3 +52,21 @@ def test_compiled_keyed_uniforms_equal_the_eager_ones_bit_for_bit():
             want = rnd._keyed_uniforms(s, pos, stream, anc)
             got = rnd.keyed_uniforms(s.to(dev), pos.to(dev), stream, None if anc is None else anc.to(dev))
             assert torch.equal(got.cpu(), want), (stream, tuple(pos.shape), anc is None)
+    assert rnd._compiling and set(rnd._compiled) == {rnd.SAMPLE, rnd.ACCEPT, rnd.DRAFT}  # no fallback to eager
+
+
+def test_a_hash_that_does_not_compile_falls_back_to_the_eager_one(monkeypatch):
+    from adaspec.sample import random as rnd
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("inductor exploded")
+        return run
+
+    monkeypatch.setattr(rnd, "_compiling", True)
+    monkeypatch.setattr(rnd, "_compiled", {})
+    monkeypatch.setattr(torch, "compile", broken)
+    seeds, pos = torch.arange(4, device="cuda"), torch.arange(4, device="cuda") * 7
+    assert torch.equal(rnd.keyed_uniforms(seeds, pos, rnd.SAMPLE).cpu(),
+                       rnd._keyed_uniforms(seeds.cpu(), pos.cpu(), rnd.SAMPLE, None))
+    assert not rnd._compiling and rnd._compiled == {}
