@@ -1,11 +1,53 @@
-"""Print a Markdown table (mean ± std over repeats) from an offline_sweep.py JSON."""
+"""Print Markdown tables (mean ± std over repeats) from an offline_sweep.py JSON; with --png PATH
+also plot the frontier: output throughput against median per-user speed, one line per arm, each
+point a concurrency (error bars: ± one standard deviation over the repeats).
+
+    python3 benchmarks/summarize_sweep.py SWEEP.json [--png frontier.png]
+"""
+import argparse
 import json
 import statistics
-import sys
 
 
-def main(path: str) -> None:
+def plot(doc: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["rows"]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        pts = []
+        for c in sorted({r["concurrency"] for r in rows if r["arm"] == arm}):
+            sel = [r for r in rows if r["arm"] == arm and r["concurrency"] == c and r.get("median_user_speed")]
+            if not sel:
+                continue
+            xs, ys = [r["output_throughput"] for r in sel], [r["median_user_speed"] for r in sel]
+            sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)  # noqa: E731
+            pts.append((c, statistics.mean(xs), statistics.mean(ys), sd(xs), sd(ys)))
+        line = ax.errorbar([p[1] for p in pts], [p[2] for p in pts], xerr=[p[3] for p in pts],
+                           yerr=[p[4] for p in pts], marker="o", capsize=3, label=arm)
+        for c, x, y, *_ in pts:
+            ax.annotate(f"C={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=line[0].get_color())
+    a = doc.get("args", {})
+    label = doc.get("synthetic_acceptance")
+    ax.set_xscale("log")
+    ax.set_xlabel("output throughput (tok/s)")
+    ax.set_ylabel("median per-user speed (tok/s)")
+    ax.set_title(f"T={a.get('temperature')}, {a.get('output_len')} output tokens, {a.get('repeats')} repeats"
+                 + (f"\n{label}" if label else ""), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(path: str, png: str | None = None) -> None:
     doc = json.load(open(path))
+    if png:
+        plot(doc, png)
     rows = doc["rows"]
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     concs = sorted({r["concurrency"] for r in rows})
@@ -28,4 +70,8 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep")
+    ap.add_argument("--png", default=None)
+    args = ap.parse_args()
+    main(args.sweep, args.png)

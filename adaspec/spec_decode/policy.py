@@ -359,7 +359,10 @@ class AdaptivePolicy:
                    tokens: int | None = None) -> None:
         self._planned = (num_requests, base_tokens, budget)
         self._open = None
-        if self.step_costs is not None and timed and self._started is not None:
+        # decode steps only: a step with prefill chunks emits few tokens for its time whichever kind
+        # it is, and the two kinds meet them in different phases (in H200 run 11 the plain steps
+        # measured at 128-255 requests were mostly the ramp's, so drafting looked 2-3x better there)
+        if self.step_costs is not None and timed and self._started is not None and base_tokens <= num_requests:
             from adaspec.spec_decode.step_costs import DRAFT, PLAIN
 
             self._open = [DRAFT if budget is not None else PLAIN, num_requests, self._started, tokens]

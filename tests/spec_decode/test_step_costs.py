@@ -93,6 +93,11 @@ def test_untimed_waited_and_idle_intervals_are_not_measured():
     policy.step_started(clock.advance(1000.0))
     policy.step_budget(["a"], 1, 1, np.array([7]))  # a drafting step whose tokens were never reported
     policy.step_started(clock.advance(3.0))
+    policy.plan_plain(8, 200, tokens=5)  # prefill chunks ride along: only decode steps are compared
+    policy.step_started(clock.advance(9.0))
+    policy.step_budget(["a", "b"], 1, 60, np.array([7, 0]))
+    policy.step_tokens(4)
+    policy.step_started(clock.advance(9.0))
     assert policy.step_costs.samples == {}
     policy.plan_plain(8, 8, tokens=6)  # a fresh interval from the step after the idle one; 6 rows sampled
     policy.step_started(clock.advance(5.0))
