@@ -177,3 +177,28 @@ def device_sync_sites(fn) -> list[str]:
         finally:
             torch.cuda.set_sync_debug_mode(0)
     return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "called a synchronizing" in str(w.message)]
+
+
+def record_proposals(drafter) -> list:
+    """Wrap drafter.propose so that every proposal's (tokens, confidences) lands, as lists, in the
+    returned list: tests compare what a drafter proposed under two engines."""
+    out = []
+    propose = drafter.propose
+
+    def recording(*a, **kw):
+        p = propose(*a, **kw)
+        out.append((p.tokens.tolist(), p.confidences.tolist()))
+        return p
+
+    drafter.propose = recording
+    return out
+
+
+def assert_same_proposals(want: list, got: list, atol: float = 1e-5) -> None:
+    """Two record_proposals lists: the same drafts, and confidences within atol."""
+    import torch
+
+    assert len(want) == len(got), f"{len(want)} proposals against {len(got)}"
+    for (tok0, conf0), (tok1, conf1) in zip(want, got):
+        assert tok0 == tok1
+        torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=atol, rtol=atol)

@@ -13,7 +13,8 @@ from adaspec import LLM, SamplingParams
 from adaspec.engine.async_step import PENDING
 from adaspec.errors import ConfigError
 from adaspec.sampling_params import RequestOutputKind
-from adaspec.testing import make_bigram_drafter_dir, make_micro_drafter_dir, make_micro_model_dir
+from adaspec.testing import (assert_same_proposals, make_bigram_drafter_dir, make_micro_drafter_dir,
+                             make_micro_model_dir, record_proposals)
 
 
 @pytest.fixture(scope="module")
@@ -108,23 +109,13 @@ def test_plain_async_steps_write_the_drafters_context(pair, tmp_path):
             runner, execute = llm.llm_engine.runner, llm.llm_engine.runner.execute
             runner.execute = lambda *a, _execute=execute, **kw: dataclasses.replace(
                 _execute(*a, **kw), positions=None, slot_mapping=None)
-        spec, proposals = llm.llm_engine.spec, []
-        propose = spec.drafter.propose
-
-        def recording(*a, _propose=propose, _out=proposals, **kw):
-            p = _propose(*a, **kw)
-            _out.append((p.tokens.tolist(), p.confidences.tolist()))
-            return p
-
-        spec.drafter.propose = recording
+        proposals = record_proposals(llm.llm_engine.spec.drafter)
         llm.generate(prompts, params)
         runs.append((llm.llm_engine.stats.num_steps, proposals))
     assert len(runs[0][1]) >= 5
     for other in runs[1:]:
         assert runs[0][0] == other[0]
-        for (tok0, conf0), (tok1, conf1) in zip(runs[0][1], other[1], strict=True):
-            assert tok0 == tok1
-            torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)
+        assert_same_proposals(runs[0][1], other[1])
 
 
 def test_abort_while_a_plain_step_is_in_flight(pair, tmp_path):

@@ -14,7 +14,8 @@ pytest.importorskip("triton")
 
 from adaspec import LLM, SamplingParams  # noqa: E402
 from adaspec.engine.cuda_graphs import GraphedForward, capture_sizes  # noqa: E402
-from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir  # noqa: E402
+from adaspec.testing import (assert_same_proposals, make_micro_drafter_dir, make_micro_model_dir,  # noqa: E402
+                             record_proposals)
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs CUDA or Triton's interpreter")
@@ -305,15 +306,7 @@ def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair
         ahead = 1 if graphed else 0
         spec.policy.should_draft = lambda *a, e=eng, d=ahead: (e.stats.num_steps + d) % 4 == 0
         spec.policy.plain_step_done = lambda *a, e=eng: (e.stats.num_steps + 1) % 4 == 0
-        proposals = []
-        propose = spec.drafter.propose
-
-        def recording(*a, _propose=propose, _out=proposals, **kw):
-            p = _propose(*a, **kw)
-            _out.append((p.tokens.tolist(), p.confidences.tolist()))
-            return p
-
-        spec.drafter.propose = recording
+        proposals = record_proposals(spec.drafter)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * len(prompts))]
         runs.append((eng, tokens, proposals))
     (sync, want, ref), (eng, got, props) = runs
@@ -321,7 +314,5 @@ def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair
     plain_replays = eng.runner.num_graph_steps + eng.runner.num_mixed_graph_steps
     assert plain_replays > 5 and eng.stats.num_steps_draft_skipped > 0 and eng.async_scheduling
     assert sync.runner.num_graph_steps == 0
-    assert len(ref) >= 4 and len(props) == len(ref)
-    for (tok0, conf0), (tok1, conf1) in zip(ref, props, strict=True):
-        assert tok0 == tok1
-        torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=1e-5, rtol=1e-5)
+    assert len(ref) >= 4
+    assert_same_proposals(ref, props)
