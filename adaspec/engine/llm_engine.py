@@ -367,8 +367,9 @@ class LLMEngine:
             if scheduled:
                 self._count_step(scheduled)
                 # the first of a run is not timed: the next step waits for its GPU work
-                policy.plan_plain(len(scheduled), sum(s.num_tokens for s in scheduled),
-                                  timed=self._in_flight is not None, tokens=sum(1 for s in scheduled if s.samples))
+                measured = policy.step_costs is not None  # only the measured policy counts the rows
+                policy.plan_plain(len(scheduled), sum(s.num_tokens for s in scheduled), timed=self._in_flight is not None,
+                                  tokens=sum(1 for s in scheduled if s.samples) if measured else None)
                 launched = self._launch_plain_step(scheduled)
                 self.stats.num_steps_draft_skipped += decision is False or not was_drafting
             previous, self._in_flight = self._in_flight, launched

@@ -193,11 +193,13 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         callback_s = 0.0
         emitted = 0
+        counting = getattr(self.policy, "step_costs", None) is not None  # only the measured policy reads it
 
         def report(indices, results):
             nonlocal callback_s, emitted
             c0 = time.perf_counter()
-            emitted += sum(len(tokens) for tokens, _ in results)
+            if counting:
+                emitted += sum(len(tokens) for tokens, _ in results)
             on_ready(indices, results)
             callback_s += time.perf_counter() - c0
 
@@ -205,7 +207,8 @@ class SpeculativeDecoder:
             self._run(scheduled, report)
         finally:
             self._decided = None  # decide_drafting's answer holds for one step
-        self.policy.step_tokens(emitted)  # the measured step costs' yield of this step
+        if counting:
+            self.policy.step_tokens(emitted)  # the measured step costs' yield of this step
         # the adaptive policy learns what a step costs beyond its tables (when it measures that:
         # step_overhead.py); the wall time covers both parts of a mixed step and the read backs,
         # not the engine's work on the tokens
