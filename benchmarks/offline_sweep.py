@@ -106,7 +106,7 @@ def run_point(llm, prompts, params):
 
 
 def policy_step_costs(eng) -> dict | None:
-    """The adaptive policy's measured wall / priced ratios per step kind and batch-size bucket at
+    """The adaptive policy's measured tokens per request per ms per step kind and batch-size bucket at
     the end of a point (spec_decode/step_costs.py); None where it does not measure them."""
     costs = getattr(getattr(getattr(eng, "spec", None), "policy", None), "step_costs", None)
     return None if costs is None else costs.snapshot()

@@ -2,8 +2,8 @@
 every engine.step() call, classified as a drafting step (after a drafting step, or right after a
 plain one: a probe or a switch), or a plain step, with or without prefill rows. The Qwen3-0.6B
 shape with the pair's vocabulary (16384), random weights, synthetic acceptance (timing only),
-greedy, 64 output tokens. For the adaptive arms the policy's measured wall / priced ratios are
-printed too. Writes $OUT/step_kinds_trace.json.
+greedy, 64 output tokens. For the measured policy's arm its measured step costs are printed too
+(tokens per request per ms per kind and bucket since ceabd37; wall / priced ratios before). Writes $OUT/step_kinds_trace.json.
 
     python3 benchmarks/probes/step_kinds_trace.py [--concurrency 16] [--arms fixed:7,adaptive-measured:7]
 """
@@ -91,7 +91,7 @@ def main():
                 print(f"    {k:<24} {v['steps']:4d} steps  median {v['median_ms']:7.3f} ms  mean {v['mean_ms']:7.3f} ms"
                       f"  {v['tokens_per_step']:6.1f} tokens/step", flush=True)
             if r["policy_step_costs"]:
-                print(f"    measured wall / priced: {r['policy_step_costs']}", flush=True)
+                print(f"    measured step costs: {r['policy_step_costs']}", flush=True)
     (out_dir / "step_kinds_trace.json").write_text(json.dumps(results, indent=1))
 
 
