@@ -75,11 +75,10 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
     """
     if _compiling and positions.is_cuda:
         fast = _compiled.get(stream) or _compile_stream(stream)
-        if fast is not None:
-            try:
-                return fast(seeds, positions, anchors)
-            except Exception as e:  # noqa: BLE001 - a compiler failure: the eager hash gives the same values
-                _give_up(e)
+        try:
+            return fast(seeds, positions, anchors)
+        except Exception as e:  # noqa: BLE001 - a compiler failure: the eager hash gives the same values
+            _give_up(e)
     return _keyed_uniforms(seeds, positions, stream, anchors)
 
 

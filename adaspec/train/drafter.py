@@ -115,20 +115,16 @@ def _compile(target, loss_fn):
 
     import torch
 
+    from adaspec.train.target import _uncompile_layers
+
     try:
         for layer in target.model.layers:
             layer.compile()
         return torch.compile(loss_fn), True
     except Exception as e:  # noqa: BLE001 - any backend problem: train eagerly instead
-        _uncompile(target)
+        _uncompile_layers(target)
         print(f"torch.compile unavailable ({e}); training eagerly", file=sys.stderr)
         return loss_fn, False
-
-
-def _uncompile(target) -> None:
-    for layer in target.model.layers:
-        if getattr(layer, "_compiled_call_impl", None) is not None:
-            layer._compiled_call_impl = None
 
 
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
@@ -190,6 +186,7 @@ def run(args) -> int:
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
     from adaspec.models.loader import load_target, model_dir
     from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, float_stats, sample_anchors
+    from adaspec.train.target import _uncompile_layers
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     torch.manual_seed(args.seed)
@@ -278,7 +275,7 @@ def run(args) -> int:
                 raise
             tqdm.write(f"compiled step failed ({type(e).__name__}: {e}); training eagerly")
             loss_fn, compiled = dspark_loss, False
-            _uncompile(target)
+            _uncompile_layers(target)
             opt.zero_grad(set_to_none=True)
             with amp:
                 bb = block_forward(target, drafter, ids, anchors)
