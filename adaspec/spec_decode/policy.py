@@ -47,6 +47,8 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from adaspec.spec_decode.step_costs import DRAFT, PLAIN
+
 try:  # torch is optional for the numpy path
     import torch
 except ImportError:  # pragma: no cover
@@ -349,6 +351,8 @@ class AdaptivePolicy:
         self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
         self._started: float | None = None  # when the running step started (step_started)
         self._open: list | None = None  # [kind, requests, start, tokens or None] of the step being timed
+        self._decided_by_rates = False  # the last decision compared measured rates (not the tables)
+        self._explored: dict[tuple[str, int], int] = {}  # (kind, bucket) -> steps explored ahead of schedule
 
     def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None) -> float:
         """What the tables say a step of this shape costs (drafting when budget is not None)."""
@@ -363,8 +367,6 @@ class AdaptivePolicy:
         # it is, and the two kinds meet them in different phases (in H200 run 11 the plain steps
         # measured at 128-255 requests were mostly the ramp's, so drafting looked 2-3x better there)
         if self.step_costs is not None and timed and self._started is not None and base_tokens <= num_requests:
-            from adaspec.spec_decode.step_costs import DRAFT, PLAIN
-
             self._open = [DRAFT if budget is not None else PLAIN, num_requests, self._started, tokens]
 
     def step_tokens(self, tokens: int) -> None:
@@ -403,8 +405,6 @@ class AdaptivePolicy:
     def _draft_pays(self, request_ids, n_sampling, base_tokens, limits) -> tuple[bool, int]:
         """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or
         from the measured rates of both kinds where there are some."""
-        from adaspec.spec_decode.step_costs import DRAFT, PLAIN
-
         r = len(request_ids)
         a = survival(self.budget.old_confidences(request_ids))
         a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
@@ -414,7 +414,8 @@ class AdaptivePolicy:
         b = int(np.argmax(objective))
         if self.step_costs is not None:
             drafting, plain = self.step_costs.rate(DRAFT, r), self.step_costs.rate(PLAIN, r)
-            if drafting is not None and plain is not None:
+            self._decided_by_rates = drafting is not None and plain is not None
+            if self._decided_by_rates:
                 return drafting >= plain, b
         plain_ms = float(np.ravel(step_verify_ms(self.cost, r, base_tokens))[0])
         return float(objective[b]) > n_sampling / max(plain_ms, 1e-12), b
@@ -448,17 +449,46 @@ class AdaptivePolicy:
             if after_plain_probe:  # drafting still wins: look at plain steps less often
                 self.plain_probe_interval = min(2 * self.plain_probe_interval, self.probe_max)
             self.drafted_in_a_row += 1
-            if self.step_costs is not None and self.drafted_in_a_row >= self.plain_probe_interval:
+            if self.step_costs is not None and (self.drafted_in_a_row >= self.plain_probe_interval
+                                                or self._explore(PLAIN, len(request_ids))):
                 self.drafted_in_a_row = 0
                 self._budget_now = None
                 self._after_plain_probe = True
                 self._plain_probe_left = self.PLAIN_PROBE_STEPS - 1
                 return self._skip(request_ids, base_tokens, n_sampling, probe=True)
             return True
+        if self._explore(DRAFT, len(request_ids)):
+            self.skipped_in_a_row = 0  # a drafting probe, ahead of the schedule
+            self._after_probe = True
+            return True
         if after_probe:  # the probe's fresh confidences and times still say skip: probe less often
             self.probe_interval = min(2 * self.probe_interval, self.probe_max)
         self.plain_probe_interval = self.probe_every
         return self._skip(request_ids, base_tokens, n_sampling)
+
+    def _explore_due(self, kind: str, num_requests: int) -> bool:
+        """Whether to run a step of `kind` now, ahead of the probe schedule, because that kind was
+        not measured yet at this batch-size bucket while the other kind was: the first decisions
+        there come from the tables, and waiting for the scheduled probe (16 or more steps) would
+        spend a short request's life on the kind the tables favour. Each kind is explored at most
+        once per bucket for plain (one plain probe) and min_samples times for drafting (one timed
+        step each), so steps that are never timed cannot loop."""
+        if self.step_costs is None:
+            return False
+        bucket = self.step_costs.bucket(num_requests)
+        other = DRAFT if kind == PLAIN else PLAIN
+        # the first decision at a bucket is the tables' (it measures the kind they favour)
+        if self.step_costs.rate(kind, num_requests) is not None or not self.step_costs.samples.get((other, bucket)):
+            return False
+        return self._explored.get((kind, bucket), 0) < (1 if kind == PLAIN else self.step_costs.min_samples)
+
+    def _explore(self, kind: str, num_requests: int) -> bool:
+        """_explore_due, counting the exploration when it is."""
+        if not self._explore_due(kind, num_requests):
+            return False
+        key = (kind, self.step_costs.bucket(num_requests))
+        self._explored[key] = self._explored.get(key, 0) + 1
+        return True
 
     def _skip(self, request_ids, base_tokens, n_sampling, probe: bool = False) -> bool:
         """Plan this step without drafts; probe: a plain probe's step, not counted toward the
@@ -473,12 +503,19 @@ class AdaptivePolicy:
         """The engine ran a plain step of num_requests on its own (async scheduling, after a step
         this policy skipped): count it toward the next probe. -> whether the next step should ask
         should_draft again: at a probe (which then drafts whatever the survivals say), at the end
-        of a plain probe, or when the load moved by more than 1.5x since the last decision (which
+        of a plain probe, once drafting is due to be explored at this bucket (_explore_due) or both
+        kinds are measured there after the tables decided, or when the load moved by more than 1.5x since the last decision (which
         decides afresh, and probes at the shortest interval again)."""
         if self._plain_probe_left > 0:
             self._plain_probe_left -= 1
             return self._plain_probe_left == 0
         self.skipped_in_a_row += 1
+        if num_requests is not None and self.step_costs is not None:
+            if self._explore_due(DRAFT, num_requests):
+                return True  # plain steps are measured here now, drafting is not: should_draft explores it
+            if not self._decided_by_rates and all(self.step_costs.rate(kind, num_requests) is not None
+                                                  for kind in (DRAFT, PLAIN)):
+                return True  # the skip came from the tables, and both kinds are measured here now
         ref = self._decided_requests
         if num_requests is not None and ref and not ref / 1.5 <= num_requests <= 1.5 * ref:
             self.probe_interval = self.probe_every

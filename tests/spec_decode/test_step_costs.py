@@ -164,3 +164,63 @@ def test_unknown_requests_count_as_the_population_average():
     assert AdaptiveBudget(_cost(), 3).old_confidences(["new"]).tolist() == [[1.0] * 3]  # default: 1.0
     with pytest.raises(ValueError, match="unknown"):
         AdaptiveBudget(_cost(), 3, unknown="zero")
+
+
+def _async_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
+    """The kinds of `steps` steps as LLMEngine._adaptive_async_step runs them (a drafting step reads
+    back the plain step in flight first; a skipped step runs plain until plain_step_done asks
+    again), on a fake clock where a drafting step takes draft_ms for draft_tokens and a plain
+    step plain_ms for one token per request."""
+    ids, limits = [f"r{i}" for i in range(r)], np.full(r, 7)
+    clock, kinds, draft_next, in_flight = _Clock(), [], True, False
+    for _ in range(steps):
+        policy.step_started(clock.t, measure_previous=not (draft_next and in_flight))
+        if draft_next:
+            in_flight = False
+        decision = policy.should_draft(ids, r, r, limits) if draft_next else None
+        if decision:
+            _drafted_step_body(policy, ids, limits, draft_tokens)
+            clock.advance(draft_ms)
+        else:
+            policy.plan_plain(r, r, timed=in_flight, tokens=r)
+            in_flight = True
+            clock.advance(plain_ms)
+        kinds.append("D" if decision else "p")
+        draft_next = decision is not False if draft_next else policy.plain_step_done(r)
+    return "".join(kinds)
+
+
+def _drafted_step_body(policy, ids, limits, tokens):
+    policy.step_budget(ids, len(ids), len(ids), limits)
+    policy.observe(ids, np.full((len(ids), 7), 0.6))
+    policy.step_tokens(tokens)
+
+
+def test_a_bucket_explores_the_kind_the_tables_did_not_choose_ahead_of_the_probes():
+    """Drafting looks cheap in the tables, but plain steps make more (0.25 against 0.15 tokens per
+    request per ms): after the tables' first drafting step the policy runs a plain probe at once
+    (not after probe_every drafting steps), and plain steps from the second drafting sample on."""
+    policy = AdaptivePolicy(_cost(), 7, step_costs=MeasuredStepCosts())  # probe_every 16
+    kinds = _async_engine_kinds(policy, 40, 64, draft_ms=20.0, draft_tokens=192, plain_ms=4.0)
+    n = AdaptivePolicy.PLAIN_PROBE_STEPS
+    assert kinds[: 1 + n + 1] == "D" + "p" * n + "D"  # tables, the plain probe, tables (draft not yet measured twice)
+    assert "D" not in kinds[1 + n + 1: 1 + n + 1 + 14]  # then plain: the rates decide
+    assert policy.step_costs.rate(PLAIN, 64) == pytest.approx(0.25)
+    assert policy.step_costs.rate(DRAFT, 64) == pytest.approx(192 / 64 / 20.0)
+
+
+def test_a_bucket_where_the_tables_skip_explores_drafting_once_plain_steps_are_timed():
+    """The tables price drafting as ruinous, but drafting steps make 0.5 tokens per request per ms
+    against plain's 0.25: once plain steps are measured, plain_step_done asks again and the policy
+    drafts twice to measure drafting, then keeps drafting."""
+    expensive = CostModel(CostTable([1, 512], [1.0, 1.0]), CostTable([1, 512], [1000.0, 1000.0]))
+    policy = AdaptivePolicy(expensive, 7, step_costs=MeasuredStepCosts())
+    kinds = _async_engine_kinds(policy, 30, 64, draft_ms=6.0, draft_tokens=192, plain_ms=4.0)
+    # the tables' choice (two of its steps timed), drafting explored twice, plain steps until they
+    # are measured twice (the one before a drafting step is not timed: that step waited for it),
+    # then the rates decide: drafting, interrupted by plain probes only
+    assert kinds.startswith("ppp" + "DD" + "ppp" + "D")
+    n = AdaptivePolicy.PLAIN_PROBE_STEPS
+    assert kinds[8:].replace("p" * n, "").count("p") == 0
+    assert "p" * n in kinds[8:]  # (there was a plain probe in the 30 steps)
+    assert policy.step_costs.rate(DRAFT, 64) == pytest.approx(0.5)
