@@ -197,7 +197,11 @@ def main() -> None:
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--arms", default="none,fixed:1,fixed:3,fixed:7,adaptive:7")
     ap.add_argument("--concurrency", default="1,4,16,64")
-    ap.add_argument("--num-prompts", type=int, default=None, help="default: 2 x concurrency, at least 8")
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="prompts per point (default: --prompts-per-concurrency x concurrency, at least 8)")
+    ap.add_argument("--prompts-per-concurrency", type=int, default=2,
+                    help="without --num-prompts: each point sends this many waves of C prompts; at 2 a point at "
+                         "C = 256 lasts under a second on the H200, so its ramps weigh as much as its steady state")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=3)
@@ -261,7 +265,7 @@ def main() -> None:
 
     def measure(arm, llm, arm_label, prompts, c, r):
         llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
-        n = args.num_prompts or max(8, 2 * c)
+        n = args.num_prompts or max(8, args.prompts_per_concurrency * c)
         params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
         if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
