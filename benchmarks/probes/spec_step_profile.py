@@ -3,9 +3,12 @@ decode graph, at small batches where per-user speed is decided. The Qwen3-0.6B s
 code-0.6b pair's vocabulary (16384), random weights, fixed:7 with synthetic acceptance (timing
 only). After a few real steps (so the static buffers hold a real step's inputs) each graph is
 replayed alone: ms per replay (CUDA events, 200 replays) and its kernels (torch.profiler, 20
-replays: count and the top ones by time). Writes $OUT/spec_step_profile.txt.
+replays: count and the top ones by time). --all-levels times the verify graph at every query
+level (not only Q = k + 1) and --tables builds the adaptive engine instead, so each graph's time
+stands beside what the policy's cost tables price it at (draft_ms(B), verify_ms(B * Q)). Writes
+$OUT/spec_step_profile.txt.
 
-    python3 benchmarks/probes/spec_step_profile.py [--batch 1,16]
+    python3 benchmarks/probes/spec_step_profile.py [--batch 1,16] [--all-levels] [--tables]
 """
 import argparse
 import os
@@ -22,9 +25,9 @@ from offline_sweep import shape_model_dir  # noqa: E402
 CURVE = [0.72, 0.68, 0.68, 0.71, 0.73, 0.78, 0.83]
 
 
-def engine(n, spec, model_dir):
+def engine(n, spec, model_dir, adaptive=False):
     cfg = {"method": "synthetic", "num_speculative_tokens": 7, "synthetic_acceptance": CURVE,
-           "draft_sample_method": "greedy"} if spec else None
+           "draft_sample_method": "greedy", "enable_adaptive_verification": adaptive} if spec else None
     llm = LLM(model_dir, load_format="dummy", max_num_seqs=n, speculative_config=cfg, skip_tokenizer_init=True,
               max_model_len=2048)
     eng = llm.llm_engine
@@ -66,6 +69,9 @@ def kernels(replay, n=20):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", default="1,16")
+    ap.add_argument("--all-levels", action="store_true", help="every verify query level, not only k + 1")
+    ap.add_argument("--tables", action="store_true", help="the adaptive engine, with its cost tables' prices")
+    ap.add_argument("--no-kernels", action="store_true", help="times only (no torch.profiler pass)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -76,15 +82,27 @@ def main():
         g = plain.runner.graphs
         key = g.pick(n, 1)
         graphs = {"none: decode graph": g.graphs[key].replay}
-        spec = engine(n, True, model_dir)
+        spec = engine(n, True, model_dir, adaptive=args.tables)
         s = spec.spec.graphed
         b = next(x for x in s.batch_sizes if x >= n)
-        graphs["fixed:7: propose graph"] = s.propose_graphs[b].replay
-        graphs["fixed:7: verify graph (Q=8)"] = s.verify_graphs[(b, s.levels[-1])].replay
+        cost = spec.spec.cost_model if args.tables else None
+        priced = {"none: decode graph": float(cost.verify_ms(b)) if cost is not None else None}
+        name = "adaptive:7" if args.tables else "fixed:7"
+        graphs[f"{name}: propose graph"] = s.propose_graphs[b].replay
+        priced[f"{name}: propose graph"] = float(cost.draft_ms(b)) if cost is not None else None
+        for q in (s.levels[1:] if args.all_levels else s.levels[-1:]):
+            graphs[f"{name}: verify graph (Q={q})"] = s.verify_graphs[(b, q)].replay
+            priced[f"{name}: verify graph (Q={q})"] = float(cost.verify_ms(b * q)) if cost is not None else None
         for name, replay in graphs.items():
             ms = time_replays(replay)
-            count, total, top = kernels(replay)
-            line = f"batch {n}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels ({total:.3f} ms of kernel time)"
+            price = f"; the tables price it at {priced[name]:.3f} ms" if priced.get(name) is not None else ""
+            if args.no_kernels:
+                line = f"batch {n}: {name}: {ms:.3f} ms per replay{price}"
+                top = ""
+            else:
+                count, total, top = kernels(replay)
+                line = (f"batch {n}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels ({total:.3f} ms of "
+                        f"kernel time){price}")
             print(line, flush=True)
             report.append(f"==== {line}\n{top}\n")
         del plain, spec
