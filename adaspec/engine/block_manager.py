@@ -30,6 +30,19 @@ class BlockManager:
         for _ in range(n):
             seq.block_table.append(self._free.pop())
 
+    def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """grow when the free blocks suffice (-> True), else change nothing (-> False)."""
+        table = seq.block_table
+        n = -(-num_tokens // self.block_size) - len(table)
+        if n <= 0:
+            return True
+        if n > len(self._free):
+            return False
+        free = self._free
+        for _ in range(n):
+            table.append(free.pop())
+        return True
+
     def shrink(self, seq: Sequence, num_tokens: int) -> None:
         """Give back blocks wholly beyond position num_tokens (after a rejected speculation)."""
         keep = -(-num_tokens // self.block_size)

@@ -65,23 +65,35 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def spec_slots_for(self, seq: Sequence) -> int:
-        """Draft slots a request would get if it were scheduled now."""
-        if not self.num_spec_tokens or not seq.is_decoding:
-            return 0
-        p = seq.params
-        remaining = self.max_model_len - len(seq.token_ids)
-        if p.max_tokens is not None:
-            remaining = min(remaining, p.max_tokens - seq.num_output_tokens)
-        # a step emits at most l + 1 tokens: drafts beyond remaining - 1 can never be used
-        return max(0, min(self.num_spec_tokens, remaining - 1))
+    def _running_need(self, seq: Sequence, drafts: bool, budget: int) -> tuple[int, int, int] | None:
+        """(tokens to run, draft slots, KV positions needed) for a running request this step, or
+        None when it already holds max_tokens or max_model_len tokens (a synchronous engine has
+        finished such a request; under async scheduling the last of them may still be in flight).
+        One pass over the request's counters: this runs for every request every step, ~30% of the
+        host's work in a speculative step at 256 requests when it went through properties.
 
-    def _ends_by_length(self, seq: Sequence) -> bool:
-        """The request holds max_tokens or max_model_len tokens. A synchronous engine has already
-        finished such a request; under async scheduling the last of them may still be in flight."""
+        Draft slots: only a decoding request drafts, at most num_spec_tokens, never beyond the
+        step's token budget, and never more than remaining - 1 (a step emits at most l + 1 tokens:
+        drafts past the request's end could never be used)."""
         p = seq.params
-        return (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-            len(seq.token_ids) >= self.max_model_len
+        n_tok = len(seq.token_ids)
+        n_out = n_tok - len(seq.prompt_token_ids)
+        if (p.max_tokens is not None and n_out >= p.max_tokens) or n_tok >= self.max_model_len:
+            return None
+        uncomputed = n_tok - seq.num_computed_tokens
+        decoding = uncomputed == 1 and n_out > 0
+        # a request recomputed after preemption stops one short under speculation (_prefill_left)
+        n = min(uncomputed - 1 if self.num_spec_tokens and n_out > 0 and not decoding else uncomputed, budget)
+        spec = 0
+        if drafts and decoding and self.num_spec_tokens:
+            remaining = self.max_model_len - n_tok
+            if p.max_tokens is not None:
+                remaining = min(remaining, p.max_tokens - n_out)
+            spec = max(0, min(self.num_spec_tokens, remaining - 1, budget - n))
+        total = seq.num_computed_tokens + n + spec
+        if spec:  # the draft block writes K/V up to the lookahead
+            total = max(total, seq.num_computed_tokens + self.draft_lookahead)
+        return n, spec, total
 
     def _prefill_left(self, seq: Sequence) -> int:
         """Tokens still to (re)compute before the request samples or drafts. Under speculation a
@@ -112,23 +124,17 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self._ends_by_length(seq):  # async scheduling: its last token, in flight, ends it
+            need = self._running_need(seq, drafts, budget)
+            if need is None:  # async scheduling: its last token, in flight, ends it
                 i += 1
                 continue
-            spec = self.spec_slots_for(seq) if drafts else 0
-            n = min(self._prefill_left(seq), budget)
-            if seq.is_decoding:
-                spec = min(spec, budget - n)  # never exceed the step's token budget
-            total = seq.num_computed_tokens + n + spec
-            if spec:
-                total = max(total, seq.num_computed_tokens + self.draft_lookahead)
-            while not self.bm.can_grow(seq, total):
+            n, spec, total = need
+            while not self.bm.try_grow(seq, total):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
-                self.bm.grow(seq, total)
                 out.append(ScheduledSeq(seq, n, spec))
                 budget -= n + spec
                 i += 1

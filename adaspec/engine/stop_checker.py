@@ -30,6 +30,12 @@ class StopChecker:
 
     def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
         """Append tokens until one ends the request. Returns how many were appended."""
+        if not seq.params.stop and seq.logprobs is None and self._stream(seq) is None:
+            return self._append_without_text(seq, tokens)
+        return self._append_each(seq, tokens, logprobs)
+
+    def _append_each(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None) -> int:
+        """append(), token by token: every condition checked after each token."""
         p = seq.params
         appended = 0
         text_set = False  # a stop string already cut the text
@@ -56,6 +62,35 @@ class StopChecker:
         if not text_set and self.tokenizer is not None and not self._text_at_finish_only(seq):
             self._update_text(seq)
         return appended
+
+    def _append_without_text(self, seq: Sequence, tokens: list[int]) -> int:
+        """append() for a request without stop strings, logprobs or a text stream: the same checks
+        in the same order per token (end-of-sequence, stop tokens, then max_tokens, then
+        max_model_len), found for the whole list at once instead of token by token (the per-token
+        loop was ~15% of the host's work in a speculative step at 256 requests)."""
+        p = seq.params
+        n_tok = len(seq.token_ids)
+        # the index of the token at which a length limit ends the request (at least the first:
+        # a token is always appended before the limits are checked)
+        room = self.max_model_len - n_tok
+        if p.max_tokens is not None:
+            room = min(room, p.max_tokens - (n_tok - len(seq.prompt_token_ids)))
+        ends_at, reason, stop_tok = max(room, 1) - 1, "length", None
+        if ends_at >= len(tokens):
+            ends_at, reason = len(tokens) - 1, None
+        stops = p.stop_token_ids
+        check_eos = not p.ignore_eos
+        for i in range(ends_at + 1):  # a stop token at or before the length limit wins
+            tok = tokens[i]
+            if (check_eos and tok in self.eos_token_ids) or tok in stops:
+                ends_at, reason, stop_tok = i, "stop", tok
+                break
+        seq.token_ids.extend(tokens[: ends_at + 1])
+        if reason is not None:
+            self._finish(seq, reason, stop_tok)
+        if self.tokenizer is not None and not self._text_at_finish_only(seq):
+            self._update_text(seq)  # a finished request's text, decoded once
+        return ends_at + 1
 
     @staticmethod
     def _text_at_finish_only(seq: Sequence) -> bool:

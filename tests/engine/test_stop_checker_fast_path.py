@@ -1,0 +1,54 @@
+"""The stop checker's whole-list path (requests without stop strings, logprobs or a text stream)
+ends every request exactly where the token-by-token path does: same tokens kept, same finish
+reason and stop reason, same count, same final text."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from adaspec.engine.sequence import Sequence
+from adaspec.engine.stop_checker import StopChecker
+from adaspec.models.registry import resolve_model_path
+from adaspec.models.tokenizer import Tokenizer
+from adaspec.sampling_params import RequestOutputKind, SamplingParams
+
+EOS = 2
+
+
+def _seq(prompt_len, generated, params):
+    seq = Sequence("r", None, list(range(10, 10 + prompt_len)), params)
+    seq.token_ids.extend(generated)
+    return seq
+
+
+def _both(checker, prompt_len, generated, tokens, params):
+    fast, slow = _seq(prompt_len, generated, params), _seq(prompt_len, generated, params)
+    n_fast = checker.append(fast, list(tokens))
+    n_slow = checker._append_each(slow, list(tokens), None)
+    return (n_fast, fast), (n_slow, slow)
+
+
+@settings(max_examples=400, deadline=None)
+@given(prompt_len=st.integers(1, 6), generated=st.lists(st.integers(0, 6), max_size=5),
+       tokens=st.lists(st.integers(0, 6), max_size=9), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
+       max_model_len=st.integers(2, 24), ignore_eos=st.booleans(), stops=st.lists(st.integers(3, 6), max_size=2))
+def test_the_whole_list_path_ends_where_the_token_by_token_path_does(prompt_len, generated, tokens, max_tokens,
+                                                                       max_model_len, ignore_eos, stops):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stops,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+    checker = StopChecker(None, max_model_len, eos_token_ids={EOS})
+    (n_fast, fast), (n_slow, slow) = _both(checker, prompt_len, generated, tokens, params)
+    assert n_fast == n_slow
+    assert fast.token_ids == slow.token_ids
+    assert (fast.finish_reason, fast.stop_reason) == (slow.finish_reason, slow.stop_reason)
+
+
+@pytest.mark.parametrize("tokens, want", [([5, EOS, 5], "stop"), ([5, 5, 5, 5, 5, 5], "length"), ([5], None)])
+def test_a_final_only_request_gets_its_whole_text_once_it_ends(tokens, want):
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    eos = min(tok.eos_token_ids)
+    tokens = [eos if t == EOS else 300 + t for t in tokens]
+    params = SamplingParams(max_tokens=4, output_kind=RequestOutputKind.FINAL_ONLY)
+    checker = StopChecker(tok, 64)
+    (n_fast, fast), (n_slow, slow) = _both(checker, 3, [], tokens, params)
+    assert (n_fast, fast.finish_reason, fast.output_text) == (n_slow, slow.finish_reason, slow.output_text)
+    assert fast.finish_reason == want
+    assert (fast.output_text != "") == (want is not None)  # decoded at the end only
