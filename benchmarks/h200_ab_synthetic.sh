@@ -30,7 +30,9 @@ if [ ! -f "$A_TREE/adaspec/__init__.py" ]; then
   echo "h200_ab_synthetic.sh: $A_TREE holds no adaspec/ package" >&2
   exit 2
 fi
-if [ ! -d "$A_TREE/adaspec/assets/models" ]; then cp -r adaspec/assets/models "$A_TREE/adaspec/assets/"; fi
+for d in models prompts; do  # what A lacks of the assets (a tree made without them), from this checkout
+  if [ ! -d "$A_TREE/adaspec/assets/$d" ]; then mkdir -p "$A_TREE/adaspec/assets"; cp -r "adaspec/assets/$d" "$A_TREE/adaspec/assets/"; fi
+done
 mkdir -p "$OUT"
 CURVE=$("$PYTHON" -c "
 import json, sys
