@@ -352,7 +352,8 @@ class AdaptivePolicy:
         self._started: float | None = None  # when the running step started (step_started)
         self._open: list | None = None  # [kind, requests, start, tokens or None] of the step being timed
         self._decided_by_rates = False  # the last decision compared measured rates (not the tables)
-        self._explored: dict[tuple[str, int], int] = {}  # (kind, bucket) -> steps explored ahead of schedule
+        # (kind, bucket) -> (steps explored ahead of schedule, step_costs.num_observed at the first)
+        self._explored: dict[tuple[str, int], tuple[int, int]] = {}
 
     def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None) -> float:
         """What the tables say a step of this shape costs (drafting when budget is not None)."""
@@ -475,19 +476,24 @@ class AdaptivePolicy:
         step each), so steps that are never timed cannot loop."""
         if self.step_costs is None:
             return False
-        bucket = self.step_costs.bucket(num_requests)
+        costs = self.step_costs
         other = DRAFT if kind == PLAIN else PLAIN
         # the first decision at a bucket is the tables' (it measures the kind they favour)
-        if self.step_costs.rate(kind, num_requests) is not None or not self.step_costs.samples.get((other, bucket)):
+        if costs.rate(kind, num_requests) is not None or not costs.count(other, num_requests):
             return False
-        return self._explored.get((kind, bucket), 0) < (1 if kind == PLAIN else self.step_costs.min_samples)
+        tried, since = self._explored.get((kind, costs.bucket(num_requests)), (0, 0))
+        if costs.num_observed - since > costs.max_age:  # explored long ago (the rate went stale since)
+            tried = 0
+        return tried < (1 if kind == PLAIN else costs.min_samples)
 
     def _explore(self, kind: str, num_requests: int) -> bool:
         """_explore_due, counting the exploration when it is."""
         if not self._explore_due(kind, num_requests):
             return False
         key = (kind, self.step_costs.bucket(num_requests))
-        self._explored[key] = self._explored.get(key, 0) + 1
+        tried, since = self._explored.get(key, (0, 0))
+        now = self.step_costs.num_observed
+        self._explored[key] = (tried + 1, since) if tried and now - since <= self.step_costs.max_age else (1, now)
         return True
 
     def _skip(self, request_ids, base_tokens, n_sampling, probe: bool = False) -> bool:

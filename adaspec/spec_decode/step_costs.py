@@ -24,12 +24,20 @@ DRAFT, PLAIN = "draft", "plain"
 
 
 class MeasuredStepCosts:
-    def __init__(self, alpha: float = 0.3, min_samples: int = 2):
+    def __init__(self, alpha: float = 0.3, min_samples: int = 2, max_age: int = 128):
         # alpha: weight of the newest step (acceptance drifts with the text, the batch with arrivals);
-        # min_samples: a bucket's rate is used once that many steps of the kind were measured there
-        self.alpha, self.min_samples = alpha, min_samples
+        # min_samples: a bucket's rate is used once that many steps of the kind were measured there;
+        # max_age: a rate not updated during that many measured steps (of any kind and bucket) is
+        # forgotten, and the next step of its kind there starts it afresh. In H200 run 12 the rate of
+        # drafting at 16-31 requests had been measured in the last steps of a point at 256 requests
+        # (requests near max_tokens, few draft slots, 0.46 tokens per request per ms); the next point
+        # at 16 requests, where drafting made 0.76, ran mostly plain steps while the stale average
+        # caught up through probes
+        self.alpha, self.min_samples, self.max_age = alpha, min_samples, max_age
         self.rates: dict[tuple[str, int], float] = {}
         self.samples: dict[tuple[str, int], int] = {}
+        self.num_observed = 0  # steps measured so far (the clock of max_age)
+        self._updated: dict[tuple[str, int], int] = {}  # key -> num_observed at its last update
 
     @staticmethod
     def bucket(num_requests: int) -> int:
@@ -44,15 +52,27 @@ class MeasuredStepCosts:
             return
         r = tokens / (num_requests * wall_ms)
         key = (kind, self.bucket(num_requests))
-        n = self.samples.get(key, 0)
+        n = self.count(kind, num_requests)  # 0 when stale: start afresh
         self.rates[key] = r if n == 0 else self.alpha * r + (1.0 - self.alpha) * self.rates[key]
         self.samples[key] = n + 1
+        self.num_observed += 1
+        self._updated[key] = self.num_observed
+
+    def count(self, kind: str, num_requests: int) -> int:
+        """Steps of this kind measured at this batch size's bucket since its rate was last
+        (re)started; 0 once the rate is stale (max_age)."""
+        key = (kind, self.bucket(num_requests))
+        n = self.samples.get(key, 0)
+        if n and self.num_observed - self._updated[key] > self.max_age:
+            return 0
+        return n
 
     def rate(self, kind: str, num_requests: int) -> float | None:
         """Tokens per request per ms of this kind at this batch size's bucket, or None (not yet
-        measured min_samples times there)."""
-        key = (kind, self.bucket(num_requests))
-        return self.rates[key] if self.samples.get(key, 0) >= self.min_samples else None
+        measured min_samples times there, or stale)."""
+        if self.count(kind, num_requests) < self.min_samples:
+            return None
+        return self.rates[(kind, self.bucket(num_requests))]
 
     def snapshot(self) -> dict[str, dict[int, float]]:
         """{kind: {bucket: tokens per request per ms}}, for logs and benchmark records."""

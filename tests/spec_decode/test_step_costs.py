@@ -224,3 +224,41 @@ def test_a_bucket_where_the_tables_skip_explores_drafting_once_plain_steps_are_t
     assert kinds[8:].replace("p" * n, "").count("p") == 0
     assert "p" * n in kinds[8:]  # (there was a plain probe in the 30 steps)
     assert policy.step_costs.rate(DRAFT, 64) == pytest.approx(0.5)
+
+
+def test_a_rate_not_updated_for_max_age_measured_steps_is_forgotten_and_restarted():
+    m = MeasuredStepCosts(alpha=0.5, min_samples=2, max_age=3)
+    for _ in range(2):
+        m.observe(DRAFT, 64, 10.0, 64)  # 0.1 per request per ms
+    assert m.rate(DRAFT, 64) == pytest.approx(0.1)
+    for _ in range(3):
+        m.observe(PLAIN, 1, 1.0, 1)  # other steps: the draft rate at 64 ages
+    assert m.rate(DRAFT, 64) == pytest.approx(0.1)  # 3 steps old: not yet stale
+    m.observe(PLAIN, 1, 1.0, 1)
+    assert m.rate(DRAFT, 64) is None and m.count(DRAFT, 64) == 0  # 4 steps old: forgotten
+    m.observe(DRAFT, 64, 1.0, 64)  # 1.0: starts afresh, not averaged with the stale 0.1
+    m.observe(DRAFT, 64, 1.0, 64)
+    assert m.rate(DRAFT, 64) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("max_age", [16, 10**9])
+def test_a_stale_rate_from_another_phase_is_measured_again_before_it_decides(max_age):
+    """Drafting at 64 requests was measured poor (0.1) in an earlier phase; 40 steps at another
+    batch size later it makes 0.5 against plain's 0.25. Forgotten after max_age steps, both kinds
+    are measured afresh at once and drafting wins (the tables' drafting step, a plain probe, then
+    drafting interrupted by plain probes only); kept, the stale average holds plain steps until
+    probes have pulled it up."""
+    costs = MeasuredStepCosts(max_age=max_age)
+    for _ in range(2):
+        costs.observe(DRAFT, 64, 10.0, 64)
+        costs.observe(PLAIN, 64, 4.0, 64)
+    for _ in range(40):
+        costs.observe(PLAIN, 1, 1.0, 1)
+    policy = AdaptivePolicy(_cost(), 7, step_costs=costs)
+    kinds = _async_engine_kinds(policy, 48, 64, draft_ms=6.0, draft_tokens=192, plain_ms=4.0)
+    n = AdaptivePolicy.PLAIN_PROBE_STEPS
+    if max_age == 16:
+        assert kinds.startswith("D" + "p" * n + "D"), kinds
+        assert kinds.replace("p" * n, "").count("p") == 0, kinds
+    else:
+        assert kinds.count("D") <= 4, kinds
