@@ -14,7 +14,8 @@
 # repeat, with their standard deviations, and B / A), and prints that table; the sweeps' output in
 # OUT/ab_log.txt.
 # A_LABEL / B_LABEL name the versions in the table; A_COMMIT is recorded in A's results (B's: ADASPEC_COMMIT); CURVE_FROM as in
-# h200_synthetic_frontier.sh; OFFLINE_ARGS are passed to both.
+# h200_synthetic_frontier.sh; SHAPE_OVERRIDES (e.g. '{"vocab_size": 16384}') and OFFLINE_ARGS are passed to both
+# (run 12's A/B ran before the script passed SHAPE_OVERRIDES on: it timed the 151,936 vocabulary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_ab_synthetic.sh OUT_DIR A_TREE [SHAPE] [ARMS] [CONCURRENCY] [ROUNDS]}
@@ -46,7 +47,8 @@ for round in $(seq 1 "$ROUNDS"); do
     say "round $round, $side"
     # the sweep script of this checkout, the engine of the side's tree (first on the path)
     ADASPEC_COMMIT="$commit" PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
-      --arms "$ARMS" --concurrency "$CONC" --temperature 0 --repeats 2 --output-len 64 ${OFFLINE_ARGS:-} \
+      --arms "$ARMS" --concurrency "$CONC" --temperature 0 --repeats 2 --output-len 64 \
+      ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} ${OFFLINE_ARGS:-} \
       --out "$OUT/ab_${side}_${round}.json" >>"$OUT/ab_log.txt" 2>&1 \
       || { tail -20 "$OUT/ab_log.txt"; exit 1; }
   done
