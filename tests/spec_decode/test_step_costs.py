@@ -262,3 +262,22 @@ def test_a_stale_rate_from_another_phase_is_measured_again_before_it_decides(max
         assert kinds.replace("p" * n, "").count("p") == 0, kinds
     else:
         assert kinds.count("D") <= 4, kinds
+
+
+@pytest.mark.parametrize("slots, measured", [(7, True), (6, True), (5, False), (1, False)])
+def test_a_drafting_step_whose_slots_max_tokens_capped_is_not_measured(slots, measured):
+    """Requests near max_tokens draft into fewer slots and yield few tokens per step at any batch
+    size: such a step (under 3/4 of the k slots free) does not stand for its bucket."""
+    policy = AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=MeasuredStepCosts(min_samples=1))
+    clock = _Clock()
+    policy.step_started(clock.t)
+    ids = [f"r{i}" for i in range(8)]
+    for planned in ("step_budget", "plan"):
+        limits = np.full(8, slots)
+        if planned == "step_budget":
+            policy.step_budget(ids, 8, 8, limits)
+        else:
+            policy.plan(ids, np.full((8, 7), 0.6), 8, 8, limits)
+        policy.step_tokens(16)
+        policy.step_started(clock.advance(4.0))
+    assert policy.step_costs.samples.get((DRAFT, 4), 0) == (2 if measured else 0)
