@@ -105,6 +105,17 @@ def run_point(llm, prompts, params):
     )
 
 
+def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency: int) -> int:
+    """--num-prompts when given, else per_concurrency waves of C prompts (at least 8)."""
+    if num_prompts is not None:
+        if num_prompts < 1:
+            raise SystemExit(f"--num-prompts must be at least 1, got {num_prompts}")
+        return num_prompts
+    if per_concurrency < 1:
+        raise SystemExit(f"--prompts-per-concurrency must be at least 1, got {per_concurrency}")
+    return max(8, per_concurrency * concurrency)
+
+
 def policy_step_costs(eng) -> dict | None:
     """The adaptive policy's measured tokens per request per ms per step kind and batch-size bucket at
     the end of a point (spec_decode/step_costs.py); None where it does not measure them."""
@@ -265,7 +276,7 @@ def main() -> None:
 
     def measure(arm, llm, arm_label, prompts, c, r):
         llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
-        n = args.num_prompts or max(8, args.prompts_per_concurrency * c)
+        n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
         params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
         if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new

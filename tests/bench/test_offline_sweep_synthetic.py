@@ -76,3 +76,19 @@ def test_speculative_config_extra_is_a_json_object_or_a_clear_exit():
         speculative_config_extra("{bad")
     with pytest.raises(SystemExit, match="must be a JSON object"):
         speculative_config_extra("[1]")
+
+
+def test_prompts_per_point_are_waves_of_the_concurrency_unless_given():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from offline_sweep import prompts_per_point
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert prompts_per_point(None, 2, 256) == 512
+    assert prompts_per_point(None, 8, 64) == 512
+    assert prompts_per_point(None, 8, 1) == 8  # at least 8
+    assert prompts_per_point(32, 8, 256) == 32  # --num-prompts wins
+    with pytest.raises(SystemExit, match="prompts-per-concurrency"):
+        prompts_per_point(None, 0, 16)
+    with pytest.raises(SystemExit, match="num-prompts"):
+        prompts_per_point(0, 2, 16)
