@@ -14,7 +14,9 @@
 #
 # MODE=offline: every arm's engine is loaded at once with the same 16 GiB KV cache and each repeat
 #   visits the arms in a rotated order (offline_sweep.py --interleave; INTERLEAVE_ARGS= turns it off,
-#   e.g. for shapes whose engines do not fit together). Defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens;
+#   e.g. for shapes whose engines do not fit together). Defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens,
+#   WAVES=4 waves of C prompts per point (at least 8 prompts; with 2 waves a point at C = 256 lasted
+#   under a second and its ramps outweighed its steady state: BENCHMARKS.md, run 12);
 #   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it). A
 #   grid that does not fit is stopped in time; the JSON then holds the points that finished
 #   ("partial": true) and their table is printed.
@@ -52,7 +54,7 @@ case "$MODE" in
     offline_sweep_in_time "$LEFT" "$OUT/frontier_T${TEMP}.json" "$PYTHON" benchmarks/offline_sweep.py --model "$MODEL" \
       "${DRAFTER_ARGS[@]}" --arms "$ARMS" --concurrency "$CONC" --temperature "$TEMP" --repeats "$REPEATS" \
       --output-len "$OUTPUT_LEN" --device "${DEVICE:-cuda}" ${INTERLEAVE_ARGS---interleave --kv-cache-gib 16} \
-      ${OFFLINE_ARGS:-} --out "$OUT/frontier_T${TEMP}.json"
+      --prompts-per-concurrency "${WAVES:-4}" ${OFFLINE_ARGS:-} --out "$OUT/frontier_T${TEMP}.json"
     ;;
   server)
     ARMS=${2:-adaptive:7,none,fixed:7}
