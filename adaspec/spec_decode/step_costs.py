@@ -41,8 +41,11 @@ class MeasuredStepCosts:
 
     @staticmethod
     def bucket(num_requests: int) -> int:
-        """1 -> 1, 2-3 -> 2, 4-7 -> 3, ..., 256-511 -> 9."""
-        return max(1, int(num_requests)).bit_length()
+        """1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ..., 129-256 -> 8: each bucket ends at a power of two,
+        so a closed loop of C = 2^b requests whose batch dips by a few while requests finish and
+        join stays in one bucket (with buckets starting at powers of two, H200 run 12's points at
+        16 and 64 requests split their steps over two buckets and explored both)."""
+        return max(0, int(num_requests) - 1).bit_length()
 
     def observe(self, kind: str, num_requests: int, wall_ms: float, tokens: int) -> None:
         """A step of `kind` over num_requests took wall_ms and emitted `tokens`."""

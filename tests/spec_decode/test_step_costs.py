@@ -9,9 +9,10 @@ from adaspec.spec_decode.policy import AdaptiveBudget, AdaptivePolicy
 from adaspec.spec_decode.step_costs import DRAFT, PLAIN, MeasuredStepCosts
 
 
-def test_buckets_are_powers_of_two():
+def test_buckets_end_at_powers_of_two():
     b = MeasuredStepCosts.bucket
-    assert [b(n) for n in (0, 1, 2, 3, 4, 7, 8, 255, 256, 511)] == [1, 1, 2, 2, 3, 3, 4, 8, 9, 9]
+    assert [b(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 257)] == \
+        [0, 0, 1, 2, 2, 3, 3, 4, 4, 4, 5, 6, 6, 7, 8, 8, 9]
 
 
 def test_rate_is_an_average_per_kind_and_bucket_once_measured_enough():
@@ -19,12 +20,12 @@ def test_rate_is_an_average_per_kind_and_bucket_once_measured_enough():
     assert m.rate(DRAFT, 64) is None  # nothing measured: the tables decide
     m.observe(DRAFT, 64, 10.0, 192)  # 192 tokens over 64 requests in 10 ms: 0.3 per request per ms
     assert m.rate(DRAFT, 64) is None  # one sample is not enough
-    m.observe(DRAFT, 100, 10.0, 100)  # same bucket (64-127): 0.1; averaged 0.5 * 0.1 + 0.5 * 0.3
+    m.observe(DRAFT, 40, 10.0, 40)  # same bucket (33-64): 0.1; averaged 0.5 * 0.1 + 0.5 * 0.3
     assert m.rate(DRAFT, 64) == pytest.approx(0.2)
     assert m.rate(PLAIN, 64) is None and m.rate(DRAFT, 32) is None  # kinds and buckets are separate
     m.observe(PLAIN, 8, 0.0, 8)  # no time: ignored
     m.observe(PLAIN, 0, 1.0, 8)  # no requests: ignored
-    assert m.snapshot() == {DRAFT: {7: 0.2}, PLAIN: {}}
+    assert m.snapshot() == {DRAFT: {6: 0.2}, PLAIN: {}}
     with pytest.raises(ValueError, match="step kind"):
         m.observe("verify", 1, 1.0, 1)
 
@@ -101,7 +102,7 @@ def test_untimed_waited_and_idle_intervals_are_not_measured():
     assert policy.step_costs.samples == {}
     policy.plan_plain(8, 8, tokens=6)  # a fresh interval from the step after the idle one; 6 rows sampled
     policy.step_started(clock.advance(5.0))
-    assert policy.step_costs.samples == {(PLAIN, 4): 1}
+    assert policy.step_costs.samples == {(PLAIN, 3): 1}
     assert policy.step_costs.rate(PLAIN, 8) == pytest.approx(6 / 8 / 5.0)
 
 
@@ -280,4 +281,4 @@ def test_a_drafting_step_whose_slots_max_tokens_capped_is_not_measured(slots, me
             policy.plan(ids, np.full((8, 7), 0.6), 8, 8, limits)
         policy.step_tokens(16)
         policy.step_started(clock.advance(4.0))
-    assert policy.step_costs.samples.get((DRAFT, 4), 0) == (2 if measured else 0)
+    assert policy.step_costs.samples.get((DRAFT, 3), 0) == (2 if measured else 0)
