@@ -513,8 +513,8 @@ class AdaptivePolicy:
         this policy skipped): count it toward the next probe. -> whether the next step should ask
         should_draft again: at a probe (which then drafts whatever the survivals say), at the end
         of a plain probe, once drafting is due to be explored at this bucket (_explore_due) or both
-        kinds are measured there after the tables decided, or when the load moved by more than 1.5x since the last decision (which
-        decides afresh, and probes at the shortest interval again)."""
+        kinds are measured there after the tables decided, or when the load moved by more than 1.5x
+        since the last decision (which decides afresh, and probes at the shortest interval again)."""
         if self._plain_probe_left > 0:
             self._plain_probe_left -= 1
             return self._plain_probe_left == 0
