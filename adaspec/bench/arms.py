@@ -1,4 +1,6 @@
-"""Sweep arms: `none`, `fixed:K`, `adaptive:K`, and the --speculative-config each one gets."""
+"""Sweep arms: `none`, `fixed:K`, `adaptive:K`, `adaptive-measured:K` (adaptive verification whose
+draft-or-not choice uses the step costs measured on the running engine, spec_decode/step_costs.py),
+and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -6,7 +8,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-_ARM = re.compile(r"^(none|fixed:(\d+)|adaptive:(\d+))$")
+_ARM = re.compile(r"^(none|(fixed|adaptive|adaptive-measured):(\d+))$")
 
 
 class ArmError(AdaspecError):
@@ -16,7 +18,7 @@ class ArmError(AdaspecError):
 @dataclass(frozen=True)
 class Arm:
     name: str  # as the user wrote it: "none", "fixed:7", "adaptive:7"
-    kind: str  # none | fixed | adaptive
+    kind: str  # none | fixed | adaptive | adaptive-measured
     k: int = 0
 
     @property
@@ -30,8 +32,10 @@ class Arm:
         cfg: dict = {"method": "dspark", "num_speculative_tokens": self.k}
         if drafter:
             cfg["model"] = drafter
-        if self.kind == "adaptive":
+        if self.kind in ("adaptive", "adaptive-measured"):
             cfg["enable_adaptive_verification"] = True
+        if self.kind == "adaptive-measured":
+            cfg["adaptive_verification_step_costs"] = "measured"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -42,13 +46,13 @@ def parse_arm(text: str) -> Arm:
     t = text.strip()
     m = _ARM.match(t)
     if not m:
-        raise ArmError(f"unknown arm {text!r}; use none, fixed:K or adaptive:K (K >= 1)")
+        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K or adaptive-measured:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
-    k = int(m.group(2) or m.group(3))
+    k = int(m.group(3))
     if k < 1:
         raise ArmError(f"arm {text!r}: K must be at least 1")
-    return Arm(t, t.split(":")[0], k)
+    return Arm(t, m.group(2), k)
 
 
 def parse_arms(text: str) -> list[Arm]:

@@ -73,7 +73,7 @@ def _spec_arms(arms: list[str]) -> list[tuple[str, int]]:
     out = []
     for a in arms:
         kind, _, k = a.partition(":")
-        if kind in ("fixed", "adaptive") and k.isdigit():
+        if kind in ("fixed", "adaptive", "adaptive-measured") and k.isdigit():
             out.append((a, int(k)))
     return out
 

@@ -161,11 +161,16 @@ def test_server_that_dies_shows_its_log(tmp_path):
 
 
 def test_arm_parsing_and_configs():
-    arms = parse_arms("none,fixed:1,adaptive:7")
-    assert [a.slug for a in arms] == ["none", "fixed-1", "adaptive-7"]
+    arms = parse_arms("none,fixed:1,adaptive:7,adaptive-measured:7")
+    assert [a.slug for a in arms] == ["none", "fixed-1", "adaptive-7", "adaptive-measured-7"]
+    assert [(a.kind, a.k) for a in arms] == [("none", 0), ("fixed", 1), ("adaptive", 7), ("adaptive-measured", 7)]
     assert arms[0].speculative_config("d", 1.0) is None
     assert arms[1].speculative_config(None, 1.0) == {"method": "dspark", "num_speculative_tokens": 1,
                                                      "draft_sample_method": "probabilistic"}
+    assert "adaptive_verification_step_costs" not in arms[2].speculative_config(None, 0.0)
+    assert arms[3].speculative_config("d", 0.0) == {
+        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+        "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}
     try:  # the engine's own parser accepts every config the sweep writes
         from adaspec.config import SpeculativeConfig
     except ImportError:
@@ -174,7 +179,7 @@ def test_arm_parsing_and_configs():
         for a in arms[1:]:
             for t in (0.0, 1.0):
                 SpeculativeConfig.from_dict(a.speculative_config("d", t))
-    for bad in ("fixed", "fixed:0", "adaptive:x", "none,none"):
+    for bad in ("fixed", "fixed:0", "adaptive:x", "none,none", "adaptive-measured", "measured:3"):
         with pytest.raises(AdaspecError):
             parse_arms(bad)
 
