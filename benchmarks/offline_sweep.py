@@ -36,20 +36,16 @@ from adaspec.config import CUDAGRAPH_MODES
 
 
 def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
-    """synthetic: the "synthetic_*" keys for every speculative arm (method "synthetic"), or None."""
-    if arm == "none":
-        return None
-    kind, k = arm.split(":")
-    cfg = {"method": "synthetic" if synthetic else "dspark", "num_speculative_tokens": int(k),
-           "draft_sample_method": "probabilistic" if temperature > 0 else "greedy", **(synthetic or {})}
-    if drafter:
-        cfg["model"] = drafter
-    if kind in ("adaptive", "adaptive-measured"):
-        cfg["enable_adaptive_verification"] = True
-        if kind == "adaptive-measured":  # the tables scaled by measured step times (spec_decode/step_costs.py)
-            cfg["adaptive_verification_step_costs"] = "measured"
-    elif kind != "fixed":
-        raise SystemExit(f"unknown arm {arm!r}: use none, fixed:K, adaptive:K or adaptive-measured:K")
+    """The arm's speculative config as `adaspec bench sweep` writes it (adaspec/bench/arms.py);
+    synthetic: the "synthetic_*" keys for every speculative arm (method "synthetic"), or None."""
+    from adaspec.bench.arms import ArmError, parse_arm
+
+    try:
+        cfg = parse_arm(arm).speculative_config(drafter, temperature)
+    except ArmError as e:
+        raise SystemExit(str(e))
+    if cfg is not None and synthetic:
+        cfg.update(method="synthetic", **synthetic)
     return cfg
 
 

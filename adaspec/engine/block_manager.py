@@ -24,23 +24,16 @@ class BlockManager:
         return self.blocks_needed(seq, num_tokens) <= len(self._free)
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
-        n = self.blocks_needed(seq, num_tokens)
-        if n > len(self._free):
+        if not self.try_grow(seq, num_tokens):
             raise RuntimeError("out of KV blocks; call can_grow first")
-        for _ in range(n):
-            seq.block_table.append(self._free.pop())
 
     def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """grow when the free blocks suffice (-> True), else change nothing (-> False)."""
-        table = seq.block_table
-        n = -(-num_tokens // self.block_size) - len(table)
-        if n <= 0:
-            return True
+        n = self.blocks_needed(seq, num_tokens)
         if n > len(self._free):
             return False
-        free = self._free
         for _ in range(n):
-            table.append(free.pop())
+            seq.block_table.append(self._free.pop())
         return True
 
     def shrink(self, seq: Sequence, num_tokens: int) -> None:

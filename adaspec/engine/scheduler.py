@@ -82,8 +82,7 @@ class Scheduler:
             return None
         uncomputed = n_tok - seq.num_computed_tokens
         decoding = uncomputed == 1 and n_out > 0
-        # a request recomputed after preemption stops one short under speculation (_prefill_left)
-        n = min(uncomputed - 1 if self.num_spec_tokens and n_out > 0 and not decoding else uncomputed, budget)
+        n = min(self._to_compute(uncomputed, n_out), budget)
         spec = 0
         if drafts and decoding and self.num_spec_tokens:
             remaining = self.max_model_len - n_tok
@@ -95,14 +94,16 @@ class Scheduler:
             total = max(total, seq.num_computed_tokens + self.draft_lookahead)
         return n, spec, total
 
-    def _prefill_left(self, seq: Sequence) -> int:
+    def _to_compute(self, uncomputed: int, num_output_tokens: int) -> int:
         """Tokens still to (re)compute before the request samples or drafts. Under speculation a
         request recomputed after preemption stops one token short, so that it resumes as a
         decoding request drafting from its last token, exactly as if it had never been preempted
         (a seeded request's text then does not depend on preemption; README, "Seeds")."""
-        if self.num_spec_tokens and seq.num_output_tokens > 0 and not seq.is_decoding:
-            return seq.num_uncomputed - 1
-        return seq.num_uncomputed
+        recomputing = num_output_tokens > 0 and uncomputed != 1  # has output, and is not decoding
+        return uncomputed - 1 if self.num_spec_tokens and recomputing else uncomputed
+
+    def _prefill_left(self, seq: Sequence) -> int:
+        return self._to_compute(seq.num_uncomputed, seq.num_output_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

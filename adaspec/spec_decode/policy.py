@@ -484,19 +484,21 @@ class AdaptivePolicy:
         # the first decision at a bucket is the tables' (it measures the kind they favour)
         if costs.rate(kind, num_requests) is not None or not costs.count(other, num_requests):
             return False
-        tried, since = self._explored.get((kind, costs.bucket(num_requests)), (0, 0))
-        if costs.num_observed - since > costs.max_age:  # explored long ago (the rate went stale since)
-            tried = 0
-        return tried < (1 if kind == PLAIN else costs.min_samples)
+        return self._explorations(kind, num_requests)[0] < (1 if kind == PLAIN else costs.min_samples)
+
+    def _explorations(self, kind: str, num_requests: int) -> tuple[int, int]:
+        """(steps of `kind` explored at this bucket, step_costs.num_observed at the first of them);
+        (0, now) once that first one is older than max_age (the rate may have gone stale since)."""
+        now = self.step_costs.num_observed
+        tried, since = self._explored.get((kind, self.step_costs.bucket(num_requests)), (0, now))
+        return (tried, since) if now - since <= self.step_costs.max_age else (0, now)
 
     def _explore(self, kind: str, num_requests: int) -> bool:
         """_explore_due, counting the exploration when it is."""
         if not self._explore_due(kind, num_requests):
             return False
-        key = (kind, self.step_costs.bucket(num_requests))
-        tried, since = self._explored.get(key, (0, 0))
-        now = self.step_costs.num_observed
-        self._explored[key] = (tried + 1, since) if tried and now - since <= self.step_costs.max_age else (1, now)
+        tried, since = self._explorations(kind, num_requests)
+        self._explored[(kind, self.step_costs.bucket(num_requests))] = (tried + 1, since)
         return True
 
     def _skip(self, request_ids, base_tokens, n_sampling, probe: bool = False) -> bool:
