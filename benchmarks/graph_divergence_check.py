@@ -28,8 +28,10 @@ def prompts(n: int, seed: int, vocab: int = 8000) -> list[list[int]]:
 
 def engine(graphed: bool, device: str, k: int, draft_sample_method: str = "probabilistic"):
     cfg = {"method": "dspark", "num_speculative_tokens": k, "draft_sample_method": draft_sample_method}
+    # synchronous steps: the lockstep compares the two engines step by step (a pipelined engine
+    # returns each step's tokens one call later)
     eng = LLM("tiny", speculative_config=cfg, enforce_eager=not graphed, max_num_seqs=24, device=device,
-              dtype="float32").llm_engine
+              dtype="float32", async_scheduling=False).llm_engine
     if graphed and eng.spec.graphed is None:  # CPU: the graphed functions run eagerly on static buffers
         from adaspec.spec_decode.graphed_step import GraphedSpecStep
 

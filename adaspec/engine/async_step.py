@@ -44,12 +44,14 @@ class InFlightStep:
 
     @classmethod
     def launch(cls, seqs: list[Sequence], tokens: torch.Tensor, logprob_tensors: tuple[torch.Tensor, ...],
-               want_logprobs: list[int | None]) -> "InFlightStep":
-        """Append a placeholder to every sampling request and start the copies to the host."""
+               want_logprobs: list[int | None], placeholders: bool = True) -> "InFlightStep":
+        """Append a placeholder to every sampling request (placeholders=False: the caller keeps
+        the requests out of the next step instead) and start the copies to the host."""
         indices = []
         for s in seqs:
             indices.append(len(s.token_ids))
-            s.token_ids.append(PENDING)
+            if placeholders:
+                s.token_ids.append(PENDING)
         on_cuda = tokens.device.type == "cuda"
         host = tuple(t.to("cpu", non_blocking=on_cuda) for t in (tokens, *logprob_tensors))
         ready = None

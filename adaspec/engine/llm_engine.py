@@ -16,7 +16,7 @@ from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, stri
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
-from adaspec.engine.scheduler import ScheduledSeq, Scheduler
+from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler
 from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
 from adaspec.engine.stop_checker import StopChecker
@@ -156,6 +156,8 @@ class LLMEngine:
         self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
+        self._spec_in_flight = None  # pipelined speculative steps: the step launched last (pipelined.py)
+        self._spec_serial = 0
         self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
@@ -163,23 +165,28 @@ class LLMEngine:
                  "on" if self.spec else "off")
 
     def _resolve_async_scheduling(self, asked: bool | None) -> bool:
-        """None ("auto"): on with CUDA at tensor_parallel_size 1, without speculation or with
-        adaptive speculation (whose steps that do not draft then run as async plain steps; the
-        drafting ones read their accepted tokens back before the next step, as always). Under
+        """None ("auto"): on with CUDA at tensor_parallel_size 1: without speculation (plain steps
+        launched before the previous one is read back), and with speculation when its step has
+        CUDA graphs (pipelined speculative steps, spec_decode/pipelined.py; with the measured
+        step costs only the steps that do not draft run async, as plain steps, and that also
+        without the speculative step's graphs when a decode graph serves plain steps). Under
         tensor parallelism it works when asked for without speculation (the previous step's
         sampled tokens reach the workers in the mirrored call's device broadcast; CPU-tested with
-        gloo), but is not the default until it has been measured on GPUs. True with fixed-k
-        speculation (every step drafts) is an error."""
+        gloo), but is not the default until it has been measured on GPUs. Asked for with fixed-k
+        speculation on an engine without the speculative step's graphs, it changes nothing (every
+        step drafts from tokens on the host)."""
         why_not = None
-        if self.spec is not None and not self.spec.cfg.enable_adaptive_verification:
-            why_not = "fixed-k speculative decoding (every step drafts and reads its accepted tokens back)"
-        elif self.spec is not None and self.tp is not None:
+        if self.spec is not None and self.tp is not None:
             why_not = "speculative decoding under tensor parallelism"
         if asked is None:
+            if why_not is not None or self.device.type != "cuda" or self.tp is not None:
+                return False
+            if self.spec is None or self._pipelines_spec():
+                return True
             # with speculation under cudagraph_mode FULL_DECODE_ONLY no graph serves a plain step
             # of many requests (the speculative step's own graphs serve drafting steps only)
-            plain_graphed = self.spec is None or not self.use_cuda_graphs or self.runner.graphs is not None
-            return why_not is None and self.device.type == "cuda" and self.tp is None and plain_graphed
+            plain_graphed = not self.use_cuda_graphs or self.runner.graphs is not None
+            return self.spec.cfg.enable_adaptive_verification and plain_graphed
         if asked and why_not:
             raise ConfigError(f"async_scheduling cannot be combined with {why_not}; leave it unset (auto) or "
                               "set it to False")
@@ -297,7 +304,8 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         # a step in flight is read back by the next step() even when all its requests have ended
-        return self.scheduler.has_work() or bool(self._aborted) or self._in_flight is not None
+        return (self.scheduler.has_work() or bool(self._aborted) or self._in_flight is not None
+                or self._spec_in_flight is not None)
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -320,10 +328,14 @@ class LLMEngine:
                 seq.seed = seed
             self._unseeded = []
         if self.spec is not None and self.async_scheduling:
-            return outputs + self._adaptive_async_step()
+            if self._pipelines_spec():
+                return outputs + self._pipelined_spec_step()
+            outputs += self._drain_spec()  # the graphs were released since: no step stays in flight
+            if self.spec.cfg.enable_adaptive_verification:
+                return outputs + self._adaptive_async_step()
         scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        if self.async_scheduling:
+        if self.async_scheduling and self.spec is None:
             return outputs + self._async_step(scheduled)
         if not scheduled:
             return outputs
@@ -338,6 +350,81 @@ class LLMEngine:
         by_row: dict[int, RequestOutput] = {}
         self.spec.step(scheduled, lambda indices, results: self._take_spec_tokens(scheduled, indices, results, by_row))
         return [by_row[i] for i in sorted(by_row)]  # in scheduling order, as a one-part step gives them
+
+    # ---- pipelined speculative steps (spec_decode/pipelined.py) ----------------------------------
+    def _pipelines_spec(self) -> bool:
+        """Speculative steps are pipelined under async scheduling when the speculative step has its
+        graphs, except with the measured step costs (whose timing of plain and drafting steps is
+        the async plain step's, _adaptive_async_step)."""
+        return self.spec.graphed is not None and not self.spec.measures_step_costs()
+
+    def _pipelined_spec_step(self) -> list[RequestOutput]:
+        """Schedule and launch this step, then read back and process the step launched before,
+        while the GPU runs this one. A step that cannot be pipelined (a row the graphs do not
+        serve, or blocks only a preemption would free) reads the step in flight back first."""
+        outputs: list[RequestOutput] = []
+        if self._in_flight is not None:  # a plain async step from before the graphs existed
+            outputs += self._resolve(self._in_flight)
+            self._in_flight = None
+        prev, scheduled = self._spec_in_flight, None
+        if prev is not None:
+            try:
+                scheduled = self.scheduler.schedule(pipelined=True)
+            except DrainFirst:
+                scheduled = None
+            if scheduled is not None and not self.spec.can_pipeline(scheduled):
+                scheduled = None
+            if scheduled is None:  # read it back, then schedule knowing every token
+                self.stats.num_pipeline_drains += 1
+                outputs += self._drain_spec()
+                prev = None
+        if scheduled is None:
+            scheduled = self.scheduler.schedule()
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        if scheduled:
+            self._count_step(scheduled)
+            if self.spec.can_pipeline(scheduled):
+                self._spec_serial += 1
+                self._spec_in_flight = self.spec.launch_pipelined(scheduled, prev, self._spec_serial)
+                self.stats.num_pipelined_steps += 1
+            else:  # prev is None here: a synchronous step
+                self._spec_in_flight = None
+                outputs += self._spec_step(scheduled)
+        else:
+            self._spec_in_flight = None
+        if prev is not None:
+            outputs += self._finish_spec(prev)
+            if self._spec_in_flight is not None:  # the policy's step time: launch to launch
+                self.spec.policy.observe_step(1e3 * (self._spec_in_flight.launched_at - prev.launched_at))
+        return outputs
+
+    def _drain_spec(self) -> list[RequestOutput]:
+        """Read back and process the pipelined speculative step in flight, if any."""
+        step, self._spec_in_flight = self._spec_in_flight, None
+        return self._finish_spec(step) if step is not None else []
+
+    def _finish_spec(self, step) -> list[RequestOutput]:
+        """A pipelined step's tokens: its graphed rows, then its prefill rows' sampled tokens, with
+        the stop checks and outputs of a synchronous step (rows of requests that ended meanwhile
+        are thrown away)."""
+        by_row: dict[int, RequestOutput] = {}
+        if step.finish_graphed is not None:
+            self._take_spec_tokens(step.scheduled, step.graphed, step.finish_graphed(), by_row)
+        if step.prefill is not None:
+            tokens, lps = step.prefill.wait()
+            self.num_result_waits += 1
+            results = []
+            for j, i in enumerate(step.prefill_rows):
+                seq = step.scheduled[i].seq
+                if seq.in_flight_step == step.serial:
+                    seq.in_flight_max = seq.in_flight_step = 0
+                if seq.finished:  # aborted while its first token was on its way
+                    self.stats.num_discarded_rows += 1
+                    results.append(([], None))
+                else:
+                    results.append(([tokens[j]], [lps[j]] if lps is not None else None))
+            self._take_spec_tokens(step.scheduled, step.prefill_rows, results, by_row)
+        return [by_row[i] for i in sorted(by_row)]
 
     def _adaptive_async_step(self) -> list[RequestOutput]:
         """Adaptive speculation under async scheduling. A step the policy lets draft runs as a

@@ -27,11 +27,20 @@ class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # uncomputed tokens to run this step (prefill chunk, or 1 for a decode)
     spec_slots: int = 0  # draft slots reserved (the policy verifies l_r <= spec_slots of them)
+    # a row whose previous step is still in flight (Sequence.in_flight_max > 0): tokens it may still
+    # emit once that step's tokens are in (at least one is), max_tokens and max_model_len counted;
+    # the device caps its draft slots at remaining - 1 - (drafts that step accepted)
+    remaining: int = 0
 
     @property
     def samples(self) -> bool:
         """The step reaches the end of the sequence, so it yields at least one new token."""
         return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+
+
+class DrainFirst(Exception):
+    """A step launched ahead (pipelined) would need a preemption: the engine reads the step in
+    flight back first, then schedules again (a request in flight must not lose its blocks)."""
 
 
 class Scheduler:
@@ -65,8 +74,8 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _running_need(self, seq: Sequence, drafts: bool, budget: int) -> tuple[int, int, int] | None:
-        """(tokens to run, draft slots, KV positions needed) for a running request this step, or
+    def _running_need(self, seq: Sequence, drafts: bool, budget: int) -> tuple[int, int, int, int] | None:
+        """(tokens to run, draft slots, KV positions needed, remaining) for a running request this step, or
         None when it already holds max_tokens or max_model_len tokens (a synchronous engine has
         finished such a request; under async scheduling the last of them may still be in flight).
         One pass over the request's counters: this runs for every request every step, ~30% of the
@@ -74,12 +83,25 @@ class Scheduler:
 
         Draft slots: only a decoding request drafts, at most num_spec_tokens, never beyond the
         step's token budget, and never more than remaining - 1 (a step emits at most l + 1 tokens:
-        drafts past the request's end could never be used)."""
+        drafts past the request's end could never be used).
+
+        A request whose speculative step is still in flight (pipelined steps) counts the one token
+        that step surely emits, and needs KV positions as if it emitted all it may."""
         p = seq.params
-        n_tok = len(seq.token_ids)
+        in_flight = seq.in_flight_max
+        if in_flight < 0:  # its sampled token is still on its way: it sits this step out
+            return None
+        n_tok = len(seq.token_ids) + (in_flight > 0)
         n_out = n_tok - len(seq.prompt_token_ids)
         if (p.max_tokens is not None and n_out >= p.max_tokens) or n_tok >= self.max_model_len:
             return None
+        if in_flight:
+            remaining = self.max_model_len - n_tok
+            if p.max_tokens is not None:
+                remaining = min(remaining, p.max_tokens - n_out)
+            spec = max(0, min(self.num_spec_tokens, remaining - 1, budget - 1)) if drafts else 0
+            last = seq.num_computed_tokens + in_flight  # the last token's position if every draft is accepted
+            return 1, spec, max(last + 1 + spec, last + self.draft_lookahead if spec else 0), remaining
         uncomputed = n_tok - seq.num_computed_tokens
         decoding = uncomputed == 1 and n_out > 0
         n = min(self._to_compute(uncomputed, n_out), budget)
@@ -92,7 +114,7 @@ class Scheduler:
         total = seq.num_computed_tokens + n + spec
         if spec:  # the draft block writes K/V up to the lookahead
             total = max(total, seq.num_computed_tokens + self.draft_lookahead)
-        return n, spec, total
+        return n, spec, total, 0
 
     def _to_compute(self, uncomputed: int, num_output_tokens: int) -> int:
         """Tokens still to (re)compute before the request samples or drafts. Under speculation a
@@ -115,9 +137,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self, drafts: bool = True) -> list[ScheduledSeq]:
+    def schedule(self, drafts: bool = True, pipelined: bool = False) -> list[ScheduledSeq]:
         """drafts=False: a step the engine runs without drafting (adaptive speculation under async
-        scheduling) reserves no draft slots, so its prefill chunks get the whole budget."""
+        scheduling) reserves no draft slots, so its prefill chunks get the whole budget.
+        pipelined: a speculative step is in flight; where a request's blocks would have to come
+        from a preemption, DrainFirst is raised instead (the blocks grown so far stay, unused)."""
         budget = self.max_num_batched_tokens
         if self.reserve_all_spec_slots and self.num_spec_tokens and drafts:
             budget = max(1, budget - self.max_num_seqs * self.num_spec_tokens)
@@ -129,14 +153,16 @@ class Scheduler:
             if need is None:  # async scheduling: its last token, in flight, ends it
                 i += 1
                 continue
-            n, spec, total = need
+            n, spec, total, remaining = need
             while not self.bm.try_grow(seq, total):
+                if pipelined:
+                    raise DrainFirst()
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
-                out.append(ScheduledSeq(seq, n, spec))
+                out.append(ScheduledSeq(seq, n, spec, remaining))
                 budget -= n + spec
                 i += 1
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:

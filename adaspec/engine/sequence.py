@@ -39,6 +39,11 @@ class Sequence:
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0
         self.num_preemptions = 0
+        # pipelined speculative steps (spec_decode/pipelined.py): a launched step not read back yet
+        # may append up to in_flight_max tokens (> 0: a graphed row, whose last token and position the
+        # next step takes on the device), or -1: a sampled token the next step cannot take (it waits)
+        self.in_flight_max = 0
+        self.in_flight_step = 0  # serial of that step (only it clears the two fields)
 
     @property
     def num_prompt_tokens(self) -> int:

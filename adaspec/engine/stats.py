@@ -16,6 +16,10 @@ class EngineStats:
     num_requests_finished: int = 0
     # async scheduling: rows computed for requests that had stopped in the step before (wasted)
     num_discarded_rows: int = 0
+    # pipelined speculative steps (spec_decode/pipelined.py): steps launched before the previous
+    # one was read back, and the times the engine read the step in flight back first instead
+    num_pipelined_steps: int = 0
+    num_pipeline_drains: int = 0
     # speculative decoding (vLLM's spec_decode counters)
     num_drafts: int = 0  # requests that got a draft proposal in a step
     num_draft_tokens: int = 0  # proposed draft tokens (k per draft)

@@ -111,11 +111,6 @@ class GraphedSpecStep:
         self.budget = torch.zeros((), **i64)
         self.block_tables = torch.zeros(bmax, self.width, dtype=torch.int32, device=dev)
         self.temperature = torch.zeros(bmax, dtype=torch.float32, device=dev)
-        pin = dict(pin_memory=dev.type == "cuda")
-        self.h_inputs = torch.zeros(5, bmax, dtype=torch.int64, **pin)
-        self.h_budget = torch.zeros((), dtype=torch.int64, **pin)
-        self.h_bt = torch.zeros(bmax, self.width, dtype=torch.int32, **pin)
-        self.h_temp = torch.zeros(bmax, dtype=torch.float32, **pin)
         # the propose graph's outputs, read by the verify graph
         self.drafts = torch.zeros(bmax, k, **i64)
         self.conf = torch.ones(bmax, k, dtype=torch.float32, device=dev)
@@ -124,9 +119,15 @@ class GraphedSpecStep:
         # copied into a pinned mirror right after the replays, so that work the engine queues
         # behind them (a mixed step's prefill forward) need not finish before the host reads it
         self.readback = torch.zeros(bmax, 2 * k + 3, **i64)
-        self.h_readback = torch.zeros(bmax, 2 * k + 3, dtype=torch.int64, **pin)
-        self.readback_ready = torch.cuda.Event() if dev.type == "cuda" else None
-        self._launched_rows: int | None = None  # rows of the replay launched last, until read_back
+        # what the next step takes on the device when it is launched before this one is read back
+        # (pipelined steps): each request's last emitted token, that token's position, drafts accepted
+        self.carry = torch.zeros(bmax, 3, **i64)
+        self.carried = torch.zeros(3, bmax, **i64)  # rows that take it, their rows in the carry, remaining
+        # pinned host mirrors of the inputs and of the read back: two sets used in turn, since under
+        # pipelining a step is launched while the previous one's copies may still be queued
+        self.mirrors = [_SpecMirrors(bmax, k, self.width, dev) for _ in range(2)]
+        self._next_mirror = 0
+        self._launched: list[tuple[int, "_SpecMirrors"]] = []  # (rows, mirrors) launched, oldest first
         self.num_read_backs = 0  # event waits for results (CUDA's sync debug mode does not see them)
         self.arange_block = torch.arange(bmax + 1, dtype=torch.int32, device=dev) * self.block
         self.propose_graphs: dict[int, _Graph] = {}
@@ -182,6 +183,7 @@ class GraphedSpecStep:
             rb[:, 0] = torch.where(greedy, logits.argmax(-1), drawn)
             rb[:, 1: self.k + 1] = -1
             rb[:, self.k + 1] = 0
+            n_acc = torch.zeros_like(start)
         else:
             logits = self.model.compute_logits(hidden)  # [B*Q, V]: every row, then the verify rows
             first = query_start[:-1].long()
@@ -195,7 +197,12 @@ class GraphedSpecStep:
                          greedy, seeds, start, target_argmax=argmax)
             rb[:, : K + 1] = out.output_tokens
             rb[:, K + 1] = out.num_accepted
+            n_acc = out.num_accepted.long()
         rb[:, self.k + 2] = nq
+        carry = self.carry[:b]
+        carry[:, 0] = rb[:, : K + 1].gather(1, n_acc[:, None]).squeeze(1)
+        carry[:, 1] = start + 1 + n_acc
+        carry[:, 2] = n_acc
         rb[:, self.k + 3:] = self.conf[:b].view(torch.int32).long()
 
     # -- capture -------------------------------------------------------------------------------
@@ -256,53 +263,75 @@ class GraphedSpecStep:
 
     @torch.inference_mode()
     def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
-               drafting: bool, budget: int | None) -> None:
+               drafting: bool, budget: int | None, carried=None) -> None:
         """Fill the inputs (host arrays of the real requests), replay, and start the copy of the
         results to the host (read_back waits for it). slots: draft slots per request (0 when it
-        does not draft)."""
-        if self._launched_rows is not None:
-            raise RuntimeError("a graphed step was launched while the previous one was not read back: "
-                               "its pinned inputs may still be in flight")
+        does not draft). carried: (rows, rows of the previous launch, remaining) for requests whose
+        previous step is still in flight (pipelined steps): their last token and its position come
+        from that step's carry on the device (last_tok and start hold stale values for them), and
+        their draft slots are capped at remaining - 1 - that step's accepted drafts."""
+        if len(self._launched) == 2:
+            raise RuntimeError("a graphed step was launched while two launched ones were not read back: "
+                               "their pinned mirrors may still be in flight")
         b, q = key
         n, width = len(last_tok), max(len(row) for row in block_tables)
         if width > self.width:
             raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.width}")
-        h = self.h_inputs.numpy()
+        m = self.mirrors[self._next_mirror]
+        self._next_mirror ^= 1
+        m.wait_until_copied()  # the launch before last used these mirrors
+        h = m.inputs.numpy()
         h[:, n:b] = 0
         h[0, :n], h[1, :n], h[2, :n], h[4, :n] = last_tok, start, slots, seeds
         h[3, :n] = 1 + np.asarray(slots) if drafting and not self.adaptive else 1
-        self.h_budget.fill_(int(budget or 0))
-        bt = self.h_bt.numpy()
+        m.budget.fill_(int(budget or 0))
+        bt = m.bt.numpy()
         # the whole captured width: a draft block may reach past a request's table (requests that
         # draft nothing still run the propose graph), and must land in the scratch block there
         bt[:b] = self.engine.scratch_block
         for r, row in enumerate(block_tables):
             bt[r, : len(row)] = row
-        temp = self.h_temp.numpy()
+        temp = m.temp.numpy()
         temp[:n], temp[n:b] = temperature, 0.0
-        self.inputs[:, :b].copy_(self.h_inputs[:, :b], non_blocking=True)
-        self.budget.copy_(self.h_budget, non_blocking=True)
-        self.block_tables[:b].copy_(self.h_bt[:b], non_blocking=True)
-        self.temperature[:b].copy_(self.h_temp[:b], non_blocking=True)
+        self.inputs[:, :b].copy_(m.inputs[:, :b], non_blocking=True)
+        self.budget.copy_(m.budget, non_blocking=True)
+        self.block_tables[:b].copy_(m.bt[:b], non_blocking=True)
+        self.temperature[:b].copy_(m.temp[:b], non_blocking=True)
+        if carried is not None and len(carried[0]):
+            self._take_carry(m, *carried)
+        m.mark_copied()
         if drafting:
             self.propose_graphs[b].replay()
         self.verify_graphs[key].replay()
-        self.h_readback[:n].copy_(self.readback[:n], non_blocking=True)
-        if self.readback_ready is not None:
-            self.readback_ready.record()
-        self._launched_rows = n
+        m.readback[:n].copy_(self.readback[:n], non_blocking=True)
+        m.mark_read_back()
+        self._launched.append((n, m))
+
+    def _take_carry(self, m: "_SpecMirrors", rows, prev_rows, remaining) -> None:
+        """The carried rows' inputs from the previous launch's carry (still on the device: nothing
+        wrote it since that step's verify graph)."""
+        c = len(rows)
+        hc = m.carried.numpy()
+        hc[0, :c], hc[1, :c], hc[2, :c] = rows, prev_rows, remaining
+        dev_c = self.carried[:, :c]
+        dev_c.copy_(m.carried[:, :c], non_blocking=True)
+        rows_d, prev_d, remaining_d = dev_c.unbind(0)
+        src = self.carry.index_select(0, prev_d)
+        self.last_tok.index_copy_(0, rows_d, src[:, 0])
+        self.start.index_copy_(0, rows_d, src[:, 1])
+        cap = torch.minimum(self.slots.index_select(0, rows_d), remaining_d - 1 - src[:, 2]).clamp_min(0)
+        self.slots.index_copy_(0, rows_d, cap)
 
     def read_back(self) -> np.ndarray:
-        """Wait for the launched step's results (the step's one device-to-host sync; work queued
-        after the launch does not delay it). -> int64 [R, 2k + 3]: k + 1 output tokens (-1
+        """Wait for the oldest launched step's results (its one device-to-host sync; work queued
+        after that launch does not delay it). -> int64 [R, 2k + 3]: k + 1 output tokens (-1
         padding), accepted drafts, query count, k confidences as float32 bits."""
-        n, self._launched_rows = self._launched_rows, None
-        if n is None:
+        if not self._launched:
             raise RuntimeError("read_back without a launched graphed step")
+        n, m = self._launched.pop(0)
         self.num_read_backs += 1
-        if self.readback_ready is not None:
-            self.readback_ready.synchronize()
-        return self.h_readback[:n].numpy().copy()  # the pinned mirror is rewritten by the next launch
+        m.wait_read_back()
+        return m.readback[:n].numpy().copy()  # the pinned mirror is rewritten by a later launch
 
     @torch.inference_mode()
     def time_draft(self, num_requests: int, table: list[int], context_len: int) -> None:
@@ -332,6 +361,39 @@ class GraphedSpecStep:
         self.slots[:b] = slots
         self.budget.fill_(b * slots)
         self.temperature[:b] = 1.0
+
+
+class _SpecMirrors:
+    """One set of pinned host buffers for a launch's inputs and its read back, with the events
+    after the copies into and out of the device."""
+
+    def __init__(self, bmax: int, k: int, width: int, device: torch.device):
+        pin = dict(pin_memory=device.type == "cuda")
+        self.inputs = torch.zeros(5, bmax, dtype=torch.int64, **pin)
+        self.budget = torch.zeros((), dtype=torch.int64, **pin)
+        self.bt = torch.zeros(bmax, width, dtype=torch.int32, **pin)
+        self.temp = torch.zeros(bmax, dtype=torch.float32, **pin)
+        self.carried = torch.zeros(3, bmax, dtype=torch.int64, **pin)  # rows, previous rows, remaining
+        self.readback = torch.zeros(bmax, 2 * k + 3, dtype=torch.int64, **pin)
+        cuda = device.type == "cuda"
+        self.copied = torch.cuda.Event() if cuda else None
+        self.read = torch.cuda.Event() if cuda else None
+
+    def mark_copied(self) -> None:
+        if self.copied is not None:
+            self.copied.record()
+
+    def wait_until_copied(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
+
+    def mark_read_back(self) -> None:
+        if self.read is not None:
+            self.read.record()
+
+    def wait_read_back(self) -> None:
+        if self.read is not None:
+            self.read.synchronize()
 
 
 class GraphPaddedCost:

@@ -30,6 +30,8 @@ from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
+from adaspec.engine.async_step import InFlightStep
+from adaspec.spec_decode.pipelined import InFlightSpecStep, pipelinable
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, survival
 from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_drafter
 
@@ -235,6 +237,70 @@ class SpeculativeDecoder:
         for idx, finish in launched:
             report(idx, finish())
 
+    # -- pipelined steps (pipelined.py) --------------------------------------------------------
+    def can_pipeline(self, scheduled: list[ScheduledSeq]) -> bool:
+        g = self.graphed
+        return g is not None and pipelinable(scheduled, self._row_covered, g.batch_sizes[-1])
+
+    def launch_pipelined(self, scheduled: list[ScheduledSeq], prev: InFlightSpecStep | None,
+                         serial: int) -> InFlightSpecStep:
+        """Launch the step without reading anything back (can_pipeline(scheduled) holds): the
+        covered rows as the graphed step, taking the last token and position of the requests that
+        `prev` (still in flight) ran in its graphs from its carry; the prefill chunks eagerly, their
+        sampled tokens left on the device. The requests are marked in flight (Sequence.in_flight_max)."""
+        t0 = time.perf_counter()
+        graphed = [i for i, s in enumerate(scheduled) if self._row_covered(s)]
+        prefill = [i for i in range(len(scheduled)) if i not in set(graphed)]
+        finish = None
+        if graphed:
+            rows = [scheduled[i] for i in graphed]
+            carried = None
+            if prev is not None and prev.graphed:
+                prev_row = prev.graph_row()
+                pairs = [(r, prev_row[id(s.seq)]) for r, s in enumerate(rows) if s.seq.in_flight_max > 0]
+                carried = ([r for r, _ in pairs], [j for _, j in pairs], [rows[r].remaining for r, _ in pairs])
+            drafted = [r for r, s in enumerate(rows) if s.spec_slots > 0]
+            if drafted and not self.policy.should_draft(
+                    [rows[r].seq.request_id for r in drafted], len(rows), len(rows),
+                    np.array([rows[r].spec_slots for r in drafted], dtype=np.int64)):
+                self.engine.stats.num_steps_draft_skipped += 1
+                drafted = []
+            finish = self._launch_graphed(rows, drafted, [True] * len(rows), t0, carried=carried, serial=serial)
+            drafting = bool(drafted)
+            for s in rows:
+                s.seq.in_flight_max = 1 + (s.spec_slots if drafting else 0)
+                s.seq.in_flight_step = serial
+        pending, sampling_rows = None, []
+        if prefill:
+            pending, sampling_rows = self._launch_prefill([scheduled[i] for i in prefill], serial)
+            sampling_rows = [prefill[j] for j in sampling_rows]
+        return InFlightSpecStep(serial, scheduled, graphed, finish, pending, sampling_rows, t0)
+
+    def _launch_prefill(self, rows: list[ScheduledSeq], serial: int):
+        """Prefill chunks (and recomputation after preemption) as one forward; their K/V and the
+        drafter's context are final at once, the tokens the finished prompts sample stay on the
+        device. -> (InFlightStep of those tokens or None, indices into rows of the sampling ones)."""
+        eng = self.engine
+        t0 = time.perf_counter()
+        items = [ForwardItem(s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_tokens],
+                             s.seq.num_computed_tokens, s.seq.block_table, int(s.samples)) for s in rows]
+        res = eng.runner.execute(items, self.capture_layers)
+        self.write_context(rows, [s.num_tokens for s in rows], res)
+        sampling = [j for j, s in enumerate(rows) if s.samples]
+        for s in rows:
+            s.seq.num_computed_tokens += s.num_tokens
+        eng.stats.time_verify += time.perf_counter() - t0
+        if not sampling:
+            return None, []
+        seqs = [rows[j].seq for j in sampling]
+        chosen = eng._sample_on_device(res.logits, seqs)
+        want = [q.params.logprobs for q in seqs]
+        lp = logprobs_of(res.logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
+        for q in seqs:
+            q.in_flight_max, q.in_flight_step = -1, serial
+        eng.stats.num_sampled_without_draft += len(seqs)
+        return InFlightStep.launch(seqs, chosen, lp, want, placeholders=False), sampling
+
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
         returns them. graphed: every row is one the graphs serve (_run decided)."""
@@ -316,8 +382,11 @@ class SpeculativeDecoder:
         p = s.seq.params
         return s.num_tokens == 1 and s.samples and p.logprobs is None and p.top_p >= 1 and p.top_k <= 0
 
-    def _launch_graphed(self, scheduled, drafted, samples, t0):
-        """The step as two graph replays and one read back (graphed_step.py). -> finish()."""
+    def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None):
+        """The step as two graph replays and one read back (graphed_step.py). -> finish().
+        Pipelined (serial given): carried rows take their inputs from the previous launch's carry
+        (GraphedSpecStep.launch), and finish() skips the rows of requests that ended meanwhile and
+        keeps the blocks of those that a later step in flight runs."""
         eng, stats, k, g = self.engine, self.engine.stats, self.num_spec_tokens, self.graphed
         seqs = [s.seq for s in scheduled]
         drafting = bool(drafted)
@@ -331,7 +400,7 @@ class SpeculativeDecoder:
         key = g.pick(len(scheduled), max_tokens, drafting)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
-                 [q.block_table for q in seqs], drafting, budget)
+                 [q.block_table for q in seqs], drafting, budget, carried)
         launch_s = time.perf_counter() - t0
 
         def finish():
@@ -347,16 +416,32 @@ class SpeculativeDecoder:
             accepted = np.where(slots > 0, n_acc, 0).tolist() if len(rows) else [0] * n
             token_rows = tokens.tolist()
             results = [(row[: a + 1], None) for row, a in zip(token_rows, accepted)]
+            # pipelined: requests that ended (or were aborted) after this step was launched
+            gone = [r for r, seq in enumerate(seqs) if seq.finished] if serial is not None else []
+            if gone:
+                for r in gone:
+                    results[r] = ([], None)
+                stats.num_discarded_rows += len(gone)
+                rows = np.setdiff1d(rows, gone)
             if len(rows):
                 conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
                 self.policy.observe([seqs[i].request_id for i in rows], conf)
                 self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf)
-            stats.num_sampled_without_draft += n - len(rows)
+            stats.num_sampled_without_draft += n - len(gone) - len(rows)
             shrink = eng.block_manager.shrink
-            for seq, a, slot in zip(seqs, accepted, slots.tolist()):  # the drafter's context: inside the graph
-                seq.num_computed_tokens += 1 + a
-                if drafting and slot:
-                    shrink(seq, seq.num_computed_tokens + 1)
+            if serial is None:
+                for seq, a, slot in zip(seqs, accepted, slots.tolist()):  # the drafter's context: inside the graph
+                    seq.num_computed_tokens += 1 + a
+                    if drafting and slot:
+                        shrink(seq, seq.num_computed_tokens + 1)
+            else:
+                for seq, a in zip(seqs, accepted):
+                    if seq.finished:
+                        continue
+                    seq.num_computed_tokens += 1 + a
+                    if seq.in_flight_step == serial:  # no later step in flight runs it
+                        seq.in_flight_max = seq.in_flight_step = 0
+                        shrink(seq, seq.num_computed_tokens + 1)
             # the launch, the replays and the wait for the read back: the GPU runs them in one go
             stats.time_graphed += launch_s + (t1 - t_wait)
             stats.num_graphed_steps += 1

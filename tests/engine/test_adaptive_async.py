@@ -140,11 +140,19 @@ def test_abort_while_a_plain_step_is_in_flight(pair, tmp_path):
     assert eng.kv_blocks_free() == eng.kv_blocks_total()
 
 
-def test_async_scheduling_with_fixed_k_is_refused(pair, tmp_path):
+def test_async_scheduling_with_fixed_k_without_graphs_changes_nothing(pair, tmp_path):
+    """Fixed k pipelines its steps only through the speculative step's graphs
+    (tests/spec_decode/test_pipelined.py); without them async scheduling may be asked for and
+    every step drafts from tokens on the host, as a synchronous engine's. Auto: off on CPU."""
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "cost_model_cache_dir": str(tmp_path)}
-    with pytest.raises(ConfigError, match="fixed-k"):
-        LLM(pair[0], speculative_config=cfg, async_scheduling=True)
-    assert not LLM(pair[0], speculative_config=cfg).llm_engine.async_scheduling  # auto: off (and CPU)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(pair[0], speculative_config=cfg, async_scheduling=True)
+    assert llm.llm_engine.async_scheduling and not llm.llm_engine._pipelines_spec()
+    got = [o.outputs[0].token_ids for o in llm.generate(_prompts(6), params)]
+    sync = LLM(pair[0], speculative_config=cfg)
+    assert not sync.llm_engine.async_scheduling  # auto: off (and CPU)
+    assert got == [o.outputs[0].token_ids for o in sync.generate(_prompts(6), params)]
+    assert llm.llm_engine.stats.num_pipelined_steps == 0 and llm.llm_engine.num_result_waits == 0
 
 
 def test_step_costs_setting(pair, tmp_path):

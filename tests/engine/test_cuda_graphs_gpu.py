@@ -64,7 +64,8 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     eager = _llm(True, spec, tmp=tmp_path, async_scheduling=False if not spec else None)
     graphed = _llm(False, spec, tmp=tmp_path)
     assert _graph_steps(eager) == 0
-    assert graphed.llm_engine.async_scheduling == (spec != "fixed")  # adaptive: its plain steps
+    # auto: async (speculation: pipelined speculative steps, spec_decode/pipelined.py)
+    assert graphed.llm_engine.async_scheduling and (not spec or graphed.llm_engine._pipelines_spec())
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     same = sum(a == b for a, b in zip(want, got))
@@ -112,6 +113,37 @@ def test_async_scheduling_equals_sync_on_gpu():
                    llm.llm_engine)
     assert runs[True][0] == runs[False][0]
     assert runs[True][1].stats.num_discarded_rows > 0 and _graph_steps(llm) > 5
+
+
+@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
+def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_path):
+    """Pipelined speculative steps on the GPU, kept busy (a spin kernel queued before every graphed
+    launch, so step t's input copies are still queued when the host fills step t + 1's): seeded
+    T = 1 with stop tokens (requests end while their next step is in flight), arrivals (prefill
+    rows ride along and sit the next step out). Fixed k: token for token the synchronous engine's;
+    adaptive (its budgets come from confidences a step older): greedy tokens equal no-spec's."""
+    from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+    prompts = _prompts(19)
+    temperature = 1.0 if spec == "fixed" else 0.0
+    params = [SamplingParams(temperature=temperature, max_tokens=8 + 5 * (i % 7), seed=i, ignore_eos=True,
+                             stop_token_ids=[int(t) for t in range(10 + i, 8000, 97)]) for i in range(19)]
+    if spec == "fixed":
+        want = [o.outputs[0].token_ids for o in _llm(False, spec, async_scheduling=False).generate(prompts, params)]
+    else:
+        want = [o.outputs[0].token_ids for o in _llm(False, False).generate(prompts, params)]
+    real = GraphedSpecStep.launch
+
+    def slow_launch(self, *args, **kw):
+        torch.cuda._sleep(2_000_000)  # ~1 ms of spinning ahead of this step's copies
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(GraphedSpecStep, "launch", slow_launch)
+    llm = _llm(False, spec, tmp=tmp_path)
+    llm.llm_engine.scheduler.max_num_seqs = 8  # arrivals while others decode
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    st = llm.llm_engine.stats
+    assert st.num_pipelined_steps > 10 and st.num_discarded_rows > 0
 
 
 def test_async_inputs_survive_a_busy_gpu(monkeypatch):
@@ -165,13 +197,10 @@ def test_decode_step_syncs_once(temperature, spec, tmp_path):
         reads = graphed.num_read_backs if graphed is not None else 0
         where = device_sync_sites(eng.step)
         if eng.async_scheduling and graphed is not None:
-            # adaptive: a plain async step waits for the previous step's tokens (none in the first
-            # plain step after a drafting one), a drafting step reads its own back, after reading
-            # back a plain step still in flight (a switch)
-            others = [w for w in where if not w.startswith("async_step.py")]
+            # pipelined speculative steps: each reads back the step launched before it (an event
+            # wait, which the debug mode does not see), and nothing else
             w, r = eng.num_result_waits - waits, graphed.num_read_backs - reads
-            assert not others and (w, r) in ((1, 0), (0, 0), (0, 1), (1, 1)), \
-                f"syncs: {where}, waits {w}, read backs {r}"
+            assert not where and (w, r) == (0, 1), f"syncs: {where}, waits {w}, read backs {r}"
         elif eng.async_scheduling:  # the event wait for the previous step's tokens (the debug mode may not see it)
             others = [w for w in where if not w.startswith("async_step.py")]
             assert not others and eng.num_result_waits == waits + 1, f"syncs: {where}"
@@ -192,8 +221,10 @@ def test_adaptive_plain_async_steps_on_gpu():
     or not at all would lower it."""
     prompts = _prompts(19)
     params = [SamplingParams(temperature=0, max_tokens=20 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
+    # the measured step costs keep the plain async steps (pipelined speculative steps would run the
+    # skipped steps as the speculative step's own one-token graph)
     cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
-           "enable_adaptive_verification": True}
+           "enable_adaptive_verification": True, "adaptive_verification_step_costs": "measured"}
     # every request admitted and prefilled at once: the two engines then run the same steps (a
     # skipped step of the synchronous one reserves draft slots, which would chunk prefills apart)
     kw = dict(max_num_seqs=24, device="cuda", dtype="float32", max_num_batched_tokens=2048)

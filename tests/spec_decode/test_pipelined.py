@@ -1,0 +1,197 @@
+"""Pipelined speculative steps (spec_decode/pipelined.py), on CPU through the graphed step's eager
+capture: step t + 1 is launched before step t is read back, the carried requests take their last
+token and position on the device. Outputs must equal the synchronous engine's token for token
+(greedy; seeded sampling with fixed k, whose verify lengths do not depend on timing), through stop
+tokens that end requests with a step in flight, KV pressure that would preempt, rows the graphs do
+not serve, and aborts."""
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.engine.scheduler import DrainFirst, Scheduler
+from adaspec.engine.block_manager import BlockManager
+from adaspec.engine.sequence import Sequence
+from adaspec.spec_decode.graphed_step import GraphedSpecStep
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipelined")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    drafter = make_bigram_drafter_dir(root / "drafter", target, block_size=7)
+    return str(target), str(drafter), str(root)
+
+
+def _prompts(n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(2, 30, (n,), generator=g).tolist()]
+
+
+def _llm(pair, k=3, adaptive=False, pipelined=True, **kw):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
+           "enable_adaptive_verification": adaptive, "cost_model_cache_dir": pair[2]}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8,
+              async_scheduling=pipelined, **kw)
+    eng = llm.llm_engine
+    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
+    steps.capture(eager=True)
+    eng.spec.use_graphs(steps)
+    return llm
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(pair):
+    return [o.outputs[0].token_ids for o in LLM(pair[0]).generate(_prompts(), GREEDY)]
+
+
+def _tokens(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _check_books(eng):
+    st = eng.stats
+    assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
+    assert eng.kv_blocks_free() == eng.kv_blocks_total()
+    assert eng._spec_in_flight is None and not eng.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("k, adaptive", [(3, False), (7, False), (7, True)])
+def test_pipelined_greedy_equals_plain(pair, plain_greedy, k, adaptive):
+    llm = _llm(pair, k, adaptive)
+    g = llm.llm_engine.spec.graphed
+    order = []
+    launch, read_back = g.launch, g.read_back
+    g.launch = lambda *a, **kw: (order.append("launch"), launch(*a, **kw))[1]
+    g.read_back = lambda: (order.append("read"), read_back())[1]
+    assert _tokens(llm.generate(_prompts(), GREEDY)) == plain_greedy
+    st = llm.llm_engine.stats
+    assert st.num_pipelined_steps > 10 and st.num_pipeline_drains == 0
+    # most read backs come after the next step's launch: two steps launched and unread
+    outstanding, ahead = 0, 0
+    for ev in order:
+        ahead += ev == "read" and outstanding == 2
+        outstanding += 1 if ev == "launch" else -1
+    assert ahead >= st.num_graphed_steps // 2, order
+    _check_books(llm.llm_engine)
+
+
+def test_pipelined_seeded_sampling_equals_synchronous(pair):
+    """Fixed k verifies the same drafts whenever a step runs, and the randoms are keyed by position:
+    a pipelined run samples the very tokens of a synchronous one (greedy rows mixed in)."""
+    params = [SamplingParams(temperature=0.7 + 0.1 * (i % 3), max_tokens=24, ignore_eos=True, seed=10 + i)
+              for i in range(10)]
+    params[4] = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    sync = _tokens(_llm(pair, 3, pipelined=False).generate(_prompts(), params))
+    llm = _llm(pair, 3)
+    assert _tokens(llm.generate(_prompts(), params)) == sync
+    assert llm.llm_engine.stats.num_pipelined_steps > 10
+    _check_books(llm.llm_engine)
+
+
+def test_stop_tokens_end_requests_with_a_step_in_flight(pair):
+    """Requests ending on a stop token in step t were launched in step t + 1: those rows are thrown
+    away and the outputs are the synchronous engine's."""
+    plain = _tokens(LLM(pair[0]).generate(_prompts(), GREEDY))
+    counts = {}
+    for toks in plain:
+        for t in toks[2:]:
+            counts[t] = counts.get(t, 0) + 1
+    stop = sorted(counts, key=counts.get)[-3:]  # frequent tokens: most requests stop early
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=stop)
+    sync = _tokens(_llm(pair, 3, pipelined=False).generate(_prompts(), params))
+    assert sum(len(t) < 20 for t in sync) >= 3, "the stop tokens were meant to end several requests"
+    llm = _llm(pair, 3)
+    assert _tokens(llm.generate(_prompts(), params)) == sync
+    st = llm.llm_engine.stats
+    assert st.num_discarded_rows > 0 and st.num_pipelined_steps > 5
+    _check_books(llm.llm_engine)
+
+
+def test_kv_pressure_drains_instead_of_preempting_in_flight(pair, plain_greedy):
+    """Too few KV blocks for every request's worst case: the engine reads the step in flight back
+    and schedules again (preempting when it must), never preempting a request with a step in flight."""
+    llm = _llm(pair, 3, num_kv_blocks=12, max_model_len=64)
+    assert _tokens(llm.generate(_prompts(), GREEDY)) == plain_greedy
+    st = llm.llm_engine.stats
+    assert st.num_pipeline_drains > 0 and st.num_pipelined_steps > 5
+    _check_books(llm.llm_engine)
+
+
+def test_rows_the_graphs_do_not_serve_run_synchronously(pair):
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2 if i == 2 else None)
+              for i in range(6)]
+    sync = _llm(pair, 3, pipelined=False).generate(_prompts(6), params)
+    llm = _llm(pair, 3)
+    outs = llm.generate(_prompts(6), params)
+    assert _tokens(outs) == _tokens(sync)
+    assert len(outs[2].outputs[0].logprobs) == 12
+    assert outs[2].outputs[0].logprobs == sync[2].outputs[0].logprobs
+    st = llm.llm_engine.stats
+    assert st.num_pipeline_drains > 0
+    _check_books(llm.llm_engine)
+
+
+def test_abort_with_a_step_in_flight(pair, plain_greedy):
+    llm = _llm(pair, 3)
+    eng = llm.llm_engine
+    for i, p in enumerate(_prompts()):
+        eng.add_request(str(i), p, GREEDY)
+    done, aborted = {}, False
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+        if not aborted and eng._spec_in_flight is not None and eng._spec_in_flight.graphed:
+            victim = eng._spec_in_flight.scheduled[eng._spec_in_flight.graphed[0]].seq.request_id
+            eng.abort_request(victim)
+            aborted = True
+    assert aborted and done[victim].outputs[0].finish_reason == "abort"
+    for i, toks in enumerate(plain_greedy):
+        if str(i) != victim:
+            assert done[str(i)].outputs[0].token_ids == toks
+    _check_books(eng)
+
+
+# -- the scheduler's side -------------------------------------------------------------------------
+def _running(bm, n_prompt, n_out, max_tokens, in_flight):
+    seq = Sequence("r", None, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=max_tokens))
+    seq.token_ids += [5] * n_out
+    seq.num_computed_tokens = len(seq.token_ids) - 1
+    bm.grow(seq, len(seq.token_ids))
+    seq.in_flight_max = in_flight
+    return seq
+
+
+def test_scheduler_counts_the_step_in_flight():
+    bm = BlockManager(64, 4)
+    sch = Scheduler(bm, 8, 256, 100, num_spec_tokens=3, draft_lookahead=3)
+    seq = _running(bm, 10, 2, max_tokens=8, in_flight=4)  # its step in flight may emit 1 to 4 tokens
+    sch.running.append(seq)
+    (s,) = sch.schedule(pipelined=True)
+    # one certain token -> 3 outputs, 5 remaining; KV as if all 4 came: last token at 11 + 4 = 15
+    assert (s.num_tokens, s.spec_slots, s.remaining) == (1, 3, 5)
+    assert len(seq.block_table) == -(-(15 + 1 + 3) // 4)
+    seq.in_flight_max = 4
+    seq.token_ids += [5] * 5  # 7 outputs: the step in flight surely makes the 8th, the last
+    seq.num_computed_tokens = len(seq.token_ids) - 1
+    assert sch.schedule(pipelined=True) == []
+    seq.in_flight_max = -1  # a sampled token on its way: sits the step out
+    seq.token_ids = seq.token_ids[:13]
+    assert sch.schedule(pipelined=True) == []
+
+
+def test_scheduler_raises_drain_first_instead_of_preempting():
+    bm = BlockManager(6, 4)
+    sch = Scheduler(bm, 8, 256, 100, num_spec_tokens=3, draft_lookahead=3)
+    a = _running(bm, 7, 1, max_tokens=50, in_flight=4)
+    b = _running(bm, 7, 1, max_tokens=50, in_flight=4)
+    sch.running += [a, b]
+    with pytest.raises(DrainFirst):
+        sch.schedule(pipelined=True)
+    a.in_flight_max = b.in_flight_max = 0
+    sch.schedule()  # without a step in flight it preempts as before
+    assert sch.num_preemptions >= 1
