@@ -81,7 +81,12 @@ def replicate(res, samples: int, seed: int):
         return res
     gen = torch.Generator().manual_seed(seed)
     acc = np.concatenate([sample_accepted(res.alpha, gen) for _ in range(samples)])
-    return BlockResults(np.tile(res.conf_logits, (samples, 1)), np.tile(res.alpha, (samples, 1)), acc, res.temperature)
+    seq = None
+    if res.seq is not None:  # each draw's rows as sequences of their own
+        width = int(res.seq.max()) + 1 if len(res.seq) else 0
+        seq = np.concatenate([res.seq + d * width for d in range(samples)])
+    return BlockResults(np.tile(res.conf_logits, (samples, 1)), np.tile(res.alpha, (samples, 1)), acc, res.temperature,
+                        seq)
 
 
 def run(args) -> int:

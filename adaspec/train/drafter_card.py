@@ -20,12 +20,15 @@ def acceptance_table(eval_json: dict) -> list[str]:
     if not runs:
         return []
     k = runs[0]["k"]
-    out = ["| T | " + " | ".join(str(j) for j in range(1, k + 1)) + " | **tau** | blocks | ECE raw | ECE cal | AUC |",
-           "|---" * (k + 6) + "|"]
+    # walk: the tokens per step of decoding's own walk over the same blocks (drafter_eval.walk_tau),
+    # what an engine realizes; tau averages over every anchor
+    out = ["| T | " + " | ".join(str(j) for j in range(1, k + 1)) + " | **tau** | walk | blocks | ECE raw | ECE cal | AUC |",
+           "|---" * (k + 7) + "|"]
     for r in runs:
         cal = r.get("confidence_calibrated") or {}
         out.append(f"| {r['temperature']:g} | " + " | ".join(f"{a:.3f}" for a in r["cond_acceptance"])
-                   + f" | **{r['tau']:.2f}** | {r['blocks']:,} | {r['confidence_raw']['ece']:.4f} | "
+                   + f" | **{r['tau']:.2f}** | " + (f"{r['tau_walk']:.2f}" if r.get("tau_walk") is not None else "-")
+                   + f" | {r['blocks']:,} | {r['confidence_raw']['ece']:.4f} | "
                    + (f"{cal['ece']:.4f}" if cal else "-") + f" | {(cal or r['confidence_raw'])['auc']:.3f} |")
     return out
 

@@ -67,11 +67,32 @@ class BlockResults:
     alpha: np.ndarray  # [N, k] per-slot acceptance probability given the prefix (0/1 at T=0)
     accepted: np.ndarray  # [N] accepted length (exact at T=0, one sample at T>0)
     temperature: float
+    # [N] the sequence of each row; a sequence's rows are its consecutive anchors, in order (None:
+    # unknown, and no decoding walk: walk_tau)
+    seq: np.ndarray | None = None
 
     def concat(self, other: "BlockResults") -> "BlockResults":
+        seq = None
+        if self.seq is not None and other.seq is not None:
+            seq = np.concatenate([self.seq, other.seq + (self.seq.max() + 1 if len(self.seq) else 0)])
         return BlockResults(np.concatenate([self.conf_logits, other.conf_logits]),
                             np.concatenate([self.alpha, other.alpha]),
-                            np.concatenate([self.accepted, other.accepted]), self.temperature)
+                            np.concatenate([self.accepted, other.accepted]), self.temperature, seq)
+
+
+def walk_tau(accepted: np.ndarray, seq: np.ndarray) -> float:
+    """Tokens per step of decoding each sequence as an engine does: a block at the first anchor,
+    then at the anchor right after its accepted drafts and bonus token, and so on (bonus included).
+    tau averages over EVERY anchor; an engine drafts only from the positions its walk reaches, which
+    sit right after a rejection (the target's correction), so this is what an engine can realize."""
+    steps = []
+    for s in np.unique(seq):
+        acc = accepted[seq == s]
+        i = 0
+        while i < len(acc):
+            steps.append(int(acc[i]) + 1)
+            i += int(acc[i]) + 1
+    return float(np.mean(steps)) if steps else float("nan")
 
 
 @torch.no_grad()
@@ -85,7 +106,7 @@ def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], te
     K = drafter.block_size
     k = k or K
     gen = torch.Generator().manual_seed(seed)
-    rows_c, rows_a = [], []
+    rows_c, rows_a, rows_s = [], [], []
     for i in range(0, len(seqs), batch_size):
         batch = seqs[i:i + batch_size]
         T = max(len(s) for s in batch)
@@ -119,9 +140,11 @@ def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], te
             alpha = torch.minimum(p, q).sum(-1).clamp(0, 1).reshape(n, k)
         rows_c.append(bb.conf_logits[..., :k][ok.to(device)].float().cpu().numpy())
         rows_a.append(alpha.cpu().numpy())
+        rows_s.append(np.repeat(np.arange(i, i + len(batch)), [len(a) for a in anchors]))  # ok's row-major order
     conf = np.concatenate(rows_c) if rows_c else np.zeros((0, k))
     alpha = np.concatenate(rows_a) if rows_a else np.zeros((0, k))
-    return BlockResults(conf, alpha, sample_accepted(alpha, gen), temperature)
+    seq = np.concatenate(rows_s) if rows_s else np.zeros(0, dtype=np.int64)
+    return BlockResults(conf, alpha, sample_accepted(alpha, gen), temperature, seq)
 
 
 def sample_accepted(alpha: np.ndarray, gen: torch.Generator) -> np.ndarray:
@@ -153,6 +176,8 @@ def summarize(res: BlockResults, temps=None) -> dict:
         "temperature": res.temperature, "blocks": int(N), "k": int(k),
         "tau": float(1.0 + surv_exp.sum()),  # bonus token included
         "tau_sampled": float(1.0 + res.accepted.mean()) if N else float("nan"),
+        # decoding's own walk over the same blocks (walk_tau): the tokens per step an engine can realize
+        "tau_walk": walk_tau(res.accepted, res.seq) if res.seq is not None and N else None,
         "cond_acceptance": cond,
         "cond_acceptance_sampled": cond_sampled,
         "survival": surv_exp.tolist(),
@@ -168,7 +193,9 @@ def summarize(res: BlockResults, temps=None) -> dict:
 
 def format_table(s: dict) -> str:
     k = s["k"]
-    lines = [f"T={s['temperature']:g}  blocks={s['blocks']}  tau={s['tau']:.3f} (bonus included; sampled {s['tau_sampled']:.3f})",
+    walk = f"; decoding walk {s['tau_walk']:.3f}" if s.get("tau_walk") is not None else ""
+    lines = [f"T={s['temperature']:g}  blocks={s['blocks']}  tau={s['tau']:.3f} (bonus included; sampled "
+             f"{s['tau_sampled']:.3f}{walk})",
              "slot  cond.acc  survival  ECE(raw)  AUC(raw)" + ("  ECE(cal)" if "confidence_calibrated" in s else "")]
     for j in range(k):
         r = s["confidence_raw"]["per_slot"][j]

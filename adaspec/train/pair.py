@@ -417,7 +417,7 @@ def heldout_figures(eval_json: dict) -> dict:
     for r in eval_json["runs"]:
         cal = r.get("confidence_calibrated") or {}
         out[f"T={r['temperature']:g}"] = {
-            "tau": r["tau"], "cond_acceptance": r["cond_acceptance"], "blocks": r["blocks"],
+            "tau": r["tau"], "tau_walk": r.get("tau_walk"), "cond_acceptance": r["cond_acceptance"], "blocks": r["blocks"],
             "ece_raw": r["confidence_raw"]["ece"], "ece_calibrated": cal.get("ece"),
             "auc": (cal or r["confidence_raw"])["auc"]}
     return out
@@ -504,7 +504,8 @@ def format_summary(s: dict) -> str:
         h = s["heldout"]
         for key, r in h.items():
             if key.startswith("T="):
-                lines.append(f"held-out {key}: tau {r['tau']:.3f}, cond. acceptance "
+                walk = f" (decoding walk {r['tau_walk']:.3f})" if r.get("tau_walk") is not None else ""
+                lines.append(f"held-out {key}: tau {r['tau']:.3f}{walk}, cond. acceptance "
                              + " ".join(f"{a:.2f}" for a in r["cond_acceptance"])
                              + f" ({r['blocks']:,} blocks, {h['num_prompts']} {h['prompts']} prompts)")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import torch
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter
 from adaspec.train.calibrate import fit_and_report
 from adaspec.train.drafter import init_drafter
-from adaspec.train.drafter_eval import measure_blocks, summarize
+from adaspec.train.drafter_eval import measure_blocks, summarize, walk_tau
 from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, sample_anchors
 
 from .micro import MASK_ID, chain_sequences
@@ -57,6 +57,31 @@ def test_confidence_predicts_measured_acceptance(trained, temperature):
     assert s["tau"] > 1.5  # the drafter learned something
     assert s["confidence_raw"]["auc"] > 0.6  # survival vs prefix acceptance, all slots
     assert s["confidence_raw"]["per_slot"][0]["auc"] > 0.6  # and within slot 1 alone
+
+
+def test_walk_tau_follows_decoding():
+    # one sequence: anchors 0 (2 accepted: next block at 3), 3 (1: at 5), 5 (0: at 6, past the end)
+    assert walk_tau(np.array([2, 0, 5, 1, 0, 0]), np.zeros(6, dtype=int)) == (3 + 2 + 1) / 3
+    # two sequences walk apart: the second starts at its own first anchor
+    assert walk_tau(np.array([0, 9, 1, 0, 0]), np.array([0, 0, 1, 1, 1])) == (1 + 10 + 2 + 1) / 4
+    assert walk_tau(np.full(20, 3), np.zeros(20, dtype=int)) == 4.0
+
+
+def test_measured_blocks_know_their_sequences(trained):
+    """Rows of a sequence are its anchors in order (what the walk needs), and summarize reports the
+    walk beside tau; at T = 0 the walk visits only positions right after a rejection, never more
+    tokens per step than the drafts allow."""
+    target, drafter, _ = trained
+    seqs = chain_sequences(6, 48, seed=7).tolist()
+    seqs[2] = seqs[2][:30]
+    starts = [0, 3, 0, 5, 0, 0]
+    res = measure_blocks(target, drafter, seqs, starts, 0.0, batch_size=4)
+    K = drafter.block_size
+    assert np.bincount(res.seq).tolist() == [len(q) - K - st for q, st in zip(seqs, starts)]
+    s = summarize(res)
+    assert s["tau_walk"] == walk_tau(res.accepted, res.seq) and 1.0 <= s["tau_walk"] <= K + 1
+    both = res.concat(res)
+    assert both.seq.max() == 2 * res.seq.max() + 1 and walk_tau(both.accepted, both.seq) == s["tau_walk"]
 
 
 def test_sts_does_not_increase_ece(trained):
