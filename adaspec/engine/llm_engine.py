@@ -414,15 +414,16 @@ class LLMEngine:
             tokens, lps = step.prefill.wait()
             self.num_result_waits += 1
             results = []
-            for j, i in enumerate(step.prefill_rows):
-                seq = step.scheduled[i].seq
-                if seq.in_flight_step == step.serial:
-                    seq.in_flight_max = seq.in_flight_step = 0
+            for j, (seq, at) in enumerate(zip(step.prefill.seqs, step.prefill.indices)):
                 if seq.finished:  # aborted while its first token was on its way
                     self.stats.num_discarded_rows += 1
                     results.append(([], None))
-                else:
-                    results.append(([tokens[j]], [lps[j]] if lps is not None else None))
+                    continue
+                if seq.token_ids[at:] != [PENDING]:
+                    raise RuntimeError(f"request {seq.request_id}: its placeholder is not its last token "
+                                       "(pipelined bookkeeping is broken)")
+                del seq.token_ids[at:]  # the stop checks append the real token
+                results.append(([tokens[j]], [lps[j]] if lps is not None else None))
             self._take_spec_tokens(step.scheduled, step.prefill_rows, results, by_row)
         return [by_row[i] for i in sorted(by_row)]
 

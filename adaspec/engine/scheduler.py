@@ -89,8 +89,6 @@ class Scheduler:
         that step surely emits, and needs KV positions as if it emitted all it may."""
         p = seq.params
         in_flight = seq.in_flight_max
-        if in_flight < 0:  # its sampled token is still on its way: it sits this step out
-            return None
         n_tok = len(seq.token_ids) + (in_flight > 0)
         n_out = n_tok - len(seq.prompt_token_ids)
         if (p.max_tokens is not None and n_out >= p.max_tokens) or n_tok >= self.max_model_len:

@@ -39,9 +39,9 @@ class Sequence:
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0
         self.num_preemptions = 0
-        # pipelined speculative steps (spec_decode/pipelined.py): a launched step not read back yet
-        # may append up to in_flight_max tokens (> 0: a graphed row, whose last token and position the
-        # next step takes on the device), or -1: a sampled token the next step cannot take (it waits)
+        # pipelined speculative steps (spec_decode/pipelined.py): a graphed step not read back yet may
+        # append up to in_flight_max tokens (the next step takes the last one and its position on the
+        # device); 0: none (a prefill row's sampled token is a PENDING placeholder instead)
         self.in_flight_max = 0
         self.in_flight_step = 0  # serial of that step (only it clears the two fields)
 

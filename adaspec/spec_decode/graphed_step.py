@@ -123,6 +123,7 @@ class GraphedSpecStep:
         # (pipelined steps): each request's last emitted token, that token's position, drafts accepted
         self.carry = torch.zeros(bmax, 3, **i64)
         self.carried = torch.zeros(3, bmax, **i64)  # rows that take it, their rows in the carry, remaining
+        self.first_rows = torch.zeros(2, bmax, **i64)  # rows whose token a prefill sampled, its row there
         # pinned host mirrors of the inputs and of the read back: two sets used in turn, since under
         # pipelining a step is launched while the previous one's copies may still be queued
         self.mirrors = [_SpecMirrors(bmax, k, self.width, dev) for _ in range(2)]
@@ -263,13 +264,15 @@ class GraphedSpecStep:
 
     @torch.inference_mode()
     def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
-               drafting: bool, budget: int | None, carried=None) -> None:
+               drafting: bool, budget: int | None, carried=None, first_tokens=None) -> None:
         """Fill the inputs (host arrays of the real requests), replay, and start the copy of the
         results to the host (read_back waits for it). slots: draft slots per request (0 when it
         does not draft). carried: (rows, rows of the previous launch, remaining) for requests whose
         previous step is still in flight (pipelined steps): their last token and its position come
         from that step's carry on the device (last_tok and start hold stale values for them), and
-        their draft slots are capped at remaining - 1 - that step's accepted drafts."""
+        their draft slots are capped at remaining - 1 - that step's accepted drafts. first_tokens:
+        (rows, rows of `tokens`, tokens on the device) for requests whose last token a prefill of
+        that step sampled (their positions are the host's)."""
         if len(self._launched) == 2:
             raise RuntimeError("a graphed step was launched while two launched ones were not read back: "
                                "their pinned mirrors may still be in flight")
@@ -299,6 +302,14 @@ class GraphedSpecStep:
         self.temperature[:b].copy_(m.temp[:b], non_blocking=True)
         if carried is not None and len(carried[0]):
             self._take_carry(m, *carried)
+        if first_tokens is not None and len(first_tokens[0]):
+            rows, src, tokens = first_tokens
+            c = len(rows)
+            hf = m.first.numpy()
+            hf[0, :c], hf[1, :c] = rows, src
+            dev_f = self.first_rows[:, :c]
+            dev_f.copy_(m.first[:, :c], non_blocking=True)
+            self.last_tok.index_copy_(0, dev_f[0], tokens.index_select(0, dev_f[1]).to(self.last_tok.dtype))
         m.mark_copied()
         if drafting:
             self.propose_graphs[b].replay()
@@ -374,6 +385,7 @@ class _SpecMirrors:
         self.bt = torch.zeros(bmax, width, dtype=torch.int32, **pin)
         self.temp = torch.zeros(bmax, dtype=torch.float32, **pin)
         self.carried = torch.zeros(3, bmax, dtype=torch.int64, **pin)  # rows, previous rows, remaining
+        self.first = torch.zeros(2, bmax, dtype=torch.int64, **pin)  # rows, rows of the sampled prefill tokens
         self.readback = torch.zeros(bmax, 2 * k + 3, dtype=torch.int64, **pin)
         cuda = device.type == "cuda"
         self.copied = torch.cuda.Event() if cuda else None

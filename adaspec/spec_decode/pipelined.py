@@ -11,8 +11,8 @@ What the host does not know when it launches step t + 1 is how many drafts step 
   slots are capped there at its remaining tokens (max_tokens, max_model_len) less step t's accepted
   drafts; the scheduler counts one certain token of step t and grows its KV blocks as if every
   draft were accepted (Scheduler._running_need), so nothing the device decides lacks a slot;
-- a request whose prefill chunk sampled its first token in step t sits step t + 1 out (that token
-  is still on its way to the host and no graph row carries it);
+- a request whose prefill chunk sampled its first token in step t holds a PENDING placeholder for
+  it (engine/async_step.py) and takes it in step t + 1 on the device, from step t's sampled tokens;
 - a request that step t ends (EOS, a stop token or string, max_tokens) was already launched in
   step t + 1: that row is computed and thrown away, as vLLM's async scheduling pays
   (EngineStats.num_discarded_rows);
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from adaspec.engine.async_step import InFlightStep
+from adaspec.engine.async_step import PENDING, InFlightStep
 from adaspec.engine.scheduler import ScheduledSeq
 
 
@@ -46,6 +46,30 @@ class InFlightSpecStep:
     def graph_row(self) -> dict[int, int]:
         """id(seq) -> its row in the graphed part (and in the graphs' carry)."""
         return {id(self.scheduled[i].seq): r for r, i in enumerate(self.graphed)}
+
+
+def carried_rows(rows: list[ScheduledSeq], prev: InFlightSpecStep):
+    """What the graphed rows of a step take from `prev`, the step still in flight, on the device:
+    -> (carried: (rows, their rows in prev's graphs, remaining) or None,
+        first_tokens: (rows, their rows in prev's sampled prefill tokens, those tokens) or None)."""
+    graph_row = prev.graph_row() if prev.graphed else {}
+    sampled_row = {id(q): j for j, q in enumerate(prev.prefill.seqs)} if prev.prefill is not None else {}
+    carried, first = ([], [], []), ([], [])
+    for r, s in enumerate(rows):
+        seq = s.seq
+        if seq.in_flight_max > 0:
+            carried[0].append(r)
+            carried[1].append(graph_row[id(seq)])
+            carried[2].append(s.remaining)
+        elif seq.token_ids[-1] == PENDING:
+            j = sampled_row.get(id(seq))
+            if j is None:
+                raise RuntimeError(f"request {seq.request_id}: a placeholder token that the step in flight will "
+                                   "not fill (pipelined bookkeeping is broken)")
+            first[0].append(r)
+            first[1].append(j)
+    return (carried if carried[0] else None,
+            (first[0], first[1], prev.prefill.tokens) if first[0] else None)
 
 
 def pipelinable(scheduled: list[ScheduledSeq], covered, max_graph_rows: int) -> bool:

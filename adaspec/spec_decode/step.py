@@ -31,7 +31,7 @@ from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
-from adaspec.spec_decode.pipelined import InFlightSpecStep, pipelinable
+from adaspec.spec_decode.pipelined import InFlightSpecStep, carried_rows, pipelinable
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, survival
 from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_drafter
 
@@ -245,41 +245,43 @@ class SpeculativeDecoder:
     def launch_pipelined(self, scheduled: list[ScheduledSeq], prev: InFlightSpecStep | None,
                          serial: int) -> InFlightSpecStep:
         """Launch the step without reading anything back (can_pipeline(scheduled) holds): the
-        covered rows as the graphed step, taking the last token and position of the requests that
-        `prev` (still in flight) ran in its graphs from its carry; the prefill chunks eagerly, their
-        sampled tokens left on the device. The requests are marked in flight (Sequence.in_flight_max)."""
+        covered rows as the graphed step, taking from `prev` (still in flight) on the device the
+        last token and position of the requests its graphs ran, and the first token of those whose
+        prefill it finished (a PENDING placeholder on the host); the prefill chunks eagerly, their
+        sampled tokens left on the device behind such placeholders. The graphed rows are marked in
+        flight (Sequence.in_flight_max)."""
         t0 = time.perf_counter()
         graphed = [i for i, s in enumerate(scheduled) if self._row_covered(s)]
         prefill = [i for i in range(len(scheduled)) if i not in set(graphed)]
         finish = None
         if graphed:
             rows = [scheduled[i] for i in graphed]
-            carried = None
-            if prev is not None and prev.graphed:
-                prev_row = prev.graph_row()
-                pairs = [(r, prev_row[id(s.seq)]) for r, s in enumerate(rows) if s.seq.in_flight_max > 0]
-                carried = ([r for r, _ in pairs], [j for _, j in pairs], [rows[r].remaining for r, _ in pairs])
+            carried = first_tokens = None
+            if prev is not None:
+                carried, first_tokens = carried_rows(rows, prev)
             drafted = [r for r, s in enumerate(rows) if s.spec_slots > 0]
             if drafted and not self.policy.should_draft(
                     [rows[r].seq.request_id for r in drafted], len(rows), len(rows),
                     np.array([rows[r].spec_slots for r in drafted], dtype=np.int64)):
                 self.engine.stats.num_steps_draft_skipped += 1
                 drafted = []
-            finish = self._launch_graphed(rows, drafted, [True] * len(rows), t0, carried=carried, serial=serial)
+            finish = self._launch_graphed(rows, drafted, [True] * len(rows), t0, carried=carried, serial=serial,
+                                          first_tokens=first_tokens)
             drafting = bool(drafted)
             for s in rows:
                 s.seq.in_flight_max = 1 + (s.spec_slots if drafting else 0)
                 s.seq.in_flight_step = serial
         pending, sampling_rows = None, []
         if prefill:
-            pending, sampling_rows = self._launch_prefill([scheduled[i] for i in prefill], serial)
+            pending, sampling_rows = self._launch_prefill([scheduled[i] for i in prefill])
             sampling_rows = [prefill[j] for j in sampling_rows]
         return InFlightSpecStep(serial, scheduled, graphed, finish, pending, sampling_rows, t0)
 
-    def _launch_prefill(self, rows: list[ScheduledSeq], serial: int):
+    def _launch_prefill(self, rows: list[ScheduledSeq]):
         """Prefill chunks (and recomputation after preemption) as one forward; their K/V and the
         drafter's context are final at once, the tokens the finished prompts sample stay on the
-        device. -> (InFlightStep of those tokens or None, indices into rows of the sampling ones)."""
+        device behind a PENDING placeholder each (engine/async_step.py). -> (InFlightStep of those
+        tokens or None, indices into rows of the sampling ones)."""
         eng = self.engine
         t0 = time.perf_counter()
         items = [ForwardItem(s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_tokens],
@@ -296,10 +298,8 @@ class SpeculativeDecoder:
         chosen = eng._sample_on_device(res.logits, seqs)
         want = [q.params.logprobs for q in seqs]
         lp = logprobs_of(res.logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
-        for q in seqs:
-            q.in_flight_max, q.in_flight_step = -1, serial
         eng.stats.num_sampled_without_draft += len(seqs)
-        return InFlightStep.launch(seqs, chosen, lp, want, placeholders=False), sampling
+        return InFlightStep.launch(seqs, chosen, lp, want), sampling
 
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
@@ -382,7 +382,8 @@ class SpeculativeDecoder:
         p = s.seq.params
         return s.num_tokens == 1 and s.samples and p.logprobs is None and p.top_p >= 1 and p.top_k <= 0
 
-    def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None):
+    def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
+                        first_tokens=None):
         """The step as two graph replays and one read back (graphed_step.py). -> finish().
         Pipelined (serial given): carried rows take their inputs from the previous launch's carry
         (GraphedSpecStep.launch), and finish() skips the rows of requests that ended meanwhile and
@@ -400,7 +401,7 @@ class SpeculativeDecoder:
         key = g.pick(len(scheduled), max_tokens, drafting)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
-                 [q.block_table for q in seqs], drafting, budget, carried)
+                 [q.block_table for q in seqs], drafting, budget, carried, first_tokens)
         launch_s = time.perf_counter() - t0
 
         def finish():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
+from adaspec.engine.async_step import PENDING
 from adaspec.engine.scheduler import DrainFirst, Scheduler
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.sequence import Sequence
@@ -67,9 +68,27 @@ def test_pipelined_greedy_equals_plain(pair, plain_greedy, k, adaptive):
     launch, read_back = g.launch, g.read_back
     g.launch = lambda *a, **kw: (order.append("launch"), launch(*a, **kw))[1]
     g.read_back = lambda: (order.append("read"), read_back())[1]
+    spec = llm.llm_engine.spec
+    launches = []  # per launch: ids of its graphed requests, ids of those whose prefill it finished
+    inner = spec.launch_pipelined
+
+    def launch_and_note(*a):
+        step = inner(*a)
+        launches.append(({id(step.scheduled[i].seq) for i in step.graphed},
+                         [id(step.scheduled[i].seq) for i in step.prefill_rows]))
+        return step
+
+    spec.launch_pipelined = launch_and_note
     assert _tokens(llm.generate(_prompts(), GREEDY)) == plain_greedy
     st = llm.llm_engine.stats
     assert st.num_pipelined_steps > 10 and st.num_pipeline_drains == 0
+    # a request whose prefill sampled its first token decodes in the very next step (the token
+    # taken on the device), and every request that keeps decoding is carried
+    took_first = 0
+    for (_, first), (nxt, _) in zip(launches, launches[1:]):
+        assert set(first) <= nxt
+        took_first += len(first)
+    assert took_first >= 5
     # most read backs come after the next step's launch: two steps launched and unread
     outstanding, ahead = 0, 0
     for ev in order:
@@ -179,9 +198,12 @@ def test_scheduler_counts_the_step_in_flight():
     seq.token_ids += [5] * 5  # 7 outputs: the step in flight surely makes the 8th, the last
     seq.num_computed_tokens = len(seq.token_ids) - 1
     assert sch.schedule(pipelined=True) == []
-    seq.in_flight_max = -1  # a sampled token on its way: sits the step out
-    seq.token_ids = seq.token_ids[:13]
-    assert sch.schedule(pipelined=True) == []
+    # a prefill's sampled first token on its way: a placeholder, counted exactly
+    seq.in_flight_max = 0
+    seq.token_ids = seq.token_ids[:10] + [PENDING]
+    seq.num_computed_tokens = 10
+    (s,) = sch.schedule(pipelined=True)
+    assert (s.num_tokens, s.spec_slots, s.remaining, s.samples) == (1, 3, 0, True)
 
 
 def test_scheduler_raises_drain_first_instead_of_preempting():
