@@ -252,7 +252,8 @@ class SpeculativeDecoder:
         flight (Sequence.in_flight_max)."""
         t0 = time.perf_counter()
         graphed = [i for i, s in enumerate(scheduled) if self._row_covered(s)]
-        prefill = [i for i in range(len(scheduled)) if i not in set(graphed)]
+        graphed_set = set(graphed)
+        prefill = [i for i in range(len(scheduled)) if i not in graphed_set]
         finish = None
         if graphed:
             rows = [scheduled[i] for i in graphed]
