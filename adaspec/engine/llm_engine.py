@@ -157,6 +157,7 @@ class LLMEngine:
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
         self._spec_in_flight = None  # pipelined speculative steps: the step launched last (pipelined.py)
+        self._held_outputs: list[RequestOutput] = []  # read back outside step() (release_cuda_graphs)
         self._spec_serial = 0
         self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
@@ -202,6 +203,8 @@ class LLMEngine:
         """Free every captured CUDA graph (the target's and the speculative step's); later steps
         run eagerly. Under tensor parallelism this runs before the process group is left, on every
         rank: a live graph holding NCCL collectives makes destroy_process_group hang. -> how many."""
+        if getattr(self, "_spec_in_flight", None) is not None:  # its replays use the graphs' buffers
+            self._held_outputs += self._drain_spec()
         n = 0
         graphs = getattr(self.runner, "graphs", None)
         if graphs is not None:
@@ -297,6 +300,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None or seq.finished:
             return
+        strip_pending(seq)  # a token still on its way (async steps) is no part of the text
         self.stop_checker.finish_text(seq)  # before the finish reason: a final-only output has no text yet
         seq.finish_reason = "abort"
         self._finish(seq)
@@ -305,7 +309,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         # a step in flight is read back by the next step() even when all its requests have ended
         return (self.scheduler.has_work() or bool(self._aborted) or self._in_flight is not None
-                or self._spec_in_flight is not None)
+                or self._spec_in_flight is not None or bool(self._held_outputs))
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -321,8 +325,8 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        outputs = [self._output(s, 0) for s in self._aborted]
-        self._aborted = []
+        outputs = self._held_outputs + [self._output(s, 0) for s in self._aborted]
+        self._aborted, self._held_outputs = [], []
         if self._unseeded:  # in the order they were added, as one call per request would give
             for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded))):
                 seq.seed = seed
@@ -356,7 +360,8 @@ class LLMEngine:
         """Speculative steps are pipelined under async scheduling when the speculative step has its
         graphs, except with the measured step costs (whose timing of plain and drafting steps is
         the async plain step's, _adaptive_async_step)."""
-        return self.spec.graphed is not None and not self.spec.measures_step_costs()
+        measured = self.spec.cfg.enable_adaptive_verification and self.spec.measures_step_costs()
+        return self.spec.graphed is not None and not measured
 
     def _pipelined_spec_step(self) -> list[RequestOutput]:
         """Schedule and launch this step, then read back and process the step launched before,
@@ -381,6 +386,8 @@ class LLMEngine:
         if scheduled is None:
             scheduled = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
+        if prev is not None:  # the policy's step time (launch to launch), before it plans the next step
+            self.spec.policy.observe_step(1e3 * (time.perf_counter() - prev.launched_at))
         if scheduled:
             self._count_step(scheduled)
             if self.spec.can_pipeline(scheduled):
@@ -394,8 +401,6 @@ class LLMEngine:
             self._spec_in_flight = None
         if prev is not None:
             outputs += self._finish_spec(prev)
-            if self._spec_in_flight is not None:  # the policy's step time: launch to launch
-                self.spec.policy.observe_step(1e3 * (self._spec_in_flight.launched_at - prev.launched_at))
         return outputs
 
     def _drain_spec(self) -> list[RequestOutput]:
@@ -424,6 +429,7 @@ class LLMEngine:
                                        "(pipelined bookkeeping is broken)")
                 del seq.token_ids[at:]  # the stop checks append the real token
                 results.append(([tokens[j]], [lps[j]] if lps is not None else None))
+                self.stats.num_sampled_without_draft += 1
             self._take_spec_tokens(step.scheduled, step.prefill_rows, results, by_row)
         return [by_row[i] for i in sorted(by_row)]
 

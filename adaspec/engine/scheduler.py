@@ -98,7 +98,10 @@ class Scheduler:
             if p.max_tokens is not None:
                 remaining = min(remaining, p.max_tokens - n_out)
             spec = max(0, min(self.num_spec_tokens, remaining - 1, budget - 1)) if drafts else 0
-            last = seq.num_computed_tokens + in_flight  # the last token's position if every draft is accepted
+            # the last token's position if every draft is accepted, but never past the request's end:
+            # the device caps that step's drafts at the tokens left (on the host in_flight is the
+            # uncapped count), and the block table must stay within max_model_len + the lookahead
+            last = min(seq.num_computed_tokens + in_flight, n_tok + remaining - 1)
             return 1, spec, max(last + 1 + spec, last + self.draft_lookahead if spec else 0), remaining
         uncomputed = n_tok - seq.num_computed_tokens
         decoding = uncomputed == 1 and n_out > 0

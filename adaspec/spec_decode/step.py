@@ -299,8 +299,7 @@ class SpeculativeDecoder:
         chosen = eng._sample_on_device(res.logits, seqs)
         want = [q.params.logprobs for q in seqs]
         lp = logprobs_of(res.logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
-        eng.stats.num_sampled_without_draft += len(seqs)
-        return InFlightStep.launch(seqs, chosen, lp, want), sampling
+        return InFlightStep.launch(seqs, chosen, lp, want), sampling  # counted as read back (_finish_spec)
 
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
@@ -414,6 +413,8 @@ class SpeculativeDecoder:
             # rows with draft slots drafted (when the step drafts); the others only sampled their next
             # token, as in the eager step (their drafts, made in the same graph, are never verified).
             # Python lists from here: per-row numpy indexing was a third of this loop's time at 256
+            if drafting and carried is not None:  # the slots the device gave carried rows (their cap)
+                self._capped_slots(seqs, carried[0], slots)
             rows = np.flatnonzero(slots) if drafting else np.zeros(0, dtype=np.int64)
             accepted = np.where(slots > 0, n_acc, 0).tolist() if len(rows) else [0] * n
             token_rows = tokens.tolist()
@@ -428,7 +429,7 @@ class SpeculativeDecoder:
             if len(rows):
                 conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
                 self.policy.observe([seqs[i].request_id for i in rows], conf)
-                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf)
+                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf, slots)
             stats.num_sampled_without_draft += n - len(gone) - len(rows)
             shrink = eng.block_manager.shrink
             if serial is None:
@@ -452,11 +453,26 @@ class SpeculativeDecoder:
 
         return finish
 
-    def _count(self, scheduled, drafted, verify_lens, n_acc, conf) -> None:
+    def _capped_slots(self, seqs, rows, slots: np.ndarray) -> None:
+        """slots[r] as the device capped it for the carried rows r (GraphedSpecStep._take_carry):
+        at the tokens left less one, which the host knows once the step before is read back (it
+        was, before this step's read back); a carried row of a request that ended is left as is."""
+        max_len = self.engine.max_model_len
+        for r in rows:
+            seq = seqs[r]
+            if seq.finished:
+                continue
+            left = max_len - len(seq.token_ids)
+            if seq.params.max_tokens is not None:
+                left = min(left, seq.params.max_tokens - seq.num_output_tokens)
+            slots[r] = max(0, min(int(slots[r]), left - 1))
+
+    def _count(self, scheduled, drafted, verify_lens, n_acc, conf, slots=None) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
-        calibration (predicted against realized acceptance)."""
-        self.engine.stats.record_drafts(self.num_spec_tokens, [scheduled[i].spec_slots for i in drafted], verify_lens,
-                                        n_acc, survival(conf))
+        calibration (predicted against realized acceptance). slots: each step row's draft slots,
+        when not the scheduler's (a pipelined step's, capped on the device)."""
+        spec_slots = [scheduled[i].spec_slots for i in drafted] if slots is None else [int(slots[i]) for i in drafted]
+        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, survival(conf))
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):

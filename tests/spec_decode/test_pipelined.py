@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
+from adaspec.sampling_params import RequestOutputKind
 from adaspec.engine.async_step import PENDING
 from adaspec.engine.scheduler import DrainFirst, Scheduler
 from adaspec.engine.block_manager import BlockManager
@@ -104,11 +105,18 @@ def test_pipelined_seeded_sampling_equals_synchronous(pair):
     params = [SamplingParams(temperature=0.7 + 0.1 * (i % 3), max_tokens=24, ignore_eos=True, seed=10 + i)
               for i in range(10)]
     params[4] = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
-    sync = _tokens(_llm(pair, 3, pipelined=False).generate(_prompts(), params))
+    sync_llm = _llm(pair, 3, pipelined=False)
+    sync = _tokens(sync_llm.generate(_prompts(), params))
     llm = _llm(pair, 3)
     assert _tokens(llm.generate(_prompts(), params)) == sync
     assert llm.llm_engine.stats.num_pipelined_steps > 10
     _check_books(llm.llm_engine)
+    # the same drafts, verified and accepted (near max_tokens the device caps a carried row's slots:
+    # counted as the device ran them, as a synchronous step schedules them)
+    a, b = sync_llm.llm_engine.stats, llm.llm_engine.stats
+    keys = ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens", "num_capped_draft_slots",
+            "num_sampled_without_draft")
+    assert [getattr(b, x) for x in keys] == [getattr(a, x) for x in keys]
 
 
 def test_stop_tokens_end_requests_with_a_step_in_flight(pair):
@@ -204,6 +212,85 @@ def test_scheduler_counts_the_step_in_flight():
     seq.num_computed_tokens = 10
     (s,) = sch.schedule(pipelined=True)
     assert (s.num_tokens, s.spec_slots, s.remaining, s.samples) == (1, 3, 0, True)
+
+
+def test_scheduler_never_grows_past_the_request_end():
+    """The host's bound of a step in flight is the uncapped draft count; the device caps it at the
+    tokens left. Two steps in flight near max_model_len must not grow a block table past
+    max_model_len + the lookahead (the graphs' captured width)."""
+    M, k, bs = 64, 7, 8
+    bm = BlockManager(100, bs)
+    sch = Scheduler(bm, 8, 256, M, num_spec_tokens=k, draft_lookahead=k)
+    seq = _running(bm, 40, 15, max_tokens=None, in_flight=1 + 7)  # 55 tokens, step t-1 in flight
+    sch.running.append(seq)
+    (s,) = sch.schedule(pipelined=True)  # step t: 7 slots on the host
+    assert s.spec_slots == 7
+    seq.in_flight_max = 1 + s.spec_slots
+    seq.token_ids += [5] * 6  # step t-1 is read back: 5 accepted, so the device gave step t 2 slots
+    seq.num_computed_tokens += 6
+    (z,) = sch.schedule(pipelined=True)  # step t + 1
+    assert len(seq.block_table) <= -(-(M + k) // bs)
+    assert z.remaining <= M - len(seq.token_ids) - 1
+
+
+def test_requests_running_to_max_model_len(pair):
+    """k = 7 up to the context limit (run before the scheduler's bound was clamped, max_model_len 65
+    raised "a block table of 10 blocks exceeds the captured width 9")."""
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    for max_len in (63, 65, 66):
+        sync = _tokens(_llm(pair, 7, pipelined=False, max_model_len=max_len).generate(_prompts(), params))
+        llm = _llm(pair, 7, max_model_len=max_len)
+        got = llm.generate(_prompts(), params)
+        assert _tokens(got) == sync
+        assert all(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) == max_len for o in got)
+        _check_books(llm.llm_engine)
+
+
+def test_abort_while_the_first_token_is_on_its_way(pair):
+    """A final-only request aborted right after its prefill sampled (a placeholder on the host): its
+    text is made without the placeholder, the step's row is thrown away, the books balance."""
+    llm = _llm(pair, 3)
+    eng = llm.llm_engine
+    final = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    for i, p in enumerate(_prompts(4)):
+        eng.add_request(str(i), p, final)
+    done = {}
+    while not (eng._spec_in_flight is not None and eng._spec_in_flight.prefill is not None):
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    victim = eng._spec_in_flight.prefill.seqs[0]
+    assert victim.token_ids[-1] == PENDING
+    eng.abort_request(victim.request_id)
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    out = done[victim.request_id].outputs[0]
+    assert out.finish_reason == "abort" and PENDING not in out.token_ids
+    assert eng.stats.num_discarded_rows >= 1
+    _check_books(eng)
+
+
+def test_release_cuda_graphs_with_a_step_in_flight(pair, plain_greedy):
+    llm = _llm(pair, 3)
+    eng = llm.llm_engine
+    for i, p in enumerate(_prompts()):
+        eng.add_request(str(i), p, GREEDY)
+    done = {}
+    while eng._spec_in_flight is None or not eng._spec_in_flight.graphed:
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    eng.release_cuda_graphs()  # (eager-captured here: nothing to free but the references)
+    assert eng.spec.graphed is None and eng._spec_in_flight is None  # read back first: its outputs
+    assert eng._held_outputs  # come with the next step()
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    assert [done[str(i)].outputs[0].token_ids for i in range(len(plain_greedy))] == plain_greedy
+    _check_books(eng)
+
+
+def test_fixed_k_pipelines_whatever_the_step_costs_setting(pair):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "cost_model_cache_dir": pair[2],
+           "adaptive_verification_step_costs": "measured"}
+    llm = _llm(pair, 3)
+    llm.llm_engine.spec.cfg.adaptive_verification_step_costs = cfg["adaptive_verification_step_costs"]
+    assert llm.llm_engine._pipelines_spec()  # the setting is the adaptive policy's; fixed k ignores it
 
 
 def test_scheduler_raises_drain_first_instead_of_preempting():
