@@ -2,55 +2,16 @@
 scratch block, per-step refresh of query starts, key lengths, block tables and slots), checked
 on CPU: GraphedForward.capture(eager=True) replays by running the forward over the same static
 buffers, with the Triton kernel in its interpreter. Greedy tokens must equal the plain eager
-path's, for decode and for verification with mixed draft lengths, at batch sizes that pad."""
-import os
-
+path's, for decode and for verification with mixed draft lengths, at batch sizes that pad. The
+speculative engine's half is test_graph_buffers_spec.py."""
 import pytest
-import torch
+from graph_buffers_common import _engine, _prompts, check_graph_buffers_match_eager, make_pair, needs_kernels
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+from adaspec import LLM, SamplingParams
+from adaspec.engine.cuda_graphs import GraphedForward, capture_sizes
 
-from adaspec import LLM, SamplingParams  # noqa: E402
-from adaspec.engine.cuda_graphs import GraphedForward, capture_sizes  # noqa: E402
-from adaspec.testing import (assert_same_proposals, make_micro_drafter_dir, make_micro_model_dir,  # noqa: E402
-                             record_proposals)
-
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="needs CUDA or Triton's interpreter")
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("graphs")
-    target = make_micro_model_dir(root / "t", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, init_std=0.3, seed=3,
-                                  max_position_embeddings=128)
-    drafter = make_micro_drafter_dir(root / "d", target, block_size=4, init_std=0.3, markov_rank=8, seed=4)
-    return str(target), str(drafter)
-
-
-def _engine(pair, graphs: bool, spec: bool, async_scheduling: bool = False):
-    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3} if spec else None
-    llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=12, device="cpu",
-              skip_tokenizer_init=True, async_scheduling=async_scheduling)
-    eng = llm.llm_engine
-    if graphs:
-        k = 3 if spec else 0
-        g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, eng.config.max_num_seqs,
-                           query_lens=(1, k + 1) if k else (1,), max_model_len=eng.max_model_len,
-                           max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
-                           scratch_block=eng.scratch_block,
-                           capture_layers=list(eng.spec.capture_layers) if spec else None)
-        g.capture(eager=True)
-        eng.runner.graphs = g
-    return llm
-
-
-def _prompts(n):
-    g = torch.Generator().manual_seed(n)
-    return [torch.randint(1, 64, (int(L),), generator=g).tolist() for L in torch.randint(3, 20, (n,), generator=g)]
+pytestmark = needs_kernels
+pair = pytest.fixture(scope="module", name="pair")(make_pair)
 
 
 def test_capture_sizes():
@@ -60,22 +21,8 @@ def test_capture_sizes():
 
 
 @pytest.mark.slow  # ~40 s: the Triton interpreter runs every attention call
-@pytest.mark.parametrize("spec", [False, True], ids=["decode", "verify"])
-def test_graph_buffers_match_eager(pair, spec):
-    # different max_tokens: requests finish at different steps, so batches shrink through
-    # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k)
-    prompts = _prompts(11)
-    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True) for i in range(11)]
-    eager = _engine(pair, graphs=False, spec=spec)
-    graphed = _engine(pair, graphs=True, spec=spec)
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
-    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
-    assert got == want
-    runner = graphed.llm_engine.runner
-    assert runner.num_graph_steps > 5 and runner.num_eager_steps >= 1  # prefill eager, decodes graphed
-    if spec:
-        st = graphed.llm_engine.stats
-        assert st.num_verified_tokens > 0 and st.num_accepted_tokens > 0
+def test_graph_buffers_match_eager_decode(pair):
+    check_graph_buffers_match_eager(pair, spec=False)
 
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
@@ -206,48 +153,6 @@ def test_split_steps_never_replay_a_mixed_graph(pair):
     assert sum(mixed_in_split) == 0
 
 
-@pytest.mark.slow  # the Triton interpreter runs every attention call
-def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
-    """With speculation, the rows the speculative step's own graphs do not serve (prefill chunks of
-    arriving requests) replay the target's mixed graphs, which capture the drafter's target layers
-    for every row. Tokens equal the plain engine's (lossless either way), and the drafter's context
-    cache, written from those layers, equals the one written after an eager prefill: a wrong row or
-    layer there would only lower acceptance, which the tokens cannot show."""
-    from adaspec.spec_decode.graphed_step import GraphedSpecStep
-
-    prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    kw = dict(attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
-              skip_tokenizer_init=True)
-    want = [o.outputs[0].token_ids for o in LLM(pair[0], **kw).generate(prompts, params)]
-    engines = {}
-    for mixed in (False, True):
-        llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": 3,
-                                               "draft_sample_method": "greedy"}, **kw)
-        eng = llm.llm_engine
-        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
-        steps.capture(eager=True)
-        eng.spec.use_graphs(steps)
-        if mixed:
-            g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
-                               max_model_len=eng.max_model_len,
-                               max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
-                               scratch_block=eng.scratch_block, capture_layers=list(eng.spec.capture_layers),
-                               mixed_sizes=[(2, 16), (4, 40)], write_context=eng.spec.setup.write_context)
-            g.capture(eager=True)
-            eng.runner.graphs = g
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
-        engines[mixed] = eng
-    eager, graphed = engines[False], engines[True]
-    assert graphed.runner.num_mixed_graph_steps > 3 and eager.runner.num_mixed_graph_steps == 0
-    assert graphed.spec.num_context_rows_written_eagerly == 0  # the mixed graphs wrote every chunk's context
-    assert graphed.stats.num_graphed_steps > 3 and graphed.stats.num_verified_tokens > 0
-    owned = eager.scratch_block * eager.config.block_size  # the scratch block holds whatever padding wrote last
-    torch.testing.assert_close([c[:owned] for layer in graphed.spec.kv_caches for c in layer],
-                               [c[:owned] for layer in eager.spec.kv_caches for c in layer], atol=1e-5, rtol=1e-5)
-    assert graphed.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
-
-
 def test_verify_rows_without_a_graph_are_not_split(pair):
     """A speculative step's eager part can hold verify rows (every row wants logits) beside a
     prefill chunk; with only 1-token decode graphs captured, splitting would run the verify rows
@@ -270,49 +175,3 @@ def test_verify_rows_without_a_graph_are_not_split(pair):
     assert runner.num_split_steps == 1
 
 
-def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair, tmp_path, monkeypatch):
-    """Adaptive speculation's plain async steps replay the target's decode and mixed graphs, which
-    write the drafter's context inside the graph (engine/cuda_graphs.py, write_context), so no
-    eager write follows them. With a drafter that attends to its context, every proposal (drafts
-    and confidences) equals the synchronous engine's, whose plain steps write it eagerly: a graph
-    that wrote nothing, or wrote the wrong rows, changes them."""
-    prompts = _prompts(4)
-    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "enable_adaptive_verification": True,
-           "cost_model_cache_dir": str(tmp_path)}
-    # the policy is scripted below: its tables are never read (profiling them in Triton's interpreter
-    # would take most of this test's time)
-    from adaspec.spec_decode import profiler
-    from adaspec.spec_decode.cost_model import CostModel, CostTable
-
-    monkeypatch.setattr(profiler, "build_cost_model", lambda *a, **kw: CostModel(CostTable([1, 64], [1.0, 2.0]),
-                                                                                  CostTable([1, 8], [0.1, 0.2])))
-    runs = []
-    for graphed in (False, True):
-        llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=4, device="cpu",
-                  max_num_batched_tokens=64, skip_tokenizer_init=True, async_scheduling=graphed)
-        eng = llm.llm_engine
-        spec = eng.spec
-        if graphed:
-            g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
-                               max_model_len=eng.max_model_len,
-                               max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
-                               scratch_block=eng.scratch_block, capture_layers=list(spec.capture_layers),
-                               mixed_sizes=[(4, 64)], write_context=spec.setup.write_context)
-            g.capture(eager=True)
-            eng.runner.graphs = g
-        # step n (1-based) drafts iff n % 4 == 0, in both engines (the async one asks before a drafting
-        # step is counted, or after a plain one; the synchronous one inside the counted step)
-        ahead = 1 if graphed else 0
-        spec.policy.should_draft = lambda *a, e=eng, d=ahead: (e.stats.num_steps + d) % 4 == 0
-        spec.policy.plain_step_done = lambda *a, e=eng: (e.stats.num_steps + 1) % 4 == 0
-        proposals = record_proposals(spec.drafter)
-        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * len(prompts))]
-        runs.append((eng, tokens, proposals))
-    (sync, want, ref), (eng, got, props) = runs
-    assert got == want
-    plain_replays = eng.runner.num_graph_steps + eng.runner.num_mixed_graph_steps
-    assert plain_replays > 5 and eng.stats.num_steps_draft_skipped > 0 and eng.async_scheduling
-    assert sync.runner.num_graph_steps == 0
-    assert len(ref) >= 4
-    assert_same_proposals(ref, props)

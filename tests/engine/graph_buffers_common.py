@@ -1,0 +1,71 @@
+"""What the CPU tests of the CUDA-graph buffers share (test_graph_buffers.py, and its speculative half
+test_graph_buffers_spec.py: two files so that the suite's two workers share the Triton interpreter's
+work): the interpreter switched on without CUDA, a micro target and drafter, engines with graphs
+captured eagerly over their static buffers, prompts."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from adaspec import LLM, SamplingParams  # noqa: E402
+from adaspec.engine.cuda_graphs import GraphedForward  # noqa: E402
+from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir  # noqa: E402
+
+# for the test modules: skip where neither CUDA nor the interpreter runs the kernels
+needs_kernels = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                   reason="needs CUDA or Triton's interpreter")
+
+
+def make_pair(tmp_path_factory):
+    """A micro target and its drafter (the test modules' module-scoped `pair` fixture)."""
+    root = tmp_path_factory.mktemp("graphs")
+    target = make_micro_model_dir(root / "t", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, init_std=0.3, seed=3,
+                                  max_position_embeddings=128)
+    drafter = make_micro_drafter_dir(root / "d", target, block_size=4, init_std=0.3, markov_rank=8, seed=4)
+    return str(target), str(drafter)
+
+
+def _engine(pair, graphs: bool, spec: bool, async_scheduling: bool = False):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3} if spec else None
+    llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=12, device="cpu",
+              skip_tokenizer_init=True, async_scheduling=async_scheduling)
+    eng = llm.llm_engine
+    if graphs:
+        k = 3 if spec else 0
+        g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, eng.config.max_num_seqs,
+                           query_lens=(1, k + 1) if k else (1,), max_model_len=eng.max_model_len,
+                           max_blocks_per_seq=-(-(eng.max_model_len + 4) // eng.config.block_size),
+                           scratch_block=eng.scratch_block,
+                           capture_layers=list(eng.spec.capture_layers) if spec else None)
+        g.capture(eager=True)
+        eng.runner.graphs = g
+    return llm
+
+
+def _prompts(n):
+    g = torch.Generator().manual_seed(n)
+    return [torch.randint(1, 64, (int(L),), generator=g).tolist() for L in torch.randint(3, 20, (n,), generator=g)]
+
+
+
+
+def check_graph_buffers_match_eager(pair, spec: bool) -> None:
+    # different max_tokens: requests finish at different steps, so batches shrink through
+    # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k)
+    prompts = _prompts(11)
+    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True) for i in range(11)]
+    eager = _engine(pair, graphs=False, spec=spec)
+    graphed = _engine(pair, graphs=True, spec=spec)
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    runner = graphed.llm_engine.runner
+    assert runner.num_graph_steps > 5 and runner.num_eager_steps >= 1  # prefill eager, decodes graphed
+    if spec:
+        st = graphed.llm_engine.stats
+        assert st.num_verified_tokens > 0 and st.num_accepted_tokens > 0
