@@ -55,11 +55,14 @@ def test_sigterm_lets_running_request_finish_then_exits_0():
 
 
 def test_sigterm_aborts_requests_still_running_at_drain_timeout():
+    # a 3 s drain: the scenario's 503 and /health checks must land inside it on a loaded machine
+    # (with 0.5 s the server had sometimes exited before /health was asked); the request would
+    # run 40 s (4000 tokens x 10 ms), so finishing in well under that means the drain aborted it
     port = _free_port()
-    cmd = [sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "0.5", "0.01"]
+    cmd = [sys.executable, os.path.join(HERE, "fake_serve_proc.py"), str(port), "3", "0.01"]
     t0 = time.monotonic()
-    _drain_scenario(cmd, port, max_tokens=3000, expect_reason="abort")
-    assert time.monotonic() - t0 < 20
+    _drain_scenario(cmd, port, max_tokens=4000, expect_reason="abort")
+    assert time.monotonic() - t0 < 30
 
 
 def test_sigterm_while_the_model_loads_exits_0():
