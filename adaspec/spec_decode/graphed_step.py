@@ -282,7 +282,7 @@ class GraphedSpecStep:
             raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.width}")
         m = self.mirrors[self._next_mirror]
         self._next_mirror ^= 1
-        m.wait_until_copied()  # the launch before last used these mirrors
+        m.copied.wait()  # the launch before last used these mirrors
         h = m.inputs.numpy()
         h[:, n:b] = 0
         h[0, :n], h[1, :n], h[2, :n], h[4, :n] = last_tok, start, slots, seeds
@@ -303,19 +303,13 @@ class GraphedSpecStep:
         if carried is not None and len(carried[0]):
             self._take_carry(m, *carried)
         if first_tokens is not None and len(first_tokens[0]):
-            rows, src, tokens = first_tokens
-            c = len(rows)
-            hf = m.first.numpy()
-            hf[0, :c], hf[1, :c] = rows, src
-            dev_f = self.first_rows[:, :c]
-            dev_f.copy_(m.first[:, :c], non_blocking=True)
-            self.last_tok.index_copy_(0, dev_f[0], tokens.index_select(0, dev_f[1]).to(self.last_tok.dtype))
-        m.mark_copied()
+            self._take_first_tokens(m, *first_tokens)
+        m.copied.record()
         if drafting:
             self.propose_graphs[b].replay()
         self.verify_graphs[key].replay()
         m.readback[:n].copy_(self.readback[:n], non_blocking=True)
-        m.mark_read_back()
+        m.read.record()
         self._launched.append((n, m))
 
     def _take_carry(self, m: "_SpecMirrors", rows, prev_rows, remaining) -> None:
@@ -333,6 +327,16 @@ class GraphedSpecStep:
         cap = torch.minimum(self.slots.index_select(0, rows_d), remaining_d - 1 - src[:, 2]).clamp_min(0)
         self.slots.index_copy_(0, rows_d, cap)
 
+    def _take_first_tokens(self, m: "_SpecMirrors", rows, src, tokens: torch.Tensor) -> None:
+        """The last token of requests whose prefill the previous launch's step finished: row
+        src of that step's sampled tokens, still on the device (their positions are the host's)."""
+        c = len(rows)
+        hf = m.first.numpy()
+        hf[0, :c], hf[1, :c] = rows, src
+        dev_f = self.first_rows[:, :c]
+        dev_f.copy_(m.first[:, :c], non_blocking=True)
+        self.last_tok.index_copy_(0, dev_f[0], tokens.index_select(0, dev_f[1]).to(self.last_tok.dtype))
+
     def read_back(self) -> np.ndarray:
         """Wait for the oldest launched step's results (its one device-to-host sync; work queued
         after that launch does not delay it). -> int64 [R, 2k + 3]: k + 1 output tokens (-1
@@ -341,7 +345,7 @@ class GraphedSpecStep:
             raise RuntimeError("read_back without a launched graphed step")
         n, m = self._launched.pop(0)
         self.num_read_backs += 1
-        m.wait_read_back()
+        m.read.wait()
         return m.readback[:n].numpy().copy()  # the pinned mirror is rewritten by a later launch
 
     @torch.inference_mode()
@@ -374,9 +378,24 @@ class GraphedSpecStep:
         self.temperature[:b] = 1.0
 
 
+class _Mark:
+    """An event on the current stream, waited on by the host (nothing to wait for off CUDA)."""
+
+    def __init__(self, cuda: bool):
+        self.event = torch.cuda.Event() if cuda else None
+
+    def record(self) -> None:
+        if self.event is not None:
+            self.event.record()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
 class _SpecMirrors:
-    """One set of pinned host buffers for a launch's inputs and its read back, with the events
-    after the copies into and out of the device."""
+    """One set of pinned host buffers for a launch's inputs and its read back, with a mark after
+    the copies into the device (copied) and one after the copy out of it (read)."""
 
     def __init__(self, bmax: int, k: int, width: int, device: torch.device):
         pin = dict(pin_memory=device.type == "cuda")
@@ -387,25 +406,7 @@ class _SpecMirrors:
         self.carried = torch.zeros(3, bmax, dtype=torch.int64, **pin)  # rows, previous rows, remaining
         self.first = torch.zeros(2, bmax, dtype=torch.int64, **pin)  # rows, rows of the sampled prefill tokens
         self.readback = torch.zeros(bmax, 2 * k + 3, dtype=torch.int64, **pin)
-        cuda = device.type == "cuda"
-        self.copied = torch.cuda.Event() if cuda else None
-        self.read = torch.cuda.Event() if cuda else None
-
-    def mark_copied(self) -> None:
-        if self.copied is not None:
-            self.copied.record()
-
-    def wait_until_copied(self) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()
-
-    def mark_read_back(self) -> None:
-        if self.read is not None:
-            self.read.record()
-
-    def wait_read_back(self) -> None:
-        if self.read is not None:
-            self.read.synchronize()
+        self.copied, self.read = _Mark(device.type == "cuda"), _Mark(device.type == "cuda")
 
 
 class GraphPaddedCost:
