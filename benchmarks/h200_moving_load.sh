@@ -39,9 +39,11 @@ MAXC=$("$PYTHON" -c "import sys; from adaspec.bench.phases import parse_phases; 
 print(max(p.max_concurrency for p in parse_phases(sys.argv[1])))" "$PHASES")
 DIR=${RUNS_DIR:-/tmp/adaspec-runs}/$NAME
 rm -rf "$DIR"
+EXTRA_SERVER_ARGS=()  # SERVER_ARGS="--engine-process": each passed to every server
+for a in ${SERVER_ARGS:-}; do EXTRA_SERVER_ARGS+=("--server-arg=$a"); done
 sweep_then_report "$DIR" --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" --load-phases "$PHASES" \
   --repeats "$REPEATS" --temperature "$TEMP" --output-len "$OUTPUT_LEN" --ignore-eos \
-  --num-warmups "${NUM_WARMUPS:-8}" --server-arg=--max-num-seqs="$MAXC" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
+  --num-warmups "${NUM_WARMUPS:-8}" --server-arg=--max-num-seqs="$MAXC" "${EXTRA_SERVER_ARGS[@]}" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
 collect "$DIR" "$OUT" "$NAME"
 if [ -f "$DIR/report.md" ]; then
   sed -n '/^## Whole run/,/^## Frontier/p;/^## The moving-load question/,$p' "$DIR/report.md"
