@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/h200_server_synthetic.sh OUT_DIR [SHAPE] [ARMS] [CONCURRENCY] [REPEATS]
 #
-# VARIANTS: "label=flag flag;label=flag" (default "thread=;process=--engine-process"). Variants
+# VARIANTS: "label=flag flag;label=flag" (default "thread=--no-engine-process;process=--engine-process"). Variants
 # run in rounds (each variant's sweep once per round, ROUNDS default 1), each sweep given an equal
 # share of the time left (BUDGET_S as in h200_common.sh). CURVE_FROM and SHAPE_OVERRIDES as in
 # h200_synthetic_frontier.sh (default overrides: {"vocab_size": 16384}, the pair's vocabulary).
@@ -24,7 +24,7 @@ SHAPE=${2:-qwen3-0.6b}
 ARMS=${3:-none,adaptive:7}
 CONC=${4:-1,64,256}
 REPEATS=${5:-2}
-VARIANTS=${VARIANTS:-thread=;process=--engine-process}
+VARIANTS=${VARIANTS:-thread=--no-engine-process;process=--engine-process}
 CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run13/frontier_T0_afddb24/pair.json}
 source benchmarks/h200_common.sh  # PYTHON, PYTHONPATH, say, time_left, install_server_wheels, sweep_then_report, collect
 mkdir -p "$OUT"

@@ -179,8 +179,8 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
         freeze_startup_objects()
-        log.info("adaspec serving %s on http://%s:%d", settings.served_model_names[0], host,
-                 sock.getsockname()[1])
+        log.info("adaspec serving %s on http://%s:%d (engine in %s)", settings.served_model_names[0], host,
+                 sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread")
         server.run(sockets=[sock])
     finally:
         et.stop()

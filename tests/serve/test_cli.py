@@ -131,3 +131,27 @@ def test_new_serve_flags_map_onto_config_and_settings():
     from adaspec.serve.state import DEFAULT_MAX_REQUEST_BODY_BYTES
 
     assert st.max_request_body_bytes == DEFAULT_MAX_REQUEST_BODY_BYTES and st.disable_log_requests is False
+
+
+def test_engine_process_is_the_default_on_cuda_only(monkeypatch):
+    monkeypatch.delenv("ADASPEC_DEVICE", raising=False)
+    assert settings_from_args(_args("m", "--device", "cuda")).engine_process is True
+    assert settings_from_args(_args("m", "--device", "cuda:1")).engine_process is True
+    assert settings_from_args(_args("m", "--device", "cpu")).engine_process is False
+    # tensor parallelism keeps the thread (the process is not measured there)
+    assert settings_from_args(_args("m", "--device", "cuda", "-tp", "2")).engine_process is False
+    # the flags win both ways
+    assert settings_from_args(_args("m", "--device", "cpu", "--engine-process")).engine_process is True
+    assert settings_from_args(_args("m", "--device", "cuda", "--no-engine-process")).engine_process is False
+    # "auto" follows $ADASPEC_DEVICE, then whether CUDA is present, as the engine resolves it
+    monkeypatch.setenv("ADASPEC_DEVICE", "cpu")
+    assert settings_from_args(_args("m")).engine_process is False
+    monkeypatch.setenv("ADASPEC_DEVICE", "cuda")
+    assert settings_from_args(_args("m")).engine_process is True
+    monkeypatch.delenv("ADASPEC_DEVICE")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert settings_from_args(_args("m")).engine_process is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert settings_from_args(_args("m")).engine_process is False
