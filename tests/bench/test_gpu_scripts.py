@@ -2,6 +2,7 @@
 embedded tiny pair: the plumbing of the one-command GPU runs (pair found instead of built, the
 sweep through real `adaspec serve` processes, the report, at most 8 files back, the commit given
 by the caller recorded)."""
+import json
 import os
 import re
 import subprocess
@@ -49,8 +50,36 @@ def test_frontier_server_mode_on_a_built_pair(tmp_path):
 def test_moving_load_script_on_tiny(tmp_path):
     out = tmp_path / "out"
     run_script(["benchmarks/h200_moving_load.sh", str(out), "none,adaptive:7", "1x2,3x6,1x2", "1", "1"],
-               {"MODEL": "tiny"}, tmp_path)
+               {"MODEL": "tiny", "SERVER_ARGS": "--disable-log-requests"}, tmp_path)
+    arms = json.loads((tmp_path / "runs" / "moving_T1" / "manifest.json").read_text())["arms"]
+    assert all("--disable-log-requests" in a["server_args"] for a in arms)  # SERVER_ARGS reach every server
     assert returned_files(out) == ["moving_T1.log", "moving_T1.tar.gz", "moving_T1_frontier.png", "moving_T1_report.md"]
     md = (out / "moving_T1_report.md").read_text()
     assert "## Phase 1: concurrency 3 x 6 requests" in md and "The moving-load question" in md
     assert "| `adaptive:7` |" in md and "- engine commit: `feed123`" in md
+
+
+@pytest.mark.slow
+def test_server_variants_script_on_a_micro_shape(tmp_path):
+    """benchmarks/h200_server_synthetic.sh: each variant's flags reach its servers, the speculative
+    arm runs with synthetic acceptance, and one table pools each variant's points."""
+    out = tmp_path / "out"
+    shape = ('{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, '
+             '"num_key_value_heads": 2, "head_dim": 16, "vocab_size": 8192, "max_position_embeddings": 512}')
+    run_script(["benchmarks/h200_server_synthetic.sh", str(out), "qwen3-0.6b", "none,adaptive:3", "1", "1"],
+                     {"DEVICE": "cpu", "SHAPE_OVERRIDES": shape, "NUM_PROMPTS": "2",
+                      "VARIANTS": "thread=--no-engine-process;quiet=--no-engine-process --disable-log-requests"},
+                     tmp_path)
+    assert returned_files(out) == ["log.txt", "pair.json", "quiet_r1.tar.gz", "thread_r1.tar.gz",
+                                   "variants.json", "variants.txt"]
+    rows = json.loads((out / "variants.json").read_text())["rows"]
+    assert sorted((r["variant"], r["arm"], r["concurrency"], r["n"]) for r in rows) == [
+        ("quiet", "adaptive:3", 1, 1), ("quiet", "none", 1, 1), ("thread", "adaptive:3", 1, 1), ("thread", "none", 1, 1)]
+    assert all(r["output_throughput"][0] > 0 for r in rows)
+    arms = {a["name"]: a for a in json.loads((tmp_path / "runs" / "quiet_r1" / "manifest.json").read_text())["arms"]}
+    assert "--disable-log-requests" in arms["none"]["server_args"]
+    assert arms["adaptive:3"]["speculative_config"]["method"] == "synthetic"
+    thread = json.loads((tmp_path / "runs" / "thread_r1" / "manifest.json").read_text())["arms"]
+    assert all("--disable-log-requests" not in a["server_args"] and "--no-engine-process" in a["server_args"]
+               for a in thread)
+    assert (out / "variants.txt").read_text().startswith("variant")

@@ -58,7 +58,7 @@ def check_graph_buffers_match_eager(pair, spec: bool) -> None:
     # different max_tokens: requests finish at different steps, so batches shrink through
     # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k)
     prompts = _prompts(11)
-    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True) for i in range(11)]
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
     eager = _engine(pair, graphs=False, spec=spec)
     graphed = _engine(pair, graphs=True, spec=spec)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]

@@ -14,6 +14,29 @@ pytestmark = needs_kernels
 pair = pytest.fixture(scope="module", name="pair")(make_pair)
 
 
+@pytest.fixture(scope="module")
+def slots4_eager(pair):
+    """The same 9 requests into an engine built for 12 whose scheduler runs 4 (so its graphs hold
+    more rows than a step uses), eager; computed once for both scheduling modes."""
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    eager = _engine(pair, graphs=False, spec=False)
+    eager.llm_engine.scheduler.max_num_seqs = 4
+    return prompts, params, [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def arrivals_eager(pair):
+    """9 requests arriving into 4 slots (steps with prefill chunks beside decodes): prompts, params,
+    and the eager engine's tokens, which the graphed engines of the tests below must equal (computed
+    once: the Triton interpreter makes each run take seconds)."""
+    prompts = _prompts(9)
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+                skip_tokenizer_init=True)
+    return prompts, params, [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+
+
 def test_capture_sizes():
     assert capture_sizes(12) == [1, 2, 4, 8, 12]
     assert capture_sizes(256)[:5] == [1, 2, 4, 8, 16] and capture_sizes(256)[-1] == 256
@@ -27,18 +50,14 @@ def test_graph_buffers_match_eager_decode(pair):
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_mixed_steps_split_into_graph_and_eager_forward(pair, async_scheduling):
+def test_mixed_steps_split_into_graph_and_eager_forward(pair, slots4_eager, async_scheduling):
     """Requests arrive while others decode (4 slots, 9 prompts): a step with a prefill chunk runs its
     decode rows through the graph and the chunk eagerly, and the tokens equal the eager engine's.
     Async: the decode rows' inputs come from the previous step's tokens on the device, in both the
     graph's static buffers and the eager forward's, and the graph's host buffers alternate."""
-    prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    eager = _engine(pair, graphs=False, spec=False)
+    prompts, params, want = slots4_eager
     graphed = _engine(pair, graphs=True, spec=False, async_scheduling=async_scheduling)
-    for llm in (eager, graphed):
-        llm.llm_engine.scheduler.max_num_seqs = 4
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    graphed.llm_engine.scheduler.max_num_seqs = 4
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert graphed.llm_engine.runner.num_split_steps > 0
@@ -80,14 +99,11 @@ def test_mixed_graph_pick_refuses_heavy_padding(pair):
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_mixed_graphs_run_decodes_and_prefill_chunks_in_one_replay(pair, async_scheduling):
+def test_mixed_graphs_run_decodes_and_prefill_chunks_in_one_replay(pair, arrivals_eager, async_scheduling):
     """Requests arrive while others decode: steps with prefill chunks (and prefill-only steps) replay
     a mixed graph, padded in requests and tokens, whose logits are each request's last row; the
     tokens equal the eager engine's."""
-    prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
-                skip_tokenizer_init=True)
+    prompts, params, want = arrivals_eager
     graphed = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
                   skip_tokenizer_init=True, async_scheduling=async_scheduling)
     eng = graphed.llm_engine
@@ -96,7 +112,6 @@ def test_mixed_graphs_run_decodes_and_prefill_chunks_in_one_replay(pair, async_s
                        scratch_block=eng.scratch_block, capture_layers=None, mixed_sizes=[(2, 16), (4, 40)])
     g.capture(eager=True)
     eng.runner.graphs = g
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert eng.runner.num_mixed_graph_steps > 3 and eng.runner.num_graph_steps > 3
@@ -120,14 +135,11 @@ def test_capture_inputs_share_tokens_evenly(pair):
 
 
 @pytest.mark.slow  # the Triton interpreter runs every attention call
-def test_split_steps_never_replay_a_mixed_graph(pair):
+def test_split_steps_never_replay_a_mixed_graph(pair, arrivals_eager):
     """A step no mixed graph holds (here: more than one request) is split; its parts run as the decode
     graph and eagerly, never as a mixed graph (the prefill part alone would fit this one), whose replay could reuse the decode graph's output
     memory (one capture pool) before those outputs are read. Tokens equal the eager engine's."""
-    prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
-                skip_tokenizer_init=True)
+    prompts, params, want = arrivals_eager
     graphed = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
                   skip_tokenizer_init=True)
     eng = graphed.llm_engine
@@ -146,7 +158,6 @@ def test_split_steps_never_replay_a_mixed_graph(pair):
         return out
 
     runner._split_mixed = watched_split
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert runner.num_split_steps > 0
