@@ -28,8 +28,8 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
     layer there would only lower acceptance, which the tokens cannot show."""
     from adaspec.spec_decode.graphed_step import GraphedSpecStep
 
-    prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    prompts = _prompts(7)  # 7 requests into 4 slots: three arrive while others decode
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(7)]
     kw = dict(attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
               skip_tokenizer_init=True)
     want = [o.outputs[0].token_ids for o in LLM(pair[0], **kw).generate(prompts, params)]
