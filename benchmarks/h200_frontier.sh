@@ -30,6 +30,8 @@
 #   the report covers what finished. Writes at most 6 files: OUT/pair.json, OUT/server_T{T}.log,
 #   OUT/server_T{T}_report.md, OUT/server_T{T}_frontier.png, OUT/server_T{T}.tar.gz (points, server
 #   logs, manifest) and OUT/server_T{T}_summary.txt.
+# The servers run their engine in a process of its own (the default on CUDA since 89da045; runs up to 13
+# measured an engine thread: SERVER_ARGS="--no-engine-process" for that).
 # Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL_DECODE_ONLY") and SERVER_ARGS
 #   (server flags, e.g. "--cudagraph-mode=FULL_DECODE_ONLY --disable-log-requests", each given to every server).
 # CPU smoke test (no build, the embedded tiny pair):

@@ -39,7 +39,7 @@ MAXC=$("$PYTHON" -c "import sys; from adaspec.bench.phases import parse_phases; 
 print(max(p.max_concurrency for p in parse_phases(sys.argv[1])))" "$PHASES")
 DIR=${RUNS_DIR:-/tmp/adaspec-runs}/$NAME
 rm -rf "$DIR"
-EXTRA_SERVER_ARGS=()  # SERVER_ARGS="--engine-process": each passed to every server
+EXTRA_SERVER_ARGS=()  # SERVER_ARGS="--no-engine-process": each passed to every server (the engine process is the default on CUDA since 89da045; runs up to 13 measured the thread)
 for a in ${SERVER_ARGS:-}; do EXTRA_SERVER_ARGS+=("--server-arg=$a"); done
 sweep_then_report "$DIR" --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" --load-phases "$PHASES" \
   --repeats "$REPEATS" --temperature "$TEMP" --output-len "$OUTPUT_LEN" --ignore-eos \

@@ -49,6 +49,16 @@ EOF
 cp "$CURVE_FROM" "$OUT/pair.json"
 MAXC=$(echo "$CONC" | tr ',' '\n' | sort -n | tail -1)
 IFS=';' read -r -a VARS <<< "$VARIANTS"
+RESERVE_S=${RESERVE_S:-40}  # what sweep_then_report keeps back, and the share below adds back
+export RESERVE_S
+RUNS=${RUNS_DIR:-/tmp/adaspec-runs}
+for v in "${VARS[@]}"; do
+  if [[ "$v" != *=* || -z "${v%%=*}" ]]; then
+    echo "h200_server_synthetic.sh: each variant is LABEL=FLAGS (FLAGS may be empty), got '$v' in VARIANTS" >&2
+    exit 2
+  fi
+  rm -rf "$RUNS/${v%%=*}"_r*  # an earlier run's rounds (a warm machine keeps /tmp) must not join this table
+done
 say "shape $SHAPE at $MODEL_DIR; $SYN (timing only); variants: ${VARS[*]}"
 ROUNDS=${ROUNDS:-1}
 N_SWEEPS=$(( ROUNDS * ${#VARS[@]} ))
@@ -60,8 +70,8 @@ for round in $(seq 1 "$ROUNDS"); do
     args=()
     for f in $flags; do args+=("--server-arg=$f"); done
     # an equal share of what is left for each sweep still to run (the last gets the rest)
-    share=$(( ($(time_left) - ${RESERVE_S:-20}) / (N_SWEEPS - i) + ${RESERVE_S:-20} ))
-    dir=${RUNS_DIR:-/tmp/adaspec-runs}/${label}_r${round}
+    share=$(( ($(time_left) - RESERVE_S) / (N_SWEEPS - i) + RESERVE_S ))
+    dir=$RUNS/${label}_r${round}
     rm -rf "$dir"
     say "round $round, variant $label ($flags), ~$share s"
     BUDGET_S=$(( SECONDS - T_START + share )) sweep_then_report "$dir" --model "$MODEL_DIR" --tokenizer tiny \
@@ -75,7 +85,7 @@ for round in $(seq 1 "$ROUNDS"); do
     i=$((i + 1))
   done
 done
-"$PYTHON" - "${RUNS_DIR:-/tmp/adaspec-runs}" "$OUT" "$VARIANTS" <<'EOF' | tee "$OUT/variants.txt"
+"$PYTHON" - "$RUNS" "$OUT" "$VARIANTS" <<'EOF' | tee "$OUT/variants.txt"
 import json, sys
 from pathlib import Path
 from adaspec.bench.aggregate import aggregate, load_points

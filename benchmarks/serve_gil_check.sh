@@ -20,7 +20,7 @@ echo "commit ${ADASPEC_COMMIT:-unknown}; C=$C prompts=$NUM" | tee "$LOG"
 for si in $INTERVALS; do
   env_si=(); [ "$si" != default ] && env_si=(ADASPEC_GIL_SWITCH_INTERVAL="$si")
   env "${env_si[@]}" "$PYTHON" -m adaspec.cli serve tiny --port $PORT --max-num-seqs "$C" --disable-log-requests \
-    --disable-uvicorn-access-log > "$OUT/server_$si.log" 2>&1 &
+    --disable-uvicorn-access-log --no-engine-process > "$OUT/server_$si.log" 2>&1 &
   sp=$!
   for _ in $(seq 180); do curl -sf "localhost:$PORT/health" >/dev/null && break; sleep 1; done
   timeout 120 "$PYTHON" -m adaspec.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset eval-code \

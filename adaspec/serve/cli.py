@@ -152,7 +152,9 @@ def engine_process_default(args: argparse.Namespace) -> bool:
 
         device = os.environ.get("ADASPEC_DEVICE", "auto")  # as the engine resolves "auto"
     if device == "auto":
-        import torch  # only here: parsing the flags stays free of torch
+        # only here: parsing the flags stays free of torch. The server process then holds torch
+        # (~1 s to import) without using CUDA itself; the engine process is spawned, not forked
+        import torch
 
         return torch.cuda.is_available()
     return device.startswith("cuda")

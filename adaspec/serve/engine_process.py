@@ -39,6 +39,7 @@ from typing import Any, Callable
 from adaspec.errors import ConfigError, InvalidRequestError
 from adaspec.serve.engine_thread import ACCEPTED, Chunk, _put_all, _Route, accepted
 from adaspec.serve.errors import APIError, QueueFullError
+from adaspec.serve.state import LOG_FORMAT
 
 log = logging.getLogger("adaspec.serve")
 
@@ -130,10 +131,16 @@ def _picklable_error(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def _engine_main(factory: Callable[[], Any], conn) -> None:
+def _engine_main(factory: Callable[[], Any], conn, log_level: int = logging.INFO) -> None:
     """The child: build the engine, then take commands, step, report; until ("stop",) or the pipe
     closes (the server is gone)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server drains on Ctrl-C and stops us itself
+    # Ctrl-C and SIGTERM reach the whole process group (a terminal, systemd, `timeout`, kill -TERM
+    # -PGID): the server drains on either and stops us itself, so we must not die first
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # spawned: nothing of the server's logging config came along (the engine's INFO lines, e.g.
+    # "engine ready", would be lost); the same level and format as the server's
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     try:
         engine = factory()
     except BaseException as e:  # noqa: BLE001 - re-raised by start() in the server
@@ -231,7 +238,8 @@ class EngineProcess:
         # not a daemon: the engine may start processes of its own (tensor-parallel workers), which a
         # daemonic process may not. It ends when the pipe closes (this process gone) or on stop(),
         # which an exit handler calls if nobody did (multiprocessing would otherwise wait for it)
-        self._process = ctx.Process(target=_engine_main, args=(engine_factory, child_conn),
+        self._process = ctx.Process(target=_engine_main,
+                                    args=(engine_factory, child_conn, logging.getLogger().getEffectiveLevel()),
                                     name="adaspec-engine", daemon=False)
         self._child_conn = child_conn
         self._reader = threading.Thread(target=self._read, name="adaspec-engine-reader", daemon=True)

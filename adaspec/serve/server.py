@@ -25,7 +25,7 @@ from adaspec.errors import AdaspecError, ConfigError
 from adaspec.serve.app import build_app
 from adaspec.serve.engine_thread import EngineThread
 from adaspec.serve.metrics import ServerMetrics
-from adaspec.serve.state import ServerSettings, ServeState
+from adaspec.serve.state import LOG_FORMAT, ServerSettings, ServeState
 
 log = logging.getLogger("adaspec.serve")
 
@@ -167,8 +167,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status: 0, or 1
     when the engine failed (a supervisor then restarts the server)."""
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     set_switch_interval_from_env()
     sock = bind_socket(host, port)
     try:

@@ -9,6 +9,8 @@ from adaspec.serve.prompt_bound import PromptBound
 # Room for a long-context prompt as token ids (~7 bytes each in JSON) or a small batch of them;
 # a larger body is refused before it is read, let alone tokenized. --max-request-body-bytes.
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 2**20
+# the server's log lines, and the engine process's (which configures its own logging: spawned)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @dataclass

@@ -95,13 +95,15 @@ def stream_in_thread(url: str, body: dict, timeout: float = 120):
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def start_server_process(cmd: list[str], port: int, timeout: float = 60) -> subprocess.Popen:
+def start_server_process(cmd: list[str], port: int, timeout: float = 60, new_group: bool = False) -> subprocess.Popen:
     """Start a server command (repo root on PYTHONPATH) and wait until its /health answers 200.
-    Raises AssertionError with its output if it exits first, or after `timeout` seconds."""
+    Raises AssertionError with its output if it exits first, or after `timeout` seconds.
+    new_group: in a process group of its own (so a test can signal the whole group, as systemd does)."""
     import httpx
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=new_group)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if p.poll() is not None:

@@ -24,14 +24,19 @@ def _finish_reason(result) -> str | None:
     return reasons[-1] if reasons else None
 
 
-def _drain_scenario(cmd, port, max_tokens, expect_reason):
-    p = _start(cmd, port)
+def _drain_scenario(cmd, port, max_tokens, expect_reason, group=False):
+    """group: SIGTERM to the server's whole process group (its engine process too), as systemd's
+    default KillMode, `timeout` or `kill -TERM -PGID` send it."""
+    p = _start(cmd, port, new_group=group)
     base = f"http://127.0.0.1:{port}"
     try:
         t, result, first = stream_in_thread(base + "/v1/completions", {"prompt": "x", "max_tokens": max_tokens,
                                                                           "ignore_eos": True})
         assert first.wait(30)
-        p.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(p.pid, signal.SIGTERM)
+        else:
+            p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
@@ -81,17 +86,20 @@ def test_sigterm_while_the_model_loads_exits_0():
             p.wait()
 
 
-def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path):
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path, engine):
     # The real CLI and engine: a request far longer than --drain-timeout is aborted at the timeout
     # (a short one could finish before the signal lands: the fake-engine tests cover finishing).
+    # The engine process (the default on CUDA) gets the signal too, sent to the whole group: it
+    # must leave the drain to the server rather than die with the request open.
     pytest.importorskip("torch")
     testing = pytest.importorskip("adaspec.testing")
     model = str(testing.make_micro_model_dir(tmp_path / "micro", max_position_embeddings=8192))
     port = _free_port()
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", model, "--port", str(port), "--device", "cpu",
            "--served-model-name", "micro", "--max-model-len", "8192", "--num-kv-blocks", "600",
-           "--drain-timeout", "1", "--log-level", "warning"]
-    _drain_scenario(cmd, port, max_tokens=8000, expect_reason="abort")
+           "--drain-timeout", "1", "--log-level", "warning", f"--{'' if engine == 'process' else 'no-'}engine-process"]
+    _drain_scenario(cmd, port, max_tokens=8000, expect_reason="abort", group=engine == "process")
 
 
 def test_a_second_signal_with_a_stream_in_flight_exits_at_once_and_quietly():

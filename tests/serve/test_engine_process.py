@@ -141,3 +141,24 @@ def test_an_unpicklable_factory_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="picklable engine factory"):
         EngineProcess(lambda: None).start()
+
+
+def test_the_engine_process_logs_as_the_server_does(micro_dir, capfd):
+    """Spawned, the child inherits none of the server's logging config: it sets the server's level
+    and format itself, so the engine's INFO lines ("engine ready: ...") reach the server's log."""
+    import logging
+
+    from adaspec.config import EngineConfig
+    from adaspec.serve.cli import build_engine
+    from adaspec.serve.engine_process import EngineProcess
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        ep = EngineProcess(functools.partial(build_engine, EngineConfig(model=micro_dir, **ENGINE_ARGS))).start()
+        ep.stop(timeout=30)
+    finally:
+        root.setLevel(level)
+    err = capfd.readouterr().err
+    assert "INFO adaspec.engine: engine ready" in err, err[-2000:]
