@@ -90,6 +90,8 @@ def test_sigterm_while_the_model_loads_exits_0():
 def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path, engine):
     # The real CLI and engine: a request far longer than --drain-timeout is aborted at the timeout
     # (a short one could finish before the signal lands: the fake-engine tests cover finishing).
+    # A 3 s drain, as in the fake-engine scenario: the 503 and /health checks must land inside it
+    # on a loaded machine; 8000 tokens take the micro model far longer than that.
     # The engine process (the default on CUDA) gets the signal too, sent to the whole group: it
     # must leave the drain to the server rather than die with the request open.
     pytest.importorskip("torch")
@@ -98,7 +100,7 @@ def test_adaspec_serve_cli_on_micro_model_drains_on_sigterm(tmp_path, engine):
     port = _free_port()
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", model, "--port", str(port), "--device", "cpu",
            "--served-model-name", "micro", "--max-model-len", "8192", "--num-kv-blocks", "600",
-           "--drain-timeout", "1", "--log-level", "warning", f"--{'' if engine == 'process' else 'no-'}engine-process"]
+           "--drain-timeout", "3", "--log-level", "warning", f"--{'' if engine == 'process' else 'no-'}engine-process"]
     _drain_scenario(cmd, port, max_tokens=8000, expect_reason="abort", group=engine == "process")
 
 
