@@ -339,3 +339,37 @@ def test_load_prompts_skip(tmp_path):
         load_prompts(str(f), None, skip=5)
     with pytest.raises(AdaspecError, match="--skip-prompts must be >= 0"):
         load_prompts(str(f), None, skip=-1)
+
+
+@pytest.mark.slow
+def test_drafter_variants_script_retrains_from_the_right_stage(pair, tmp_path):
+    """benchmarks/h200_drafter_variants.sh at micro size on the CPU: each variant is a copy of the
+    base build retrained from the first stage its sets touch, evaluated as the preset would, and
+    tabled beside the base; a set that is not the drafter's is refused before any work."""
+    out, src, summary, _ = pair
+    base = tmp_path / "base"
+    shutil.copytree(out, base)
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), PYTHON=sys.executable, PRESET="micro", DEVICE="cpu",
+               BASE=str(base), VARIANT_ROOT=str(tmp_path), EST_S="1",
+               VARIANTS="lr=drafter.lr=0.01;sd=drafter.sd_num_seqs=24,drafter.steps=20")
+    cmd = ["bash", "benchmarks/h200_drafter_variants.sh", str(tmp_path / "res"), "--", "--source", str(src)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {x["variant"]: x for x in json.loads((tmp_path / "res" / "variants.json").read_text())}
+    assert list(rows) == ["base", "lr", "sd"] and all(x["complete"] for x in rows.values())
+    assert rows["base"]["heldout"]["T=0"]["tau"] == summary["heldout"]["T=0"]["tau"]
+    lr = json.loads((tmp_path / "pair-lr" / "manifest" / "drafter.json").read_text())
+    assert lr["settings"]["drafter"]["lr"] == 0.01
+    sd_man = json.loads((tmp_path / "pair-sd" / "manifest" / "selfdistill.json").read_text())
+    assert sd_man["settings"]["drafter"]["sd_num_seqs"] == 24  # rebuilt from selfdistill
+    lr_sd = json.loads((tmp_path / "pair-lr" / "manifest" / "selfdistill.json").read_text())
+    assert lr_sd == json.loads((base / "manifest" / "selfdistill.json").read_text())  # kept: drafter only
+    assert rows["sd"]["drafter"]["steps"] == 20
+    assert "variant" in r.stdout and "sd" in (tmp_path / "res" / "variants.txt").read_text()
+    import tarfile
+    names = tarfile.open(tmp_path / "res" / "variants_logs.tar.gz").getnames()
+    assert "./sd/drafter/eval.json" in names and "./base/pair.json" in names, names
+    # bad variants fail fast, naming the problem
+    for bad, why in (("x=target.layers=3", "not drafter.KEY=VALUE"), ("nolabel", "expected LABEL=")):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, VARIANTS=bad), timeout=60)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
