@@ -7,8 +7,8 @@ Stages, in order, each calling the code of its own command (nothing is re-implem
   target      `train target`                                                     -> OUT/target
   selfdistill the target's own continuations of corpus windows (greedy + T=1)    -> OUT/selfdistill
   drafter     `train drafter` on them, mixed with corpus text                    -> OUT/drafter
-  calibrate   `train calibrate` at T=1 and T=0 on val-split windows (held out; or calibrate.prompts=eval-code:
-              the eval-code prompts the eval stage does not use)   -> OUT/drafter/config.json
+  calibrate   `train calibrate` at T=1 and T=0 on calibrate.prompts: "eval-code", the eval-code prompts the
+              eval stage does not use, or "val", val-split windows  -> OUT/drafter/config.json
   eval        `eval drafter` on the shipped eval-code prompts (stdlib test split) -> OUT/drafter/eval.json
   cards       MODEL_CARD.md of both models, with the held-out figures
 

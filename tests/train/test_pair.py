@@ -164,7 +164,8 @@ def test_presets_and_overrides():
     # Qwen3-0.6B's shape
     assert (t["layers"], t["hidden"], t["heads"], t["kv_heads"], t["head_dim"], t["intermediate"]) == \
         (28, 1024, 16, 8, 128, 3072)
-    assert s["drafter"]["block_size"] == 7 and s["drafter"]["layers"] == 1
+    assert s["drafter"]["block_size"] == 7 and s["drafter"]["layers"] == 2  # H200 run 15: +14% tau over 1
+    assert s["calibrate"]["prompts"] == "eval-code"  # disjoint from the eval's prompts (test below)
     assert s["eval"]["prompts"] == "eval-code" and "stdlib" in s["corpus"]["sources"]
     assert preset("code-0.6b") == s and preset("code-0.6b") is not s  # a copy each time
     o = apply_overrides(preset("micro"), ["target.layers=3", "corpus.sources=[\"stdlib\"]", "drafter.init=random"])
