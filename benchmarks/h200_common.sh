@@ -65,6 +65,15 @@ ensure_pair() {
   fi
   DRAFTER_ARGS=()
   if [ -n "$DRAFTER" ]; then DRAFTER_ARGS=(--drafter "$DRAFTER"); fi
+  note_host
+}
+
+# What else runs on the host before a measurement: the load average and the busiest processes.
+# H200 run 15's host-side step work was 1.5-2x run 14's in every arm, cause unknown (BENCHMARKS.md);
+# a leftover process from an earlier command on the same warm machine would show here.
+note_host() {
+  say "host: $(uptime 2>/dev/null | sed 's/^ *//')"
+  ps -eo pid,pcpu,rss,etimes,comm --sort=-pcpu 2>/dev/null | head -6 | sed 's/^/    /' || true
 }
 
 # `adaspec bench sweep ARGS...` stopped with SIGTERM when only RESERVE_S (default 40) seconds of the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -63,6 +64,7 @@ def run_point(llm, prompts, params):
     eng = llm.llm_engine
     s0 = dict(eng.stats.as_dict())
     r0 = forward_kinds(eng.runner)
+    h0 = host_sample()
     rids = []
     for i, p in enumerate(prompts):
         rids.append(f"b{time.monotonic_ns()}-{i}")
@@ -78,6 +80,7 @@ def run_point(llm, prompts, params):
                 done[out.request_id] = now
                 ntok[out.request_id] = len(out.outputs[0].token_ids)
     wall = time.monotonic() - t0
+    h1 = host_sample()
     s1 = eng.stats.as_dict()
     speeds = [(ntok[r] - 1) / (done[r] - first[r]) for r in done if ntok[r] > 1 and done[r] > first[r]]
     sent = closed_loop_arrivals(t0, list(done.values()), len(rids), eng.scheduler.max_num_seqs)
@@ -98,7 +101,34 @@ def run_point(llm, prompts, params):
         step_split=step_split(d, wall),
         policy_overhead_ms=policy_overhead_ms(eng),
         policy_step_costs=policy_step_costs(eng),
+        host=host_load(h0, h1, wall),
     )
+
+
+def host_sample() -> tuple:
+    """(this process's CPU seconds, the machine's busy and total CPU jiffies or None, 1-minute load)."""
+    cpu = time.process_time()
+    busy = total = None
+    try:  # Linux: the machine's CPU time, all processes (fields: user nice system idle iowait ...)
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+        total, busy = sum(f), sum(f) - f[3] - (f[4] if len(f) > 4 else 0)
+    except (OSError, ValueError):
+        pass
+    return cpu, busy, total, os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def host_load(h0: tuple, h1: tuple, wall: float) -> dict:
+    """What the host did during a point, to tell a slow host from a slow engine when two runs
+    differ (H200 run 15: the engine's host bookkeeping was 1.5-2x run 14's in every arm, cause
+    unknown): this process's CPU seconds per wall second (~1 for a busy engine loop, plus its
+    other threads), the machine's busy CPUs (all processes; another process competing shows as
+    busy CPUs well above this process's share) and the 1-minute load average at the end."""
+    out = {"process_cpu_per_wall": round((h1[0] - h0[0]) / wall, 3) if wall > 0 else None,
+           "machine_busy_cpus": None, "loadavg_1m": round(h1[3], 2) if h1[3] is not None else None}
+    if h0[1] is not None and h1[1] is not None and h1[2] > h0[2]:
+        out["machine_busy_cpus"] = round((h1[1] - h0[1]) / (h1[2] - h0[2]) * (os.cpu_count() or 1), 2)
+    return out
 
 
 def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency: int) -> int:

@@ -45,4 +45,6 @@ def test_offline_sweep_records_the_commit_given_by_env(tmp_path):
                     "--concurrency", "1", "--num-prompts", "1", "--output-len", "2", "--repeats", "1",
                     "--device", "cpu", "--threads", "1", "--out", str(out)], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
-    assert json.loads(out.read_text())["commit"] == "c0ffee1"
+    res = json.loads(out.read_text())
+    assert res["commit"] == "c0ffee1"
+    assert set(res["rows"][0]["host"]) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m"}

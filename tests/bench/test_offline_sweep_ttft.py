@@ -17,3 +17,22 @@ def test_first_c_at_start_then_each_when_a_slot_frees():
 def test_one_client_sends_each_request_when_the_previous_finished():
     assert closed_loop_arrivals(0.0, [0.5, 1.0, 1.5], 3, 1) == [0.0, 0.5, 1.0]
     assert closed_loop_arrivals(0.0, [0.5, 1.0], 2, 8) == [0.0, 0.0]  # C above n: all at once
+
+
+def test_host_load_per_point_from_two_samples():
+    """The host record of a point: this process's CPU per wall second, the machine's busy CPUs
+    (all processes) over the point, the load average at its end."""
+    import os
+
+    from offline_sweep import host_load, host_sample
+
+    # 3 CPU s in 2 s of wall; the machine was busy 600 of 1000 jiffies
+    got = host_load((10.0, 400, 1000, 0.5), (13.0, 1000, 2000, 1.25), 2.0)
+    assert got == {"process_cpu_per_wall": 1.5, "machine_busy_cpus": round(0.6 * (os.cpu_count() or 1), 2),
+                   "loadavg_1m": 1.25}
+    assert host_load((0.0, None, None, None), (1.0, None, None, None), 1.0) == \
+        {"process_cpu_per_wall": 1.0, "machine_busy_cpus": None, "loadavg_1m": None}
+    a = host_sample()
+    sum(i * i for i in range(200_000))  # some CPU work of this process
+    b = host_sample()
+    assert b[0] > a[0] and (a[1] is None or (b[2] >= a[2] and b[1] >= a[1]))
