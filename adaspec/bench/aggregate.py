@@ -32,6 +32,7 @@ class Cell:
     failed: int = 0
     completed: int = 0
     usage_missing: int = 0
+    burst_delivered: int = 0  # streams flushed in one burst (metrics.BURST_S), over the repeats
     mean: dict = field(default_factory=dict)  # key -> mean over repeats (None if never measured)
     std: dict = field(default_factory=dict)  # key -> sample std (ddof=1; 0.0 for one repeat)
 
@@ -69,6 +70,7 @@ def aggregate(points: list[dict]) -> dict[tuple[str, int], Cell]:
         cell.failed = sum(int(p.get("failed") or 0) for p in ps)
         cell.completed = sum(int(p.get("completed") or 0) for p in ps)
         cell.usage_missing = sum(int(p.get("usage_missing_requests") or 0) for p in ps)
+        cell.burst_delivered = sum(int(p.get("burst_delivered_requests") or 0) for p in ps)
         for k in KEYS:
             cell.mean[k], cell.std[k] = mean_std([p.get(k) for p in ps])
         cells[(arm, c)] = cell

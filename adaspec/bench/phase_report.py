@@ -155,10 +155,21 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
     md += ["## Frontier", "", f"![frontier]({png_name})", "",
            "x = median per-user speed, y = output throughput; large markers: the whole run, small ones: each phase.", ""]
     md += ["## The moving-load question", ""] + goal_lines(whole, arms, reps) + [""]
+    from adaspec.bench.report import burst_line
+
     failed = sum(s.failed for s in whole.values())
-    if failed:
-        md += ["## Warnings", "", f"- {failed} requests failed in total; failed requests add no tokens "
-               "(see the point files' `errors`).", ""]
+    counts: dict[str, tuple[int, int]] = {}
+    for p in points:  # whole runs, all repeats of an arm together
+        b, n = counts.get(p["arm"], (0, 0))
+        counts[p["arm"]] = (b + int(p.get("burst_delivered_requests") or 0), n + int(p.get("completed") or 0))
+    bursts = burst_line(counts)
+    if failed or bursts:
+        md += ["## Warnings", ""]
+        if failed:
+            md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
+        if bursts:
+            md.append(bursts)
+        md.append("")
     return "\n".join(md)
 
 

@@ -166,7 +166,8 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     failed = sum(c.failed for c in cells.values())
     missing = sum(c.usage_missing for c in cells.values())
     mixed = point_conditions.mixed_settings(points)
-    if failed or missing or mixed:
+    bursts = burst_line({f"{c.arm} at C={c.concurrency}": (c.burst_delivered, c.completed) for c in cells.values()})
+    if failed or missing or mixed or bursts:
         md += ["## Warnings", ""]
         if mixed:
             md.append(f"- the points were measured under different settings ({', '.join(mixed)}): "
@@ -175,8 +176,22 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
             md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
         if missing:
             md.append(f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).")
+        if bursts:
+            md.append(bursts)
         md.append("")
     return "\n".join(md)
+
+
+def burst_line(counts: dict[str, tuple[int, int]]) -> str | None:
+    """A warning naming where streams were flushed in one burst (label -> (bursts, completed)), or None."""
+    from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S
+
+    hit = [f"{label} {b} of {n}" for label, (b, n) in counts.items() if b]
+    if not hit:
+        return None
+    return (f"- streams delivered in one burst after a wait (at least {BURST_MIN_CHUNKS} chunks, all within "
+            f"{BURST_S * 1e3:g} ms of the first): {', '.join(hit)}. Their per-user speed measures the flush (the "
+            "server or the client was busy), not the decoding, and pulls the medians up; their wait is in TTFT.")
 
 
 def md_to_html(md: str, title: str = "adaspec benchmark report") -> str:

@@ -234,6 +234,12 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
     assert "- **`adaptive:7` does not meet the goal**" in md
     assert "`none`: output throughput +95.2% (higher), median per-user speed +0.0% (within spread) -> beats it" in md
     assert "`fixed:7`: output throughput +32.3% (higher), median per-user speed -16.4% (lower) -> does not beat it" in md
+    assert "burst" not in md
+    p0 = json.loads((tmp_path / "points" / "fixed-7_phases_r0.json").read_text())
+    p0.update(burst_delivered_requests=3, completed=36)
+    (tmp_path / "points" / "fixed-7_phases_r0.json").write_text(json.dumps(p0))
+    md = write_report(tmp_path)["markdown"]
+    assert "## Warnings" in md and "fixed:7 3 of " in md and "delivered in one burst" in md
     # an arm a stopped sweep left with one repeat says so
     (tmp_path / "points" / "none_phases_r1.json").unlink()
     md = write_report(tmp_path)["markdown"]

@@ -115,6 +115,12 @@ def test_aggregate_and_verdict(tmp_path):
     assert "- hardware: CPU only: X, 2 cores" in md
     assert "0.600 / 3.00" in md  # speculation table
     assert "C=64" not in md  # incomplete point not reported
+    assert "burst" not in md  # no stream was flushed in one burst
+    # streams flushed in one burst are named, per arm and concurrency, over the repeats
+    pts = [dict(p, burst_delivered_requests=2) if (p["arm"], p["concurrency"]) == ("fixed:7", 16) else p for p in SYN]
+    write_points(tmp_path, pts, manifest)
+    md = write_report(tmp_path)["markdown"]
+    assert "## Warnings" in md and "delivered in one burst after a wait" in md and "fixed:7 at C=16 6 of 30" in md
 
 
 def test_md_to_html_escapes():
