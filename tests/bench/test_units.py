@@ -147,8 +147,11 @@ def test_a_stream_flushed_in_one_burst_is_counted():
     flushed = _req(0.0, [0.3 + i * 1e-4 for i in range(10)], 64)  # 10 chunks within 1 ms, after 300 ms
     steady = _req(0.0, [0.05 + i * 0.02 for i in range(10)], 64)
     two = _req(0.0, [0.3, 0.3001], 2)  # two chunks close together: not enough to call it a flush
+    from adaspec.bench.metrics import burst_delivered
+
     m = compute_metrics([flushed, steady, two, _req(0.0, [], 0, ok=False)], duration=1.0)
     assert m["burst_delivered_requests"] == 1
+    assert [burst_delivered(r) for r in (flushed, steady, two)] == [True, False, False]
 
 
 def test_compute_metrics_nothing_completed():
