@@ -177,9 +177,12 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
     return m
 
 
-def per_request_lists(results: list[RequestResult]) -> dict:
-    """The per-request arrays `vllm bench serve --save-result` writes (same keys), plus ours."""
+def per_request_lists(results: list[RequestResult], start: float | None = None) -> dict:
+    """The per-request arrays `vllm bench serve --save-result` writes (same keys), plus ours:
+    `send_offsets`, when each request was sent, in seconds after `start` (the run's first send),
+    so a stall can be placed in time (which requests it caught) from the result alone."""
     return {
+        "send_offsets": [r.send_time - start if start is not None else None for r in results],
         "input_lens": [r.prompt_tokens for r in results],
         "output_lens": [r.output_tokens if r.success else 0 for r in results],
         "ttfts": [r.ttft if r.success else 0.0 for r in results],

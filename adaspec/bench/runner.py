@@ -163,7 +163,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
                                                  cfg.percentile_metrics)
         out["request_phases"] = phase_idx
     out.update(specstats.spec_delta(before, after))
-    out.update(metrics.per_request_lists(results))
+    out.update(metrics.per_request_lists(results, first))
     out.update(cfg.extra)
     return out
 

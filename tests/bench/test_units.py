@@ -154,6 +154,15 @@ def test_a_stream_flushed_in_one_burst_is_counted():
     assert [burst_delivered(r) for r in (flushed, steady, two)] == [True, False, False]
 
 
+def test_per_request_lists_place_each_send_in_time():
+    from adaspec.bench.metrics import per_request_lists
+
+    rs = [_req(10.0, [10.2, 10.3], 2), _req(10.5, [10.6], 1), _req(11.25, [], 0, ok=False)]
+    lists = per_request_lists(rs, start=10.0)
+    assert lists["send_offsets"] == [0.0, 0.5, 1.25]
+    assert lists["ttfts"][:2] == pytest.approx([0.2, 0.1]) and lists["output_lens"] == [2, 1, 0]
+
+
 def test_compute_metrics_nothing_completed():
     from adaspec.bench.metrics import compute_metrics
 
