@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The frontier on the real pair, on one H200, in one command: build the code-0.6b pair (the GPU
 # machine keeps nothing between commands, so every command that measures the pair rebuilds it,
-# ~360 s), then sweep arms x concurrency x repeats, either with the offline engine (MODE=offline,
+# ~410 s), then sweep arms x concurrency x repeats, either with the offline engine (MODE=offline,
 # the default) or through the real HTTP server (MODE=server: one `adaspec serve` per arm, CUDA
 # graphs on as by default, driven by `adaspec bench sweep`, then `adaspec bench report`).
 #
@@ -21,8 +21,8 @@
 #   grid that does not fit is stopped in time; the JSON then holds the points that finished
 #   ("partial": true) and their table is printed.
 # MODE=server: needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl).
-#   The budget: the build takes ~360 s of the 600 s command, which leaves ~210 s for three server
-#   starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the points, so the
+#   The budget: the build takes ~410 s of the 600 s command (355-432 s measured), which leaves
+#   ~160 s for three server starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the points, so the
 #   defaults are 3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
 #   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,
 #   T=0, 2 repeats, 64 output tokens, max(32, C) eval-code prompts per point, 8 warm-up requests.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A load that moves, on one H200, through the real HTTP server, in one command: build the code-0.6b
-# pair (~360 s; the GPU machine keeps nothing between commands), then run every arm through the
+# pair (~410 s; the GPU machine keeps nothing between commands), then run every arm through the
 # same schedule of concurrency phases (`adaspec bench sweep --load-phases`: one `adaspec serve`
 # per arm, CUDA graphs on as by default), then `adaspec bench report` (whole run and per phase:
 # output throughput, per-user speed p50/p90, TTFT p50/p99, and whether each adaptive arm beats
@@ -10,7 +10,7 @@
 #
 # Needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl). Give
 # ADASPEC_COMMIT=<sha> so the results name the commit measured.
-# The budget: the build takes ~360 s of the 600 s command, which leaves ~210 s for the arms'
+# The budget: the build takes ~410 s of the 600 s command, which leaves ~160 s for the arms'
 # server starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the runs, so the
 # defaults are 4 arms, 2 repeats, short requests (64 output tokens): arms
 # adaptive:7,none,fixed:3,fixed:7 (adaptive first: if time runs out, the sweep is stopped cleanly

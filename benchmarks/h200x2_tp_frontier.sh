@@ -11,7 +11,7 @@
 # TP = 1 only, and the comparison is of tensor parallelism, not of graph modes.
 # Budget: BUDGET_S (default 570) for the whole command, of which TP2_S (default 170) is kept for
 # the TP = 2 sweep; each sweep is stopped in time and reports what finished. The pair build takes
-# ~360 s of it, so one command holds few points per size: SIZES="1" then SIZES="2" as two calls
+# ~410 s of it, so one command holds few points per size: SIZES="1" then SIZES="2" as two calls
 # issued back to back (the warm machine keeps /tmp/pair, so both use one build; the pair.json of
 # each names the build) gives each size a whole command. Carry .whl (benchmarks/fetch_server_wheels.sh).
 # Writes at most 6 files: OUT/pair.json, OUT/tp{1,2}.tar.gz (report, plot, log, every point),
