@@ -1,7 +1,10 @@
 """What the CPU tests of the CUDA-graph buffers share (test_graph_buffers.py, and its speculative half
 test_graph_buffers_spec.py: two files so that the suite's two workers share the Triton interpreter's
 work): the interpreter switched on without CUDA, a micro target and drafter, engines with graphs
-captured eagerly over their static buffers, prompts."""
+captured eagerly over their static buffers, prompts. The eager engines the graphed ones must equal
+run the reference attention backend (pure torch: a fraction of a second where the interpreter takes
+seconds per step); the Triton kernel itself is checked against it in
+tests/models/test_paged_attention_triton.py, through the engine too."""
 import os
 
 import pytest
@@ -30,9 +33,9 @@ def make_pair(tmp_path_factory):
     return str(target), str(drafter)
 
 
-def _engine(pair, graphs: bool, spec: bool, async_scheduling: bool = False):
+def _engine(pair, graphs: bool, spec: bool, async_scheduling: bool = False, backend: str = "triton"):
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3} if spec else None
-    llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=12, device="cpu",
+    llm = LLM(pair[0], speculative_config=cfg, attention_backend=backend, max_num_seqs=12, device="cpu",
               skip_tokenizer_init=True, async_scheduling=async_scheduling)
     eng = llm.llm_engine
     if graphs:
@@ -52,14 +55,15 @@ def _prompts(n):
     return [torch.randint(1, 64, (int(L),), generator=g).tolist() for L in torch.randint(3, 20, (n,), generator=g)]
 
 
-
-
 def check_graph_buffers_match_eager(pair, spec: bool) -> None:
     # different max_tokens: requests finish at different steps, so batches shrink through
-    # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k)
+    # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k).
+    # Decode: one request fewer per step; speculation: one per two steps, so that request 7 lives
+    # to its 11th token, the one draft this random pair accepts
     prompts = _prompts(11)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
-    eager = _engine(pair, graphs=False, spec=spec)
+    stride = 2 if spec else 1
+    params = [SamplingParams(temperature=0, max_tokens=3 + stride * i, ignore_eos=True) for i in range(11)]
+    eager = _engine(pair, graphs=False, spec=spec, backend="reference")
     graphed = _engine(pair, graphs=True, spec=spec)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]

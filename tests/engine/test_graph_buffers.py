@@ -17,10 +17,11 @@ pair = pytest.fixture(scope="module", name="pair")(make_pair)
 @pytest.fixture(scope="module")
 def slots4_eager(pair):
     """The same 9 requests into an engine built for 12 whose scheduler runs 4 (so its graphs hold
-    more rows than a step uses), eager; computed once for both scheduling modes."""
+    more rows than a step uses), eager (reference backend); computed once for both scheduling modes.
+    max_tokens 3 + i: every arrival still meets decodes, and the tail shrinks one request per step."""
     prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    eager = _engine(pair, graphs=False, spec=False)
+    params = [SamplingParams(temperature=0, max_tokens=3 + i, ignore_eos=True) for i in range(9)]
+    eager = _engine(pair, graphs=False, spec=False, backend="reference")
     eager.llm_engine.scheduler.max_num_seqs = 4
     return prompts, params, [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
 
@@ -28,11 +29,11 @@ def slots4_eager(pair):
 @pytest.fixture(scope="module")
 def arrivals_eager(pair):
     """9 requests arriving into 4 slots (steps with prefill chunks beside decodes): prompts, params,
-    and the eager engine's tokens, which the graphed engines of the tests below must equal (computed
-    once: the Triton interpreter makes each run take seconds)."""
+    and the eager engine's tokens (reference backend), which the graphed engines of the tests below
+    must equal."""
     prompts = _prompts(9)
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
-    eager = LLM(pair[0], attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
+    params = [SamplingParams(temperature=0, max_tokens=3 + i, ignore_eos=True) for i in range(9)]
+    eager = LLM(pair[0], attention_backend="reference", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
                 skip_tokenizer_init=True)
     return prompts, params, [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
 

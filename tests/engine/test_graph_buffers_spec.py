@@ -30,13 +30,16 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
 
     prompts = _prompts(7)  # 7 requests into 4 slots: three arrive while others decode
     params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(7)]
-    kw = dict(attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=40, device="cpu",
-              skip_tokenizer_init=True)
-    want = [o.outputs[0].token_ids for o in LLM(pair[0], **kw).generate(prompts, params)]
+    kw = dict(max_num_seqs=4, max_num_batched_tokens=40, device="cpu", skip_tokenizer_init=True)
+    want = [o.outputs[0].token_ids for o in LLM(pair[0], attention_backend="reference", **kw).generate(prompts, params)]
     engines = {}
     for mixed in (False, True):
+        # the engine without mixed graphs runs the reference attention backend (its speculative
+        # step's graphs then use the paged torch one): a fraction of a second where the Triton
+        # interpreter takes seconds per step
         llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": 3,
-                                               "draft_sample_method": "greedy"}, **kw)
+                                               "draft_sample_method": "greedy"},
+                  attention_backend="triton" if mixed else "reference", **kw)
         eng = llm.llm_engine
         steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
         steps.capture(eager=True)
@@ -80,8 +83,11 @@ def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair
                                                                                   CostTable([1, 8], [0.1, 0.2])))
     runs = []
     for graphed in (False, True):
-        llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton", max_num_seqs=4, device="cpu",
-                  max_num_batched_tokens=64, skip_tokenizer_init=True, async_scheduling=graphed)
+        # the synchronous reference runs the reference attention backend (a fraction of a second
+        # where the Triton interpreter takes seconds per step)
+        llm = LLM(pair[0], speculative_config=cfg, attention_backend="triton" if graphed else "reference",
+                  max_num_seqs=4, device="cpu", max_num_batched_tokens=64, skip_tokenizer_init=True,
+                  async_scheduling=graphed)
         eng = llm.llm_engine
         spec = eng.spec
         if graphed:
