@@ -56,7 +56,7 @@ from adaspec.models.config import ModelConfig
 from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one import for users)
     ARCHITECTURE, OUR_KEY, DrafterConfig, default_target_layers, with_temperatures,
 )
-from adaspec.models.layers import RMSNorm, RotaryEmbedding
+from adaspec.models.layers import RMSNorm, RotaryEmbedding, embedding
 from adaspec.models.target import DecoderLayer
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.random import DRAFT, keyed_uniforms, sample_categorical
@@ -75,7 +75,7 @@ class MarkovHead(nn.Module):
 
     def __init__(self, vocab: int, rank: int):
         super().__init__()
-        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w1 = embedding(vocab, rank)
         self.markov_w2 = nn.Linear(rank, vocab, bias=False)
 
 
@@ -91,7 +91,7 @@ class DSparkDrafter(nn.Module):
         b = cfg.base
         self.config = cfg
         d, V, m = b.hidden_size, b.vocab_size, len(cfg.target_layer_ids)
-        self.embed_tokens = nn.Embedding(V, d)
+        self.embed_tokens = embedding(V, d)
         self.lm_head = nn.Linear(d, V, bias=False)
         self.fc = nn.Linear(m * d, d, bias=False)
         self.hidden_norm = RMSNorm(d, b.rms_norm_eps)

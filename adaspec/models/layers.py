@@ -1,4 +1,4 @@
-"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU MLP."""
+"""Building blocks shared by the target and the drafter: embeddings, RMSNorm, RoPE, SwiGLU MLP."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +7,17 @@ from torch import nn
 
 from adaspec.models.fused import ops
 from adaspec.models.rope import rope_inv_freq
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, without its normal_ init when built on the meta device (the loaders build
+    models there, then load the weights): a meta normal_ runs through torch._refs, whose first call
+    imports torch._dynamo, ~2.5 s of CPU in every process that loads a model (each server, TP
+    worker and CLI). Anywhere else the init is nn.Embedding's own, so trained models are unchanged."""
+    weight = torch.empty(num, dim)
+    if weight.device.type == "meta":
+        return nn.Embedding(num, dim, _weight=weight)
+    return nn.Embedding(num, dim)
 
 
 class RMSNorm(nn.Module):
@@ -31,7 +42,10 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
-        self.build_tables()
+        if self.cos.device.type != "meta":
+            # on meta the tables would be empty anyway (every loader rebuilds them on the real device),
+            # and meta arange runs through torch._refs, which imports torch._dynamo (see embedding)
+            self.build_tables()
 
     @classmethod
     def from_config(cls, cfg, max_positions: int | None = None) -> "RotaryEmbedding":

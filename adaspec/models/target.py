@@ -16,7 +16,7 @@ from torch import nn
 from adaspec.models.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
 from adaspec.models.fused import ops
-from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears
+from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, embedding, fuse_linears
 
 
 class Attention(nn.Module):
@@ -107,7 +107,7 @@ class Backbone(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -41,3 +41,20 @@ def test_dummy_engine_runs_on_token_ids(tmp_path):
 def test_bad_load_format_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="load_format"):
         LLM(str(_config_only_dir(tmp_path)), load_format="pickle")
+
+
+def test_loading_a_pair_does_not_import_torch_dynamo():
+    """Models are built on the meta device, then loaded: an init or table computed there runs
+    through torch._refs, whose first call imports torch._dynamo (~2.5 s of CPU in every process that
+    loads a model: each server, TP worker and CLI). layers.embedding and RotaryEmbedding skip that
+    work on meta; this fails if any meta-time computation comes back."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom adaspec import LLM\n"
+            "LLM('tiny', device='cpu', speculative_config={'method': 'dspark', 'num_speculative_tokens': 3})\n"
+            "from adaspec.models.loader import load_target\nload_target('tiny', load_format='dummy')\n"
+            "print('torch._dynamo' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "False"
