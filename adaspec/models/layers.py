@@ -14,9 +14,8 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     models there, then load the weights): a meta normal_ runs through torch._refs, whose first call
     imports torch._dynamo, ~2.5 s of CPU in every process that loads a model (each server, TP
     worker and CLI). Anywhere else the init is nn.Embedding's own, so trained models are unchanged."""
-    weight = torch.empty(num, dim)
-    if weight.device.type == "meta":
-        return nn.Embedding(num, dim, _weight=weight)
+    if torch.empty(0).device.type == "meta":  # the device a bare factory call lands on now
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
     return nn.Embedding(num, dim)
 
 
