@@ -83,12 +83,11 @@ for i in "${!LABELS[@]}"; do
   for kv in "${KV[@]}"; do args+=(--set "$kv"); done
   say "variant $label: ${SETS[$i]} (from stage ${STARTS[$i]}) in $dir"
   if "$PYTHON" -m adaspec.cli train pair --preset "$PRESET" --out "$dir" --device "$DEVICE" \
-       --restart-from "${STARTS[$i]}" "${args[@]}" "$@" > "$dir/variant.log" 2>&1; then
-    DONE+=("$label=$dir")
+       --restart-from "${STARTS[$i]}" "${args[@]}" "$@" > "$dir/variant.log" 2>&1; then :
   else
     say "variant $label FAILED (exit $?); the last lines of its log:"; tail -5 "$dir/variant.log"
-    DONE+=("$label=$dir")  # its pair.json names the failed stage
   fi
+  DONE+=("$label=$dir")  # tabled either way: a failed build's pair.json names the failed stage
   say "variant $label done"
 done
 

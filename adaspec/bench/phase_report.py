@@ -129,7 +129,7 @@ def goal_lines(whole: dict[str, Stats], arms: list[str], reps: int) -> list[str]
 
 def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "frontier.png") -> str:
     from adaspec.bench.aggregate import arms_in_order
-    from adaspec.bench.report import conditions_lines
+    from adaspec.bench.report import burst_line, conditions_lines
 
     whole, per = aggregate_phased(points)
     arms = arms_in_order(points, manifest)
@@ -155,8 +155,6 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
     md += ["## Frontier", "", f"![frontier]({png_name})", "",
            "x = median per-user speed, y = output throughput; large markers: the whole run, small ones: each phase.", ""]
     md += ["## The moving-load question", ""] + goal_lines(whole, arms, reps) + [""]
-    from adaspec.bench.report import burst_line
-
     failed = sum(s.failed for s in whole.values())
     counts: dict[str, tuple[int, int]] = {}
     for p in points:  # whole runs, all repeats of an arm together

@@ -9,6 +9,7 @@ from pathlib import Path
 from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
+from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
 from adaspec.errors import AdaspecError
@@ -184,8 +185,6 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
 
 def burst_line(counts: dict[str, tuple[int, int]]) -> str | None:
     """A warning naming where streams were flushed in one burst (label -> (bursts, completed)), or None."""
-    from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S
-
     hit = [f"{label} {b} of {n}" for label, (b, n) in counts.items() if b]
     if not hit:
         return None
