@@ -24,6 +24,7 @@ the 8B shape with the code-0.6b pair's measured T=0 curve (BENCHMARKS.md, "Synth
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -217,6 +218,25 @@ def shape_model_dir(name: str, overrides: str | None) -> str:
     return str(d)
 
 
+def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm) -> None:
+    """Load, measure and free each arm in turn. The engine sizes its KV cache from the GPU memory
+    that is free when it loads, so the previous arm's engine (weights, KV cache, CUDA graphs' pools)
+    must be gone first: dropping the name was not enough (the engine holds reference cycles), and in
+    H200 run 16 the third arm of the Qwen3-8B sweep got 1,531 KV blocks, fewer than one request
+    needs. load(arm) -> (llm, *rest); measure_arm(arm, llm, *rest)."""
+    for arm in arms:
+        loaded = list(load(arm))
+        measure_arm(arm, *loaded)
+        engine = loaded[0].llm_engine
+        loaded.clear()
+        engine.release_cuda_graphs()  # the graphs' private memory pools
+        engine.shutdown()  # tensor-parallel workers, if any
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # back to the driver, where the next engine's sizing looks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -334,12 +354,12 @@ def main() -> None:
                     measure(arm, *loaded[arm], c, r)
         del loaded
     else:
-        for arm in arms:
-            llm, arm_label, prompts = load(arm)
+        def measure_arm(arm, llm, arm_label, prompts):
             for c in concs:
                 for r in range(args.repeats):
                     measure(arm, llm, arm_label, prompts, c, r)
-            del llm
+
+        sweep_arms_one_at_a_time(arms, load, measure_arm)
     label = state["label"]
     # summary: mean +- std over repeats
     print()

@@ -1,6 +1,6 @@
-"""offline_sweep's TTFT counts from when a closed-loop client would have sent the request (when a
-slot freed), not from the start of the point: queued at t0, request j >= C waits for the
-(j - C)-th request to finish before it gets a slot."""
+"""offline_sweep's helpers. TTFT counts from when a closed-loop client would have sent the request
+(when a slot freed), not from the start of the point: queued at t0, request j >= C waits for the
+(j - C)-th request to finish before it gets a slot. An arm swept alone is freed before the next loads."""
 import sys
 from pathlib import Path
 
@@ -36,3 +36,43 @@ def test_host_load_per_point_from_two_samples():
     sum(i * i for i in range(200_000))  # some CPU work of this process
     b = host_sample()
     assert b[0] > a[0] and (a[1] is None or (b[2] >= a[2] and b[1] >= a[1]))
+
+
+def test_each_arm_engine_is_freed_before_the_next_arm_loads():
+    # an engine in a reference cycle, as the real one is: only a collection frees it
+    import gc
+    import weakref
+
+    from offline_sweep import sweep_arms_one_at_a_time
+
+    class Engine:
+        def __init__(self):
+            self.me, self.calls = self, []
+
+        def release_cuda_graphs(self):
+            self.calls.append("graphs")
+
+        def shutdown(self):
+            self.calls.append("shutdown")
+
+    class Llm:
+        def __init__(self):
+            self.llm_engine = Engine()
+
+    alive, measured, calls = [], [], []
+
+    def load(arm):
+        gc.disable()  # no collection by chance between the arms: the sweep must do it
+        assert all(ref() is None for ref in alive), f"{arm}: an earlier arm's engine is still alive"
+        llm = Llm()
+        alive.append(weakref.ref(llm.llm_engine))
+        calls.append(llm.llm_engine.calls)
+        return llm, f"label-{arm}"
+
+    try:
+        sweep_arms_one_at_a_time(["a", "b", "c"], load, lambda arm, llm, label: measured.append((arm, label)))
+    finally:
+        gc.enable()
+    assert measured == [("a", "label-a"), ("b", "label-b"), ("c", "label-c")]
+    assert calls == [["graphs", "shutdown"]] * 3
+    assert all(ref() is None for ref in alive)
