@@ -73,6 +73,9 @@ ensure_pair() {
 # a leftover process from an earlier command on the same warm machine would show here.
 note_host() {
   say "host: $(uptime 2>/dev/null | sed 's/^ *//')"
+  # the host CPU's single-thread speed (the engine loop's bound): runs 15 and 16 spent 1.4-1.5x run 14's
+  # host time per no-spec step on the same code
+  say "host speed: $("$PYTHON" -c 'from adaspec.bench.conditions import host_speed; print(host_speed())' 2>&1)"
   ps -eo pid,pcpu,rss,etimes,comm --sort=-pcpu 2>/dev/null | head -6 | sed 's/^/    /' || true
 }
 

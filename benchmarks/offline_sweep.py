@@ -34,6 +34,7 @@ import time
 import numpy as np
 import torch
 
+from adaspec.bench.conditions import host_speed
 from adaspec.config import CUDAGRAPH_MODES
 
 
@@ -298,6 +299,7 @@ def main() -> None:
         ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
+    host_speed_start = host_speed()  # before the engines load: a slower host CPU, not a slower engine
     arms = args.arms.split(",")
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
     state = {"label": None}
@@ -386,7 +388,9 @@ def main() -> None:
         commit = engine_commit()  # $ADASPEC_COMMIT when set: the GPU machine's copied .git is stale
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
-                           torch=torch.__version__, commit=commit, rows=rows, summary=summary), fh, indent=1)
+                           torch=torch.__version__, commit=commit,
+                           host_speed={"start": host_speed_start, "end": host_speed()},
+                           rows=rows, summary=summary), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -245,7 +245,8 @@ def _run_sweep(cfg: SweepConfig) -> dict:
                          "use --force-new or a new --out directory")
     manifest = build_manifest(cfg, old)
     machine = {"hardware": manifest["hardware"], "engine_commit": manifest["engine_commit"]}
-    run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0}
+    run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0,
+           "host_speed": conditions.host_speed()}  # per run: a resumed sweep may run on another host
     manifest["runs"].append(run)
     write_json_atomic(str(mpath), manifest)
 

@@ -28,6 +28,7 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
     assert f"*** {LABEL}" in r.stdout
     d = json.loads(out.read_text())
     assert d["synthetic_acceptance"] == LABEL and d["args"]["shape"] == "qwen3-0.6b"
+    assert all(d["host_speed"][when]["python_loop_ms"] > 0 for when in ("start", "end"))  # the host, timed
     assert {(x["arm"], x["concurrency"]) for x in d["rows"]} == {(a, c) for a in ("none", "fixed:3", "adaptive:3")
                                                                   for c in (1, 2)}
     for row in d["rows"]:

@@ -54,6 +54,8 @@ def test_sweep_external_servers_then_resume(tmp_path, capsys):
         assert (out / "points" / "none_c1_r0.json").is_file()
         m = json.loads((out / "manifest.json").read_text())
         assert [r["points_run"] for r in m["runs"]] == [4, 1]
+        # each run names its own host's speed (a resumed sweep may run on another host)
+        assert all(r["host_speed"]["python_loop_ms"] > 0 and r["host_speed"]["cpu"] for r in m["runs"])
         assert m["runs"][1]["points_skipped"] == 3
         assert "all 2 points done, skipped" in capsys.readouterr().out
 
