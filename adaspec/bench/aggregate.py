@@ -33,6 +33,7 @@ class Cell:
     completed: int = 0
     usage_missing: int = 0
     burst_delivered: int = 0  # streams flushed in one burst (metrics.BURST_S), over the repeats
+    client_cpu_per_wall: float | None = None  # the busiest repeat's client (metrics.CLIENT_BUSY_CPU_PER_WALL)
     mean: dict = field(default_factory=dict)  # key -> mean over repeats (None if never measured)
     std: dict = field(default_factory=dict)  # key -> sample std (ddof=1; 0.0 for one repeat)
 
@@ -71,6 +72,8 @@ def aggregate(points: list[dict]) -> dict[tuple[str, int], Cell]:
         cell.completed = sum(int(p.get("completed") or 0) for p in ps)
         cell.usage_missing = sum(int(p.get("usage_missing_requests") or 0) for p in ps)
         cell.burst_delivered = sum(int(p.get("burst_delivered_requests") or 0) for p in ps)
+        cell.client_cpu_per_wall = max((p["client_cpu_per_wall"] for p in ps if p.get("client_cpu_per_wall") is not None),
+                                       default=None)
         for k in KEYS:
             cell.mean[k], cell.std[k] = mean_std([p.get(k) for p in ps])
         cells[(arm, c)] = cell

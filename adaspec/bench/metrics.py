@@ -96,6 +96,10 @@ def peak_in_flight(results: list[RequestResult]) -> int:
 # to 50 of 256 requests of a concurrency-128 phase through the server, per-user speeds of 10^5.
 BURST_S = 0.002
 BURST_MIN_CHUNKS = 3
+# A benchmark client whose process spent at least this many CPU seconds per wall second was CPU-bound
+# (one event loop): it read the streams late, so its chunk times, per-user speeds and TTFT include its
+# own lag. A suspected cause of the bursts above.
+CLIENT_BUSY_CPU_PER_WALL = 0.9
 
 
 def burst_delivered(r: RequestResult) -> bool:

@@ -129,7 +129,7 @@ def goal_lines(whole: dict[str, Stats], arms: list[str], reps: int) -> list[str]
 
 def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "frontier.png") -> str:
     from adaspec.bench.aggregate import arms_in_order
-    from adaspec.bench.report import burst_line, conditions_lines
+    from adaspec.bench.report import burst_line, busy_client_line, conditions_lines
 
     whole, per = aggregate_phased(points)
     arms = arms_in_order(points, manifest)
@@ -161,12 +161,20 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
         b, n = counts.get(p["arm"], (0, 0))
         counts[p["arm"]] = (b + int(p.get("burst_delivered_requests") or 0), n + int(p.get("completed") or 0))
     bursts = burst_line(counts)
-    if failed or bursts:
+    cpu: dict[str, float | None] = {}
+    for p in points:  # the busiest repeat of each arm's client
+        v = p.get("client_cpu_per_wall")
+        if v is not None:
+            cpu[p["arm"]] = max(v, cpu.get(p["arm"]) or 0.0)
+    busy = busy_client_line(cpu)
+    if failed or bursts or busy:
         md += ["## Warnings", ""]
         if failed:
             md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
         if bursts:
             md.append(bursts)
+        if busy:
+            md.append(busy)
         md.append("")
     return "\n".join(md)
 

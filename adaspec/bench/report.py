@@ -9,7 +9,7 @@ from pathlib import Path
 from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
-from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S
+from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S, CLIENT_BUSY_CPU_PER_WALL
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
 from adaspec.errors import AdaspecError
@@ -168,7 +168,8 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     missing = sum(c.usage_missing for c in cells.values())
     mixed = point_conditions.mixed_settings(points)
     bursts = burst_line({f"{c.arm} at C={c.concurrency}": (c.burst_delivered, c.completed) for c in cells.values()})
-    if failed or missing or mixed or bursts:
+    busy = busy_client_line({f"{c.arm} at C={c.concurrency}": c.client_cpu_per_wall for c in cells.values()})
+    if failed or missing or mixed or bursts or busy:
         md += ["## Warnings", ""]
         if mixed:
             md.append(f"- the points were measured under different settings ({', '.join(mixed)}): "
@@ -179,6 +180,8 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
             md.append(f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).")
         if bursts:
             md.append(bursts)
+        if busy:
+            md.append(busy)
         md.append("")
     return "\n".join(md)
 
@@ -191,6 +194,17 @@ def burst_line(counts: dict[str, tuple[int, int]]) -> str | None:
     return (f"- streams delivered in one burst after a wait (at least {BURST_MIN_CHUNKS} chunks, all within "
             f"{BURST_S * 1e3:g} ms of the first): {', '.join(hit)}. Their per-user speed measures the flush (the "
             "server or the client was busy), not the decoding, and pulls the medians up; their wait is in TTFT.")
+
+
+def busy_client_line(cpu: dict[str, float | None]) -> str | None:
+    """A warning naming where the benchmark client was CPU-bound (label -> its CPU s per wall s), or None."""
+    hit = [f"{label} {v:.2f}" for label, v in cpu.items() if v is not None and v >= CLIENT_BUSY_CPU_PER_WALL]
+    if not hit:
+        return None
+    return (f"- the benchmark client was CPU-bound (CPU seconds per wall second of its process, at least "
+            f"{CLIENT_BUSY_CPU_PER_WALL:g}): {', '.join(hit)}. It read the streams late, so chunk times, per-user "
+            "speeds and TTFT there include its own lag; split the load over several client processes or use a "
+            "faster host.")
 
 
 def md_to_html(md: str, title: str = "adaspec benchmark report") -> str:

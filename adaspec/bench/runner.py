@@ -125,6 +125,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
 
         bar = tqdm(total=len(payloads), desc=cfg.label or "requests", unit="req", leave=False)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cpu0, wall0 = time.process_time(), time.perf_counter()  # real time, whatever cfg.clock is
     try:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
@@ -133,6 +134,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     finally:
         if bar:
             bar.close()
+    wall = time.perf_counter() - wall0
+    client_cpu = round((time.process_time() - cpu0) / wall, 3) if wall > 0 else None
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         after = await specstats.scrape(session, base, headers)
@@ -155,6 +158,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "num_warmups": cfg.num_warmups,
         "seed": cfg.seed,
         "metrics_available": after is not None,
+        # the client process's CPU seconds per wall second while the requests ran (metrics.CLIENT_BUSY_CPU_PER_WALL)
+        "client_cpu_per_wall": client_cpu,
     }
     out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics))
     if cfg.load_phases:

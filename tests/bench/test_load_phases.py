@@ -240,6 +240,11 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
     (tmp_path / "points" / "fixed-7_phases_r0.json").write_text(json.dumps(p0))
     md = write_report(tmp_path)["markdown"]
     assert "## Warnings" in md and "fixed:7 3 of " in md and "delivered in one burst" in md
+    assert "CPU-bound" not in md
+    p0.update(client_cpu_per_wall=0.97)
+    (tmp_path / "points" / "fixed-7_phases_r0.json").write_text(json.dumps(p0))
+    md = write_report(tmp_path)["markdown"]
+    assert "the benchmark client was CPU-bound" in md and "fixed:7 0.97" in md
     # an arm a stopped sweep left with one repeat says so
     (tmp_path / "points" / "none_phases_r1.json").unlink()
     md = write_report(tmp_path)["markdown"]

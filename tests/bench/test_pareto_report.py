@@ -121,6 +121,14 @@ def test_aggregate_and_verdict(tmp_path):
     write_points(tmp_path, pts, manifest)
     md = write_report(tmp_path)["markdown"]
     assert "## Warnings" in md and "delivered in one burst after a wait" in md and "fixed:7 at C=16 6 of 30" in md
+    assert "CPU-bound" not in md  # the points carry no client CPU
+    # a CPU-bound client is named with its busiest repeat; one under the threshold is not
+    pts = [dict(p, client_cpu_per_wall=0.95 if (p["arm"], p["concurrency"], p["repeat"]) == ("none", 1, 0) else 0.89)
+           for p in SYN]
+    write_points(tmp_path, pts, manifest)
+    md = write_report(tmp_path)["markdown"]
+    assert "## Warnings" in md and "the benchmark client was CPU-bound" in md and "none at C=1 0.95" in md
+    assert "at C=16 0.89" not in md and "none at C=16" not in md
 
 
 def test_md_to_html_escapes():

@@ -117,6 +117,11 @@ def test_spec_counters_delta(result):
     assert result["metrics_available"] is True
 
 
+def test_the_client_times_its_own_cpu(result):
+    # 0 <= CPU seconds per wall second (a real measurement: its value depends on the host)
+    assert isinstance(result["client_cpu_per_wall"], float) and result["client_cpu_per_wall"] >= 0
+
+
 def test_continuous_usage_gives_exact_token_itl():
     clock = FakeClock()
     with FakeServer({"A": SCRIPTS["A"]}, metrics=False, clock=clock) as srv:
