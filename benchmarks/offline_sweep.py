@@ -302,7 +302,11 @@ def main() -> None:
     host_speed_start = host_speed()  # before the engines load: a slower host CPU, not a slower engine
     arms = args.arms.split(",")
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
-    state = {"label": None}
+    # label: "synthetic acceptance: timing only" when set; cost_tables: each adaptive arm's profiled
+    # tables (ms per verified token count and per drafted request count), so a policy's choices can be
+    # replayed against them after the run (H200 run 16: on the 8B shape at C = 64 adaptive verified
+    # more than paid, and the tables had stayed on the machine)
+    state = {"label": None, "cost_tables": {}}
 
     def load(arm):
         cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
@@ -313,6 +317,9 @@ def main() -> None:
         # "synthetic acceptance: timing only" when the arm's acceptance follows the configured curve
         arm_label = llm.llm_engine.stats.synthetic_acceptance
         state["label"] = state["label"] or arm_label
+        tables = getattr(getattr(llm.llm_engine, "spec", None), "cost_model", None)
+        if tables is not None:
+            state["cost_tables"][arm] = tables.to_dict()
         if args.shape:
             prompts = shape_prompts
         else:
@@ -341,7 +348,7 @@ def main() -> None:
             label = state["label"]
             with open(args.out, "w") as fh:
                 json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
-                               rows=rows, partial=True), fh, indent=1)
+                               rows=rows, cost_tables=state["cost_tables"], partial=True), fh, indent=1)
         print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
               f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
               flush=True)
@@ -390,7 +397,7 @@ def main() -> None:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
                            torch=torch.__version__, commit=commit,
                            host_speed={"start": host_speed_start, "end": host_speed()},
-                           rows=rows, summary=summary), fh, indent=1)
+                           cost_tables=state["cost_tables"], rows=rows, summary=summary), fh, indent=1)
 
 
 if __name__ == "__main__":

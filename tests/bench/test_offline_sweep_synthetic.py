@@ -29,6 +29,10 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
     d = json.loads(out.read_text())
     assert d["synthetic_acceptance"] == LABEL and d["args"]["shape"] == "qwen3-0.6b"
     assert all(d["host_speed"][when]["python_loop_ms"] > 0 for when in ("start", "end"))  # the host, timed
+    # the adaptive arm's profiled cost tables come back with the result; the others have none
+    assert set(d["cost_tables"]) == {"adaptive:3"}
+    tables = d["cost_tables"]["adaptive:3"]
+    assert set(tables) == {"verify", "draft"} and all(len(t["ms"]) == len(t["sizes"]) > 1 for t in tables.values())
     assert {(x["arm"], x["concurrency"]) for x in d["rows"]} == {(a, c) for a in ("none", "fixed:3", "adaptive:3")
                                                                   for c in (1, 2)}
     for row in d["rows"]:
