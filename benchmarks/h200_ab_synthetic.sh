@@ -24,7 +24,7 @@ SHAPE=${3:-qwen3-0.6b}
 ARMS=${4:-fixed:7,adaptive:7}
 CONC=${5:-64,256}
 ROUNDS=${6:-2}
-CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run8/frontier_T0/pair.json}
+CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run16/frontier_T0_7443c18/pair.json}
 source benchmarks/h200_common.sh  # PYTHON, PYTHONPATH, say
 B_TREE=$PWD
 if [ ! -f "$A_TREE/adaspec/__init__.py" ]; then

@@ -8,7 +8,7 @@
 #
 # Defaults: qwen3-8b, none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens (the
 # real frontier's settings, benchmarks/h200_frontier.sh). The curve is read from $CURVE_FROM
-# (default: the pair.json of the run 8 frontier, built by the current preset), at the same temperature; pair.json is copied
+# (default: the pair.json of the run 16 frontier: the 2-layer preset, eval-code calibration), at the same temperature; pair.json is copied
 # beside the result. Every row of the result says "synthetic acceptance: timing only".
 # Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL"). The sweep is
 # stopped after SWEEP_S seconds (default 540; the JSON keeps the points that finished, "partial": true).
@@ -21,7 +21,7 @@ ARMS=${3:-none,fixed:7,adaptive:7}
 CONC=${4:-1,16,64,256}
 TEMP=${5:-0}
 REPEATS=${6:-2}
-CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run8/frontier_T0/pair.json}
+CURVE_FROM=${CURVE_FROM:-benchmarks/results/h200/run16/frontier_T0_7443c18/pair.json}
 source benchmarks/h200_common.sh  # PYTHON, PYTHONPATH, say, offline_sweep_in_time
 mkdir -p "$OUT"
 CURVE=$("$PYTHON" -c "
