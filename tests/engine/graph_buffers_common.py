@@ -24,10 +24,14 @@ needs_kernels = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and
 
 
 def make_pair(tmp_path_factory):
-    """A micro target and its drafter (the test modules' module-scoped `pair` fixture)."""
+    """A micro target and its drafter (the test modules' module-scoped `pair` fixture). One kv head
+    (4 query heads on it): the kernel's grid has a program per (query tile, kv head), and each
+    program costs the interpreter ~80 ms, so a second kv head nearly doubled these tests' time
+    without checking more of the buffer logic (the kernel's GQA with several kv heads is checked
+    in tests/models/test_paged_attention_triton.py)."""
     root = tmp_path_factory.mktemp("graphs")
     target = make_micro_model_dir(root / "t", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, init_std=0.3, seed=3,
+                                  num_attention_heads=4, num_key_value_heads=1, init_std=0.3, seed=3,
                                   max_position_embeddings=128)
     drafter = make_micro_drafter_dir(root / "d", target, block_size=4, init_std=0.3, markov_rank=8, seed=4)
     return str(target), str(drafter)
@@ -58,8 +62,8 @@ def _prompts(n):
 def check_graph_buffers_match_eager(pair, spec: bool) -> None:
     # different max_tokens: requests finish at different steps, so batches shrink through
     # sizes that pad (11 -> 12, 5 -> 8, 3 -> 4) and drafts are capped near max_tokens (l_r < k).
-    # Decode: one request fewer per step; speculation: one per two steps, so that request 7 lives
-    # to its 11th token, the one draft this random pair accepts
+    # Decode: one request fewer per step; speculation: one per two steps, so that request 8 lives
+    # to its 19th token, where this random pair accepts its one draft
     prompts = _prompts(11)
     stride = 2 if spec else 1
     params = [SamplingParams(temperature=0, max_tokens=3 + stride * i, ignore_eos=True) for i in range(11)]
