@@ -5,7 +5,9 @@ max_num_seqs=C and all prompts queued, so a new request starts as soon as one fi
 Per run: output throughput (generated tokens / wall time of the run), per-user speed per
 request ((output_tokens - 1) / (finish - first token)), median and p10 over requests, TTFT
 median (from when a closed-loop client would have sent the request: when a slot freed), mean
-accepted length and acceptance rate from the engine's counters.
+accepted length and acceptance rate from the engine's counters, where each step's time went
+(step_split), what the host did (host), and per run the host's single-thread speed (host_speed,
+at the start and the end) and each adaptive arm's profiled cost tables (cost_tables).
 
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
