@@ -258,6 +258,13 @@ def format_summary(res: dict) -> str:
         lines.append(f"NOTE: {res['streams_without_done']} streams ended on a finish_reason without data: [DONE] (counted as complete)")
     if res.get("usage_missing_requests"):
         lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
+    if res.get("burst_delivered_requests"):
+        lines.append(f"WARNING: {res['burst_delivered_requests']} streams were delivered in one burst after a wait: "
+                     "their per-user speed measures the flush, not the decoding")
+    cpu = res.get("client_cpu_per_wall")
+    if cpu is not None and cpu >= metrics.CLIENT_BUSY_CPU_PER_WALL:
+        lines.append(f"WARNING: the client was CPU-bound ({cpu:.2f} CPU s per wall s): chunk times, per-user speeds "
+                     "and TTFT include its own lag")
     lines.append("=" * 70)
     return "\n".join(lines)
 

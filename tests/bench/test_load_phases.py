@@ -265,3 +265,13 @@ def test_report_refuses_a_mixture_of_phased_and_plain_points(tmp_path):
     (tmp_path / "points" / "none_c4_r0.json").write_text(json.dumps(plain))
     with pytest.raises(AdaspecError, match="mixes moving-load points"):
         write_report(tmp_path)
+
+
+def test_summary_warns_of_burst_streams_and_a_busy_client(phased_result):
+    from adaspec.bench.runner import format_summary
+
+    quiet = dict(phased_result, burst_delivered_requests=0, client_cpu_per_wall=0.89)
+    assert "WARNING" not in format_summary(quiet)
+    loud = format_summary(dict(phased_result, burst_delivered_requests=3, client_cpu_per_wall=0.9))
+    assert "WARNING: 3 streams were delivered in one burst" in loud
+    assert "WARNING: the client was CPU-bound (0.90 CPU s per wall s)" in loud
