@@ -36,7 +36,6 @@ import time
 import numpy as np
 import torch
 
-from adaspec.bench.conditions import host_speed
 from adaspec.config import CUDAGRAPH_MODES
 
 
@@ -301,13 +300,20 @@ def main() -> None:
         ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
+    try:  # h200_ab_synthetic.sh runs this script over older trees' engines, which lack it
+        from adaspec.bench.conditions import host_speed
+    except ImportError:
+        def host_speed():
+            return None
     host_speed_start = host_speed()  # before the engines load: a slower host CPU, not a slower engine
     arms = args.arms.split(",")
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
     # label: "synthetic acceptance: timing only" when set; cost_tables: each adaptive arm's profiled
-    # tables (ms per verified token count and per drafted request count), so a policy's choices can be
-    # replayed against them after the run (H200 run 16: on the 8B shape at C = 64 adaptive verified
-    # more than paid, and the tables had stayed on the machine)
+    # tables (ms per verified token count and per drafted request count), what the policy prices steps
+    # with by default (plus the graphs' padding, which the arm's graph sizes give; a step overhead or
+    # measured step costs, when configured, are not saved), so its choices can be checked after the run
+    # (H200 run 16: on the 8B shape at C = 64 adaptive verified more than paid, and the tables had
+    # stayed on the machine)
     state = {"label": None, "cost_tables": {}}
 
     def load(arm):
@@ -350,7 +356,8 @@ def main() -> None:
             label = state["label"]
             with open(args.out, "w") as fh:
                 json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
-                               rows=rows, cost_tables=state["cost_tables"], partial=True), fh, indent=1)
+                               host_speed={"start": host_speed_start}, rows=rows, cost_tables=state["cost_tables"],
+                               partial=True), fh, indent=1)
         print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
               f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
               flush=True)

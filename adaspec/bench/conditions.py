@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,9 +44,6 @@ def host_speed(repeats: int = 5) -> dict:
     on one thread, with the CPU model. An engine loop that keeps one core busy is as fast as this:
     H200 runs 15 and 16 spent 1.4-1.5x run 14's host time per no-spec step on the same code, and
     only a measured figure tells a slower host CPU from a slower engine. ~0.1 s."""
-    import statistics
-    import time
-
     def work() -> int:
         table: dict[int, list[int]] = {}
         for i in range(20_000):

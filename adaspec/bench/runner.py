@@ -40,6 +40,8 @@ class BenchConfig:
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is in the result (sweep's arm, repeat, ...)
     clock: Callable[[], float] = time.perf_counter  # request timestamps; tests inject a fake clock
+    # (this process's CPU seconds, wall seconds) for client_cpu_per_wall: real ones whatever `clock` is
+    cpu_clocks: tuple[Callable[[], float], Callable[[], float]] = (time.process_time, time.perf_counter)
     percentile_metrics: tuple = metrics.PERCENTILE_METRICS
     metric_percentiles: tuple = (90, 99)  # the sweep's report reads p99s; bench serve passes vLLM's defaults
     # A moving load (phases.py): the concurrency cap changes phase by phase; prompts are sent in
@@ -125,7 +127,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
 
         bar = tqdm(total=len(payloads), desc=cfg.label or "requests", unit="req", leave=False)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    cpu0, wall0 = time.process_time(), time.perf_counter()  # real time, whatever cfg.clock is
+    cpu_now, wall_now = cfg.cpu_clocks
+    cpu0, wall0 = cpu_now(), wall_now()
     try:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
@@ -134,8 +137,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     finally:
         if bar:
             bar.close()
-    wall = time.perf_counter() - wall0
-    client_cpu = round((time.process_time() - cpu0) / wall, 3) if wall > 0 else None
+    wall = wall_now() - wall0
+    client_cpu = round((cpu_now() - cpu0) / wall, 3) if wall > 0 else None
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         after = await specstats.scrape(session, base, headers)

@@ -50,7 +50,7 @@ def test_offline_sweep_records_the_commit_given_by_env(tmp_path):
     assert set(res["rows"][0]["host"]) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m"}
 
 
-def test_host_speed_names_the_cpu_and_times_the_same_work_each_call(monkeypatch):
+def test_host_speed_names_the_cpu_and_reports_the_median_time(monkeypatch):
     # a fake clock: each timed run takes 2, 4, 3, 9, 1 ms; the figure is their median (the mean is 3.8)
     import time
 

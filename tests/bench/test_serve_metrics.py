@@ -118,8 +118,16 @@ def test_spec_counters_delta(result):
 
 
 def test_the_client_times_its_own_cpu(result):
-    # 0 <= CPU seconds per wall second (a real measurement: its value depends on the host)
+    # the real clocks by default: some CPU seconds per wall second (its value depends on the host)
     assert isinstance(result["client_cpu_per_wall"], float) and result["client_cpu_per_wall"] >= 0
+    # with fake clocks, the ratio of the CPU the requests' run took to its wall time
+    cpu, wall = iter([10.0, 10.3]), iter([100.0, 100.5])
+    clock = FakeClock()
+    with FakeServer({"B": SCRIPTS["B"]}, clock=clock) as srv:
+        res = run_benchmark(BenchConfig(base_url=srv.url + "/v1", model="fake-model", prompts=["s:B"], output_len=16,
+                                        num_warmups=0, progress=False, clock=clock,
+                                        cpu_clocks=(lambda: next(cpu), lambda: next(wall))))
+    assert res["completed"] == 1 and res["client_cpu_per_wall"] == pytest.approx(0.6)
 
 
 def test_continuous_usage_gives_exact_token_itl():
