@@ -231,8 +231,9 @@ def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm) -> None:
         measure_arm(arm, *loaded)
         engine = loaded[0].llm_engine
         loaded.clear()
-        engine.release_cuda_graphs()  # the graphs' private memory pools
-        engine.shutdown()  # tensor-parallel workers, if any
+        # getattr: h200_ab_synthetic.sh runs this script over older trees' engines too
+        getattr(engine, "release_cuda_graphs", lambda: None)()  # the graphs' private memory pools
+        getattr(engine, "shutdown", lambda: None)()  # tensor-parallel workers, if any
         del engine
         gc.collect()
         if torch.cuda.is_available():
