@@ -129,7 +129,7 @@ def goal_lines(whole: dict[str, Stats], arms: list[str], reps: int) -> list[str]
 
 def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "frontier.png") -> str:
     from adaspec.bench.aggregate import arms_in_order
-    from adaspec.bench.report import burst_line, busy_client_line, conditions_lines
+    from adaspec.bench.report import burst_line, busy_client_line, conditions_lines, failed_line, warnings_section
 
     whole, per = aggregate_phased(points)
     arms = arms_in_order(points, manifest)
@@ -166,16 +166,7 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
         v = p.get("client_cpu_per_wall")
         if v is not None:
             cpu[p["arm"]] = max(v, cpu.get(p["arm"]) or 0.0)
-    busy = busy_client_line(cpu)
-    if failed or bursts or busy:
-        md += ["## Warnings", ""]
-        if failed:
-            md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
-        if bursts:
-            md.append(bursts)
-        if busy:
-            md.append(busy)
-        md.append("")
+    md += warnings_section([failed_line(failed), bursts, busy_client_line(cpu)])
     return "\n".join(md)
 
 

@@ -169,21 +169,25 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     mixed = point_conditions.mixed_settings(points)
     bursts = burst_line({f"{c.arm} at C={c.concurrency}": (c.burst_delivered, c.completed) for c in cells.values()})
     busy = busy_client_line({f"{c.arm} at C={c.concurrency}": c.client_cpu_per_wall for c in cells.values()})
-    if failed or missing or mixed or bursts or busy:
-        md += ["## Warnings", ""]
-        if mixed:
-            md.append(f"- the points were measured under different settings ({', '.join(mixed)}): "
-                      "see Conditions; compare only points measured alike.")
-        if failed:
-            md.append(f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`).")
-        if missing:
-            md.append(f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).")
-        if bursts:
-            md.append(bursts)
-        if busy:
-            md.append(busy)
-        md.append("")
+    md += warnings_section([
+        mixed and (f"- the points were measured under different settings ({', '.join(mixed)}): "
+                   "see Conditions; compare only points measured alike."),
+        failed_line(failed),
+        missing and f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).",
+        bursts, busy,
+    ])
     return "\n".join(md)
+
+
+def warnings_section(lines: list) -> list[str]:
+    """A "## Warnings" section of the lines given (falsy ones left out), or nothing when none is left."""
+    kept = [ln for ln in lines if ln]
+    return ["## Warnings", ""] + kept + [""] if kept else []
+
+
+def failed_line(failed: int) -> str | None:
+    return (f"- {failed} requests failed in total; failed requests add no tokens (see the point files' `errors`)."
+            if failed else None)
 
 
 def burst_line(counts: dict[str, tuple[int, int]]) -> str | None:

@@ -129,6 +129,13 @@ def test_aggregate_and_verdict(tmp_path):
     md = write_report(tmp_path)["markdown"]
     assert "## Warnings" in md and "the benchmark client was CPU-bound" in md and "none at C=1 0.95" in md
     assert "at C=16 0.89" not in md and "none at C=16" not in md
+    assert "requests failed" not in md and "no usage chunk" not in md
+    # failed requests and responses without usage are counted over every point
+    pts = [dict(p, failed=2, usage_missing_requests=1) if (p["arm"], p["concurrency"]) == ("fixed:7", 16) else p
+           for p in SYN]
+    write_points(tmp_path, pts, manifest)
+    md = write_report(tmp_path)["markdown"]
+    assert "- 6 requests failed in total" in md and "- 3 responses had no usage chunk" in md
 
 
 def test_md_to_html_escapes():
