@@ -102,6 +102,11 @@ BURST_MIN_CHUNKS = 3
 CLIENT_BUSY_CPU_PER_WALL = 0.9
 
 
+def client_busy(cpu_per_wall: float | None) -> bool:
+    """The client was CPU-bound (see CLIENT_BUSY_CPU_PER_WALL); False where it was not measured."""
+    return cpu_per_wall is not None and cpu_per_wall >= CLIENT_BUSY_CPU_PER_WALL
+
+
 def burst_delivered(r: RequestResult) -> bool:
     """All of a stream's chunks after the first arrived in one burst (see BURST_S)."""
     t = r.chunk_times

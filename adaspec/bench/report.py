@@ -9,7 +9,7 @@ from pathlib import Path
 from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
-from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S, CLIENT_BUSY_CPU_PER_WALL
+from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S, CLIENT_BUSY_CPU_PER_WALL, client_busy
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
 from adaspec.errors import AdaspecError
@@ -202,7 +202,7 @@ def burst_line(counts: dict[str, tuple[int, int]]) -> str | None:
 
 def busy_client_line(cpu: dict[str, float | None]) -> str | None:
     """A warning naming where the benchmark client was CPU-bound (label -> its CPU s per wall s), or None."""
-    hit = [f"{label} {v:.2f}" for label, v in cpu.items() if v is not None and v >= CLIENT_BUSY_CPU_PER_WALL]
+    hit = [f"{label} {v:.2f}" for label, v in cpu.items() if client_busy(v)]
     if not hit:
         return None
     return (f"- the benchmark client was CPU-bound (CPU seconds per wall second of its process, at least "

@@ -265,7 +265,7 @@ def format_summary(res: dict) -> str:
         lines.append(f"WARNING: {res['burst_delivered_requests']} streams were delivered in one burst after a wait: "
                      "their per-user speed measures the flush, not the decoding")
     cpu = res.get("client_cpu_per_wall")
-    if cpu is not None and cpu >= metrics.CLIENT_BUSY_CPU_PER_WALL:
+    if metrics.client_busy(cpu):
         lines.append(f"WARNING: the client was CPU-bound ({cpu:.2f} CPU s per wall s): chunk times, per-user speeds "
                      "and TTFT include its own lag")
     lines.append("=" * 70)
