@@ -6,8 +6,21 @@ import json
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
+# Characters JSON leaves raw but str.splitlines() breaks lines at (httpx's iter_lines, and other
+# clients that split SSE with it): one in generated text cut an event in two (seen in a CI run of
+# tests/serve/test_drain.py). SSE ends lines at CR and LF only, so escaping them is for those clients.
+_LINE_BREAKING = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
 def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One server-sent event: JSON with unicode kept (ensure_ascii=False), but never a character a
+    line-splitting client would break the event at (escaped inside the JSON strings, the only place
+    json.dumps puts them: the parsed value is the same)."""
+    body = json.dumps(obj, ensure_ascii=False, separators=(',', ':'))
+    for ch, escaped in _LINE_BREAKING.items():
+        if ch in body:
+            body = body.replace(ch, escaped)
+    return f"data: {body}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
