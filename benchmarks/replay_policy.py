@@ -1,0 +1,133 @@
+"""Replay the adaptive policy against the cost tables a sweep profiled: what each arm's decode step
+is predicted to make (tokens per ms) at each concurrency, and how many slots the adaptive budget
+verifies, under the CUDA graphs' query-token levels as captured and under other levels.
+
+An offline sweep's JSON (benchmarks/offline_sweep.py) carries every adaptive arm's profiled cost
+tables (`cost_tables`); the acceptance curve comes from the sweep itself (synthetic acceptance) or
+from a pair.json's held-out conditional acceptance. Every request is taken to decode with the
+same survivals (the curve's running products), as the synthetic method draws them: the replay
+asks what the policy's objective (spec_decode/policy.py: budget_objective, priced by
+graphed_step.GraphPaddedCost as the engine prices it) chooses, and what each fixed k and a plain
+step would make under the same tables. Prefill chunks, host time between steps and probes are not
+modelled: the replay explains the decode steps' choice, the sweep measures the whole run.
+
+    python benchmarks/replay_policy.py SWEEP.json [--pair pair.json] [--temperature 0]
+        [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
+from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
+from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
+from adaspec.spec_decode.policy import budget_objective, choose_budget  # noqa: E402
+
+
+def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> GraphPaddedCost:
+    """The tables as a graphed step with these capture sizes and query levels pays them."""
+    graphed = SimpleNamespace(verify_graphs={None: None}, batch_sizes=sorted(batch_sizes), levels=sorted(levels))
+    return GraphPaddedCost(cost, graphed)
+
+
+def fixed_rate(cost: GraphPaddedCost, survivals: np.ndarray, requests: int, slots: int) -> dict:
+    """A drafting step that verifies `slots` drafts of every request."""
+    tokens = requests * (1 + float(np.sum(survivals[:slots])))
+    ms = float(cost.draft_ms(requests)) + float(np.ravel(cost.verify_ms_for(requests, requests * (1 + slots)))[0])
+    return dict(slots=float(slots), tokens=tokens, ms=ms, rate=tokens / ms)
+
+
+def plain_rate(cost: GraphPaddedCost, requests: int) -> dict:
+    """A step without drafts: one token per request, no drafter."""
+    ms = float(np.ravel(cost.verify_ms_for(requests, requests))[0])
+    return dict(slots=0.0, tokens=float(requests), ms=ms, rate=requests / ms)
+
+
+def adaptive_rate(cost: GraphPaddedCost, survivals: np.ndarray, requests: int) -> dict:
+    """The budget the policy's objective picks for `requests` requests with these survivals."""
+    grid = np.tile(survivals, (requests, 1))
+    b = choose_budget(grid, requests, requests, requests, cost)
+    ratio = float(budget_objective(grid, requests, requests, requests, cost)[b])
+    tokens = requests + float(np.sort(grid.ravel())[::-1][:b].sum())
+    return dict(slots=b / requests, tokens=tokens, ms=tokens / ratio, rate=ratio)
+
+
+def replay(cost_tables: dict, curve: list[float], concurrency: list[int], level_sets: list[list[int]],
+           fixed_ks: list[int], max_num_seqs: int) -> list[dict]:
+    """One row per concurrency: plain, each fixed k (its own levels), adaptive under each level set."""
+    cost = CostModel.from_dict(cost_tables)
+    k = len(curve)
+    survivals = np.cumprod(np.clip(np.asarray(curve, dtype=np.float64), 0.0, 1.0))
+    sizes = capture_sizes(max_num_seqs)
+    rows = []
+    for c in concurrency:
+        row = {"concurrency": c, "plain": plain_rate(padded_cost(cost, sizes, query_levels(k)), c)}
+        for fk in fixed_ks:
+            row[f"fixed:{fk}"] = fixed_rate(padded_cost(cost, sizes, query_levels(fk)), survivals, c, fk)
+        for levels in level_sets:
+            row[f"adaptive:{k} levels {','.join(map(str, levels))}"] = adaptive_rate(
+                padded_cost(cost, sizes, levels), survivals, c)
+        rows.append(row)
+    return rows
+
+
+def curve_of(sweep: dict, pair: str | None, temperature: float) -> list[float]:
+    if pair:
+        return [float(x) for x in json.loads(Path(pair).read_text())["heldout"]["T=%g" % temperature]["cond_acceptance"]]
+    spec = sweep.get("args", {}).get("synthetic_acceptance")
+    if not spec:
+        raise SystemExit("the sweep has no synthetic acceptance curve: give --pair pair.json")
+    return [float(x) for x in str(spec).split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep", help="an offline sweep's JSON with cost_tables")
+    ap.add_argument("--pair", help="pair.json whose held-out conditional acceptance is the curve")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--arm", help="which adaptive arm's tables (default: the first)")
+    ap.add_argument("--levels", action="append", help="query-token levels, e.g. 1,3,5,8 (repeatable; "
+                    "default: the levels the sweep's commit captured, query_levels(k), and every level 1..k+1)")
+    ap.add_argument("--fixed", default="1,3,7", help="fixed k arms to price (default 1,3,7)")
+    ap.add_argument("--concurrency", help="default: the sweep's")
+    ap.add_argument("--max-num-seqs", type=int, help="the engine's (the graphs' capture sizes); default: the largest C")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args(argv)
+    sweep = json.loads(Path(a.sweep).read_text())
+    tables = sweep.get("cost_tables") or {}
+    if not tables:
+        raise SystemExit(f"{a.sweep} has no cost_tables (sweeps record them since 8406820)")
+    arm = a.arm or next(iter(tables))
+    if arm not in tables:
+        raise SystemExit(f"no cost tables for arm {arm!r}; the sweep has {sorted(tables)}")
+    curve = curve_of(sweep, a.pair, a.temperature)
+    k = len(curve)
+    conc = [int(x) for x in (a.concurrency or sweep["args"]["concurrency"]).split(",")]
+    level_sets = [[int(x) for x in s.split(",")] for s in a.levels] if a.levels else \
+        [[1, 3, 5, 8] if k == 7 else query_levels(k), list(range(1, k + 2))]
+    rows = replay(tables[arm], curve, conc, level_sets, [int(x) for x in a.fixed.split(",")],
+                  a.max_num_seqs or max(conc))
+    print(f"cost tables of {arm} in {a.sweep}; curve {', '.join('%.3f' % x for x in curve)}")
+    print("predicted decode-step rate, tokens per ms [slots verified per request, step ms]:")
+    names = [n for n in rows[0] if n != "concurrency"]
+    for r in rows:
+        best = max(names, key=lambda n: r[n]["rate"])
+        print(f"C={r['concurrency']}")
+        for n in names:
+            v = r[n]
+            print(f"  {n:<34} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "curve": curve, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

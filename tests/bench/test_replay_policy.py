@@ -1,0 +1,52 @@
+"""benchmarks/replay_policy.py: the adaptive policy replayed against a sweep's cost tables."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# the Qwen3-8B shape's tables on the H200 (run 17, up to 64 requests), its synthetic curve
+TABLES = {"verify": {"sizes": [1, 64, 128, 192, 256, 384, 512], "ms": [5.65, 6.76, 7.19, 8.53, 9.45, 12.92, 16.67]},
+          "draft": {"sizes": [1, 16, 64], "ms": [0.89, 1.18, 2.38]}}
+CURVE = "0.8751,0.7492,0.7491,0.7454,0.7573,0.7834,0.7974"
+
+
+@pytest.fixture(scope="module")
+def replay():
+    spec = importlib.util.spec_from_file_location("replay_policy", ROOT / "benchmarks" / "replay_policy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sweep(tmp_path, **extra):
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {"concurrency": "1,64", "synthetic_acceptance": CURVE},
+                             "cost_tables": {"adaptive:7": TABLES}, **extra}))
+    return p
+
+
+def test_replay_explains_the_coarse_levels(replay, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert replay.main([str(_sweep(tmp_path)), "--json", str(out)]) == 0
+    rows = {r["concurrency"]: r for r in json.loads(out.read_text())["rows"]}
+    coarse, every = rows[64]["adaptive:7 levels 1,3,5,8"], rows[64]["adaptive:7 levels 1,2,3,4,5,6,7,8"]
+    assert coarse["slots"] == 4 and every["slots"] == 3  # 3 drafts ran as 5 tokens with the coarse levels
+    assert every["rate"] == pytest.approx(rows[64]["fixed:3"]["rate"]) and coarse["rate"] < every["rate"]
+    assert rows[1]["fixed:7"]["rate"] > rows[1]["fixed:3"]["rate"] > rows[1]["plain"]["rate"]
+    # a plain step is one token per request over verify_ms(requests), no drafter
+    assert rows[64]["plain"]["rate"] == pytest.approx(64 / 6.76)
+    assert "<- best" in capsys.readouterr().out
+
+
+def test_replay_refuses_a_sweep_without_tables_or_curve(replay, tmp_path):
+    p = tmp_path / "bare.json"
+    p.write_text(json.dumps({"args": {"concurrency": "1"}}))
+    with pytest.raises(SystemExit, match="no cost_tables"):
+        replay.main([str(p)])
+    p.write_text(json.dumps({"args": {"concurrency": "1"}, "cost_tables": {"adaptive:7": TABLES}}))
+    with pytest.raises(SystemExit, match="no synthetic acceptance"):
+        replay.main([str(p)])
+    with pytest.raises(SystemExit, match="no cost tables for arm"):
+        replay.main([str(_sweep(tmp_path)), "--arm", "adaptive:3"])
