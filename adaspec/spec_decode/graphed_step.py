@@ -16,10 +16,15 @@ step), the step is at most two graph replays and one device-to-host copy:
    tokens, accept counts, query counts and confidences packed into one buffer;
 3. one copy of that buffer to the host: the step's only device-to-host sync.
 
-Graph keys: B over the capture sizes; Q over a few query-length levels (1 for steps that do not
-draft, then about 1 + k/4, 1 + k/2 and k + 1). One graph covers any mix of per-request lengths
-whose total is at most B*Q (the attention kernel's grid depends on (B, T) only), so an adaptive
-budget that verifies few drafts runs a smaller graph and saves the target's compute.
+Graph keys: B over the capture sizes; Q over query-length levels: for a fixed k, 1 (steps that do
+not draft), about 1 + k/4, 1 + k/2 and k + 1; for an adaptive k, every Q from 1 to k + 1. One graph
+covers any mix of per-request lengths whose total is at most B*Q (the attention kernel's grid
+depends on (B, T) only), so an adaptive budget that verifies few drafts runs a smaller graph and
+saves the target's compute. The adaptive step needs every level because it pays the padded B*Q
+(GraphPaddedCost): with k = 7's coarse levels 1, 3, 5, 8 a budget of 3 drafts per request ran,
+and was priced as, 5 query tokens, so the policy took 4 drafts where fixed k = 3 runs 4 tokens
+exactly; replaying the cost tables of H200 run 17 (benchmarks/replay_policy.py) shows the choice
+at the Qwen3-8B shape at 64 requests and the 0.6B pair at 256, where fixed k = 3 led.
 
 `capture(eager=True)` captures nothing: replays run the same functions eagerly over the same
 static buffers (CPU tests of everything but the capture itself).
@@ -41,8 +46,11 @@ from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode.policy import allocate_torch, survival_torch
 
 
-def query_levels(k: int) -> list[int]:
-    """Captured query tokens per request: 1 (no drafts), then ~1 + k/4, ~1 + k/2 and k + 1."""
+def query_levels(k: int, every: bool = False) -> list[int]:
+    """Captured query tokens per request: 1 (no drafts), then ~1 + k/4, ~1 + k/2 and k + 1; with
+    every=True (the adaptive step, see the module's docstring) each of 1 .. k + 1."""
+    if every:
+        return list(range(1, k + 2))
     return sorted({1, *(1 + max(1, math.ceil(k * f)) for f in (0.25, 0.5, 1.0))})
 
 
@@ -97,7 +105,7 @@ class GraphedSpecStep:
         self.max_k = engine.max_model_len + self.block
         self.width = -(-self.max_k // bs)
         self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(engine.config.max_num_seqs)
-        self.levels = query_levels(self.k)
+        self.levels = query_levels(self.k, every=self.adaptive)
         # the Triton kernel on CUDA; its torch twin (same metadata) for the CPU tests
         self.backend = "triton" if engine.attention_backend == "triton" else "paged_torch"
         dev, k, bmax = engine.device, self.k, self.batch_sizes[-1]

@@ -99,6 +99,43 @@ def test_query_levels():
     assert query_levels(7) == [1, 3, 5, 8]
     assert query_levels(1) == [1, 2]
     assert query_levels(3) == [1, 2, 3, 4]
+    assert query_levels(7, every=True) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_adaptive_graphs_capture_every_query_level(pair, tmp_path):
+    """The adaptive step captures each query length 1 .. k + 1 (a fixed k the coarse levels): with
+    coarse levels a budget of 3 drafts per request ran as 5 query tokens (below)."""
+    for adaptive, want in ((True, [1, 2, 3, 4, 5, 6, 7, 8]), (False, [1, 3, 5, 8])):
+        llm = _llm(pair, tmp_path, 7, adaptive, graphed=True)
+        assert llm.llm_engine.spec.graphed.levels == want
+
+
+def test_every_level_lets_the_policy_verify_three_drafts():
+    """Cost tables shaped as the Qwen3-8B shape's on the H200 (run 17, 64 requests: verify ms by
+    token rows, draft ms by requests) and run 16's acceptance curve: the objective's best budget is
+    3 drafts per request, fixed k = 3's step. With the coarse levels 1, 3, 5, 8 that budget pays the
+    5-token graph, and the policy took 4 drafts per request instead (a worse ratio); with every level
+    it takes 3."""
+    from adaspec.engine.cuda_graphs import capture_sizes
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
+    from adaspec.spec_decode.graphed_step import GraphPaddedCost
+    from adaspec.spec_decode.policy import budget_objective, choose_budget
+
+    cost = CostModel(CostTable([64, 128, 192, 256, 384, 512], [6.76, 7.19, 8.53, 9.45, 12.92, 16.67]),
+                     CostTable([1, 64], [0.89, 2.38]))
+    surv = np.tile(np.cumprod([0.875, 0.749, 0.749, 0.745, 0.757, 0.783, 0.797]), (64, 1))
+
+    class Graphs:
+        def __init__(self, levels):
+            self.batch_sizes, self.levels, self.verify_graphs = capture_sizes(64), levels, {None: None}
+
+    chosen = {}
+    for every in (False, True):
+        priced = GraphPaddedCost(cost, Graphs(query_levels(7, every=every)))
+        b = choose_budget(surv, 64, 64, 64, priced)
+        chosen[every] = (b, budget_objective(surv, 64, 64, 64, priced)[b])
+    assert chosen[False][0] == 4 * 64 and chosen[True][0] == 3 * 64
+    assert chosen[True][1] > chosen[False][1]
 
 
 def test_packed_layout_matches_host_packing():
