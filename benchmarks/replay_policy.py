@@ -9,7 +9,9 @@ same survivals (the curve's running products), as the synthetic method draws the
 asks what the policy's objective (spec_decode/policy.py: budget_objective, priced by
 graphed_step.GraphPaddedCost as the engine prices it) chooses, and what each fixed k and a plain
 step would make under the same tables. Prefill chunks, host time between steps and probes are not
-modelled: the replay explains the decode steps' choice, the sweep measures the whole run.
+modelled: the replay explains the decode steps' choice, the sweep measures the whole run. Every
+drafting arm is priced with the adaptive arm's draft table (its k positions): a fixed arm with fewer
+drafts runs a cheaper drafter than priced.
 
     python benchmarks/replay_policy.py SWEEP.json [--pair pair.json] [--temperature 0]
         [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]

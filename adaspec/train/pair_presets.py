@@ -40,7 +40,8 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               (2,941 steps) 4.19 / 3.06, training loss over its last 800 steps 1.23 against 1.31 and
               training acceptance +3 points at slots 2-7; 3 layers (2,002 steps) 4.16 / 3.02 for a dearer
               draft. Both inside the ~3% by which builds differ; lr 2e-3 is the preset's since (its
-              lower loss is consistent over the run; unmeasured as a whole build).
+              lower loss is consistent over the run). As a whole build (H200 run 17, 2,754 steps):
+              4.17 / 3.07; lr 3e-3 on that build: loss 1.18 against 1.28, tau 4.19 / 3.07 (no gain).
   calibrate   200 eval-code prompts (those after the eval's 250: the distribution the held-out figures and
               the benchmarks use, none of their prompts) x 128 tokens, at T = 1 and at T = 0: ~10 s each.
               Fitted on val-split windows (mostly site-packages), the greedy temperatures made the held-out
