@@ -74,8 +74,12 @@ def run_point(llm, prompts, params):
         eng.add_request(rids[-1], p, params)
     t0 = time.monotonic()
     first, done, ntok = {}, {}, {}
+    clock = StepKinds(eng.stats)
     while eng.has_unfinished_requests():
-        for out in eng.step():
+        clock.start()
+        outs = eng.step()
+        clock.stop()
+        for out in outs:
             now = time.monotonic()
             if out.outputs[0].token_ids and out.request_id not in first:
                 first[out.request_id] = now
@@ -102,10 +106,42 @@ def run_point(llm, prompts, params):
         # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
+        step_kinds=clock.summary(),
         policy_overhead_ms=policy_overhead_ms(eng),
         policy_step_costs=policy_step_costs(eng),
         host=host_load(h0, h1, wall),
     )
+
+
+class StepKinds:
+    """Wall time of the engine's steps by kind: steps that ran prompt tokens (prefill chunks, alone
+    or beside decoding rows) and decode-only steps, with the tokens each kind emitted. The decode-only
+    steps' tokens per ms is what benchmarks/replay_policy.py predicts from the cost tables; the
+    prefill steps hold the rest of a point's time (H200 run 17: the Qwen3-8B shape's adaptive arm
+    ran 36-39 of them at 256 requests, no-spec 24). Under async scheduling a step call also waits
+    for the step before it, so the split is by step call, not by GPU work."""
+
+    def __init__(self, stats):
+        self.stats = stats
+        self.kinds = {k: [0, 0.0, 0] for k in ("prefill", "decode")}  # steps, seconds, tokens
+        self._t = self._prompt = self._gen = None
+
+    def start(self) -> None:
+        self._t, self._prompt, self._gen = time.perf_counter(), self.stats.num_prompt_tokens, self.stats.num_generated_tokens
+
+    def stop(self) -> None:
+        dt = time.perf_counter() - self._t
+        kind = self.kinds["prefill" if self.stats.num_prompt_tokens > self._prompt else "decode"]
+        kind[0] += 1
+        kind[1] += dt
+        kind[2] += self.stats.num_generated_tokens - self._gen
+
+    def summary(self) -> dict:
+        out = {}
+        for name, (n, sec, tok) in self.kinds.items():
+            out[name] = dict(steps=n, ms_per_step=round(1e3 * sec / n, 3) if n else None, tokens=tok,
+                             tokens_per_ms=round(tok / (1e3 * sec), 3) if sec > 0 else None)
+        return out
 
 
 def host_sample() -> tuple:

@@ -81,6 +81,17 @@ def replay(cost_tables: dict, curve: list[float], concurrency: list[int], level_
     return rows
 
 
+def measured_decode_rates(sweep: dict) -> dict:
+    """(arm, C) -> the decode-only steps' tokens per ms the sweep measured, mean over repeats
+    (rows carry step_kinds since run 17's fixes; older sweeps give {})."""
+    got: dict = {}
+    for row in sweep.get("rows", []):
+        rate = ((row.get("step_kinds") or {}).get("decode") or {}).get("tokens_per_ms")
+        if rate is not None:
+            got.setdefault((row["arm"], row["concurrency"]), []).append(rate)
+    return {k: sum(v) / len(v) for k, v in got.items()}
+
+
 def curve_of(sweep: dict, pair: str | None, temperature: float) -> list[float]:
     if pair:
         return [float(x) for x in json.loads(Path(pair).read_text())["heldout"]["T=%g" % temperature]["cond_acceptance"]]
@@ -126,8 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             v = r[n]
             print(f"  {n:<34} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
+    measured = measured_decode_rates(sweep)
+    if measured:
+        print("measured decode-only steps, tokens per ms (mean over repeats; offline_sweep's step_kinds):")
+        for (arm_name, c), rate in sorted(measured.items(), key=lambda x: (x[0][1], x[0][0])):
+            print(f"  C={c:<5} {arm_name:<12} {rate:8.2f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "curve": curve, "rows": rows}, indent=1))
+        Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "curve": curve, "rows": rows,
+                                            "measured_decode_tokens_per_ms": {f"{k[0]} C={k[1]}": v
+                                                                              for k, v in measured.items()}}, indent=1))
     return 0
 
 

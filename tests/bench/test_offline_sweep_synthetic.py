@@ -40,6 +40,10 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
         split = row["step_split"]  # where the steps went: counts and ms per step, wall beside the timers
         assert split["steps"] > 0 and split["wall_ms"] > 0 and split["bookkeeping_ms"] >= 0
         assert split["draft_skipped"] <= split["steps"]
+        kinds = row["step_kinds"]  # every step call is a prefill or a decode-only one, with its tokens
+        assert kinds["prefill"]["steps"] + kinds["decode"]["steps"] >= split["steps"] and kinds["prefill"]["steps"] > 0
+        assert kinds["prefill"]["tokens"] + kinds["decode"]["tokens"] == row["total_output_tokens"]
+        assert kinds["decode"]["steps"] > 0 and kinds["decode"]["tokens_per_ms"] > 0
         # only the adaptive arm's policy has a step overhead (0 by default: the tables alone)
         assert row["policy_overhead_ms"] == (0.0 if row["arm"].startswith("adaptive") else None)
         if row["arm"] == "none":  # the no-spec arm: no speculative config at all, so no label

@@ -40,6 +40,15 @@ def test_replay_explains_the_coarse_levels(replay, tmp_path, capsys):
     assert "<- best" in capsys.readouterr().out
 
 
+def test_replay_sets_the_measured_decode_rates_beside(replay, tmp_path, capsys):
+    rows = [{"arm": "none", "concurrency": 64, "step_kinds": {"decode": {"tokens_per_ms": r}}} for r in (9.0, 10.0)]
+    rows.append({"arm": "fixed:3", "concurrency": 64})  # an older sweep's row: no step_kinds
+    out = tmp_path / "rows.json"
+    assert replay.main([str(_sweep(tmp_path, rows=rows)), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["measured_decode_tokens_per_ms"] == {"none C=64": 9.5}
+    assert "C=64    none             9.50" in capsys.readouterr().out
+
+
 def test_replay_refuses_a_sweep_without_tables_or_curve(replay, tmp_path):
     p = tmp_path / "bare.json"
     p.write_text(json.dumps({"args": {"concurrency": "1"}}))
