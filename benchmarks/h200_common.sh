@@ -59,6 +59,9 @@ ensure_pair() {
       bash benchmarks/build_pair_h200.sh "$pair" | tail -5
     fi
     cp "$pair/pair.json" "$out/pair.json"
+    # the held-out walk's blocks (calibrated confidences, accepted drafts; ~0.5 MB), for
+    # benchmarks/replay_policy.py --blocks; builds before it was written have none
+    if [ -f "$pair/drafter/heldout_blocks.npz" ]; then cp "$pair/drafter/heldout_blocks.npz" "$out/"; fi
     MODEL=$pair/target
     DRAFTER=$pair/drafter
     say "pair ready: $MODEL, $DRAFTER"

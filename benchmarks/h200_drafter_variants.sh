@@ -126,11 +126,11 @@ lines.append("build s: the whole build for base, the stages rebuilt for a varian
 print("\n".join(lines))
 EOF
 
-# each build's own files, small: pair.json, logs, the held-out eval and the training log
+# each build's own files, small: pair.json, logs, the held-out eval (and its walk's blocks) and the training log
 STAGE=$(mktemp -d)
 for e in "${DONE[@]}"; do
   label=${e%%=*}; dir=${e#*=}
-  for f in pair.json variant.log build.log drafter/eval.json drafter/train_log.jsonl; do
+  for f in pair.json variant.log build.log drafter/eval.json drafter/heldout_blocks.npz drafter/train_log.jsonl; do
     if [ -f "$dir/$f" ]; then mkdir -p "$STAGE/$label/$(dirname "$f")"; cp "$dir/$f" "$STAGE/$label/$f"; fi
   done
 done

@@ -13,8 +13,16 @@ modelled: the replay explains the decode steps' choice, the sweep measures the w
 drafting arm is priced with the adaptive arm's draft table (its k positions): a fixed arm with fewer
 drafts runs a cheaper drafter than priced.
 
-    python benchmarks/replay_policy.py SWEEP.json [--pair pair.json] [--temperature 0]
-        [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]
+With --blocks (a build's drafter/heldout_blocks.npz: every block the held-out decoding walk reaches,
+its calibrated confidences and accepted drafts) the requests differ as real ones do: each step draws
+C blocks, the objective picks the budget from their confidences and allocates it, and the tokens
+are the ones those blocks really accept; fixed k and plain steps run over the same draws. This is
+what the confidences can buy over the best fixed k at each C under the tables. The budget is taken
+from the drawn blocks' own confidences (the engine takes it from each request's previous step, and
+allocates with the current ones as here), so the adaptive figure is an upper bound of the policy's.
+
+    python benchmarks/replay_policy.py SWEEP.json [--pair pair.json | --blocks heldout_blocks.npz]
+        [--temperature 0] [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
-from adaspec.spec_decode.policy import budget_objective, choose_budget  # noqa: E402
+from adaspec.spec_decode.policy import allocate, budget_objective, choose_budget, survival  # noqa: E402
 
 
 def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> GraphPaddedCost:
@@ -81,6 +89,42 @@ def replay(cost_tables: dict, curve: list[float], concurrency: list[int], level_
     return rows
 
 
+def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, concurrency: list[int],
+                  fixed_ks: list[int], max_num_seqs: int, steps: int = 200, seed: int = 0) -> list[dict]:
+    """Steps of C requests drawn from real blocks (conf [N, k] calibrated, accepted [N]): the tokens
+    per ms that plain steps, each fixed k and the adaptive objective (every query level) realize."""
+    cost = CostModel.from_dict(cost_tables)
+    k = conf.shape[1]
+    conf = np.asarray(conf, dtype=np.float64)
+    accepted = np.asarray(accepted, dtype=np.int64)
+    sizes = capture_sizes(max_num_seqs)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in concurrency:
+        draws = rng.integers(0, len(accepted), size=(steps, c))
+        acc = accepted[draws]  # [steps, c]
+        row = {"concurrency": c, "plain": plain_rate(padded_cost(cost, sizes, query_levels(k)), c)}
+        for fk in fixed_ks:
+            priced = padded_cost(cost, sizes, query_levels(fk))
+            ms = float(cost.draft_ms(c)) + float(np.ravel(priced.verify_ms_for(c, c * (1 + fk)))[0])
+            tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
+            row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
+        priced = padded_cost(cost, sizes, list(range(1, k + 2)))
+        tokens = ms = slots = 0.0
+        for s in range(steps):
+            surv = survival(conf[draws[s]])
+            b = choose_budget(surv, c, c, c, priced)
+            lengths = allocate(surv, b)
+            tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
+            ms += float(cost.draft_ms(c)) + float(np.ravel(priced.verify_ms_for(c, c + b))[0])
+            slots += b / c
+        row[f"adaptive:{k}"] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
+        best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)
+        row["adaptive_over_best_fixed"] = row[f"adaptive:{k}"]["rate"] / row[best]["rate"] if best else None
+        rows.append(row)
+    return rows
+
+
 def measured_decode_rates(sweep: dict) -> dict:
     """(arm, C) -> the decode-only steps' tokens per ms the sweep measured, mean over repeats
     (rows carry step_kinds since run 17's fixes; older sweeps give {})."""
@@ -105,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", help="an offline sweep's JSON with cost_tables")
     ap.add_argument("--pair", help="pair.json whose held-out conditional acceptance is the curve")
+    ap.add_argument("--blocks", help="a build's drafter/heldout_blocks.npz: replay over real blocks (see above)")
+    ap.add_argument("--steps", type=int, default=200, help="--blocks: steps drawn per concurrency (default 200)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--arm", help="which adaptive arm's tables (default: the first)")
     ap.add_argument("--levels", action="append", help="query-token levels, e.g. 1,3,5,8 (repeatable; "
@@ -121,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     arm = a.arm or next(iter(tables))
     if arm not in tables:
         raise SystemExit(f"no cost tables for arm {arm!r}; the sweep has {sorted(tables)}")
+    conc = [int(x) for x in (a.concurrency or sweep["args"]["concurrency"]).split(",")]
+    if a.blocks:
+        return replay_blocks_main(a, sweep, tables[arm], arm, conc)
     curve = curve_of(sweep, a.pair, a.temperature)
     k = len(curve)
-    conc = [int(x) for x in (a.concurrency or sweep["args"]["concurrency"]).split(",")]
     level_sets = [[int(x) for x in s.split(",")] for s in a.levels] if a.levels else \
         [[1, 3, 5, 8] if k == 7 else query_levels(k), list(range(1, k + 2))]
     rows = replay(tables[arm], curve, conc, level_sets, [int(x) for x in a.fixed.split(",")],
@@ -146,6 +194,30 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "curve": curve, "rows": rows,
                                             "measured_decode_tokens_per_ms": {f"{k[0]} C={k[1]}": v
                                                                               for k, v in measured.items()}}, indent=1))
+    return 0
+
+
+def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) -> int:
+    key = "T%g" % a.temperature
+    with np.load(a.blocks) as blocks:
+        if f"{key}_conf" not in blocks.files:
+            raise SystemExit(f"{a.blocks} has no blocks at temperature {a.temperature:g} (it has {sorted(blocks.files)})")
+        conf, accepted = blocks[f"{key}_conf"], blocks[f"{key}_accepted"]
+    rows = replay_blocks(tables, conf, accepted, conc, [int(x) for x in a.fixed.split(",")],
+                         a.max_num_seqs or max(conc), steps=a.steps)
+    print(f"cost tables of {arm} in {a.sweep}; {len(accepted)} blocks of {a.blocks} at T={a.temperature:g} "
+          f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C")
+    print("realized decode-step rate, tokens per ms [slots verified per request, step ms]:")
+    for r in rows:
+        names = [n for n in r if n not in ("concurrency", "adaptive_over_best_fixed")]
+        best = max(names, key=lambda n: r[n]["rate"])
+        print(f"C={r['concurrency']}  (adaptive / best fixed: {r['adaptive_over_best_fixed']:.3f})")
+        for n in names:
+            v = r[n]
+            print(f"  {n:<12} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "blocks": a.blocks,
+                                            "temperature": a.temperature, "rows": rows}, indent=1))
     return 0
 
 

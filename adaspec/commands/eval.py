@@ -54,6 +54,9 @@ def add_parser(subparsers) -> None:
                    help="sampling temperature, repeatable (default: 0 and 1)")
     d.add_argument("--k", type=int, default=None, help="slots evaluated (default: the drafter's block size)")
     d.add_argument("--json", type=OutputPath(Path), help="write the results here (default: not written)")
+    d.add_argument("--blocks-out", type=OutputPath(Path),
+                   help="write every block decoding's walk reaches (calibrated confidences, accepted drafts) "
+                        "to this .npz, for benchmarks/replay_policy.py --blocks (default: not written)")
     d.set_defaults(func=run_drafter)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -79,13 +82,14 @@ def load_pair(args):
 
 def run_drafter(args) -> int:
     from adaspec.errors import AdaspecError
-    from adaspec.train.drafter_eval import format_table, generate_eval_set, measure_blocks, summarize
+    from adaspec.train.drafter_eval import format_table, generate_eval_set, measure_blocks, save_blocks, summarize
 
     target, _, drafter, dcfg, prompts = load_pair(args)
     if args.k is not None and not 1 <= args.k <= dcfg.block_size:
         raise AdaspecError(f"--k must be in 1..{dcfg.block_size} (the drafter's block size)")
     results = {"target": str(args.target), "drafter": str(args.drafter), "prompts": args.prompts,
                "num_prompts": len(prompts), "gen_len": args.gen_len, "runs": []}
+    blocks = []
     for t in args.temperature or [0.0, 1.0]:
         # the set propose() would apply to a request at this temperature
         temps = (dcfg.confidence_temperatures_greedy if t <= 0 else None) or dcfg.confidence_temperatures
@@ -96,7 +100,11 @@ def run_drafter(args) -> int:
         s = summarize(res, temps[: res.alpha.shape[1]] if temps else None)
         print(format_table(s), flush=True)
         results["runs"].append(s)
+        blocks.append((res, temps[: res.alpha.shape[1]] if temps else None))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.blocks_out:
+        args.blocks_out.parent.mkdir(parents=True, exist_ok=True)
+        save_blocks(args.blocks_out, blocks)
     return 0

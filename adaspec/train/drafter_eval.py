@@ -80,19 +80,26 @@ class BlockResults:
                             np.concatenate([self.accepted, other.accepted]), self.temperature, seq)
 
 
+def walk_blocks(accepted: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Indices of the blocks decoding's walk reaches (see walk_tau): the anchors an engine drafts
+    from, each right after the previous block's accepted drafts and bonus token."""
+    out = []
+    for s in np.unique(seq):
+        rows = np.flatnonzero(seq == s)
+        i = 0
+        while i < len(rows):
+            out.append(rows[i])
+            i += int(accepted[rows[i]]) + 1
+    return np.asarray(out, dtype=np.int64)
+
+
 def walk_tau(accepted: np.ndarray, seq: np.ndarray) -> float:
     """Tokens per step of decoding each sequence as an engine does: a block at the first anchor,
     then at the anchor right after its accepted drafts and bonus token, and so on (bonus included).
     tau averages over EVERY anchor; an engine drafts only from the positions its walk reaches, which
     sit right after a rejection (the target's correction), so this is what an engine can realize."""
-    steps = []
-    for s in np.unique(seq):
-        acc = accepted[seq == s]
-        i = 0
-        while i < len(acc):
-            steps.append(int(acc[i]) + 1)
-            i += int(acc[i]) + 1
-    return float(np.mean(steps)) if steps else float("nan")
+    reached = walk_blocks(accepted, seq)
+    return float(np.mean(accepted[reached] + 1.0)) if len(reached) else float("nan")
 
 
 @torch.no_grad()
@@ -189,6 +196,23 @@ def summarize(res: BlockResults, temps=None) -> dict:
         out["confidence_calibrated"] = {"per_slot": per_slot_metrics(cal, res.accepted), "ece": ece(cal, labels),
                                         "auc": auc(cal, labels), "temperatures": [float(t) for t in temps]}
     return out
+
+
+def save_blocks(path, runs: list[tuple[BlockResults, list | None]]) -> None:
+    """Every block the walk reaches, per temperature, for replays of the adaptive policy over real
+    per-request confidences (benchmarks/replay_policy.py --blocks): `T{t}_conf` [N, k] float16 the
+    confidences the engine would see (the calibration temperatures applied, as propose() does),
+    `T{t}_accepted` [N] uint8 the accepted drafts. Small (a build's 250 prompts x 128 tokens at two
+    temperatures: ~30k blocks, under 0.5 MB compressed)."""
+    from adaspec.spec_decode.policy import apply_temperature
+
+    arrays = {}
+    for res, temps in runs:
+        idx = walk_blocks(res.accepted, res.seq) if res.seq is not None else np.arange(len(res.accepted))
+        key = "T%g" % res.temperature
+        arrays[f"{key}_conf"] = np.asarray(apply_temperature(res.conf_logits[idx], temps), dtype=np.float16)
+        arrays[f"{key}_accepted"] = np.asarray(res.accepted[idx], dtype=np.uint8)
+    np.savez_compressed(path, **arrays)
 
 
 def format_table(s: dict) -> str:

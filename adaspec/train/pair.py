@@ -9,7 +9,8 @@ Stages, in order, each calling the code of its own command (nothing is re-implem
   drafter     `train drafter` on them, mixed with corpus text                    -> OUT/drafter
   calibrate   `train calibrate` at T=1 and T=0 on calibrate.prompts: "eval-code", the eval-code prompts the
               eval stage does not use, or "val", val-split windows  -> OUT/drafter/config.json
-  eval        `eval drafter` on the shipped eval-code prompts (stdlib test split) -> OUT/drafter/eval.json
+  eval        `eval drafter` on the shipped eval-code prompts (stdlib test split) -> OUT/drafter/eval.json,
+              and the walk's blocks for policy replays -> OUT/drafter/heldout_blocks.npz
   cards       MODEL_CARD.md of both models, with the held-out figures
 
 OUT/target and OUT/drafter load as a pair:
@@ -126,7 +127,7 @@ def stage_outputs(out: Path, stage: str) -> list[Path]:
         "selfdistill": [out / "selfdistill"],
         "drafter": [out / "drafter"],
         "calibrate": [out / "calibrate"],
-        "eval": [out / "drafter" / "eval.json"],
+        "eval": [out / "drafter" / "eval.json", out / "drafter" / "heldout_blocks.npz"],
         "cards": [out / "target" / "MODEL_CARD.md", out / "drafter" / "MODEL_CARD.md", out / "recipe.txt"],
     }[stage]
 
@@ -404,7 +405,8 @@ def _eval(ctx: Context) -> dict:
     argv = ["eval", "drafter", "--target", str(ctx.target), "--drafter", str(ctx.drafter), "--prompts", e["prompts"],
             "--num-prompts", str(e["num_prompts"]), "--max-prompt-len", str(e["max_prompt_len"]),
             "--gen-len", str(e["gen_len"]), "--batch-size", str(e["batch_size"]), "--device", ctx.device,
-            "--seed", str(e["seed"]), "--json", str(ctx.drafter / "eval.json")]
+            "--seed", str(e["seed"]), "--json", str(ctx.drafter / "eval.json"),
+            "--blocks-out", str(ctx.drafter / "heldout_blocks.npz")]
     for t in e["temperatures"]:
         argv += ["--temperature", str(t)]
     eval_cmd.run_drafter(parser.parse_args(argv))

@@ -33,12 +33,16 @@ def test_frontier_server_mode_on_a_built_pair(tmp_path):
     pair = tmp_path / "pair"  # as build_pair_h200.sh leaves it: target/, drafter/, pair.json
     pair.mkdir()
     (pair / "target").symlink_to(ROOT / "adaspec/assets/models/tiny")
-    (pair / "drafter").symlink_to(ROOT / "adaspec/assets/models/tiny-dspark")
+    (pair / "drafter").mkdir()
+    for f in (ROOT / "adaspec/assets/models/tiny-dspark").iterdir():
+        (pair / "drafter" / f.name).symlink_to(f)
+    (pair / "drafter" / "heldout_blocks.npz").write_bytes(b"blocks")  # the eval's walk blocks come back too
     (pair / "pair.json").write_text('{"build": "test"}')
     out = tmp_path / "out"
     log = run_script(["benchmarks/h200_frontier.sh", str(out), "none,fixed:3", "1,2", "0", "1"],
                      {"MODE": "server", "PAIR_DIR": str(pair), "NUM_PROMPTS": "2"}, tmp_path)
-    assert returned_files(out) == ["pair.json", "server_T0.log", "server_T0.tar.gz", "server_T0_frontier.png",
+    assert (out / "heldout_blocks.npz").read_bytes() == b"blocks"
+    assert returned_files(out) == ["heldout_blocks.npz", "pair.json", "server_T0.log", "server_T0.tar.gz", "server_T0_frontier.png",
                                    "server_T0_report.md", "server_T0_summary.txt"]
     md = (out / "server_T0_report.md").read_text()
     assert "| C | none | fixed:3 |" in md and "- engine commit: `feed123`" in md

@@ -3,6 +3,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +60,34 @@ def test_replay_refuses_a_sweep_without_tables_or_curve(replay, tmp_path):
         replay.main([str(p)])
     with pytest.raises(SystemExit, match="no cost tables for arm"):
         replay.main([str(_sweep(tmp_path)), "--arm", "adaptive:3"])
+
+
+def _blocks(tmp_path, conf, accepted):
+    p = tmp_path / "heldout_blocks.npz"
+    np.savez_compressed(p, T0_conf=np.asarray(conf, dtype=np.float16), T0_accepted=np.asarray(accepted, dtype=np.uint8))
+    return p
+
+
+def test_replay_over_blocks_that_tell_requests_apart(replay, tmp_path):
+    """Half the blocks accept all 7 drafts and say so (confidence .97), half accept none and say so
+    (.05): the objective verifies the first kind's drafts only, which no fixed k can; blocks that all
+    look alike leave it at the best fixed k's rate."""
+    n = 2000
+    sure = np.arange(n) % 2 == 0
+    conf = np.where(sure[:, None], 0.97, 0.05) * np.ones((n, 7))
+    p = _blocks(tmp_path, conf, np.where(sure, 7, 0))
+    out = tmp_path / "rows.json"
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "64", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["fixed:7"]["tokens"] == pytest.approx(64 * 4.5, rel=0.05)  # half 8 tokens, half 1
+    assert row["adaptive:7"]["slots"] == pytest.approx(3.5, rel=0.1)  # 7 drafts of the sure half only
+    assert row["adaptive_over_best_fixed"] > 1.2
+    alike = _blocks(tmp_path, np.tile(np.linspace(0.9, 0.8, 7), (n, 1)), np.arange(n) % 8)
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(alike), "--concurrency", "64", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["adaptive_over_best_fixed"] == pytest.approx(1.0, abs=0.03)
+
+
+def test_replay_over_blocks_refuses_a_missing_temperature(replay, tmp_path):
+    p = _blocks(tmp_path, np.ones((4, 7)) * 0.5, [1, 2, 3, 4])
+    with pytest.raises(SystemExit, match="no blocks at temperature 1"):
+        replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--temperature", "1"])

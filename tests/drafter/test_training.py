@@ -120,13 +120,20 @@ def test_commands_end_to_end(trained_target, tmp_path, capsys):
     _, cfg = load_drafter(out)
     assert cfg.confidence_temperatures is not None and len(cfg.confidence_temperatures) == 3
     assert (out / "calibration.png").is_file()
-    js = tmp_path / "eval.json"
+    js, npz = tmp_path / "eval.json", tmp_path / "blocks" / "heldout_blocks.npz"
     assert main(["eval", "drafter", "--target", str(tdir), "--drafter", str(out), "--prompts", str(prompts),
-                 "--gen-len", "12", "--device", "cpu", "--json", str(js)]) == 0
+                 "--gen-len", "12", "--device", "cpu", "--json", str(js), "--blocks-out", str(npz)]) == 0
     runs = json.loads(js.read_text())["runs"]
     assert [r["temperature"] for r in runs] == [0.0, 1.0]
     assert all(len(r["cond_acceptance"]) == 3 and r["tau"] >= 1.0 for r in runs)
     assert "confidence_calibrated" in runs[0]
+    # the walk's blocks: their mean accepted length + 1 is the run's tau_walk, confidences calibrated
+    with np.load(npz) as blocks:
+        assert sorted(blocks.files) == ["T0_accepted", "T0_conf", "T1_accepted", "T1_conf"]
+        for r, t in zip(runs, ("T0", "T1")):
+            conf, acc = blocks[f"{t}_conf"], blocks[f"{t}_accepted"]
+            assert conf.shape == (len(acc), 3) and ((conf >= 0) & (conf <= 1)).all() and (acc <= 3).all()
+            assert float(np.mean(acc + 1.0)) == pytest.approx(r["tau_walk"])
 
 
 def test_train_drafter_compile_falls_back_to_eager(trained_target, tmp_path, capsys, monkeypatch):

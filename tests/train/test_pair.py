@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from adaspec.errors import AdaspecError
@@ -55,6 +56,10 @@ def test_micro_pair_builds_every_stage(pair):
     assert ev["prompts"] == "eval-code" and [r["temperature"] for r in ev["runs"]] == [0.0, 1.0]
     for r in ev["runs"]:
         assert 1.0 <= r["tau"] <= 1.0 + r["k"] and r["blocks"] > 0
+    with np.load(out / "drafter" / "heldout_blocks.npz") as blocks:  # the walk's blocks, for policy replays
+        for r in ev["runs"]:
+            acc = blocks["T%g_accepted" % r["temperature"]]
+            assert float(np.mean(acc + 1.0)) == pytest.approx(r["tau_walk"])
     stats = json.loads((out / "target" / "train_stats.json").read_text())
     assert summary["target"]["val_loss"] == stats["val_loss"] < math.log(512) - 1.0  # learned something
     cfg = json.loads((out / "drafter" / "config.json").read_text())
@@ -370,6 +375,7 @@ def test_drafter_variants_script_retrains_from_the_right_stage(pair, tmp_path):
     import tarfile
     names = tarfile.open(tmp_path / "res" / "variants_logs.tar.gz").getnames()
     assert "./sd/drafter/eval.json" in names and "./base/pair.json" in names, names
+    assert "./sd/drafter/heldout_blocks.npz" in names, names  # each build's walk blocks, for replay_policy.py
     # bad variants fail fast, naming the problem
     for bad, why in (("x=target.layers=3", "not drafter.KEY=VALUE"), ("nolabel", "expected LABEL=")):
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, VARIANTS=bad), timeout=60)
