@@ -168,6 +168,9 @@ def add_parser(subparsers) -> None:
                         "and --num-prompts)")
     w.add_argument("--repeats", type=int, default=3)
     w.add_argument("--num-prompts", type=int, default=200, action=_Given, help="prompts per point (at least C are sent)")
+    w.add_argument("--prompts-per-concurrency", type=int, default=1, action=_Given, metavar="W",
+                   help="at least W waves of C prompts per point: each point sends max(--num-prompts, W x C) "
+                        "(default 1; a single wave at a high C is mostly ramp)")
     w.add_argument("--num-warmups", type=int, default=2,
                    help="unmeasured requests before each point, sent at its concurrency")
     w.add_argument("--out", required=True,
@@ -244,8 +247,11 @@ def sweep_config_from_args(args, log=print):
     if args.repeats < 1:
         raise AdaspecError("--repeats must be at least 1")
     phases = getattr(args, "load_phases", None)
+    waves = getattr(args, "prompts_per_concurrency", 1)
+    if waves < 1:
+        raise AdaspecError(f"--prompts-per-concurrency must be at least 1, got {waves}")
     if phases:
-        given = _given(args, "--concurrency", "--num-prompts")
+        given = _given(args, "--concurrency", "--num-prompts", "--prompts-per-concurrency")
         if given:
             raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
                                f"drop {', '.join(given)}")
@@ -270,7 +276,7 @@ def sweep_config_from_args(args, log=print):
             raise AdaspecError(f"--speculative-config-extra is not valid JSON: {e}") from None
         if not isinstance(spec_extra, dict):
             raise AdaspecError("--speculative-config-extra must be a JSON object")
-    pool = max(num_prompts, max(concurrency))
+    pool = max(num_prompts, (1 if phases else waves) * max(concurrency))
     kind, path = resolve_endpoint(args.backend, args.endpoint)
     if path is not None:
         raise AdaspecError("bench sweep posts to the /v1 paths; give --endpoint completions or chat (or --backend)")
@@ -279,7 +285,7 @@ def sweep_config_from_args(args, log=print):
     return SweepConfig(
         out=Path(args.out), model=args.model, arms=arms, concurrency=concurrency, prompts=prompts,
         prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed, tokenizer),
-        num_prompts=num_prompts, repeats=args.repeats, load_phases=phases, drafter=args.drafter, base_urls=base_urls,
+        num_prompts=num_prompts, prompts_per_concurrency=1 if phases else waves, repeats=args.repeats, load_phases=phases, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg + _tp_server_args(getattr(args, "tensor_parallel_size", None)),

@@ -12,12 +12,20 @@ import json
 SHARED = (
     ("hardware", "hardware"), ("engine_commit", "engine commit"), ("model", "model"), ("drafter", "drafter"),
     ("prompts", "prompts"), ("prompts_sha256", "prompts sha256"), ("num_prompts", "prompts per point"),
+    ("prompts_per_concurrency", "at least this many waves of C prompts per point"),
     ("output_len", "output length"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
     ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
     ("load_phases", "load phases (concurrency x requests, in order)"),
 )
 # Shown only when some point has a value (sweeps without a moving load have none).
 OPTIONAL = {"load_phases"}
+# What a point written before a setting existed was measured with (read as that value, so old and
+# new points of one sweep do not look mixed).
+DEFAULTS = {"prompts_per_concurrency": 1}
+
+
+def setting(conditions: dict, key: str):
+    return conditions.get(key, DEFAULTS.get(key))
 ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 
 
@@ -37,7 +45,7 @@ def values(points: list[dict], get) -> dict[str, list[str]]:
 def mixed_settings(points: list[dict]) -> list[str]:
     """Names of the settings whose value differs between points (arm settings within an arm)."""
     pts = [p for p in points if p.get("conditions")]
-    mixed = [label for key, label in SHARED if len(values(pts, lambda c, k=key: c.get(k))) > 1]
+    mixed = [label for key, label in SHARED if len(values(pts, lambda c, k=key: setting(c, k))) > 1]
     for arm in sorted({p.get("arm") for p in pts}, key=str):
         mine = [p for p in pts if p.get("arm") == arm]
         mixed += [f"{label} of arm {arm}" for key, label in ARM
@@ -67,7 +75,7 @@ def lines(points: list[dict], describe_hardware) -> list[str]:
         return res
 
     for key, label in SHARED:
-        vals = values(pts, lambda c, k=key: c.get(k))
+        vals = values(pts, lambda c, k=key: setting(c, k))
         if key in OPTIONAL and list(vals) == ["null"]:
             continue
         out += item(label, key, vals)

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaspec.bench import conditions
+from adaspec.bench import conditions, point_conditions
 from adaspec.bench.arms import Arm, external_arm
 from adaspec.bench.phases import format_phases
 from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
@@ -22,7 +22,9 @@ from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_j
 # Every setting that changes what a point measures: a resumed sweep must match them all, and
 # each point records them (with its arm's server settings, hardware and engine commit).
 SETTINGS = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
-            "num_prompts", "num_warmups", "seed", "load_phases")
+            "num_prompts", "prompts_per_concurrency", "num_warmups", "seed", "load_phases")
+# What a manifest written before a setting existed meant by it (so such a sweep still resumes).
+SETTING_DEFAULTS = point_conditions.DEFAULTS
 # Per arm: what its server was started with.
 ARM_SETTINGS = ("speculative_config", "server_args", "base_url")
 # What a sweep writes into --out (and --force-new removes).
@@ -35,9 +37,13 @@ class SweepConfig:
     model: str | None  # None only with base_urls: each server is asked what it serves
     arms: list[Arm]
     concurrency: list[int]  # with load_phases: the phases' caps (for the record only)
-    prompts: list[str]  # the pool; each point takes max(num_prompts, C) from it, cycling
+    prompts: list[str]  # the pool; each point takes max(num_prompts, prompts_per_concurrency * C), cycling
     prompts_desc: dict
     num_prompts: int
+    # waves of C prompts per point at least: one wave at a high C lasts about one request's life, so
+    # its ramp up and down outweigh its steady state (H200 run 17: through the server at C = 256, one
+    # wave of 64-token requests made 22k tok/s where the offline sweep's 4 waves made 51k)
+    prompts_per_concurrency: int = 1
     repeats: int = 3
     drafter: str | None = None
     base_urls: dict[str, str] = field(default_factory=dict)  # arm name -> URL of a server we did not start
@@ -84,7 +90,7 @@ def point_done(path: Path) -> bool:
 
 def prompts_for(cfg: SweepConfig, c: int | None) -> list[str]:
     # At least C prompts, or the point never reaches its concurrency; a moving load sends one per request.
-    n = cfg.num_prompts if c is PHASED else max(cfg.num_prompts, c)
+    n = cfg.num_prompts if c is PHASED else max(cfg.num_prompts, cfg.prompts_per_concurrency * c)
     return [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
 
 
@@ -112,6 +118,7 @@ def settings(cfg: SweepConfig) -> dict:
         "prompts": cfg.prompts_desc,
         "prompts_sha256": hashlib.sha256("\x1e".join(cfg.prompts).encode()).hexdigest(),
         "num_prompts": cfg.num_prompts,
+        "prompts_per_concurrency": cfg.prompts_per_concurrency,
         "num_warmups": cfg.num_warmups,
         "seed": cfg.seed,
         "load_phases": format_phases(cfg.load_phases) if cfg.load_phases else None,
@@ -127,7 +134,8 @@ def _flag(key: str) -> str:
 def differences(cfg: SweepConfig, old: dict) -> list[str]:
     """Each setting where `old` (a manifest) differs from this sweep: 'name (flag): old -> new'."""
     new = settings(cfg)
-    diff = [f"{k} ({_flag(k)}): {old.get(k)!r} -> {new[k]!r}" for k in SETTINGS if old.get(k) != new[k]]
+    diff = [f"{k} ({_flag(k)}): {old.get(k, SETTING_DEFAULTS.get(k))!r} -> {new[k]!r}" for k in SETTINGS
+            if old.get(k, SETTING_DEFAULTS.get(k)) != new[k]]
     prev_arms = {a["name"]: a for a in old.get("arms", [])}
     for arm in cfg.arms:
         prev, rec = prev_arms.get(arm.name), arm_record(cfg, arm)
@@ -153,7 +161,9 @@ def start_over(out: Path) -> None:
 def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
     m = settings(cfg)
     m["num_prompts_rule"] = ("each point runs the load phases, num_prompts requests in all" if cfg.load_phases
-                             else "each point sends max(num_prompts, concurrency) prompts")
+                             else "each point sends max(num_prompts, concurrency) prompts"
+                             if cfg.prompts_per_concurrency == 1 else
+                             "each point sends max(num_prompts, prompts_per_concurrency x concurrency) prompts")
     m["hardware"] = conditions.hardware()
     m["engine_commit"] = conditions.engine_commit()
     if old:

@@ -314,3 +314,46 @@ def test_a_server_interrupted_while_starting_is_stopped(tmp_path, monkeypatch):
     assert srv.proc.poll() is not None  # stopped and reaped, not left running in its own session
     with pytest.raises(ProcessLookupError):
         os.kill(srv.proc.pid, 0)
+
+
+def test_prompts_per_concurrency_sends_waves_and_old_sweeps_still_resume(tmp_path, capsys):
+    """--prompts-per-concurrency W: each point sends max(--num-prompts, W x C) prompts (a single wave
+    at a high C is mostly ramp); a sweep whose manifest and points predate the setting meant W = 1,
+    so it resumes with W = 1 without looking mixed, and is refused with another W."""
+    out = tmp_path / "sweep"
+    with FakeServer({}, default=FAST) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1,3",
+                "--repeats", "1", "--num-prompts", "2", "--num-warmups", "0", "--dataset", "random", "--tokenizer",
+                "tiny", "--output-len", "8", "--out", str(out), "--disable-tqdm"]
+        assert main(argv + ["--prompts-per-concurrency", "4"]) == 0
+        done = {p.name: json.loads(p.read_text()) for p in (out / "points").glob("*.json")}
+        assert done["none_c1_r0.json"]["completed"] == 4 and done["none_c3_r0.json"]["completed"] == 12
+        assert done["none_c3_r0.json"]["conditions"]["prompts_per_concurrency"] == 4
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["prompts_per_concurrency"] == 4 and "prompts_per_concurrency x concurrency" in m["num_prompts_rule"]
+        assert "- at least this many waves of C prompts per point: `4`" in (out / "report.md").read_text()
+        capsys.readouterr()
+
+        # as an older adaspec left it: no such setting in the manifest or the points (it sent max(2, C))
+        out = tmp_path / "old"
+        argv[argv.index("--out") + 1] = str(out)
+        assert main(argv) == 0
+        for f in [out / "manifest.json", *(out / "points").glob("*.json")]:
+            d = json.loads(f.read_text())
+            (d.get("conditions") or d).pop("prompts_per_concurrency")
+            f.write_text(json.dumps(d))
+        (out / "points" / "none_c1_r0.json").unlink()
+        assert main(argv) == 0  # resumes: the missing setting reads as 1
+        assert json.loads((out / "points" / "none_c1_r0.json").read_text())["completed"] == 2
+        assert "MIXED" not in (out / "report.md").read_text()
+        assert main(argv + ["--prompts-per-concurrency", "2"]) == 2
+        assert "prompts_per_concurrency (--prompts-per-concurrency): 1 -> 2" in capsys.readouterr().err
+
+
+def test_prompts_per_concurrency_refusals():
+    with pytest.raises(AdaspecError, match="--prompts-per-concurrency must be at least 1, got 0"):
+        sweep_config_from_args(_args(["bench", "sweep", "--model", "m", "--out", "o", "--prompts-per-concurrency", "0"]),
+                               log=print)
+    with pytest.raises(AdaspecError, match="drop --prompts-per-concurrency"):
+        sweep_config_from_args(_args(["bench", "sweep", "--model", "m", "--out", "o", "--load-phases", "1x2",
+                                      "--prompts-per-concurrency", "2"]), log=print)
