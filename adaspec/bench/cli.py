@@ -285,7 +285,8 @@ def sweep_config_from_args(args, log=print):
     return SweepConfig(
         out=Path(args.out), model=args.model, arms=arms, concurrency=concurrency, prompts=prompts,
         prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed, tokenizer),
-        num_prompts=num_prompts, prompts_per_concurrency=1 if phases else waves, repeats=args.repeats, load_phases=phases, drafter=args.drafter, base_urls=base_urls,
+        num_prompts=num_prompts, prompts_per_concurrency=1 if phases else waves, repeats=args.repeats,
+        load_phases=phases, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
         endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg + _tp_server_args(getattr(args, "tensor_parallel_size", None)),

@@ -19,6 +19,7 @@ SHARED = (
 )
 # Shown only when some point has a value (sweeps without a moving load have none).
 OPTIONAL = {"load_phases"}
+ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 # What a point written before a setting existed was measured with (read as that value, so old and
 # new points of one sweep do not look mixed).
 DEFAULTS = {"prompts_per_concurrency": 1}
@@ -26,7 +27,6 @@ DEFAULTS = {"prompts_per_concurrency": 1}
 
 def setting(conditions: dict, key: str):
     return conditions.get(key, DEFAULTS.get(key))
-ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 
 
 def _label(p: dict) -> str:

@@ -202,8 +202,8 @@ def save_blocks(path, runs: list[tuple[BlockResults, list | None]]) -> None:
     """Every block the walk reaches, per temperature, for replays of the adaptive policy over real
     per-request confidences (benchmarks/replay_policy.py --blocks): `T{t}_conf` [N, k] float16 the
     confidences the engine would see (the calibration temperatures applied, as propose() does),
-    `T{t}_accepted` [N] uint8 the accepted drafts. Small (a build's 250 prompts x 128 tokens at two
-    temperatures: ~30k blocks, under 0.5 MB compressed)."""
+    `T{t}_accepted` [N] uint8 the accepted drafts. Small: the walk reaches one block in tau_walk, so
+    a build's 250 prompts x 128 tokens give ~9-11k blocks per temperature, ~15 bytes each."""
     from adaspec.spec_decode.policy import apply_temperature
 
     arrays = {}
