@@ -247,26 +247,34 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
                 sampling: SamplingBatch, anchor_pos_host: list[int] | None = None,
-                return_logits: bool = False) -> DraftProposal:
+                return_logits: bool = False, width: int | None = None) -> DraftProposal:
         """return_logits: also stack the raw draft logits [R, k, V] (tests compare them with the
         training forward; the engine never reads them, and at a 150k vocabulary they are ~0.6 MB
-        per draft slot)."""
+        per draft slot). width: draft the first `width` slots only (see draft_block)."""
         if anchor_ids.shape[0] == 0:
             V, k = self.config.base.vocab_size, self.block_size
             z = torch.zeros(0, k, device=anchor_ids.device)
             return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
         h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches, anchor_pos_host)
-        return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits)
+        return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width)
 
-    def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False) -> DraftProposal:
+    def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False,
+                    width: int | None = None) -> DraftProposal:
         """The Markov loop and the confidences over backbone states h [R, k, d]; device work only.
-        sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, probs)."""
+        sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, probs).
+        width: the heads run for the first `width` slots only (an engine verifying at most k <
+        block_size drafts): slot j's draft and confidence depend on h[:, j] and the drafts before
+        it, never on later slots, so they are the full block's, for none of the later slots'
+        vocabulary projections and Markov steps (the backbone still runs on the whole block,
+        whose positions attend to each other)."""
+        if width is not None:
+            h = h[:, :width]
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
         toks, probs, logits, confs = [], [], [], []
         prev = anchor_ids
         base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
-        for j in range(self.block_size):  # k small rank-r matmuls: the semi-autoregressive part
+        for j in range(h.shape[1]):  # k small rank-r matmuls: the semi-autoregressive part
             lg, cl = self.heads(h[:, j], prev, base[:, j])
             if all_greedy:
                 tok = lg.argmax(-1)

@@ -157,7 +157,7 @@ class GraphedSpecStep:
         h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
         temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
         sampling = StaticSampling(temps, self.seeds[:b], all_greedy=self.greedy_drafts)
-        prop = self.drafter.draft_block(h, ids, anchors, sampling)
+        prop = self.drafter.draft_block(h, ids, anchors, sampling, width=k)  # heads for the k slots only
         self.drafts[:b].copy_(prop.tokens[:, :k])
         self.conf[:b].copy_(prop.confidences[:, :k])
         if self.draft_q is not None:

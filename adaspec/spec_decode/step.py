@@ -181,6 +181,7 @@ class SpeculativeDecoder:
         return self.drafter.propose(
             to_device(anchor_ids, dev, torch.int64), to_device(anchor_pos, dev, torch.int64), block_tables,
             self.engine.config.block_size, self.kv_caches, sampling, anchor_pos_host=list(anchor_pos),
+            width=self.num_spec_tokens,  # heads for the k slots verified at most (k < block_size: fixed k)
         )
 
     def forget(self, seq) -> None:

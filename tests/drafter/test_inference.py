@@ -43,7 +43,8 @@ def _setup(micro_qwen3, R=3, T=40, k=5):
     return drafter, cfg, ids, feats, cache
 
 
-def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=None, seeds=None, tables=None):
+def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=None, seeds=None, tables=None,
+             width=None):
     R = len(anchors)
     a = torch.tensor(anchors)
     params = [SamplingParams(temperature=0.0 if temperature is None else float(temperature[r]),
@@ -51,7 +52,7 @@ def _propose(drafter, cache, ids, anchors, temperature=None, top_p=None, top_k=N
                              top_k=0 if top_k is None else int(top_k[r])) for r in range(R)]
     sampling = SamplingBatch.build(params, seeds or list(range(R)), "cpu")
     return drafter.propose(ids[torch.arange(R), a], a, tables or cache.tables, BS, cache.caches, sampling,
-                           return_logits=True)
+                           return_logits=True, width=width)
 
 
 def _train_reference(drafter, ids, feats, anchors, tokens):
@@ -101,6 +102,25 @@ def test_sampled_rows_use_processed_probs_and_keyed_draws(micro_qwen3):
         torch.testing.assert_close(p1.probs[:, j], want)
         assert bool((p1.probs[torch.arange(3), j, p1.tokens[:, j]] > 0).all())  # drawn from the support
     assert int((p1.probs[2] > 0).sum(-1).max()) <= 5  # top-k applied
+
+
+def test_a_narrower_draft_is_the_full_blocks_first_slots(micro_qwen3):
+    """width=w (an engine verifying at most w < block_size drafts): the heads run for w slots, and
+    their drafts, q and confidences are the full block's first w, greedy and sampled rows alike."""
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
+    anchors = [10, 10, 10]
+    for r, a in enumerate(anchors):
+        cache.write(drafter, r, feats[0], list(range(a)))
+    temp, top_p, top_k = torch.tensor([0.0, 1.3, 0.8]), torch.tensor([1.0, 0.9, 1.0]), torch.tensor([0, 0, 5])
+    full = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, seeds=[4, 5, 6])
+    for w in (1, 3):
+        part = _propose(drafter, cache, ids, anchors, temp, top_p, top_k, seeds=[4, 5, 6], width=w)
+        assert part.tokens.shape == (3, w) and part.probs.shape[:2] == (3, w)
+        assert torch.equal(part.tokens, full.tokens[:, :w])
+        # equal up to the matmul's rounding (its blocking depends on the row count)
+        torch.testing.assert_close(part.probs, full.probs[:, :w], rtol=0, atol=1e-6)
+        torch.testing.assert_close(part.confidences, full.confidences[:, :w], rtol=0, atol=1e-6)
+        torch.testing.assert_close(part.logits, full.logits[:, :w], rtol=0, atol=1e-5)
 
 
 def test_rollback_and_block_scratch_slots(micro_qwen3):

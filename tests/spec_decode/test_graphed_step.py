@@ -110,6 +110,25 @@ def test_adaptive_graphs_capture_every_query_level(pair, tmp_path):
         assert llm.llm_engine.spec.graphed.levels == want
 
 
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_fixed_k_below_the_block_drafts_k_slots_only(pair, tmp_path, graphed):
+    """k = 3 with a block of 7: the drafter's heads (vocabulary projection, Markov steps) run for the
+    3 slots that can be verified, in the graphed and the eager step, and the tokens stay plain's."""
+    llm = _llm(pair, tmp_path, 3, False, graphed=graphed)
+    drafter = llm.llm_engine.spec.drafter
+    widths, inner = [], drafter.draft_block
+
+    def draft_block(*a, **kw):
+        prop = inner(*a, **kw)
+        widths.append(prop.tokens.shape[1])
+        return prop
+
+    drafter.draft_block = draft_block
+    out = llm.generate(_prompts(4), GREEDY)
+    assert widths and set(widths) == {3}
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in LLM(pair[0]).generate(_prompts(4), GREEDY)]
+
+
 def test_every_level_lets_the_policy_verify_three_drafts():
     """Cost tables shaped as the Qwen3-8B shape's on the H200 (run 17, 64 requests: verify ms by
     token rows, draft ms by requests) and run 16's acceptance curve: the objective's best budget is
