@@ -27,8 +27,10 @@ log = logging.getLogger("adaspec.profile")
 # Bump when a change to the engine's step changes what a step costs (the cached tables would then
 # price a step the engine no longer runs). 2: CUDA graphs, fused projections and pointwise ops,
 # the Triton paged kernel, pinned host-to-device copies. 3: the speculative step's own graphs
-# (propose; verify with accept; query-length levels).
-STEP_REVISION = 3
+# (propose; verify with accept; query-length levels). 4: the adaptive step's verify graphs at every
+# query length (a table entry now times the graph that length picks), and drafts of k < block_size
+# slots run k slots' heads only.
+STEP_REVISION = 4
 
 
 def default_cache_dir() -> Path:
