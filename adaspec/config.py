@@ -114,6 +114,14 @@ class SpeculativeConfig:
     # until measured on the real pair (BENCHMARKS.md, run 11): its first version (the tables scaled
     # by measured wall / priced ratios) chose plain steps at 16 requests where drafting made more
     adaptive_verification_step_costs: str = "tables"
+    # how many of the k slots the adaptive step drafts: all of them ("full"), or ("budget") the
+    # fewest of the graphed step's widths (about k/4, k/2, k) that hold every request's share of this
+    # step's budget when allocated by the old confidences (the same ones the budget came from, so
+    # the cap depends on no current draft: lossless); the vocabulary projection and Markov steps of
+    # the slots left out are saved. Opt-in until measured on a GPU (at 256 requests of the Qwen3-8B
+    # shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were verified,
+    # BENCHMARKS.md, run 17); the cost tables price every width as the full one.
+    adaptive_draft_width: str = "full"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -151,6 +159,8 @@ class SpeculativeConfig:
         if o != "measured" and (isinstance(o, bool) or not isinstance(o, (int, float)) or not o >= 0):
             raise ConfigError(f"adaptive_verification_step_overhead_ms must be a number of ms >= 0 or \"measured\", "
                               f"got {o!r}")
+        if c.adaptive_draft_width not in ("full", "budget"):
+            raise ConfigError(f"adaptive_draft_width must be \"full\" or \"budget\", got {c.adaptive_draft_width!r}")
         if c.adaptive_verification_step_costs not in ("measured", "tables"):
             raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\", got "
                               f"{c.adaptive_verification_step_costs!r}")

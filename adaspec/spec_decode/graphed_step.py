@@ -106,6 +106,10 @@ class GraphedSpecStep:
         self.width = -(-self.max_k // bs)
         self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(engine.config.max_num_seqs)
         self.levels = query_levels(self.k, every=self.adaptive)
+        # draft widths (slots whose heads the propose graph runs): k, or with adaptive_draft_width
+        # "budget" also about k/4 and k/2 (the policy picks the fewest that hold the step's budget)
+        narrow = self.adaptive and getattr(decoder.cfg, "adaptive_draft_width", "full") == "budget"
+        self.widths = sorted({q - 1 for q in query_levels(self.k) if q > 1}) if narrow else [self.k]
         # the Triton kernel on CUDA; its torch twin (same metadata) for the CPU tests
         self.backend = "triton" if engine.attention_backend == "triton" else "paged_torch"
         dev, k, bmax = engine.device, self.k, self.batch_sizes[-1]
@@ -139,13 +143,16 @@ class GraphedSpecStep:
         self._launched: list[tuple[int, "_SpecMirrors"]] = []  # (rows, mirrors) launched, oldest first
         self.num_read_backs = 0  # event waits for results (CUDA's sync debug mode does not see them)
         self.arange_block = torch.arange(bmax + 1, dtype=torch.int32, device=dev) * self.block
-        self.propose_graphs: dict[int, _Graph] = {}
+        self.propose_graphs: dict[tuple[int, int], _Graph] = {}  # (requests, draft width)
         self.verify_graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = None
 
     # -- the two captured functions --------------------------------------------------------------
-    def _propose(self, b: int) -> None:
+    def _propose(self, b: int, w: int | None = None) -> None:
+        """Draft w slots (default k) of b requests; the slots past w get NaN confidences (the host's
+        policy keeps its old ones for them) and are capped off by the limits."""
         blk, bs, k = self.block, self.block_size, self.k
+        w = k if w is None else w
         anchors, ids, bt = self.start[:b], self.last_tok[:b], self.block_tables[:b]
         pos = anchors[:, None] + torch.arange(blk, device=self.device)
         slots = (bt.gather(1, pos // bs).long() * bs + pos % bs).reshape(-1)
@@ -157,13 +164,15 @@ class GraphedSpecStep:
         h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
         temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
         sampling = StaticSampling(temps, self.seeds[:b], all_greedy=self.greedy_drafts)
-        prop = self.drafter.draft_block(h, ids, anchors, sampling, width=k)  # heads for the k slots only
-        self.drafts[:b].copy_(prop.tokens[:, :k])
-        self.conf[:b].copy_(prop.confidences[:, :k])
+        prop = self.drafter.draft_block(h, ids, anchors, sampling, width=w)  # heads for the w slots only
+        self.drafts[:b, :w].copy_(prop.tokens)
+        self.conf[:b, :w].copy_(prop.confidences)
+        if w < k:
+            self.conf[:b, w:].fill_(float("nan"))
         if self.draft_q is not None:
-            self.draft_q[:b].copy_(prop.probs[:, :k])
-        limits = self.slots[:b]
-        verified = allocate_torch(survival_torch(prop.confidences[:, :k]), self.budget, limits) if self.adaptive \
+            self.draft_q[:b, :w].copy_(prop.probs)
+        limits = self.slots[:b].clamp(max=w)  # the host capped them already; this keeps the graph safe
+        verified = allocate_torch(survival_torch(prop.confidences), self.budget, limits) if self.adaptive \
             else limits
         # padding requests (the host gave them nq = 0) keep no query tokens: a token more would
         # push the packed rows past the B*Q the verify graph was captured for
@@ -228,17 +237,19 @@ class GraphedSpecStep:
     def capture(self, eager: bool = False) -> None:
         if eager:
             for b in self.batch_sizes:
-                self.propose_graphs[b] = _Graph(None, None, lambda b=b: self._propose(b))
+                for w in self.widths:
+                    self.propose_graphs[(b, w)] = _Graph(None, None, lambda b=b, w=w: self._propose(b, w))
                 for q in self.levels:
                     self.verify_graphs[(b, q)] = _Graph(None, None, lambda b=b, q=q: self._verify(b, q))
             return
         t0 = time.perf_counter()
         held0 = device_memory_held(self.device)
         for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
-            jobs = [(b, None)] + [(b, q) for q in reversed(self.levels)]
-            for _, q in jobs:
-                fn = (lambda b=b: self._propose(b)) if q is None else (lambda b=b, q=q: self._verify(b, q))
-                self._dummy_inputs(b, q or self.k + 1)
+            jobs = [("propose", w) for w in reversed(self.widths)] + [("verify", q) for q in reversed(self.levels)]
+            for kind, n in jobs:
+                fn = (lambda b=b, w=n: self._propose(b, w)) if kind == "propose" else \
+                    (lambda b=b, q=n: self._verify(b, q))
+                self._dummy_inputs(b, self.k + 1 if kind == "propose" else n)
                 fn()  # warm-up: Triton and torch.compile compile, the allocator settles
                 torch.cuda.synchronize(self.device)
                 g = torch.cuda.CUDAGraph()
@@ -246,13 +257,14 @@ class GraphedSpecStep:
                     fn()
                 if self.pool is None:
                     self.pool = g.pool()
-                if q is None:
-                    self.propose_graphs[b] = _Graph(g, None)
+                if kind == "propose":
+                    self.propose_graphs[(b, n)] = _Graph(g, None)
                 else:
-                    self.verify_graphs[(b, q)] = _Graph(g, None)
+                    self.verify_graphs[(b, n)] = _Graph(g, None)
         used = (device_memory_held(self.device) - held0) / 2**20
         announce(f"captured {len(self.propose_graphs) + len(self.verify_graphs)} CUDA graphs of the speculative "
-                 f"step (requests {_ranges(self.batch_sizes)}: propose, and verify x query tokens {self.levels}) "
+                 f"step (requests {_ranges(self.batch_sizes)}: propose x draft slots {self.widths}, and verify x "
+                 f"query tokens {self.levels}) "
                  f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
 
     def release(self) -> int:
@@ -272,7 +284,8 @@ class GraphedSpecStep:
 
     @torch.inference_mode()
     def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
-               drafting: bool, budget: int | None, carried=None, first_tokens=None) -> None:
+               drafting: bool, budget: int | None, carried=None, first_tokens=None,
+               draft_width: int | None = None) -> None:
         """Fill the inputs (host arrays of the real requests), replay, and start the copy of the
         results to the host (read_back waits for it). slots: draft slots per request (0 when it
         does not draft). carried: (rows, rows of the previous launch, remaining) for requests whose
@@ -280,7 +293,8 @@ class GraphedSpecStep:
         from that step's carry on the device (last_tok and start hold stale values for them), and
         their draft slots are capped at remaining - 1 - that step's accepted drafts. first_tokens:
         (rows, rows of `tokens`, tokens on the device) for requests whose last token a prefill of
-        that step sampled (their positions are the host's)."""
+        that step sampled (their positions are the host's). draft_width: the draft slots to run (one
+        of self.widths; default k), with every request's slots already capped at it."""
         if len(self._launched) == 2:
             raise RuntimeError("a graphed step was launched while two launched ones were not read back: "
                                "their pinned mirrors may still be in flight")
@@ -314,7 +328,7 @@ class GraphedSpecStep:
             self._take_first_tokens(m, *first_tokens)
         m.copied.record()
         if drafting:
-            self.propose_graphs[b].replay()
+            self.propose_graphs[(b, self.k if draft_width is None else draft_width)].replay()
         self.verify_graphs[key].replay()
         m.readback[:n].copy_(self.readback[:n], non_blocking=True)
         m.read.record()
@@ -361,7 +375,7 @@ class GraphedSpecStep:
         """Profiler: a propose replay for num_requests dummy requests at context_len."""
         b = next(x for x in self.batch_sizes if x >= num_requests)
         self._fill_dummy(b, table, context_len, self.k)
-        self.propose_graphs[b].replay()
+        self.propose_graphs[(b, self.k)].replay()  # the full width: the tables price every width as it
 
     @torch.inference_mode()
     def time_verify(self, num_tokens: int, table: list[int], context_len: int) -> None:

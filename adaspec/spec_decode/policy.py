@@ -250,15 +250,27 @@ class AdaptiveBudget:
         return allocate(survival(current_conf), self.last_budget, limits)
 
     def observe(self, request_ids: Sequence[Hashable], conf: np.ndarray) -> None:
-        """Store this step's confidences [R, K] (K may be < k: the rest count as 1.0)."""
+        """Store this step's confidences [R, K] (K may be < k: the rest count as 1.0). NaN marks a
+        slot this step did not draft (a narrower draft, adaptive_draft_width "budget"): it keeps
+        the request's stored confidence, or takes the population's when there is none."""
         conf = np.asarray(conf, dtype=np.float64)
         new = np.ones((conf.shape[0], self.k))
         new[:, : min(self.k, conf.shape[1])] = conf[:, : self.k]
+        missing = np.isnan(new)
+        narrow = bool(missing.any())
         if len(new):  # from this step's confidences only (before the per-request EMA)
-            mean = new.mean(axis=0)
+            if narrow:  # per slot, over the requests that drafted it
+                seen = (~missing).sum(axis=0)
+                mean = np.where(missing, 0.0, new).sum(axis=0) / np.maximum(seen, 1)
+                mean = np.where(seen > 0, mean, np.nan if self.population is None else self.population)
+                mean = np.where(np.isnan(mean), 1.0, mean)
+            else:
+                mean = new.mean(axis=0)
             self.population = mean if self.population is None else 0.2 * mean + 0.8 * self.population
         rows = self._rows(request_ids, create=True)
         old = self._conf[rows]
+        if narrow:
+            new = np.where(missing, np.where(np.isnan(old), self.population[None, :], old), new)
         if self.ema_alpha is not None:
             new = np.where(np.isnan(old), new, self.ema_alpha * new + (1.0 - self.ema_alpha) * old)
         self._conf[rows] = new
@@ -536,6 +548,15 @@ class AdaptivePolicy:
             self._probe_next = True
             return True
         return False
+
+    def draft_width(self, request_ids, budget: int, limits, widths: Sequence[int]) -> int:
+        """The fewest of `widths` (ascending, the last = k) draft slots that hold every request's
+        share of `budget` when it is allocated by the stored (old) confidences, as the budget was:
+        a cap that depends on no current draft (lossless), so the step drafts only the slots it
+        can verify. The allocation by the current confidences may then give a request fewer."""
+        a = survival(self.budget.old_confidences(request_ids))
+        need = int(allocate(a, budget, limits).max()) if len(request_ids) else 0
+        return next((w for w in widths if w >= need), widths[-1])
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
         """B* for this step from the stored (old) confidences only, before any draft exists: the

@@ -393,16 +393,19 @@ class SpeculativeDecoder:
         seqs = [s.seq for s in scheduled]
         drafting = bool(drafted)
         slots = np.array([s.spec_slots if drafting else 0 for s in scheduled], dtype=np.int64)
-        budget = None
+        budget = width = None
         max_tokens = len(scheduled) + int(slots.sum())
         if drafting and self.cost_model is not None:
-            budget = self.policy.step_budget([q.request_id for q in seqs], int(sum(samples)),
-                                             sum(s.num_tokens for s in scheduled), slots)
-            max_tokens = min(max_tokens, len(scheduled) + budget)
+            ids = [q.request_id for q in seqs]
+            budget = self.policy.step_budget(ids, int(sum(samples)), sum(s.num_tokens for s in scheduled), slots)
+            if len(g.widths) > 1:  # adaptive_draft_width "budget": draft the slots the budget can use
+                width = self.policy.draft_width(ids, budget, slots, g.widths)
+                slots = np.minimum(slots, width)
+            max_tokens = min(len(scheduled) + int(slots.sum()), len(scheduled) + budget)
         key = g.pick(len(scheduled), max_tokens, drafting)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
-                 [q.block_table for q in seqs], drafting, budget, carried, first_tokens)
+                 [q.block_table for q in seqs], drafting, budget, carried, first_tokens, draft_width=width)
         launch_s = time.perf_counter() - t0
 
         def finish():

@@ -129,6 +129,46 @@ def test_a_fixed_k_below_the_block_drafts_k_slots_only(pair, tmp_path, graphed):
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in LLM(pair[0]).generate(_prompts(4), GREEDY)]
 
 
+def test_budget_draft_width_drafts_fewer_slots_and_keeps_plain_tokens(pair, plain_greedy, tmp_path):
+    """adaptive_draft_width "budget": the graphed step drafts the width the policy picks (here forced
+    to the narrowest, 2 of 7, every other step, and the policy's own pick in between), the slots
+    past it are never verified, the policy keeps its old confidences for them, and greedy decoding
+    still equals plain decoding."""
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path), "adaptive_draft_width": "budget"}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    spec = llm.llm_engine.spec
+    steps = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
+    assert steps.widths == [2, 4, 7]
+    steps.capture(eager=True)
+    assert set(steps.propose_graphs) == {(b, w) for b in (1, 2, 4, 6) for w in (2, 4, 7)}
+    spec.use_graphs(steps)
+    drafter, policy = spec.drafter, spec.policy
+    widths, picked = [], policy.draft_width
+    calls = iter(range(10**6))
+
+    def draft_width(ids, budget, limits, ws):
+        return ws[0] if next(calls) % 2 == 0 else picked(ids, budget, limits, ws)
+
+    def draft_block(*a, inner=drafter.draft_block, **kw):
+        prop = inner(*a, **kw)
+        widths.append(prop.tokens.shape[1])
+        return prop
+
+    policy.draft_width, drafter.draft_block = draft_width, draft_block
+    out = [o.outputs[0].token_ids for o in llm.generate(_prompts(), GREEDY)]
+    assert out == plain_greedy
+    assert 2 in widths and max(widths) > 2 and llm.llm_engine.stats.num_graphed_steps > 10
+    assert not np.isnan(policy.budget._conf).any()  # NaN slots never reach the stored confidences
+
+
+def test_adaptive_draft_width_refuses_other_values(pair):
+    from adaspec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match='adaptive_draft_width must be "full" or "budget", got .narrow.'):
+        LLM(pair[0], speculative_config={"model": pair[1], "adaptive_draft_width": "narrow"})
+
+
 def test_every_level_lets_the_policy_verify_three_drafts():
     """Cost tables shaped as the Qwen3-8B shape's on the H200 (run 17, 64 requests: verify ms by
     token rows, draft ms by requests) and run 16's acceptance curve: the objective's best budget is

@@ -212,3 +212,36 @@ def test_adaptive_budget_store_grows_and_reuses_rows_cleanly():
     ab.observe(["new"], np.array([[0.2, 0.2]]))  # reuses r5's row; shorter K pads with 1.0
     assert np.allclose(ab.last_conf["new"], [0.2, 0.2, 1.0])  # no EMA with the old occupant
     assert np.allclose(ab.old_confidences(["r5", "r6"]), [[1.0] * 3, conf[6]])
+
+
+@FAST
+@given(conf_matrix(max_r=5, max_k=7), st.data())
+def test_draft_width_holds_every_share_of_the_old_allocation(conf, data):
+    """adaptive_draft_width "budget": the fewest widths that hold each request's share of the budget
+    as the OLD confidences allocate it (brute force: the largest such share), k when none does."""
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    R, k = conf.shape
+    pol = AdaptivePolicy(_cost(), k)
+    ids = [f"r{i}" for i in range(R)]
+    pol.observe(ids, conf)
+    budget = data.draw(st.integers(0, R * k))
+    limits = np.array(data.draw(st.lists(st.integers(0, k), min_size=R, max_size=R)))
+    widths = sorted(set(data.draw(st.lists(st.integers(1, k), min_size=1, max_size=3))) | {k})
+    share = allocate(survival(conf), budget, limits)
+    assert np.array_equal(share, np.array([min(l, v) for l, v in zip(limits, share)]))
+    w = pol.draft_width(ids, budget, limits, widths)
+    assert w in widths and w >= share.max() and all(x < share.max() for x in widths if x < w)
+
+
+def test_observe_keeps_old_confidences_for_slots_not_drafted():
+    """NaN = a slot the step did not draft (a narrower draft): the request keeps what it had there,
+    a new request takes the population's, and the population moves on the drafted slots only."""
+    ab = AdaptiveBudget(_cost(), k=3)
+    ab.observe(["a", "b"], np.array([[0.9, 0.8, 0.7], [0.5, 0.4, 0.3]]))
+    pop = ab.population.copy()
+    ab.observe(["a", "c"], np.array([[0.6, np.nan, np.nan], [0.2, np.nan, np.nan]]))
+    assert np.allclose(ab.last_conf["a"], [0.6, 0.8, 0.7])
+    assert np.allclose(ab.last_conf["c"], [0.2, pop[1], pop[2]])
+    assert np.allclose(ab.population[1:], pop[1:]) and not np.isclose(ab.population[0], pop[0])
+    assert not np.isnan(ab.old_confidences(["a", "b", "c"])).any()
