@@ -1,6 +1,7 @@
 """Sweep arms: `none`, `fixed:K`, `adaptive:K`, `adaptive-measured:K` (adaptive verification whose
 draft-or-not choice uses the step costs measured on the running engine, spec_decode/step_costs.py),
-and the --speculative-config each one gets."""
+`adaptive-narrow:K` (adaptive verification drafting only the slots its budget can use:
+"adaptive_draft_width": "budget"), and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-_ARM = re.compile(r"^(none|(fixed|adaptive|adaptive-measured):(\d+))$")
+_ARM = re.compile(r"^(none|(fixed|adaptive|adaptive-measured|adaptive-narrow):(\d+))$")
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow")
 
 
 class ArmError(AdaspecError):
@@ -18,7 +20,7 @@ class ArmError(AdaspecError):
 @dataclass(frozen=True)
 class Arm:
     name: str  # as the user wrote it: "none", "fixed:7", "adaptive:7"
-    kind: str  # none | fixed | adaptive | adaptive-measured
+    kind: str  # none | fixed | one of ADAPTIVE_KINDS
     k: int = 0
 
     @property
@@ -32,10 +34,12 @@ class Arm:
         cfg: dict = {"method": "dspark", "num_speculative_tokens": self.k}
         if drafter:
             cfg["model"] = drafter
-        if self.kind in ("adaptive", "adaptive-measured"):
+        if self.kind in ADAPTIVE_KINDS:
             cfg["enable_adaptive_verification"] = True
         if self.kind == "adaptive-measured":
             cfg["adaptive_verification_step_costs"] = "measured"
+        if self.kind == "adaptive-narrow":
+            cfg["adaptive_draft_width"] = "budget"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -46,7 +50,8 @@ def parse_arm(text: str) -> Arm:
     t = text.strip()
     m = _ARM.match(t)
     if not m:
-        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K or adaptive-measured:K (K >= 1)")
+        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K or adaptive-narrow:K "
+                       "(K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

@@ -74,7 +74,7 @@ def _spec_arms(arms: list[str]) -> list[tuple[str, int]]:
     out = []
     for a in arms:
         kind, _, k = a.partition(":")
-        if kind in ("fixed", "adaptive", "adaptive-measured") and k.isdigit():
+        if kind in ("fixed", "adaptive", "adaptive-measured", "adaptive-narrow") and k.isdigit():
             out.append((a, int(k)))
     return out
 
