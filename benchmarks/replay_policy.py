@@ -48,16 +48,23 @@ def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> G
     return GraphPaddedCost(cost, graphed)
 
 
+def step_ms(cost: GraphPaddedCost, requests: int, tokens: int, drafting: bool = True) -> float:
+    """What a step of `tokens` query tokens over `requests` requests costs as the graphs pay it
+    (the padded verify), plus the draft pass when it drafts."""
+    verify = float(np.ravel(cost.verify_ms_for(requests, tokens))[0])
+    return verify + (float(cost.draft_ms(requests)) if drafting else 0.0)
+
+
 def fixed_rate(cost: GraphPaddedCost, survivals: np.ndarray, requests: int, slots: int) -> dict:
     """A drafting step that verifies `slots` drafts of every request."""
     tokens = requests * (1 + float(np.sum(survivals[:slots])))
-    ms = float(cost.draft_ms(requests)) + float(np.ravel(cost.verify_ms_for(requests, requests * (1 + slots)))[0])
+    ms = step_ms(cost, requests, requests * (1 + slots))
     return dict(slots=float(slots), tokens=tokens, ms=ms, rate=tokens / ms)
 
 
 def plain_rate(cost: GraphPaddedCost, requests: int) -> dict:
     """A step without drafts: one token per request, no drafter."""
-    ms = float(np.ravel(cost.verify_ms_for(requests, requests))[0])
+    ms = step_ms(cost, requests, requests, drafting=False)
     return dict(slots=0.0, tokens=float(requests), ms=ms, rate=requests / ms)
 
 
@@ -105,8 +112,7 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
         acc = accepted[draws]  # [steps, c]
         row = {"concurrency": c, "plain": plain_rate(padded_cost(cost, sizes, query_levels(k)), c)}
         for fk in fixed_ks:
-            priced = padded_cost(cost, sizes, query_levels(fk))
-            ms = float(cost.draft_ms(c)) + float(np.ravel(priced.verify_ms_for(c, c * (1 + fk)))[0])
+            ms = step_ms(padded_cost(cost, sizes, query_levels(fk)), c, c * (1 + fk))
             tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
             row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
         priced = padded_cost(cost, sizes, list(range(1, k + 2)))
@@ -116,7 +122,7 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
             b = choose_budget(surv, c, c, c, priced)
             lengths = allocate(surv, b)
             tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
-            ms += float(cost.draft_ms(c)) + float(np.ravel(priced.verify_ms_for(c, c + b))[0])
+            ms += step_ms(priced, c, c + b)
             slots += b / c
         row[f"adaptive:{k}"] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
         best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)

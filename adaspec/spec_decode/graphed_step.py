@@ -108,7 +108,7 @@ class GraphedSpecStep:
         self.levels = query_levels(self.k, every=self.adaptive)
         # draft widths (slots whose heads the propose graph runs): k, or with adaptive_draft_width
         # "budget" also about k/4 and k/2 (the policy picks the fewest that hold the step's budget)
-        narrow = self.adaptive and getattr(decoder.cfg, "adaptive_draft_width", "full") == "budget"
+        narrow = self.adaptive and decoder.cfg.adaptive_draft_width == "budget"
         self.widths = sorted({q - 1 for q in query_levels(self.k) if q > 1}) if narrow else [self.k]
         # the Triton kernel on CUDA; its torch twin (same metadata) for the CPU tests
         self.backend = "triton" if engine.attention_backend == "triton" else "paged_torch"

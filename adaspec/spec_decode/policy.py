@@ -259,11 +259,10 @@ class AdaptiveBudget:
         missing = np.isnan(new)
         narrow = bool(missing.any())
         if len(new):  # from this step's confidences only (before the per-request EMA)
-            if narrow:  # per slot, over the requests that drafted it
+            if narrow:  # per slot, over the requests that drafted it; a slot none drafted stays as it was
                 seen = (~missing).sum(axis=0)
-                mean = np.where(missing, 0.0, new).sum(axis=0) / np.maximum(seen, 1)
-                mean = np.where(seen > 0, mean, np.nan if self.population is None else self.population)
-                mean = np.where(np.isnan(mean), 1.0, mean)
+                was = np.ones(self.k) if self.population is None else self.population
+                mean = np.where(seen > 0, np.where(missing, 0.0, new).sum(axis=0) / np.maximum(seen, 1), was)
             else:
                 mean = new.mean(axis=0)
             self.population = mean if self.population is None else 0.2 * mean + 0.8 * self.population
