@@ -120,7 +120,8 @@ class SpeculativeConfig:
     # the cap depends on no current draft: lossless); the vocabulary projection and Markov steps of
     # the slots left out are saved. Opt-in until measured on a GPU (at 256 requests of the Qwen3-8B
     # shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were verified,
-    # BENCHMARKS.md, run 17); the cost tables price every width as the full one.
+    # BENCHMARKS.md, run 17); the cost tables then time every width's propose graph, and the policy
+    # prices each candidate budget with the narrowest draft that holds it (policy.slots_needed).
     adaptive_draft_width: str = "full"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5

@@ -10,8 +10,9 @@ asks what the policy's objective (spec_decode/policy.py: budget_objective, price
 graphed_step.GraphPaddedCost as the engine prices it) chooses, and what each fixed k and a plain
 step would make under the same tables. Prefill chunks, host time between steps and probes are not
 modelled: the replay explains the decode steps' choice, the sweep measures the whole run. Every
-drafting arm is priced with the adaptive arm's draft table (its k positions): a fixed arm with fewer
-drafts runs a cheaper drafter than priced.
+drafting arm is priced with the chosen adaptive arm's draft tables: the full draft (k slots), or for
+an adaptive-narrow arm's tables (--arm adaptive-narrow:K) the narrowest profiled draft that holds the
+slots a step verifies per request (fixed k included: its step drafts k slots).
 
 With --blocks (a build's drafter/heldout_blocks.npz: every block the held-out decoding walk reaches,
 its calibrated confidences and accepted drafts) the requests differ as real ones do: each step draws
@@ -39,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
-from adaspec.spec_decode.policy import allocate, budget_objective, choose_budget, survival  # noqa: E402
+from adaspec.spec_decode.policy import (  # noqa: E402
+    allocate, budget_objective, choose_budget, step_draft_ms, survival,
+)
 
 
 def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> GraphPaddedCost:
@@ -48,17 +51,20 @@ def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> G
     return GraphPaddedCost(cost, graphed)
 
 
-def step_ms(cost: GraphPaddedCost, requests: int, tokens: int, drafting: bool = True) -> float:
+def step_ms(cost: GraphPaddedCost, requests: int, tokens: int, drafting: bool = True, need: int | None = None) -> float:
     """What a step of `tokens` query tokens over `requests` requests costs as the graphs pay it
-    (the padded verify), plus the draft pass when it drafts."""
+    (the padded verify), plus the draft pass when it drafts: of `need` slots per request where the
+    tables price narrower drafts (an adaptive-narrow arm's), else the full draft."""
     verify = float(np.ravel(cost.verify_ms_for(requests, tokens))[0])
-    return verify + (float(cost.draft_ms(requests)) if drafting else 0.0)
+    if not drafting:
+        return verify
+    return verify + (float(cost.draft_ms(requests)) if need is None else float(step_draft_ms(cost, requests, np.array([need]))[0]))
 
 
 def fixed_rate(cost: GraphPaddedCost, survivals: np.ndarray, requests: int, slots: int) -> dict:
     """A drafting step that verifies `slots` drafts of every request."""
     tokens = requests * (1 + float(np.sum(survivals[:slots])))
-    ms = step_ms(cost, requests, requests * (1 + slots))
+    ms = step_ms(cost, requests, requests * (1 + slots), need=slots)
     return dict(slots=float(slots), tokens=tokens, ms=ms, rate=tokens / ms)
 
 
@@ -112,7 +118,7 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
         acc = accepted[draws]  # [steps, c]
         row = {"concurrency": c, "plain": plain_rate(padded_cost(cost, sizes, query_levels(k)), c)}
         for fk in fixed_ks:
-            ms = step_ms(padded_cost(cost, sizes, query_levels(fk)), c, c * (1 + fk))
+            ms = step_ms(padded_cost(cost, sizes, query_levels(fk)), c, c * (1 + fk), need=fk)
             tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
             row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
         priced = padded_cost(cost, sizes, list(range(1, k + 2)))
@@ -122,7 +128,7 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
             b = choose_budget(surv, c, c, c, priced)
             lengths = allocate(surv, b)
             tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
-            ms += step_ms(priced, c, c + b)
+            ms += step_ms(priced, c, c + b, need=int(lengths.max()) if b else 0)
             slots += b / c
         row[f"adaptive:{k}"] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
         best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)

@@ -19,7 +19,7 @@ import os
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -121,7 +121,10 @@ class CostTable:
 @dataclass
 class CostModel:
     verify: CostTable  # by number of tokens in the target forward
-    draft: CostTable  # by number of requests drafting
+    draft: CostTable  # by number of requests drafting, all k slots (the full draft)
+    # narrower drafts (adaptive_draft_width "budget"): draft width -> cost by requests, for the widths
+    # below k that the graphed step captured; empty: every draft is priced as the full one
+    draft_narrow: dict[int, CostTable] = field(default_factory=dict)
 
     def verify_ms(self, n_tokens):
         return self.verify.lookup(n_tokens)
@@ -129,17 +132,38 @@ class CostModel:
     def draft_ms(self, n_requests):
         return self.draft.lookup(n_requests)
 
+    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
+        """The draft cost of n_requests when the step must draft ``need`` slots per request (an
+        array, e.g. one entry per candidate budget): the narrowest profiled width holding it, the
+        full draft where none does."""
+        need = np.asarray(need, dtype=np.int64)
+        out = np.full(need.shape, float(self.draft.lookup(n_requests)))
+        for w in sorted(self.draft_narrow, reverse=True):  # the narrowest that holds `need` ends up written
+            out = np.where(need <= w, float(self.draft_narrow[w].lookup(n_requests)), out)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
+        d = {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
+        if self.draft_narrow:
+            d["draft_narrow"] = {str(w): t.to_dict() for w, t in sorted(self.draft_narrow.items())}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
-        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]))
+        narrow = {int(w): CostTable.from_dict(t) for w, t in (d.get("draft_narrow") or {}).items()}
+        if any(w < 1 for w in narrow):
+            raise ValueError(f"draft widths must be >= 1, got {sorted(narrow)}")
+        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]), narrow)
+
+    def tables(self) -> list[tuple[str, CostTable, str]]:
+        """(name, table, unit) of every table, the narrow drafts after the full one."""
+        out = [("verify", self.verify, "tokens"), ("draft", self.draft, "requests")]
+        return out + [(f"draft of {w} slots", t, "requests") for w, t in sorted(self.draft_narrow.items())]
 
     def describe(self) -> str:
         """Human-readable tables (for ``adaspec profile``)."""
         lines = []
-        for name, t, unit in (("verify", self.verify, "tokens"), ("draft", self.draft, "requests")):
+        for name, t, unit in self.tables():
             lines.append(f"{name} cost (capture limit: {t.capture_limit})")
             lines.append(f"  {unit:>10}  {'ms':>10}")
             lines += [f"  {int(s):>10}  {m:>10.3f}" for s, m in zip(t.sizes, t.ms)]
@@ -220,20 +244,29 @@ def profile(
     sync: Callable[[], None] | None = None,
     verify_capture_limit: int | None = None,
     draft_capture_limit: int | None = None,
+    fn_draft_width: Callable[[int, int], None] | None = None,
+    narrow_widths: Sequence[int] = (),
 ) -> CostModel:
     """Time dummy steps; each shape's cost is the median of ``repeats`` runs (ms).
 
     ``sync`` (e.g. torch.cuda.synchronize) brackets every timed run so that asynchronous
     devices are measured, not just kernel launches. ``fn_draft=None`` gives a zero draft table.
+    ``fn_draft_width(n, w)`` drafts w slots for n requests: timed over ``draft_sizes`` for every
+    width in ``narrow_widths`` (those below k; ``fn_draft`` times the full width).
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     verify = _time_table(fn_verify, list(verify_sizes), repeats, warmup, timer, sync, verify_capture_limit)
     if fn_draft is None:
-        draft = CostTable([1], [0.0], None)
-    else:
-        draft = _time_table(fn_draft, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
-    return CostModel(verify, draft)
+        return CostModel(verify, CostTable([1], [0.0], None))
+    draft = _time_table(fn_draft, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
+    narrow = {}
+    if narrow_widths and fn_draft_width is None:
+        raise ValueError("narrow_widths given without fn_draft_width")
+    for w in sorted({int(w) for w in narrow_widths}):
+        narrow[w] = _time_table(lambda n, w=w: fn_draft_width(n, w), list(draft_sizes), repeats, warmup, timer,
+                                sync, draft_capture_limit)
+    return CostModel(verify, draft, narrow)
 
 
 # -- disk cache -----------------------------------------------------------------------------
@@ -315,17 +348,27 @@ def plot_cost_model(model: CostModel, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (name, t, unit) in zip(axes, (("verify", model.verify, "tokens"), ("draft", model.draft, "requests"))):
-        xs = np.arange(1, int(t.sizes[-1]) + 1)
-        ax.plot(xs, t.lookup(xs), lw=1, label="lookup")
-        ax.plot(t.sizes, t.ms, "o", ms=3, label="profiled (median)")
-        if t.capture_limit is not None:
-            ax.axvline(t.capture_limit, ls="--", c="gray", lw=1, label="capture limit")
-        ax.set_xscale("log")
-        ax.set_xlabel(unit)
-        ax.set_ylabel("ms")
-        ax.set_title(f"{name} cost")
-        ax.legend()
+    by_axis = [[("verify", model.verify, "tokens")], [row for row in model.tables() if row[0] != "verify"]]
+    for ax, rows in zip(axes, by_axis):
+        for name, t, unit in rows:
+            _plot_table(ax, name, t, unit, label=len(rows) > 1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_table(ax, name: str, t: CostTable, unit: str, label: bool) -> None:
+    """One table's lookup curve and profiled points; ``label``: several tables share the axis."""
+    xs = np.arange(1, int(t.sizes[-1]) + 1)
+    prefix = f"{name}: " if label else ""
+    line, = ax.plot(xs, t.lookup(xs), lw=1, label=f"{prefix}lookup")
+    ax.plot(t.sizes, t.ms, "o", ms=3, c=line.get_color(), label=f"{prefix}profiled (median)")
+    if t.capture_limit is not None:
+        ax.axvline(t.capture_limit, ls="--", c="gray", lw=1, label="capture limit")
+    ax.set_xscale("log")
+    ax.set_xlabel(unit)
+    ax.set_ylabel("ms")
+    ax.set_title("draft cost" if label else f"{name} cost")
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))  # the capture limit once, however many tables drew it
+    ax.legend(seen.values(), seen.keys(), fontsize="small")

@@ -371,11 +371,13 @@ class GraphedSpecStep:
         return m.readback[:n].numpy().copy()  # the pinned mirror is rewritten by a later launch
 
     @torch.inference_mode()
-    def time_draft(self, num_requests: int, table: list[int], context_len: int) -> None:
-        """Profiler: a propose replay for num_requests dummy requests at context_len."""
+    def time_draft(self, num_requests: int, table: list[int], context_len: int, width: int | None = None) -> None:
+        """Profiler: a propose replay for num_requests dummy requests at context_len, drafting
+        `width` slots (one of self.widths; default k, the full draft)."""
         b = next(x for x in self.batch_sizes if x >= num_requests)
-        self._fill_dummy(b, table, context_len, self.k)
-        self.propose_graphs[(b, self.k)].replay()  # the full width: the tables price every width as it
+        w = self.k if width is None else width
+        self._fill_dummy(b, table, context_len, w)
+        self.propose_graphs[(b, w)].replay()
 
     @torch.inference_mode()
     def time_verify(self, num_tokens: int, table: list[int], context_len: int) -> None:
@@ -441,6 +443,11 @@ class GraphPaddedCost:
 
     def draft_ms(self, n_requests):
         return self.cost.draft_ms(n_requests)
+
+    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
+        from adaspec.spec_decode.policy import step_draft_ms
+
+        return step_draft_ms(self.cost, n_requests, need)
 
     def verify_ms(self, n_tokens):
         return self.cost.verify_ms(n_tokens)

@@ -3,6 +3,10 @@
 Objective (VERIFY.md): with survivals ``a_{r,j} = prod_{i<=j} c_{r,i}``,
     B* = argmax_{B=0..Bmax} (n_sampling + sum of the B largest a) / (draft_ms(R) + verify_ms(T + B))
 (ties to the smaller B), then ``l_r`` = number of r's slots among the B* largest survivals.
+With narrow-draft tables (adaptive_draft_width "budget") draft_ms(R) is the cost of the narrowest
+profiled draft that holds the most slots any request gets among the B largest (slots_needed): what
+the graphed step then drafts. Steps that run eagerly (prefill chunks riding along, logprobs) draft
+all k slots, so for them that price is low; they are a minority of decode steps.
 The draft cost sits in EVERY candidate's denominator, B = 0 included: when B* = 0 is chosen
 the drafts are thrown away but they were already paid for, so the ratio that B = 0 competes
 with is the honest one for a step in which drafting happened. (Skipping the drafter entirely
@@ -103,12 +107,35 @@ def _vec(fn, x: np.ndarray) -> np.ndarray:
 def budget_objective(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
                      cost: Any, max_budget: int | None = None) -> np.ndarray:
     """Ratio (expected tokens / step ms) for every B = 0..Bmax, as an array of length Bmax+1."""
-    flat = np.sort(np.asarray(survivals, dtype=np.float64).ravel())[::-1]
+    a = np.asarray(survivals, dtype=np.float64)
+    order = np.argsort(-a.ravel(), kind="stable")  # allocate's order: survival desc, then flat index
+    flat = a.ravel()[order]
     bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
     gain = n_sampling + np.concatenate(([0.0], np.cumsum(flat[:bmax])))
     b = np.arange(bmax + 1)
-    den = float(cost.draft_ms(num_requests)) + step_verify_ms(cost, num_requests, base_tokens + b)
+    den = step_draft_ms(cost, num_requests, slots_needed(a, order, bmax)) + step_verify_ms(cost, num_requests,
+                                                                                         base_tokens + b)
     return gain / np.maximum(den, 1e-12)
+
+
+def slots_needed(survivals: np.ndarray, order: np.ndarray, bmax: int) -> np.ndarray:
+    """For B = 0..bmax: the most slots any one request gets when the B best survivals are allocated
+    (allocate's order), i.e. how wide a draft a budget of B needs. Slots of survival 0 (past a
+    request's limit, or worthless) are not counted: they add nothing to the objective's gain."""
+    K = survivals.shape[-1] if survivals.ndim == 2 else 1
+    first = order[:bmax]
+    depth = np.where(survivals.ravel()[first] > 0, first % K + 1, 0)
+    return np.concatenate(([0], np.maximum.accumulate(depth))) if bmax else np.zeros(1, np.int64)
+
+
+def step_draft_ms(cost: Any, num_requests: int, need: np.ndarray) -> np.ndarray:
+    """draft_ms of num_requests for each entry of `need` (slots per request the step must draft):
+    a cost model with narrow-draft tables (cost_model.CostModel.draft_ms_width) prices the width
+    that holds it; any other prices the full draft."""
+    per_width = getattr(cost, "draft_ms_width", None)
+    if per_width is not None:
+        return np.asarray(per_width(num_requests, need), dtype=np.float64)
+    return np.full(np.shape(need), float(cost.draft_ms(num_requests)))
 
 
 def step_verify_ms(cost: Any, num_requests: int, tokens):
@@ -361,7 +388,8 @@ class AdaptivePolicy:
         self.skipped_in_a_row = 0
         self.drafted_in_a_row = 0
         self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
-        self._planned: tuple[int, int, int | None] | None = None  # (requests, base tokens, B or None: no drafts)
+        # (requests, base tokens, B or None: no drafts, draft width: slots per request drafted)
+        self._planned: tuple[int, int, int | None, int] | None = None
         self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
         self._started: float | None = None  # when the running step started (step_started)
         self._open: list | None = None  # [kind, requests, start, tokens or None] of the step being timed
@@ -369,14 +397,15 @@ class AdaptivePolicy:
         # (kind, bucket) -> (steps explored ahead of schedule, step_costs.num_observed at the first)
         self._explored: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None) -> float:
-        """What the tables say a step of this shape costs (drafting when budget is not None)."""
+    def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None, width: int) -> float:
+        """What the tables say a step of this shape costs (drafting `width` slots per request when
+        budget is not None)."""
         ms = float(np.ravel(step_verify_ms(self.tables, num_requests, base_tokens + (budget or 0)))[0])
-        return ms + (float(self.tables.draft_ms(num_requests)) if budget is not None else 0.0)
+        return ms + (float(step_draft_ms(self.tables, num_requests, np.array([width]))[0]) if budget is not None else 0.0)
 
     def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True,
                    tokens: int | None = None) -> None:
-        self._planned = (num_requests, base_tokens, budget)
+        self._planned = (num_requests, base_tokens, budget, self.budget.k)
         self._open = None
         # decode steps only: a step with prefill chunks emits few tokens for its time whichever kind
         # it is, and the two kinds meet them in different phases (in H200 run 11 the plain steps
@@ -555,7 +584,10 @@ class AdaptivePolicy:
         can verify. The allocation by the current confidences may then give a request fewer."""
         a = survival(self.budget.old_confidences(request_ids))
         need = int(allocate(a, budget, limits).max()) if len(request_ids) else 0
-        return next((w for w in widths if w >= need), widths[-1])
+        width = next((w for w in widths if w >= need), widths[-1])
+        if self._planned is not None:  # step_budget planned this step: it drafts `width` slots
+            self._planned = self._planned[:3] + (width,)
+        return width
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
         """B* for this step from the stored (old) confidences only, before any draft exists: the

@@ -57,7 +57,8 @@ def _dummy_steps(engine, decoder):
 
     g = decoder.graphed
     if g is not None:  # price what the step runs: the graphs (their accept part included)
-        return (lambda n: g.time_verify(n, table, ctx)), (lambda n: g.time_draft(n, table, ctx)), ctx
+        return (lambda n: g.time_verify(n, table, ctx)), (lambda n: g.time_draft(n, table, ctx)), \
+            (lambda n, w: g.time_draft(n, table, ctx, width=w)), ctx
 
     def verify(n_tokens: int) -> None:
         items, left = [], n_tokens
@@ -73,13 +74,15 @@ def _dummy_steps(engine, decoder):
         seqs = [_DummySeq(f"profile-{i}", params) for i in range(n_requests)]
         decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests)
 
-    return verify, draft, ctx
+    return verify, draft, None, ctx  # the eager step drafts every slot: no narrow widths
 
 
 def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:
     cfg = engine.config
     k = decoder.num_spec_tokens
-    verify_fn, draft_fn, ctx = _dummy_steps(engine, decoder)
+    verify_fn, draft_fn, draft_width_fn, ctx = _dummy_steps(engine, decoder)
+    # adaptive_draft_width "budget": the graphed step's narrower drafts get tables of their own
+    narrow = [w for w in decoder.graphed.widths if w < k] if decoder.graphed is not None else []
     max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (k + 1))
     device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
     key = default_cache_key(
@@ -88,7 +91,7 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size, k=k, context_len=ctx,
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
         cuda_graphs=engine.use_cuda_graphs, step_revision=STEP_REVISION,
-        tensor_parallel_size=cfg.tensor_parallel_size,
+        tensor_parallel_size=cfg.tensor_parallel_size, draft_widths=narrow,
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()
@@ -97,19 +100,21 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
 
     def run_profile() -> CostModel:
         vgrid, dgrid, repeats = verify_grid(max_tokens), draft_grid(cfg.max_num_seqs), decoder.cfg.profile_repeats
-        announce(f"profiling the adaptive policy's cost tables: {len(vgrid) + len(dgrid)} shapes x {repeats} runs"
-                 f"{where}")
+        shapes = len(vgrid) + len(dgrid) * (1 + len(narrow))
+        announce(f"profiling the adaptive policy's cost tables: {shapes} shapes x {repeats} runs"
+                 + (f" (drafts of {', '.join(map(str, narrow))} and {k} slots)" if narrow else "") + where)
         warmup = 1
-        with progress_bar((len(vgrid) + len(dgrid)) * (repeats + warmup), "cost tables") as bar:
+        with progress_bar(shapes * (repeats + warmup), "cost tables") as bar:
             def counted(fn):
-                def run(n: int) -> None:
-                    fn(n)
+                def run(*shape: int) -> None:
+                    fn(*shape)
                     bar.update(1)
                 return run
 
             with torch.inference_mode():
                 model = profile(counted(verify_fn), counted(draft_fn), vgrid, dgrid, repeats=repeats, warmup=warmup,
-                                sync=sync)
+                                sync=sync, fn_draft_width=counted(draft_width_fn) if narrow else None,
+                                narrow_widths=narrow)
         profiled.append(True)
         return model
 

@@ -53,6 +53,11 @@ class OverheadCost:
     def draft_ms(self, n_requests):
         return self.cost.draft_ms(n_requests)
 
+    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
+        from adaspec.spec_decode.policy import step_draft_ms
+
+        return step_draft_ms(self.cost, n_requests, need)
+
     def verify_ms(self, n_tokens):
         return np.asarray(self.cost.verify_ms(n_tokens), dtype=np.float64) + self.overhead.value
 

@@ -91,3 +91,25 @@ def test_replay_over_blocks_refuses_a_missing_temperature(replay, tmp_path):
     p = _blocks(tmp_path, np.ones((4, 7)) * 0.5, [1, 2, 3, 4])
     with pytest.raises(SystemExit, match="no blocks at temperature 1"):
         replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--temperature", "1"])
+
+
+def test_an_adaptive_narrow_arms_tables_price_each_step_by_the_draft_it_needs(replay, tmp_path):
+    """An adaptive-narrow arm's tables carry narrow drafts: fixed:3 is priced with the 4-slot draft
+    (the narrowest that holds 3), fixed:7 with the full one, and the adaptive step with the draft its
+    allocation needs; the full arm's tables price every drafting step with the full draft."""
+    narrow = {**TABLES, "draft_narrow": {"2": {"sizes": [1, 64], "ms": [0.3, 0.6]},
+                                         "4": {"sizes": [1, 64], "ms": [0.5, 1.2]}}}
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {"concurrency": "64", "synthetic_acceptance": CURVE},
+                             "cost_tables": {"adaptive:7": TABLES, "adaptive-narrow:7": narrow}}))
+    out = tmp_path / "rows.json"
+    rows = {}
+    for arm in ("adaptive:7", "adaptive-narrow:7"):
+        assert replay.main([str(p), "--arm", arm, "--levels", "1,2,3,4,5,6,7,8", "--json", str(out)]) == 0
+        rows[arm] = json.loads(out.read_text())["rows"][0]
+    full, thin = rows["adaptive:7"], rows["adaptive-narrow:7"]
+    verify = {256: 9.45, 512: 16.67}
+    assert full["fixed:3"]["ms"] == pytest.approx(verify[256] + 2.38) and thin["fixed:3"]["ms"] == pytest.approx(verify[256] + 1.2)
+    assert thin["fixed:7"]["ms"] == pytest.approx(full["fixed:7"]["ms"]) == pytest.approx(verify[512] + 2.38)
+    a_full, a_thin = full["adaptive:7 levels 1,2,3,4,5,6,7,8"], thin["adaptive:7 levels 1,2,3,4,5,6,7,8"]
+    assert a_thin["rate"] > a_full["rate"] and a_thin["slots"] <= 4

@@ -148,3 +148,36 @@ def test_describe_and_plot(tmp_path):
     out = tmp_path / "cost.png"
     plot_cost_model(m, out)
     assert out.stat().st_size > 1000
+
+
+def test_profile_times_every_narrow_width_over_the_draft_grid():
+    """adaptive_draft_width "budget": each width below k gets its own table, timed by the width's
+    own draft function (here a fake clock: w slots cost w ms per request)."""
+    clock = {"t": 0.0}
+    seen = []
+
+    def draft_width(n, w):
+        seen.append((n, w))
+        clock["t"] += w * n / 1e3
+
+    m = profile(lambda n: None, lambda n: draft_width(n, 7), [1], [1, 4], repeats=2, warmup=1,
+                timer=lambda: clock["t"], fn_draft_width=draft_width, narrow_widths=[4, 2])
+    assert sorted(m.draft_narrow) == [2, 4] and sorted(set(seen)) == [(1, 2), (1, 4), (1, 7), (4, 2), (4, 4), (4, 7)]
+    assert m.draft_narrow[2].ms.tolist() == pytest.approx([2.0, 8.0]) and m.draft.ms.tolist() == pytest.approx([7.0, 28.0])
+    assert m.draft_ms_width(4, [0, 1, 2, 3, 4, 5, 7]).tolist() == pytest.approx([8, 8, 8, 16, 16, 28, 28])
+    with pytest.raises(ValueError, match="narrow_widths given without fn_draft_width"):
+        profile(lambda n: None, lambda n: None, [1], [1], narrow_widths=[2])
+
+
+def test_narrow_tables_round_trip_and_old_files_still_load(tmp_path):
+    m = CostModel(_model().verify, _model().draft, {2: CostTable([1, 8], [0.1, 0.2]), 4: CostTable([1, 8], [0.3, 0.4])})
+    back = CostModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert sorted(back.draft_narrow) == [2, 4] and back.draft_narrow[4].ms.tolist() == [0.3, 0.4]
+    assert "draft of 2 slots cost" in m.describe()
+    old = _model().to_dict()
+    assert "draft_narrow" not in old and CostModel.from_dict(old).draft_narrow == {}
+    assert CostModel.from_dict(old).draft_ms_width(8, [0, 7]).tolist() == [0.9, 0.9]  # every width as the full one
+    with pytest.raises(ValueError, match="draft widths must be >= 1"):
+        CostModel.from_dict({**old, "draft_narrow": {"0": {"sizes": [1], "ms": [0.1]}}})
+    plot_cost_model(m, tmp_path / "narrow.png")
+    assert (tmp_path / "narrow.png").stat().st_size > 1000

@@ -234,6 +234,72 @@ def test_draft_width_holds_every_share_of_the_old_allocation(conf, data):
     assert w in widths and w >= share.max() and all(x < share.max() for x in widths if x < w)
 
 
+@st.composite
+def narrow_cost_model(draw, k):
+    """A cost model whose drafts of fewer slots have tables of their own (cheaper or not: the
+    policy must price whatever was profiled)."""
+    base = draw(cost_model(max_tokens=60))
+    widths = sorted(draw(st.sets(st.integers(1, k - 1), max_size=3))) if k > 1 else []
+    narrow = {w: CostTable([1, 8], sorted(draw(st.lists(st.floats(0.0, 6.0), min_size=2, max_size=2))))
+              for w in widths}
+    return CostModel(base.verify, base.draft, narrow)
+
+
+@FAST
+@given(conf_matrix(max_r=5, max_k=7), st.data())
+def test_objective_prices_the_draft_width_each_budget_needs(conf, data):
+    """With narrow-draft tables, the objective at every B charges the narrowest profiled draft that
+    holds the largest per-request share of B (brute force: allocate, then look the width up), and
+    the budget the policy picks is the smallest maximizer; its width is the one draft_width picks."""
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    R, k = conf.shape
+    cost = data.draw(narrow_cost_model(k))
+    limits = np.array(data.draw(st.lists(st.integers(0, k), min_size=R, max_size=R)))
+    n_sampling, base = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 6))
+    a = np.where(np.arange(k)[None, :] < limits[:, None], survival(conf), 0.0)
+    positive = int((a > 0).sum())
+    expected = []
+    for b in range(R * k + 1):
+        share = allocate(survival(conf), min(b, positive), limits)
+        need = int(share.max()) if b else 0
+        width = min((w for w in cost.draft_narrow if w >= need), default=None)
+        draft = cost.draft_narrow[width].lookup(R) if width is not None else cost.draft_ms(R)
+        gain = n_sampling + float(np.sort(a.ravel())[::-1][:b].sum())
+        expected.append(gain / (draft + cost.verify_ms(base + b)))
+    obj = budget_objective(a, n_sampling, base, R, cost)
+    assert np.allclose(obj, expected, rtol=1e-9, atol=1e-12)
+    b = choose_budget(a, n_sampling, base, R, cost)
+    assert obj[b] == obj.max() and (obj[:b] < obj[b]).all()
+    pol = AdaptivePolicy(cost, k)
+    ids = [f"r{i}" for i in range(R)]
+    pol.observe(ids, conf)
+    widths = sorted(cost.draft_narrow) + [k]
+    w = pol.draft_width(ids, b, limits, widths)
+    share = allocate(survival(conf), b, limits)
+    assert w == min(x for x in widths if x >= (share.max() if b else 0))
+
+
+def test_a_cheap_narrow_draft_makes_drafting_pay_where_the_full_one_does_not():
+    """At a load where the full draft costs more than it yields, the narrow tables let the policy draft
+    2 slots: from the tables alone, with old confidences."""
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    verify = CostTable([1, 64, 128, 256], [1.0, 2.0, 2.6, 5.0])
+    full = CostModel(verify, CostTable([1, 64], [0.5, 3.0]))
+    narrow = CostModel(verify, full.draft, {2: CostTable([1, 64], [0.2, 0.6])})
+    ids = [f"r{i}" for i in range(64)]
+    conf = np.tile([0.9, 0.8, 0.2, 0.2, 0.1, 0.1, 0.1], (64, 1))
+    decisions = []
+    for cost in (full, narrow):
+        pol = AdaptivePolicy(cost, 7)
+        pol.observe(ids, conf)
+        decisions.append(pol.should_draft(ids, 64, 64, np.full(64, 7)))
+    assert decisions == [False, True]
+    b = pol.step_budget(ids, 64, 64, np.full(64, 7))
+    assert pol.draft_width(ids, b, np.full(64, 7), [2, 4, 7]) == 2 and 64 <= b <= 128
+
+
 def test_observe_keeps_old_confidences_for_slots_not_drafted():
     """NaN = a slot the step did not draft (a narrower draft): the request keeps what it had there,
     a new request takes the population's, and the population moves on the drafted slots only."""

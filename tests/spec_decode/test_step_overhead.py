@@ -85,6 +85,28 @@ def test_policy_measures_the_overhead_of_the_steps_it_planned():
         np.ones((2, 4)), 2, 2, 2, OverheadCost(tables, StepOverhead(7.0)))
 
 
+class NarrowTables(Tables):
+    """Drafts of at most 2 slots cost 0.25 ms (cost_model.CostModel.draft_ms_width's contract)."""
+
+    def draft_ms_width(self, r, need):
+        need = np.asarray(need)
+        return np.where(need <= 2, 0.25, self.draft_ms(r))
+
+
+def test_a_narrow_step_is_measured_against_the_narrow_draft_it_ran():
+    """adaptive_draft_width "budget": the overhead of a step that drafted 2 slots is its wall time
+    less the 2-slot draft's price, not the full draft's."""
+    tables = NarrowTables()
+    policy = AdaptivePolicy(tables, k=4, overhead=StepOverhead("measured", alpha=1.0))
+    ids, limits = ["a", "b"], np.array([4, 4])
+    policy.observe(ids, np.array([[0.9, 0.9, 0.01, 0.01]] * 2))
+    assert policy.should_draft(ids, 2, 2, limits)
+    b = policy.step_budget(ids, 2, 2, limits)
+    assert policy.draft_width(ids, b, limits, [2, 4]) == 2
+    policy.observe_step(0.25 + float(tables.verify_ms(2 + b)) + 3.0)
+    assert policy.overhead.value == pytest.approx(3.0)
+
+
 def test_policy_measures_a_step_without_drafts_against_a_plain_verify():
     tables = Tables()
     policy = AdaptivePolicy(tables, k=2, probe_every=100, overhead=StepOverhead("measured", alpha=1.0))
