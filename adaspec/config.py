@@ -115,13 +115,14 @@ class SpeculativeConfig:
     # by measured wall / priced ratios) chose plain steps at 16 requests where drafting made more
     adaptive_verification_step_costs: str = "tables"
     # how many of the k slots the adaptive step drafts: all of them ("full"), or ("budget") the
-    # fewest of the graphed step's widths (about k/4, k/2, k) that hold every request's share of this
-    # step's budget when allocated by the old confidences (the same ones the budget came from, so
-    # the cap depends on no current draft: lossless); the vocabulary projection and Markov steps of
-    # the slots left out are saved. Opt-in until measured on a GPU (at 256 requests of the Qwen3-8B
-    # shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were verified,
-    # BENCHMARKS.md, run 17); the cost tables then time every width's propose graph, and the policy
-    # prices each candidate budget with the narrowest draft that holds it (policy.slots_needed).
+    # fewest of about k/4, k/2, k (policy.draft_widths; graphed and eager steps alike) that hold
+    # every request's share of this step's budget when allocated by the old confidences (the same
+    # ones the budget came from, so the cap depends on no current draft: lossless); the vocabulary
+    # projection and Markov steps of the slots left out are saved. The cost tables then time every
+    # width's draft, and the policy prices each candidate budget with the narrowest draft that
+    # holds it (policy.slots_needed). Opt-in until measured on a GPU (at 256 requests of the
+    # Qwen3-8B shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were
+    # verified, BENCHMARKS.md, run 17).
     adaptive_draft_width: str = "full"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5

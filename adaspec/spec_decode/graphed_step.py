@@ -106,10 +106,7 @@ class GraphedSpecStep:
         self.width = -(-self.max_k // bs)
         self.batch_sizes = sorted(batch_sizes) if batch_sizes else capture_sizes(engine.config.max_num_seqs)
         self.levels = query_levels(self.k, every=self.adaptive)
-        # draft widths (slots whose heads the propose graph runs): k, or with adaptive_draft_width
-        # "budget" also about k/4 and k/2 (the policy picks the fewest that hold the step's budget)
-        narrow = self.adaptive and decoder.cfg.adaptive_draft_width == "budget"
-        self.widths = sorted({q - 1 for q in query_levels(self.k) if q > 1}) if narrow else [self.k]
+        self.widths = decoder.draft_widths  # a propose graph per draft width (policy.draft_widths)
         # the Triton kernel on CUDA; its torch twin (same metadata) for the CPU tests
         self.backend = "triton" if engine.attention_backend == "triton" else "paged_torch"
         dev, k, bmax = engine.device, self.k, self.batch_sizes[-1]

@@ -5,8 +5,7 @@ Objective (VERIFY.md): with survivals ``a_{r,j} = prod_{i<=j} c_{r,i}``,
 (ties to the smaller B), then ``l_r`` = number of r's slots among the B* largest survivals.
 With narrow-draft tables (adaptive_draft_width "budget") draft_ms(R) is the cost of the narrowest
 profiled draft that holds the most slots any request gets among the B largest (slots_needed): what
-the graphed step then drafts. Steps that run eagerly (prefill chunks riding along, logprobs) draft
-all k slots, so for them that price is low; they are a minority of decode steps.
+the step then drafts (graphed or eager: both take the budget and the width before drafting).
 The draft cost sits in EVERY candidate's denominator, B = 0 included: when B* = 0 is chosen
 the drafts are thrown away but they were already paid for, so the ratio that B = 0 competes
 with is the honest one for a step in which drafting happened. (Skipping the drafter entirely
@@ -156,6 +155,15 @@ def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_
     current draft influenced (one-step-old, see :class:`AdaptiveBudget`) to stay lossless.
     """
     return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
+
+
+def draft_widths(k: int, narrow: bool) -> list[int]:
+    """The draft widths (slots per request) the adaptive step may draft: k, or with
+    adaptive_draft_width "budget" also about k/4 and k/2 (the fewest that hold the step's budget
+    is drafted: AdaptivePolicy.draft_width)."""
+    if not narrow:
+        return [k]
+    return sorted({max(1, -(-k // 4)), max(1, -(-k // 2)), k})
 
 
 # -- allocation ----------------------------------------------------------------------------

@@ -70,19 +70,19 @@ def _dummy_steps(engine, decoder):
         ones = torch.ones(res.logits.shape[0], device=engine.device)  # T = 1 processing, as verification does
         processed_probs(res.logits, ones, ones, ones.long() * 0, any_filter=False, any_greedy=False)
 
-    def draft(n_requests: int) -> None:
+    def draft(n_requests: int, width: int | None = None) -> None:
         seqs = [_DummySeq(f"profile-{i}", params) for i in range(n_requests)]
-        decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests)
+        decoder.propose(seqs, [1] * n_requests, [ctx] * n_requests, [table] * n_requests, width=width)
 
-    return verify, draft, None, ctx  # the eager step drafts every slot: no narrow widths
+    return verify, draft, draft, ctx
 
 
 def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:
     cfg = engine.config
     k = decoder.num_spec_tokens
     verify_fn, draft_fn, draft_width_fn, ctx = _dummy_steps(engine, decoder)
-    # adaptive_draft_width "budget": the graphed step's narrower drafts get tables of their own
-    narrow = [w for w in decoder.graphed.widths if w < k] if decoder.graphed is not None else []
+    # adaptive_draft_width "budget": the narrower drafts get tables of their own
+    narrow = [w for w in decoder.draft_widths if w < k]
     max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (k + 1))
     device_name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
     key = default_cache_key(

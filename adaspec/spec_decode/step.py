@@ -32,7 +32,7 @@ from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
 from adaspec.spec_decode.pipelined import InFlightSpecStep, carried_rows, pipelinable
-from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, survival
+from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, allocate, draft_widths, survival
 from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_drafter
 
 log = logging.getLogger("adaspec.spec")
@@ -111,6 +111,9 @@ class SpeculativeDecoder:
         self.kv_caches = setup.allocate_kv_caches(num_slots, engine.dtype, engine.device)
         self.num_context_rows_written_eagerly = 0  # write_context's rows that no graph had written
         self.greedy_drafts = self.cfg.draft_sample_method == "greedy"
+        # the widths an adaptive step may draft (adaptive_draft_width "budget": also ~k/4 and ~k/2)
+        self.draft_widths = draft_widths(self.num_spec_tokens, bool(self.cfg.enable_adaptive_verification)
+                                         and self.cfg.adaptive_draft_width == "budget")
         self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
         self._decided: bool | None = None  # decide_drafting's answer for the step about to run
         if engine.use_cuda_graphs and getattr(engine, "tp", None) is None:  # TP: the mirrored eager step
@@ -170,9 +173,10 @@ class SpeculativeDecoder:
         self.policy = self._make_policy()
 
     # -- pieces also used by the profiler ------------------------------------------------------
-    def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None):
+    def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None,
+                width: int | None = None):
         """sampling: the requests' SamplingBatch (built here when not given); greedy drafting
-        overrides every row's temperature with 0."""
+        overrides every row's temperature with 0. width: the slots to draft (default k)."""
         dev = self.engine.device
         if sampling is None:
             sampling = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], dev)
@@ -181,7 +185,8 @@ class SpeculativeDecoder:
         return self.drafter.propose(
             to_device(anchor_ids, dev, torch.int64), to_device(anchor_pos, dev, torch.int64), block_tables,
             self.engine.config.block_size, self.kv_caches, sampling, anchor_pos_host=list(anchor_pos),
-            width=self.num_spec_tokens,  # heads for the k slots verified at most (k < block_size: fixed k)
+            # heads for the k slots verified at most (k < block_size: fixed k), or fewer (a narrow draft)
+            width=self.num_spec_tokens if width is None else width,
         )
 
     def forget(self, seq) -> None:
@@ -325,15 +330,25 @@ class SpeculativeDecoder:
         proposal = conf = sampling = None
         if drafted:
             sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
-            proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
-                                    [len(s.token_ids) - 1 for s in drafted_seqs],
-                                    [s.block_table for s in drafted_seqs], sampling)
-            conf = proposal.confidences[:, :k].float().cpu().numpy()
+            ids = [s.request_id for s in drafted_seqs]
             limits = np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)
             base_tokens = sum(s.num_tokens for s in scheduled)
-            verify_lens = self.policy.plan([s.request_id for s in drafted_seqs], conf, int(sum(samples)), base_tokens,
-                                           limits)
-            self.policy.observe([s.request_id for s in drafted_seqs], conf)
+            budget = width = None
+            if len(self.draft_widths) > 1 and self.cost_model is not None:
+                # a narrow draft: the budget and the width from the old confidences, before drafting
+                budget = self.policy.step_budget(ids, int(sum(samples)), base_tokens, limits)
+                width = self.policy.draft_width(ids, budget, limits, self.draft_widths)
+                limits = np.minimum(limits, width)
+            proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
+                                    [len(s.token_ids) - 1 for s in drafted_seqs],
+                                    [s.block_table for s in drafted_seqs], sampling, width=width)
+            conf = proposal.confidences[:, :k].float().cpu().numpy()
+            if width is None:
+                verify_lens = self.policy.plan(ids, conf, int(sum(samples)), base_tokens, limits)
+            else:  # allocated by this step's confidences as plan does; slots past the width are NaN
+                verify_lens = allocate(survival(conf), budget, limits)
+                conf = np.concatenate([conf, np.full((len(ids), k - conf.shape[1]), np.nan)], axis=1)
+            self.policy.observe(ids, conf)
             num_verify[drafted] = verify_lens
         t1 = time.perf_counter()
 
@@ -480,7 +495,7 @@ class SpeculativeDecoder:
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
-        k = self.num_spec_tokens
+        k = min(self.num_spec_tokens, proposal.tokens.shape[1])  # slots drafted (fewer: a narrow draft)
         dev = logits.device
         R = len(drafted)
         verify_lens = num_verify[drafted]

@@ -12,6 +12,7 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.sample.probs import processed_probs
 from adaspec.models.loader import load_target
+from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.sample.rejection import RejectionOutput
 from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
@@ -57,6 +58,7 @@ def sample_fn(pair, params, tmp_path, **spec):
         assert st.num_verified_tokens > n // 4 and st.num_accepted_tokens > 0
         return [o.outputs[0].token_ids[:L] for o in outs]
 
+    run.llm = llm
     return run
 
 
@@ -82,3 +84,30 @@ def test_harness_catches_a_broken_sampler(micro_pair, tmp_path, monkeypatch):
                         lambda *a, **kw: RejectionOutput(*broken(*a, **kw)))
     p = lossless_pvalue(sample_fn(micro_pair, T1, tmp_path), exact_law(micro_pair[0], T1), n=N)
     assert p < 1e-6
+
+
+def test_narrow_drafts_of_the_eager_step_are_lossless(micro_pair, tmp_path):
+    """adaptive_draft_width "budget" in the eager step (CPU, or rows the graphs do not serve): the
+    step drafts 1, 2 or 3 of the k = 3 slots in turn (any width chosen without the current drafts
+    keeps the law; here a counter), allocates the budget by the drafted slots' confidences and
+    verifies them; the joint law of three tokens must stay the target's."""
+    run = sample_fn(micro_pair, T1, tmp_path, enable_adaptive_verification=True, adaptive_draft_width="budget")
+    spec = run.llm.llm_engine.spec
+    assert spec.draft_widths == [1, 2, 3] and sorted(spec.cost_model.draft_narrow) == [1, 2]
+    # fixed tables (the profiled ones are timed on a loaded machine): verifying costs the same at
+    # any size, so every drafted slot is verified and the harness sees as many as a fixed k would
+    flat = CostTable([1, 1 << 15], [1.0, 1.0])
+    spec.cost_model = CostModel(flat, CostTable([1], [0.1]), {w: CostTable([1], [0.05]) for w in (1, 2)})
+    spec.policy = spec._make_policy()
+    turns, drafted = iter(range(10**9)), []
+    spec.policy.draft_width = lambda ids, budget, limits, widths: widths[next(turns) % len(widths)]
+
+    def draft_block(*a, inner=spec.drafter.draft_block, **kw):
+        prop = inner(*a, **kw)
+        drafted.append(prop.tokens.shape[1])
+        return prop
+
+    spec.drafter.draft_block = draft_block
+    p = lossless_pvalue(run, exact_law(micro_pair[0], T1), n=N)
+    assert {1, 2, 3} <= set(drafted)
+    assert p > 1e-3

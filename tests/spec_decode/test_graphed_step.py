@@ -165,29 +165,28 @@ def test_budget_draft_width_drafts_fewer_slots_and_keeps_plain_tokens(pair, plai
 
 
 def test_budget_draft_width_profiles_a_table_per_width(pair, tmp_path):
-    """The cost tables of a graphed step with narrow drafts time each width's own propose graph
-    (not the full one), so the policy prices a narrow draft as what it runs; the width list is in
-    the cache key (a full-width engine's tables are not reused)."""
+    """The cost tables of an engine with narrow drafts time each width's own draft: the eager
+    propose of w slots (CPU), and on a graphed step each width's own propose graph (not the full
+    one), so the policy prices a narrow draft as what it runs; the widths are in the cache key."""
     from adaspec.spec_decode.profiler import build_cost_model
 
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
            "cost_model_cache_dir": str(tmp_path), "adaptive_draft_width": "budget", "profile_repeats": 1}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=4, max_num_batched_tokens=64, block_size=8)
     spec = llm.llm_engine.spec
-    assert spec.cost_model.draft_narrow == {}  # profiled before any graphed step existed (CPU)
+    assert sorted(spec.cost_model.draft_narrow) == [2, 4]  # the eager engine's (CPU) tables
+    [cached] = tmp_path.glob("cost_model_*.json")
+    assert json.loads(cached.read_text())["key"]["draft_widths"] == [2, 4]
     steps = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4])
     steps.capture(eager=True)
     spec.use_graphs(steps)
     replayed = []
     for key, graph in steps.propose_graphs.items():
         graph.replay = (lambda inner, key: lambda: (replayed.append(key), inner())[1])(graph.replay, key)
-    model = build_cost_model(llm.llm_engine, spec, pair[1])
+    model = build_cost_model(llm.llm_engine, spec, pair[1], cache=False)
     assert sorted(model.draft_narrow) == [2, 4]
     assert {w for _, w in replayed} == {2, 4, 7} and {b for b, _ in replayed} == {1, 2, 4}
     assert model.draft_narrow[2].sizes.tolist() == model.draft.sizes.tolist()
-    cached = list(tmp_path.glob("cost_model_*.json"))
-    assert len(cached) == 2  # the full-width tables of LLM(...) and these: different keys
-    assert any(json.loads(p.read_text())["key"]["draft_widths"] == [2, 4] for p in cached)
 
 
 def test_adaptive_draft_width_refuses_other_values(pair):
