@@ -1,6 +1,7 @@
 """Server behaviour over the official openai client, against the fake engine (fast, exact)."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -91,13 +92,16 @@ def test_stop_string_never_leaks_into_stream(client):
     assert streamed == full.choices[0].text
 
 
-def test_one_chunk_per_engine_step_under_speculation():
+def test_chunks_end_at_engine_steps_under_speculation():
+    """A step's tokens travel together: the prefill step emits 1 token, then 3 per step, so every
+    chunk ends after 1, 4, 7 or 10 tokens (steps whose chunks queued up while the event loop was
+    busy come merged, serve/generation.py: how many depends on timing, where they end does not)."""
     s = LiveServer(lambda: FakeEngine(tokens_per_step=3), names=("spec",))
     try:
         c = openai_client(s)
         chunks = list(c.completions.create(model="spec", prompt="hi", max_tokens=10, stream=True))
-        # prefill step emits 1 token, then 3 per step: 1 + 3 + 3 + 3
-        assert [len(ch.choices[0].text) for ch in chunks] == [1, 3, 3, 3]
+        ends = list(itertools.accumulate(len(ch.choices[0].text) for ch in chunks))
+        assert ends[-1] == 10 and set(ends) <= {1, 4, 7, 10} and ends == sorted(set(ends)), ends
     finally:
         s.close()
 
