@@ -9,6 +9,7 @@ uvicorn shut down normally. A second signal forces the exit.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import gc
 import logging
 import os
@@ -89,6 +90,22 @@ def make_server(engine_thread: EngineThread, settings: ServerSettings, host: str
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=5, lifespan="off")
     return DrainingServer(config, state)
+
+
+def http_stack(config: uvicorn.Config) -> str:
+    """Which event loop and HTTP parser uvicorn runs ("auto" takes uvloop and httptools when they are
+    installed): benchmark logs must say, since the server's ceiling at many streams depends on it."""
+    if not config.loaded:
+        config.load()
+    get_factory = getattr(config, "get_loop_factory", None)  # uvicorn >= 0.36
+    if get_factory is not None:
+        factory = get_factory()
+        uses_uvloop = factory is not None and factory.__module__.startswith("uvloop")
+    else:  # older: "auto" takes uvloop when it imports
+        uses_uvloop = config.loop in ("auto", "uvloop") and importlib.util.find_spec("uvloop") is not None
+    loop = "uvloop" if uses_uvloop else "asyncio"
+    http = "httptools" if "httptools" in config.http_protocol_class.__module__ else "h11"
+    return f"{loop} event loop, {http} HTTP"
 
 
 def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
@@ -178,8 +195,9 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
         freeze_startup_objects()
-        log.info("adaspec serving %s on http://%s:%d (engine in %s)", settings.served_model_names[0], host,
-                 sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread")
+        log.info("adaspec serving %s on http://%s:%d (engine in %s; %s)", settings.served_model_names[0], host,
+                 sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread",
+                 http_stack(server.config))
         server.run(sockets=[sock])
     finally:
         et.stop()
