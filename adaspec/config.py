@@ -120,7 +120,8 @@ class SpeculativeConfig:
     # ones the budget came from, so the cap depends on no current draft: lossless); the vocabulary
     # projection and Markov steps of the slots left out are saved. The cost tables then time every
     # width's draft, and the policy prices each candidate budget with the narrowest draft that
-    # holds it (policy.slots_needed). Opt-in until measured on a GPU (at 256 requests of the
+    # holds it (policy.slots_needed); every 16th such step drafts all k, so slots past the width
+    # get fresh confidences. Opt-in until measured on a GPU (at 256 requests of the
     # Qwen3-8B shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were
     # verified, BENCHMARKS.md, run 17).
     adaptive_draft_width: str = "full"

@@ -108,6 +108,14 @@ def http_stack(config: uvicorn.Config) -> str:
     return f"{loop} event loop, {http} HTTP"
 
 
+def _http_stack_or_unknown(config: uvicorn.Config) -> str:
+    """http_stack for the start-up line: a uvicorn whose internals differ must not stop the server."""
+    try:
+        return http_stack(config)
+    except Exception as e:  # noqa: BLE001 - a log line
+        return f"event loop and HTTP parser unknown ({type(e).__name__})"
+
+
 def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
     """The engine in a thread of this process, or with settings.engine_process in a process of its
     own (engine_factory must then be picklable)."""
@@ -197,7 +205,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         freeze_startup_objects()
         log.info("adaspec serving %s on http://%s:%d (engine in %s; %s)", settings.served_model_names[0], host,
                  sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread",
-                 http_stack(server.config))
+                 _http_stack_or_unknown(server.config))
         server.run(sockets=[sock])
     finally:
         et.stop()

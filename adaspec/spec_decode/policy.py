@@ -404,6 +404,7 @@ class AdaptivePolicy:
         self._decided_by_rates = False  # the last decision compared measured rates (not the tables)
         # (kind, bucket) -> (steps explored ahead of schedule, step_costs.num_observed at the first)
         self._explored: dict[tuple[str, int], tuple[int, int]] = {}
+        self._narrow_steps = 0  # draft_width calls, for the full-width refresh (FULL_WIDTH_EVERY)
 
     def _priced_ms(self, num_requests: int, base_tokens: int, budget: int | None, width: int) -> float:
         """What the tables say a step of this shape costs (drafting `width` slots per request when
@@ -591,11 +592,25 @@ class AdaptivePolicy:
         a cap that depends on no current draft (lossless), so the step drafts only the slots it
         can verify. The allocation by the current confidences may then give a request fewer."""
         a = survival(self.budget.old_confidences(request_ids))
-        need = int(allocate(a, budget, limits).max()) if len(request_ids) else 0
+        a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
+        # slots of survival 0 add nothing, and the objective's pricing (slots_needed) leaves them out
+        useful = min(int(budget), int((a > 0).sum()))
+        need = int(allocate(a, useful, limits).max()) if len(request_ids) else 0
         width = next((w for w in widths if w >= need), widths[-1])
+        if self._refresh_due():  # now and then the whole block, so that slots past the width are seen again
+            width = widths[-1]
         if self._planned is not None:  # step_budget planned this step: it drafts `width` slots
             self._planned = self._planned[:3] + (width,)
         return width
+
+    # a narrow-drafting policy drafts every slot once per this many narrow-capable steps: the stored
+    # confidences of slots past the width change only when drafted, and a low one would otherwise
+    # keep the width narrow, and itself stale, for the rest of the request
+    FULL_WIDTH_EVERY = 16
+
+    def _refresh_due(self) -> bool:
+        self._narrow_steps += 1
+        return self._narrow_steps % self.FULL_WIDTH_EVERY == 0
 
     def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
         """B* for this step from the stored (old) confidences only, before any draft exists: the

@@ -448,7 +448,7 @@ class SpeculativeDecoder:
             if len(rows):
                 conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
                 self.policy.observe([seqs[i].request_id for i in rows], conf)
-                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf, slots)
+                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf, slots, width)
             stats.num_sampled_without_draft += n - len(gone) - len(rows)
             shrink = eng.block_manager.shrink
             if serial is None:
@@ -486,12 +486,14 @@ class SpeculativeDecoder:
                 left = min(left, seq.params.max_tokens - seq.num_output_tokens)
             slots[r] = max(0, min(int(slots[r]), left - 1))
 
-    def _count(self, scheduled, drafted, verify_lens, n_acc, conf, slots=None) -> None:
+    def _count(self, scheduled, drafted, verify_lens, n_acc, conf, slots=None, width: int | None = None) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
         calibration (predicted against realized acceptance). slots: each step row's draft slots,
-        when not the scheduler's (a pipelined step's, capped on the device)."""
+        when not the scheduler's (a pipelined step's, capped on the device, or a narrow draft's,
+        capped at its width). width: slots each request drafted (default k)."""
         spec_slots = [scheduled[i].spec_slots for i in drafted] if slots is None else [int(slots[i]) for i in drafted]
-        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, survival(conf))
+        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, survival(conf),
+                                        drafted=width)
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
@@ -533,7 +535,11 @@ class SpeculativeDecoder:
                 lps = [{**dict(zip(lp_rows[1][n][j][:w], lp_rows[2][n][j][:w])), emitted[j]: lp_rows[0][n][j]}
                        for j in range(n_accepted + 1)]
             results[i] = (emitted, lps)
-        self._count(scheduled, drafted, verify_lens, n_acc, conf)
+        row_slots = None
+        if k < self.num_spec_tokens:  # a narrow draft: the slots it capped are the width's
+            row_slots = np.zeros(len(scheduled), dtype=np.int64)
+            row_slots[drafted] = np.minimum([scheduled[i].spec_slots for i in drafted], k)
+        self._count(scheduled, drafted, verify_lens, n_acc, conf, row_slots, k)
         return results, accepted
 
     def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:

@@ -110,4 +110,6 @@ def test_narrow_drafts_of_the_eager_step_are_lossless(micro_pair, tmp_path):
     spec.drafter.draft_block = draft_block
     p = lossless_pvalue(run, exact_law(micro_pair[0], T1), n=N)
     assert {1, 2, 3} <= set(drafted)
+    st = run.llm.llm_engine.stats
+    assert st.num_draft_tokens < 3 * st.num_drafts  # the slots drafted are counted, not k per request
     assert p > 1e-3

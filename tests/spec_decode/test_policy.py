@@ -311,3 +311,17 @@ def test_observe_keeps_old_confidences_for_slots_not_drafted():
     assert np.allclose(ab.last_conf["c"], [0.2, pop[1], pop[2]])
     assert np.allclose(ab.population[1:], pop[1:]) and not np.isclose(ab.population[0], pop[0])
     assert not np.isnan(ab.old_confidences(["a", "b", "c"])).any()
+
+
+def test_draft_width_leaves_out_worthless_slots_and_drafts_everything_now_and_then():
+    """Slots of survival 0 do not widen the draft (the objective's pricing leaves them out too), and
+    every FULL_WIDTH_EVERY-th call drafts all k slots, so slots past a narrow width are seen again."""
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    pol = AdaptivePolicy(_cost(), 7)
+    ids = ["a", "b"]
+    pol.observe(ids, np.array([[0.9, 0.8, 0.0, 0.5, 0.5, 0.5, 0.5]] * 2))  # nothing survives past slot 2
+    limits = np.full(2, 7)
+    widths = [pol.draft_width(ids, 14, limits, [2, 4, 7]) for _ in range(2 * AdaptivePolicy.FULL_WIDTH_EVERY)]
+    full = [i for i, w in enumerate(widths) if w == 7]
+    assert set(widths) == {2, 7} and full == [AdaptivePolicy.FULL_WIDTH_EVERY - 1, 2 * AdaptivePolicy.FULL_WIDTH_EVERY - 1]
