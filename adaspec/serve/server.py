@@ -108,10 +108,10 @@ def http_stack(config: uvicorn.Config) -> str:
     return f"{loop} event loop, {http} HTTP"
 
 
-def _http_stack_or_unknown(config: uvicorn.Config) -> str:
+def _http_stack_or_unknown(server) -> str:
     """http_stack for the start-up line: a uvicorn whose internals differ must not stop the server."""
     try:
-        return http_stack(config)
+        return http_stack(server.config)
     except Exception as e:  # noqa: BLE001 - a log line
         return f"event loop and HTTP parser unknown ({type(e).__name__})"
 
@@ -205,7 +205,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         freeze_startup_objects()
         log.info("adaspec serving %s on http://%s:%d (engine in %s; %s)", settings.served_model_names[0], host,
                  sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread",
-                 _http_stack_or_unknown(server.config))
+                 _http_stack_or_unknown(server))
         server.run(sockets=[sock])
     finally:
         et.stop()
