@@ -132,6 +132,10 @@ class CostModel:
     def draft_ms(self, n_requests):
         return self.draft.lookup(n_requests)
 
+    @property
+    def prices_widths(self) -> bool:
+        return bool(self.draft_narrow)
+
     def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
         """The draft cost of n_requests when the step must draft ``need`` slots per request (an
         array, e.g. one entry per candidate budget): the narrowest profiled width holding it, the

@@ -441,6 +441,10 @@ class GraphPaddedCost:
     def draft_ms(self, n_requests):
         return self.cost.draft_ms(n_requests)
 
+    @property
+    def prices_widths(self) -> bool:
+        return bool(getattr(self.cost, "prices_widths", False))
+
     def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
         from adaspec.spec_decode.policy import step_draft_ms
 

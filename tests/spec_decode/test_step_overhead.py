@@ -88,6 +88,8 @@ def test_policy_measures_the_overhead_of_the_steps_it_planned():
 class NarrowTables(Tables):
     """Drafts of at most 2 slots cost 0.25 ms (cost_model.CostModel.draft_ms_width's contract)."""
 
+    prices_widths = True
+
     def draft_ms_width(self, r, need):
         need = np.asarray(need)
         return np.where(need <= 2, 0.25, self.draft_ms(r))
