@@ -38,6 +38,12 @@ from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_draft
 log = logging.getLogger("adaspec.spec")
 
 
+def graphs_serve(params) -> bool:
+    """Whether the speculative step's CUDA graphs can run a decoding request with these sampling
+    parameters: no logprobs, no top-k / top-p (the graphs sample without them)."""
+    return params.logprobs is None and params.top_p >= 1 and params.top_k <= 0
+
+
 class DrafterSetup:
     """Loaded before the KV cache is sized (the drafter's cache shares its blocks)."""
 
@@ -121,6 +127,7 @@ class SpeculativeDecoder:
 
             self.graphed = GraphedSpecStep(self, engine)
             self.graphed.capture()
+            self._verify_apart()
         if self.cfg.enable_adaptive_verification:
             from adaspec.spec_decode.profiler import build_cost_model
 
@@ -171,6 +178,13 @@ class SpeculativeDecoder:
         captured with eager=True) and price them as it runs them."""
         self.graphed = graphed
         self.policy = self._make_policy()
+        self._verify_apart()
+
+    def _verify_apart(self) -> None:
+        """The graphs verify the decoding rows in a forward of their own: tell the scheduler, so
+        that their draft slots leave the token budget to the prefill chunks (scheduler.py)."""
+        g = self.graphed
+        self.engine.scheduler.set_verify_apart(g.batch_sizes[-1] if g is not None else 0, graphs_serve)
 
     # -- pieces also used by the profiler ------------------------------------------------------
     def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None,
@@ -395,8 +409,7 @@ class SpeculativeDecoder:
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
         """Decodes one token, wants no logprobs, uses no top-k / top-p."""
-        p = s.seq.params
-        return s.num_tokens == 1 and s.samples and p.logprobs is None and p.top_p >= 1 and p.top_k <= 0
+        return s.num_tokens == 1 and s.samples and graphs_serve(s.seq.params)
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
                         first_tokens=None):
