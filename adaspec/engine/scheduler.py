@@ -13,7 +13,8 @@ this step (vLLM v0.28's "adaptive speculative token budget"), so prefill keeps l
 at low concurrency. With `reserve_all_spec_slots` the old behaviour is kept: max_num_seqs * k
 slots are taken out of the budget up front.
 
-Draft slots verified apart: when the speculative step runs the decoding rows in CUDA graphs of
+Draft slots verified apart (not with `reserve_all_spec_slots`, which keeps the old budget): when
+the speculative step runs the decoding rows in CUDA graphs of
 their own (a forward apart from the prefill chunks' eager one, sized at capture), their draft
 slots take nothing from the token budget, which bounds the eager forward only: each decoding
 row counts its one token. Taking them from it shrank every prefill chunk by the slots (at 256
@@ -177,7 +178,8 @@ class Scheduler:
             budget = max(1, budget - self.max_num_seqs * self.num_spec_tokens)
         out: list[ScheduledSeq] = []
         i = 0
-        apart_left = self.verify_apart_rows
+        # reserve_all_spec_slots keeps the pre-v0.28 budget whole: nothing is verified apart there
+        apart_left = 0 if self.reserve_all_spec_slots else self.verify_apart_rows
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             apart = apart_left > 0 and seq.verify_apart

@@ -21,6 +21,10 @@ A divergence is explained when that decision's margin is below `tol` (a near-tie
 margin is a logic difference. Rounding flips measured 9e-9 (CPU) and 1e-8 to 3e-8 (H200); a wrong
 seed, temperature or residual gives margins from 1e-5 up on the tiny pair's 8,000-token vocabulary,
 hence the default of 1e-6.
+
+The two engines must schedule alike: keep the token budget wide enough that it never binds (the
+graphed engine's draft slots are verified apart and take nothing from it, the eager engine's do:
+engine/scheduler.py), or their prefill chunks differ and so do their steps.
 """
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
 """Draft slots verified apart (scheduler.py): when the speculative step's graphs verify the decoding
 rows in a forward of their own, their draft slots take nothing from the prefill chunks' budget."""
+import pytest
+import torch
+
+from adaspec import LLM
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.scheduler import Scheduler
 from adaspec.engine.sequence import Sequence
 from adaspec.sampling_params import SamplingParams
+from adaspec.spec_decode.graphed_step import GraphedSpecStep
 from adaspec.spec_decode.step import graphs_serve
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 K = 7
 BUDGET = 64
@@ -77,3 +83,90 @@ def test_releasing_the_graphs_takes_the_slots_back_into_the_budget():
     assert not any(s.verify_apart for s in seqs)
     sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
     assert sch.schedule()[-1].num_tokens == BUDGET - 2 * (1 + K)
+
+
+def test_reserve_all_spec_slots_keeps_the_old_budget():
+    # the pre-v0.28 budget: max_num_seqs * k up front, and every decoding row's slots on top
+    chunks = []
+    for max_rows in (0, 16):
+        sch = Scheduler(BlockManager(256, 4), 4, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K,
+                        reserve_all_spec_slots=True)
+        sch.set_verify_apart(max_rows, graphs_serve)
+        for i in range(2):
+            _decoding(sch, i)
+        sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
+        chunks.append(sch.schedule()[-1].num_tokens)
+    assert chunks == [BUDGET - 4 * K - 2 * (1 + K)] * 2
+
+
+def test_a_running_prefill_chunk_counts_its_tokens():
+    # a request the graphs would serve, still in prefill: its chunk is eager work, all of it counted
+    sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
+    sch.set_verify_apart(16, graphs_serve)
+    for i in range(2):
+        _decoding(sch, i)
+    mid = Sequence("m", None, list(range(1, 41)), SamplingParams(max_tokens=8))
+    sch.add(mid)
+    sch.waiting.remove(mid)
+    mid.num_computed_tokens = 10  # 30 prompt tokens left
+    sch.bm.grow(mid, 10)
+    sch.running.append(mid)
+    sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
+    out = sch.schedule()
+    assert [s.num_tokens for s in out] == [1, 1, 30, BUDGET - 2 - 30]
+    assert [s.spec_slots for s in out] == [K, K, 0, 0]
+
+
+def test_a_row_in_flight_drafts_k_apart_whatever_the_budget():
+    # pipelined steps: a row whose step is still in flight counts one certain token
+    for max_rows, slots in ((16, K), (0, 3)):
+        sch = Scheduler(BlockManager(256, 4), 16, 4, 400, num_spec_tokens=K, draft_lookahead=K)
+        sch.set_verify_apart(max_rows, graphs_serve)
+        seq = _decoding(sch, 0)
+        seq.in_flight_max = 1 + K
+        (s,) = sch.schedule(pipelined=True)
+        assert (s.num_tokens, s.spec_slots) == (1, slots)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("apart")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=K))
+
+
+@pytest.mark.parametrize("pipelined, served_only", [(False, True), (True, True), (False, False)])
+def test_no_eager_forward_exceeds_the_budget(pair, pipelined, served_only):
+    """The engine end to end, with graphs for fewer requests than run (batch sizes up to 3 of 6
+    slots) and, unless served_only, rows the graphs do not serve (logprobs, top-k): every eager
+    forward, which is all the budget bounds, stays within it, and the greedy rows equal the plain
+    engine's."""
+    budget = 32
+    llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": K},
+              max_num_seqs=6, max_num_batched_tokens=budget, block_size=8, async_scheduling=pipelined)
+    eng = llm.llm_engine
+    graphs = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 3])
+    graphs.capture(eager=True)  # replayed eagerly over the same buffers, apart from runner.execute
+    eng.spec.use_graphs(graphs)
+    sizes = []
+    execute = eng.runner.execute
+
+    def counted(items, *args, **kwargs):
+        sizes.append(sum(len(item.token_ids) for item in items))
+        return execute(items, *args, **kwargs)
+
+    eng.runner.execute = counted
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 300, (n,), generator=g).tolist() for n in torch.randint(2, 60, (12,), generator=g).tolist()]
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    params = [greedy if served_only or i % 4 not in (1, 2) else
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=1) if i % 4 == 1 else
+              SamplingParams(temperature=1, top_k=5, seed=i, max_tokens=30, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert eng.stats.num_graphed_steps > 10 and max(sizes) <= budget
+    plain = LLM(pair[0], max_num_batched_tokens=budget, block_size=8).generate(prompts, greedy)
+    for i, (o, p) in enumerate(zip(outs, plain)):
+        assert len(o.outputs[0].token_ids) == 30
+        if params[i] is greedy:
+            assert o.outputs[0].token_ids == p.outputs[0].token_ids
