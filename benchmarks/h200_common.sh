@@ -94,7 +94,8 @@ sweep_then_report() {
   fi
   say "sweep, stopped after $left s at the latest: adaspec bench sweep --out $dir $*"
   set +e
-  timeout -s TERM -k 45 "$left" "$PYTHON" -m adaspec.cli bench sweep --out "$dir" --disable-tqdm "$@"
+  # SWEEP_ARGS: more `bench sweep` flags for every sweep, e.g. "--random-range-ratio 0.5"
+  timeout -s TERM -k 45 "$left" "$PYTHON" -m adaspec.cli bench sweep --out "$dir" --disable-tqdm "$@" ${SWEEP_ARGS:-}
   local rc=$?
   set -e
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 2 ]; then say "sweep stopped (exit $rc): reporting the points that finished"; fi

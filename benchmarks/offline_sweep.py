@@ -38,6 +38,17 @@ import torch
 
 from adaspec.config import CUDAGRAPH_MODES
 
+try:
+    from adaspec.bench.lengths import check_range_ratio, output_lengths
+except ImportError:  # h200_ab_synthetic.sh runs this script over older trees' engines, which lack it
+    def check_range_ratio(ratio):
+        if ratio:
+            raise ValueError("--random-range-ratio needs adaspec/bench/lengths.py, which this engine tree lacks")
+        return 0.0
+
+    def output_lengths(num, output_len, range_ratio, seed):
+        return [output_len] * num
+
 
 def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
     """The arm's speculative config as `adaspec bench sweep` writes it (adaspec/bench/arms.py);
@@ -64,14 +75,16 @@ def closed_loop_arrivals(t0: float, finish_times: list[float], n: int, c: int) -
 
 
 def run_point(llm, prompts, params):
+    """params: one SamplingParams for every prompt, or a list of one per prompt."""
     eng = llm.llm_engine
+    each = params if isinstance(params, list) else [params] * len(prompts)
     s0 = dict(eng.stats.as_dict())
     r0 = forward_kinds(eng.runner)
     h0 = host_sample()
     rids = []
     for i, p in enumerate(prompts):
         rids.append(f"b{time.monotonic_ns()}-{i}")
-        eng.add_request(rids[-1], p, params)
+        eng.add_request(rids[-1], p, each[i])
     t0 = time.monotonic()
     first, done, ntok = {}, {}, {}
     clock = StepKinds(eng.stats)
@@ -299,6 +312,9 @@ def main() -> None:
                     help="without --num-prompts: each point sends this many waves of C prompts; at 2 a point at "
                          "C = 256 lasts under a second on the H200, so its ramps weigh as much as its steady state")
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--random-range-ratio", type=float, default=0.0,
+                    help="spread each request's max_tokens over [L(1 - r), L(1 + r)] (adaspec/bench/lengths.py), the "
+                         "same lengths for every arm at a point; default 0: every request asks for --output-len")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dataset", default="eval-code")
@@ -317,6 +333,10 @@ def main() -> None:
     ap.add_argument("--kv-cache-gib", type=float, default=None,
                     help="KV cache per engine (default: the engine's, a share of free memory at load time)")
     args = ap.parse_args()
+    try:
+        check_range_ratio(args.random_range_ratio)
+    except ValueError as e:
+        ap.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -377,7 +397,9 @@ def main() -> None:
     def measure(arm, llm, arm_label, prompts, c, r):
         llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
         n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=None)
+        # the point's lengths depend on (C, repeat) only: every arm gets the same ones
+        params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
+                  for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=100_003 * r + c)]
         if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
             # batch shape compile kernels (Triton tiles, torch.compile guards), which must not be timed

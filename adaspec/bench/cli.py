@@ -62,6 +62,10 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
 def _add_request_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=output_len,
                    help="max_tokens of every request (--random-output-len: vLLM's name)")
+    p.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="spread each request's max_tokens uniformly over [L(1 - r), L(1 + r)] for L = --output-len, "
+                        "0 <= r < 1, seeded by --seed (vLLM's flag, which also spreads its random dataset's input "
+                        "lengths; here every dataset's output lengths; default 0: all L)")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --output-len tokens (server extension)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
@@ -203,6 +207,7 @@ def cmd_serve(args) -> int:
 
     if args.output_len is not None and args.output_len < 1:
         raise AdaspecError("--output-len must be at least 1")
+    _check_range_ratio(args)
     if (args.result_dir or args.result_filename) and not args.save_result:
         raise AdaspecError("--result-dir/--result-filename name where --save-result writes; add --save-result")
     num_prompts = args.num_prompts
@@ -219,8 +224,8 @@ def cmd_serve(args) -> int:
     cfg = BenchConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
-        output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
-        num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path, api_key=args.api_key, seed=args.seed,
+        output_len=args.output_len, random_range_ratio=args.random_range_ratio, ignore_eos=args.ignore_eos,
+        temperature=args.temperature, num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path, api_key=args.api_key, seed=args.seed,
         label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
         progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
         metric_percentiles=args.metric_percentiles, load_phases=args.load_phases,
@@ -287,14 +292,23 @@ def sweep_config_from_args(args, log=print):
         prompts_desc=dataset.describe(args.dataset, args.dataset_path, args.random_input_len, args.seed, tokenizer),
         num_prompts=num_prompts, prompts_per_concurrency=1 if phases else waves, repeats=args.repeats,
         load_phases=phases, drafter=args.drafter, base_urls=base_urls,
-        output_len=args.output_len, ignore_eos=args.ignore_eos, temperature=args.temperature,
-        endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
+        output_len=args.output_len, random_range_ratio=_check_range_ratio(args), ignore_eos=args.ignore_eos,
+        temperature=args.temperature, endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
         server_args=args.server_arg + _tp_server_args(getattr(args, "tensor_parallel_size", None)),
         spec_extra=spec_extra, startup_timeout=args.startup_timeout,
         force_new=getattr(args, "force_new", False),
         progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
+
+
+def _check_range_ratio(args) -> float:
+    from adaspec.bench.lengths import check_range_ratio
+
+    try:
+        return check_range_ratio(args.random_range_ratio)
+    except ValueError as e:
+        raise AdaspecError(str(e)) from None
 
 
 def _tp_server_args(size) -> list[str]:

@@ -13,7 +13,7 @@ SHARED = (
     ("hardware", "hardware"), ("engine_commit", "engine commit"), ("model", "model"), ("drafter", "drafter"),
     ("prompts", "prompts"), ("prompts_sha256", "prompts sha256"), ("num_prompts", "prompts per point"),
     ("prompts_per_concurrency", "at least this many waves of C prompts per point"),
-    ("output_len", "output length"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
+    ("output_len", "output length"), ("random_range_ratio", "output length range ratio"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
     ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
     ("load_phases", "load phases (concurrency x requests, in order)"),
 )
@@ -22,7 +22,7 @@ OPTIONAL = {"load_phases"}
 ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 # What a point written before a setting existed was measured with (read as that value, so old and
 # new points of one sweep do not look mixed).
-DEFAULTS = {"prompts_per_concurrency": 1}
+DEFAULTS = {"prompts_per_concurrency": 1, "random_range_ratio": 0.0}
 
 
 def setting(conditions: dict, key: str):

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from adaspec.bench import client, metrics, phases as phases_mod, specstats
+from adaspec.bench.lengths import output_lengths
 from adaspec.errors import AdaspecError
 
 
@@ -26,6 +27,8 @@ class BenchConfig:
     request_rate: float = float("inf")
     burstiness: float = 1.0
     output_len: int | None = 128
+    # each request's max_tokens drawn from [L(1 - r), L(1 + r)] (lengths.py); 0: all output_len
+    random_range_ratio: float = 0.0
     ignore_eos: bool = False
     temperature: float = 1.0
     num_warmups: int = 0
@@ -93,10 +96,13 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         model = cfg.model or await _resolve_model(session, base, headers)
 
-    def payload(i: int, prompt: str) -> dict:
+    lengths = (output_lengths(len(cfg.prompts), cfg.output_len, cfg.random_range_ratio, cfg.seed)
+               if cfg.output_len is not None and cfg.random_range_ratio else None)
+
+    def payload(i: int, prompt: str, measured: bool = True) -> dict:
         spec = client.RequestSpec(
             prompt=prompt,
-            max_tokens=cfg.output_len,
+            max_tokens=lengths[i] if lengths is not None and measured else cfg.output_len,
             temperature=cfg.temperature,
             ignore_eos=cfg.ignore_eos,
             # Off by default, as in `vllm bench serve`: per-request seeds can cost the server speed.
@@ -106,7 +112,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
 
     if cfg.num_warmups:
         # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
-        warm = [payload(i, cfg.prompts[i % len(cfg.prompts)]) for i in range(cfg.num_warmups)]
+        warm = [payload(i, cfg.prompts[i % len(cfg.prompts)], measured=False) for i in range(cfg.num_warmups)]
         # A moving load warms up at its highest phase concurrency.
         warm_cap = max(caps) if caps else cfg.max_concurrency
         wres, _, _ = await client.run_requests(
@@ -156,6 +162,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "request_rate": "inf" if cfg.request_rate == float("inf") else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "output_len": cfg.output_len,
+        "random_range_ratio": cfg.random_range_ratio,
         "ignore_eos": cfg.ignore_eos,
         "temperature": cfg.temperature,
         "num_warmups": cfg.num_warmups,

@@ -21,7 +21,7 @@ from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_j
 
 # Every setting that changes what a point measures: a resumed sweep must match them all, and
 # each point records them (with its arm's server settings, hardware and engine commit).
-SETTINGS = ("model", "drafter", "output_len", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
+SETTINGS = ("model", "drafter", "output_len", "random_range_ratio", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
             "num_prompts", "prompts_per_concurrency", "num_warmups", "seed", "load_phases")
 # What a manifest written before a setting existed meant by it (so such a sweep still resumes).
 SETTING_DEFAULTS = point_conditions.DEFAULTS
@@ -48,6 +48,7 @@ class SweepConfig:
     drafter: str | None = None
     base_urls: dict[str, str] = field(default_factory=dict)  # arm name -> URL of a server we did not start
     output_len: int = 128
+    random_range_ratio: float = 0.0  # each request's max_tokens spread over [L(1 - r), L(1 + r)] (lengths.py)
     ignore_eos: bool = False
     temperature: float = 1.0
     endpoint: str = "completions"
@@ -112,6 +113,7 @@ def settings(cfg: SweepConfig) -> dict:
         "model": cfg.model,
         "drafter": cfg.drafter,
         "output_len": cfg.output_len,
+        "random_range_ratio": cfg.random_range_ratio,
         "ignore_eos": cfg.ignore_eos,
         "temperature": cfg.temperature,
         "endpoint": cfg.endpoint,
@@ -196,8 +198,8 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path,
     bc = BenchConfig(
         base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
         max_concurrency=c, load_phases=cfg.load_phases if c is PHASED else None,
-        output_len=cfg.output_len, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
-        num_warmups=cfg.num_warmups, endpoint=cfg.endpoint,
+        output_len=cfg.output_len, random_range_ratio=cfg.random_range_ratio, ignore_eos=cfg.ignore_eos,
+        temperature=cfg.temperature, num_warmups=cfg.num_warmups, endpoint=cfg.endpoint,
         api_key=cfg.api_key, seed=cfg.seed + 1000 * r, label=f"{arm.name} {'phases' if c is PHASED else f'C={c}'} r={r}",
         progress=cfg.progress,
         extra={"arm": arm.name, "concurrency": c, "repeat": r},

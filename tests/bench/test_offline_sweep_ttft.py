@@ -76,3 +76,26 @@ def test_each_arm_engine_is_freed_before_the_next_arm_loads():
     assert measured == [("a", "label-a"), ("b", "label-b"), ("c", "label-c")]
     assert calls == [["graphs", "shutdown"]] * 3
     assert all(ref() is None for ref in alive)
+
+
+def test_run_point_gives_each_prompt_its_own_length():
+    """--random-range-ratio: run_point takes one SamplingParams per prompt (the point's lengths)."""
+    from offline_sweep import run_point
+
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM("tiny", device="cpu", max_num_seqs=2)
+    lengths = [3, 5, 7]
+    res = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]],
+                    [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths])
+    assert res["total_output_tokens"] == sum(lengths)
+
+
+def test_a_bad_range_ratio_stops_the_sweep_before_any_engine_loads():
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "benchmarks/offline_sweep.py", "--model", "tiny", "--random-range-ratio", "1"],
+                         cwd=root, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 2 and "--random-range-ratio must be in [0, 1), got 1.0" in run.stderr

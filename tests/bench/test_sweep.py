@@ -361,3 +361,25 @@ def test_prompts_per_concurrency_refusals():
     with pytest.raises(AdaspecError, match="drop --prompts-per-concurrency"):
         sweep_config_from_args(_args(["bench", "sweep", "--model", "m", "--out", "o", "--load-phases", "1x2",
                                       "--prompts-per-concurrency", "2"]), log=print)
+
+
+def test_random_range_ratio_is_a_recorded_setting(tmp_path, capsys):
+    """--random-range-ratio spreads the output lengths; the points and the report say so, a resume
+    with another ratio is refused naming the flag, and a bad ratio is refused by name."""
+    out = tmp_path / "sweep"
+    with FakeServer({}, default=FAST) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "2",
+                "--repeats", "1", "--num-prompts", "6", "--num-warmups", "0", "--dataset", "random", "--tokenizer",
+                "tiny", "--output-len", "20", "--out", str(out), "--disable-tqdm"]
+        assert main(argv + ["--random-range-ratio", "0.5"]) == 0
+        sent = sorted(b["max_tokens"] for b in a.requests)
+        assert len(set(sent)) > 1 and 10 <= sent[0] and sent[-1] <= 30
+        point = json.loads((out / "points" / "none_c2_r0.json").read_text())
+        assert point["conditions"]["random_range_ratio"] == 0.5 and point["random_range_ratio"] == 0.5
+        assert "- output length range ratio: `0.5`" in (out / "report.md").read_text()
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert "random_range_ratio (--random-range-ratio): 0.5 -> 0.0" in capsys.readouterr().err
+    for cmd in (["bench", "serve", "--base-url", "http://127.0.0.1:9"], argv[:2] + ["--model", "m", "--out", "o"]):
+        assert main(cmd + ["--random-range-ratio", "1.5"]) == 2
+        assert "--random-range-ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
