@@ -14,7 +14,9 @@ def test_freeze_startup_objects_takes_live_objects_out_of_the_generations():
     sentinel = [["made before the freeze"]]  # lists are always tracked by the collector
     try:
         n = server_module.freeze_startup_objects()
-        assert n == gc.get_freeze_count() > 0
+        # frozen objects that die later leave the count (another thread of the worker may free a few
+        # between the two reads: CI saw 693,017 then 693,015), so the count read now is at most n
+        assert n > 0 and 0.9 * n <= gc.get_freeze_count() <= n
         assert not any(o is sentinel for o in gc.get_objects())  # frozen: no generation holds it
         later = [["made after"]]
         assert any(o is later for o in gc.get_objects())  # new objects are collected as usual
