@@ -36,7 +36,8 @@
 # measured an engine thread: SERVER_ARGS="--no-engine-process" for that).
 # Output lengths spread over [L(1 - r), L(1 + r)] instead of all L (without it the no-spec arm runs
 #   in waves that end on one step, BENCHMARKS.md run 18): OFFLINE_ARGS="--random-range-ratio 0.5" or
-#   SWEEP_ARGS="--random-range-ratio 0.5" (every `bench sweep` of MODE=server).
+#   SWEEP_ARGS="--random-range-ratio 0.5" (every `bench sweep` the H200 scripts run: MODE=server here,
+#   h200_moving_load.sh, h200_server_synthetic.sh).
 # Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL_DECODE_ONLY") and SERVER_ARGS
 #   (server flags, e.g. "--cudagraph-mode=FULL_DECODE_ONLY --disable-log-requests", each given to every server).
 # CPU smoke test (no build, the embedded tiny pair):

@@ -38,16 +38,24 @@ import torch
 
 from adaspec.config import CUDAGRAPH_MODES
 
-try:
-    from adaspec.bench.lengths import check_range_ratio, output_lengths
-except ImportError:  # h200_ab_synthetic.sh runs this script over older trees' engines, which lack it
-    def check_range_ratio(ratio):
-        if ratio:
-            raise ValueError("--random-range-ratio needs adaspec/bench/lengths.py, which this engine tree lacks")
-        return 0.0
 
-    def output_lengths(num, output_len, range_ratio, seed):
-        return [output_len] * num
+
+def _lengths_module():
+    """adaspec/bench/lengths.py of this script's own tree (math and numpy only): h200_ab_synthetic.sh
+    runs this script over older trees' engines, which lack it, and both sides must draw the same
+    lengths."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "adaspec" / "bench" / "lengths.py"
+    spec = importlib.util.spec_from_file_location("_sweep_lengths", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_lengths = _lengths_module()
+check_range_ratio, output_lengths = _lengths.check_range_ratio, _lengths.output_lengths
 
 
 def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
@@ -444,7 +452,8 @@ def main() -> None:
     if label:
         print(f"*** {label}: speculative arms drew acceptance from {args.synthetic_acceptance} ***")
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
-          f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len} repeats={args.repeats}")
+          f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}"
+          f"{f' random_range_ratio={args.random_range_ratio:g}' if args.random_range_ratio else ''} repeats={args.repeats}")
     print(f"{'arm':<12}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
     for arm in args.arms.split(","):

@@ -96,8 +96,10 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         model = cfg.model or await _resolve_model(session, base, headers)
 
-    lengths = (output_lengths(len(cfg.prompts), cfg.output_len, cfg.random_range_ratio, cfg.seed)
-               if cfg.output_len is not None and cfg.random_range_ratio else None)
+    if cfg.random_range_ratio and cfg.output_len is None:
+        raise BenchError("random_range_ratio spreads output_len, which is not set (no max_tokens is sent)")
+    lengths = output_lengths(len(cfg.prompts), cfg.output_len, cfg.random_range_ratio, cfg.seed) \
+        if cfg.random_range_ratio else None
 
     def payload(i: int, prompt: str, measured: bool = True) -> dict:
         spec = client.RequestSpec(

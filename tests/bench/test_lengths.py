@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from adaspec.bench.lengths import check_range_ratio, output_lengths
-from adaspec.bench.runner import BenchConfig, run_benchmark
+from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark
 from .fakeclock import FakeClock
 from .fakeserver import FakeServer, Script
 
@@ -54,3 +54,10 @@ def test_requests_carry_the_spread_lengths_and_the_result_says_so():
     assert sent == sorted(zip(prompts, output_lengths(12, 40, 0.5, seed=7)))
     assert len({m for _, m in sent}) > 1
     assert res["random_range_ratio"] == 0.5 and res["output_len"] == 40
+
+
+def test_a_ratio_without_an_output_len_is_refused():
+    cfg = BenchConfig(base_url="http://127.0.0.1:9", model="m", prompts=["p"], output_len=None,
+                      random_range_ratio=0.5, progress=False)
+    with pytest.raises(BenchError, match="random_range_ratio spreads output_len, which is not set"):
+        run_benchmark(cfg)

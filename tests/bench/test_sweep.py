@@ -364,22 +364,35 @@ def test_prompts_per_concurrency_refusals():
 
 
 def test_random_range_ratio_is_a_recorded_setting(tmp_path, capsys):
-    """--random-range-ratio spreads the output lengths; the points and the report say so, a resume
-    with another ratio is refused naming the flag, and a bad ratio is refused by name."""
+    """--random-range-ratio spreads the output lengths, the same for every arm; the points and the
+    report say so, a resume with another ratio is refused naming the flag, a sweep from before the
+    setting resumes as ratio 0 without looking mixed, and a bad ratio is refused by name."""
     out = tmp_path / "sweep"
-    with FakeServer({}, default=FAST) as a:
-        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "2",
-                "--repeats", "1", "--num-prompts", "6", "--num-warmups", "0", "--dataset", "random", "--tokenizer",
-                "tiny", "--output-len", "20", "--out", str(out), "--disable-tqdm"]
+    with FakeServer({}, default=FAST) as a, FakeServer({}, default=FAST) as b:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--base-url",
+                f"fixed:3={b.url}", "--concurrency", "2", "--repeats", "1", "--num-prompts", "6", "--num-warmups",
+                "0", "--dataset", "random", "--tokenizer", "tiny", "--output-len", "20", "--out", str(out),
+                "--disable-tqdm"]
         assert main(argv + ["--random-range-ratio", "0.5"]) == 0
-        sent = sorted(b["max_tokens"] for b in a.requests)
-        assert len(set(sent)) > 1 and 10 <= sent[0] and sent[-1] <= 30
+        sent = [sorted((r["prompt"], r["max_tokens"]) for r in srv.requests) for srv in (a, b)]
+        assert sent[0] == sent[1], "every arm must get the same lengths"
+        lengths = sorted(m for _, m in sent[0])
+        assert len(set(lengths)) > 1 and 10 <= lengths[0] and lengths[-1] <= 30
         point = json.loads((out / "points" / "none_c2_r0.json").read_text())
         assert point["conditions"]["random_range_ratio"] == 0.5 and point["random_range_ratio"] == 0.5
         assert "- output length range ratio: `0.5`" in (out / "report.md").read_text()
         capsys.readouterr()
         assert main(argv) == 2
         assert "random_range_ratio (--random-range-ratio): 0.5 -> 0.0" in capsys.readouterr().err
+
+        # as an older adaspec left it: no such setting anywhere; it meant every request asked for L
+        for f in [out / "manifest.json", *(out / "points").glob("*.json")]:
+            d = json.loads(f.read_text())
+            (d.get("conditions") or d).pop("random_range_ratio")
+            f.write_text(json.dumps(d))
+        (out / "points" / "none_c2_r0.json").unlink()
+        assert main(argv) == 0  # resumes, measuring the missing point only
+        assert "MIXED" not in (out / "report.md").read_text()
     for cmd in (["bench", "serve", "--base-url", "http://127.0.0.1:9"], argv[:2] + ["--model", "m", "--out", "o"]):
         assert main(cmd + ["--random-range-ratio", "1.5"]) == 2
         assert "--random-range-ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
