@@ -14,13 +14,13 @@ at low concurrency. With `reserve_all_spec_slots` the old behaviour is kept: max
 slots are taken out of the budget up front.
 
 Draft slots verified apart (not with `reserve_all_spec_slots`, which keeps the old budget): when
-the speculative step runs the decoding rows in CUDA graphs of
-their own (a forward apart from the prefill chunks' eager one, sized at capture), their draft
-slots take nothing from the token budget, which bounds the eager forward only: each decoding
-row counts its one token. Taking them from it shrank every prefill chunk by the slots (at 256
-decoding requests and k = 7, 2,048 of 4,096 tokens), so a wave of prompts needed ~1.6x the
-mixed steps of the plain engine, each costing about as much as a full one (H200 run 18, the
-Qwen3-8B shape: 38 mixed steps of 87 ms against no-spec's 24 of 93 ms at 256 requests).
+the speculative step runs the decoding rows in CUDA graphs of their own (a forward apart from the
+prefill chunks' eager one, sized at capture), their draft slots take nothing from the token
+budget, which bounds the eager forward only: each decoding row counts its one token. Taking them
+from it shrank every prefill chunk by the slots (at 256 decoding requests and k = 7, 2,048 of
+4,096 tokens), so a wave of prompts needed ~1.6x the mixed steps of the plain engine, each costing
+about as much as a full one (H200 run 18, the Qwen3-8B shape: 38 mixed steps of 87 ms against
+no-spec's 24 of 93 ms at 256 requests).
 """
 from __future__ import annotations
 
@@ -111,8 +111,9 @@ class Scheduler:
         host's work in a speculative step at 256 requests when it went through properties.
 
         Draft slots: only a decoding request drafts, at most num_spec_tokens, never beyond the
-        step's token budget unless verified apart (apart), and never more than remaining - 1 (a step emits at most l + 1 tokens:
-        drafts past the request's end could never be used).
+        step's token budget unless its slots are verified apart (`apart`), and never more than
+        remaining - 1 (a step emits at most l + 1 tokens: drafts past the request's end could never
+        be used).
 
         A request whose speculative step is still in flight (pipelined steps) counts the one token
         that step surely emits, and needs KV positions as if it emitted all it may."""
@@ -141,7 +142,8 @@ class Scheduler:
             remaining = self.max_model_len - n_tok
             if p.max_tokens is not None:
                 remaining = min(remaining, p.max_tokens - n_out)
-            spec = max(0, min(self.num_spec_tokens, remaining - 1, self.num_spec_tokens if apart else budget - n))
+            room = self.num_spec_tokens if apart else budget - n
+            spec = max(0, min(self.num_spec_tokens, remaining - 1, room))
         total = seq.num_computed_tokens + n + spec
         if spec:  # the draft block writes K/V up to the lookahead
             total = max(total, seq.num_computed_tokens + self.draft_lookahead)
