@@ -121,9 +121,9 @@ class SpeculativeConfig:
     # projection and Markov steps of the slots left out are saved. The cost tables then time every
     # width's draft, and the policy prices each candidate budget with the narrowest draft that
     # holds it (policy.slots_needed); every 16th such step drafts all k, so slots past the width
-    # get fresh confidences. Opt-in until measured on a GPU (at 256 requests of the
-    # Qwen3-8B shape the full draft pass cost 80% of a plain step while ~2.3 slots per request were
-    # verified, BENCHMARKS.md, run 17).
+    # get fresh confidences. Opt-in: measured on the H200 it made no difference beyond the
+    # spreads (Qwen3-8B shape and the code-0.6b pair, BENCHMARKS.md, run 18), though at 256 requests
+    # of the 8B shape the full draft pass costs 80% of a plain step (run 17).
     adaptive_draft_width: str = "full"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5
