@@ -39,7 +39,6 @@ import torch
 from adaspec.config import CUDAGRAPH_MODES
 
 
-
 def _lengths_module():
     """adaspec/bench/lengths.py of this script's own tree (math and numpy only): h200_ab_synthetic.sh
     runs this script over older trees' engines, which lack it, and both sides must draw the same
@@ -451,9 +450,10 @@ def main() -> None:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.machine() + " CPU"
     if label:
         print(f"*** {label}: speculative arms drew acceptance from {args.synthetic_acceptance} ***")
+    spread = f" random_range_ratio={args.random_range_ratio:g}" if args.random_range_ratio else ""
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
-          f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}"
-          f"{f' random_range_ratio={args.random_range_ratio:g}' if args.random_range_ratio else ''} repeats={args.repeats}")
+          f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
+          f"repeats={args.repeats}")
     print(f"{'arm':<12}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
     for arm in args.arms.split(","):

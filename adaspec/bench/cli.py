@@ -207,7 +207,7 @@ def cmd_serve(args) -> int:
 
     if args.output_len is not None and args.output_len < 1:
         raise AdaspecError("--output-len must be at least 1")
-    _check_range_ratio(args)
+    range_ratio = _check_range_ratio(args)
     if (args.result_dir or args.result_filename) and not args.save_result:
         raise AdaspecError("--result-dir/--result-filename name where --save-result writes; add --save-result")
     num_prompts = args.num_prompts
@@ -224,8 +224,9 @@ def cmd_serve(args) -> int:
     cfg = BenchConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
-        output_len=args.output_len, random_range_ratio=args.random_range_ratio, ignore_eos=args.ignore_eos,
-        temperature=args.temperature, num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path, api_key=args.api_key, seed=args.seed,
+        output_len=args.output_len, random_range_ratio=range_ratio, ignore_eos=args.ignore_eos,
+        temperature=args.temperature, num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path,
+        api_key=args.api_key, seed=args.seed,
         label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
         progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
         metric_percentiles=args.metric_percentiles, load_phases=args.load_phases,
@@ -293,7 +294,8 @@ def sweep_config_from_args(args, log=print):
         num_prompts=num_prompts, prompts_per_concurrency=1 if phases else waves, repeats=args.repeats,
         load_phases=phases, drafter=args.drafter, base_urls=base_urls,
         output_len=args.output_len, random_range_ratio=_check_range_ratio(args), ignore_eos=args.ignore_eos,
-        temperature=args.temperature, endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key, seed=args.seed,
+        temperature=args.temperature, endpoint=kind, num_warmups=args.num_warmups, api_key=args.api_key,
+        seed=args.seed,
         server_args=args.server_arg + _tp_server_args(getattr(args, "tensor_parallel_size", None)),
         spec_extra=spec_extra, startup_timeout=args.startup_timeout,
         force_new=getattr(args, "force_new", False),

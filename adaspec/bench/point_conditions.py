@@ -13,7 +13,8 @@ SHARED = (
     ("hardware", "hardware"), ("engine_commit", "engine commit"), ("model", "model"), ("drafter", "drafter"),
     ("prompts", "prompts"), ("prompts_sha256", "prompts sha256"), ("num_prompts", "prompts per point"),
     ("prompts_per_concurrency", "at least this many waves of C prompts per point"),
-    ("output_len", "output length"), ("random_range_ratio", "output length range ratio"), ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
+    ("output_len", "output length"), ("random_range_ratio", "output length range ratio"),
+    ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
     ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
     ("load_phases", "load phases (concurrency x requests, in order)"),
 )

@@ -21,8 +21,8 @@ from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_j
 
 # Every setting that changes what a point measures: a resumed sweep must match them all, and
 # each point records them (with its arm's server settings, hardware and engine commit).
-SETTINGS = ("model", "drafter", "output_len", "random_range_ratio", "ignore_eos", "temperature", "endpoint", "prompts", "prompts_sha256",
-            "num_prompts", "prompts_per_concurrency", "num_warmups", "seed", "load_phases")
+SETTINGS = ("model", "drafter", "output_len", "random_range_ratio", "ignore_eos", "temperature", "endpoint", "prompts",
+            "prompts_sha256", "num_prompts", "prompts_per_concurrency", "num_warmups", "seed", "load_phases")
 # What a manifest written before a setting existed meant by it (so such a sweep still resumes).
 SETTING_DEFAULTS = point_conditions.DEFAULTS
 # Per arm: what its server was started with.

@@ -97,5 +97,6 @@ def test_a_bad_range_ratio_stops_the_sweep_before_any_engine_loads():
 
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "benchmarks/offline_sweep.py", "--model", "tiny", "--random-range-ratio", "1"],
-                         cwd=root, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+                         cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 2 and "--random-range-ratio must be in [0, 1), got 1.0" in run.stderr

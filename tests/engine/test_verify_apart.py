@@ -157,7 +157,8 @@ def test_no_eager_forward_exceeds_the_budget(pair, pipelined, served_only):
 
     eng.runner.execute = counted
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 300, (n,), generator=g).tolist() for n in torch.randint(2, 60, (12,), generator=g).tolist()]
+    sizes_of_prompts = torch.randint(2, 60, (12,), generator=g).tolist()
+    prompts = [torch.randint(1, 300, (n,), generator=g).tolist() for n in sizes_of_prompts]
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     params = [greedy if served_only or i % 4 not in (1, 2) else
               SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=1) if i % 4 == 1 else
