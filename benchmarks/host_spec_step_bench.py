@@ -44,7 +44,7 @@ def build(args):
     state = {}
 
     def launch(key, last_tok, start, slots, seeds, temperature, block_tables, drafting, budget, carried=None,
-               first_tokens=None):  # synchronous steps on the CPU: nothing is carried
+               first_tokens=None, draft_width=None):  # synchronous steps on the CPU: nothing is carried
         n = len(last_tok)
         rb = np.zeros((n, 2 * k + 3), dtype=np.int64)
         rb[:, : k + 1] = rng.integers(10, 300, (n, k + 1))

@@ -1,0 +1,153 @@
+"""GPU probe: where the steps go under arrivals, per arm, at one concurrency: the closed loop of the
+offline sweep (benchmarks/offline_sweep.py: waves x C short prompts, C in flight, every request
+64 tokens), where most speculative steps are mixed (a few new prompts beside C decoding rows).
+H200 run 19 (BENCHMARKS.md): at 256 requests of the code-0.6b pair a mixed speculative step took
+13-17 ms against 5-6 ms for a decode-only one, with ~3 ms in the graphs; this says where the rest
+goes. The Qwen3-0.6B shape with the pair's vocabulary (16384) on random weights, synthetic
+acceptance from run 19's held-out T = 0 curve (timing only), so no pair build is needed.
+
+Per arm, three passes over the same prompts after a warm-up wave:
+  - timed: offline_sweep.run_point (throughput, step kinds, the engine's step split);
+  - torch.profiler: each engine.step() call inside a record_function range, so the GPU kernel time
+    of the work each step call launched is summed per step kind (prefill = the call ran prompt
+    tokens; under pipelining a call also finishes the step before it, whose kernels it did not
+    launch, so the kernel time follows the launch), and the top kernels;
+  - cProfile: the host's functions by own time.
+A step kind whose wall time is well above its kernel time is host-bound there. Writes
+$OUT/mixed_step_profile.txt and $OUT/mixed_step_profile.json.
+
+    python3 benchmarks/probes/mixed_step_profile.py [--arms none,fixed:3,adaptive:7] [--concurrency 256]
+        [--waves 4] [--prompt-len 10] [--output-len 64] [--shape qwen3-0.6b] [--shape-overrides JSON]
+        [--device cuda]
+CPU smoke test (a 2-layer shape): --device cpu --concurrency 4 --waves 2 --output-len 6
+    --shape-overrides '{"num_hidden_layers": 2, "hidden_size": 256, ...}'
+"""
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adaspec import LLM, SamplingParams  # noqa: E402
+from offline_sweep import arm_config, run_point, shape_model_dir  # noqa: E402
+
+# run 19's build (benchmarks/results/h200/run19/frontier_T0_606731a/pair.json), held-out T = 0
+CURVE = [0.8422, 0.7431, 0.7395, 0.7419, 0.7444, 0.7630, 0.7739]
+PAIR_VOCAB = {"vocab_size": 16384}
+
+
+def prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (n, length), generator=g).tolist()
+
+
+def add_all(eng, ps, params, tag: str) -> None:
+    for i, p in enumerate(ps):
+        eng.add_request(f"{tag}{i}", p, params)
+
+
+def profiled_pass(eng, ps, params, cuda: bool) -> dict:
+    """Kernel ms per step call, by kind, from record_function ranges around each engine.step()."""
+    add_all(eng, ps, params, "prof")
+    kinds, walls = [], []
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        while eng.has_unfinished_requests():
+            p0, t0 = eng.stats.num_prompt_tokens, time.perf_counter()
+            with torch.profiler.record_function("adaspec.step"):
+                eng.step()
+            walls.append(time.perf_counter() - t0)
+            kinds.append("prefill" if eng.stats.num_prompt_tokens > p0 else "decode")
+        if cuda:
+            torch.cuda.synchronize()
+    ranges = sorted((e for e in prof.events() if e.name == "adaspec.step"), key=lambda e: e.time_range.start)
+    if len(ranges) != len(kinds):
+        raise SystemExit(f"the profiler kept {len(ranges)} step ranges of {len(kinds)} step calls")
+    out = {}
+    for kind in ("prefill", "decode"):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        gpu = sum(ranges[i].device_time_total for i in idx) / 1e3
+        out[kind] = dict(steps=len(idx), kernel_ms_per_step=round(gpu / len(idx), 3) if idx else None,
+                         wall_ms_per_step_profiled=round(1e3 * sum(walls[i] for i in idx) / len(idx), 3) if idx else None)
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    out["top_kernels"] = prof.key_averages().table(sort_by=sort, row_limit=25)
+    return out
+
+
+def host_pass(eng, ps, params) -> str:
+    add_all(eng, ps, params, "host")
+    pr = cProfile.Profile()
+    pr.enable()
+    while eng.has_unfinished_requests():
+        eng.step()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+    return s.getvalue()
+
+
+def profile_arm(arm: str, args, model_dir: str, out) -> dict:
+    cfg = arm_config(arm, None, 0.0, {"synthetic_acceptance": CURVE})
+    llm = LLM(model_dir, load_format="dummy", max_num_seqs=args.concurrency, speculative_config=cfg,
+              skip_tokenizer_init=True, max_model_len=args.prompt_len + args.output_len + 16, device=args.device)
+    eng, c = llm.llm_engine, args.concurrency
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    n = args.waves * c
+    vocab = eng.model_config.vocab_size
+    run_point(llm, prompts(c, args.prompt_len, 1, vocab), params)  # warm-up: graphs, allocator, the policy
+    row = run_point(llm, prompts(n, args.prompt_len, 2, vocab), params)
+    gpu = profiled_pass(eng, prompts(n, args.prompt_len, 3, vocab), params, args.device == "cuda")
+    host = host_pass(eng, prompts(n, args.prompt_len, 4, vocab), params)
+    kinds = row["step_kinds"]
+    lines = [f"{arm} @ {c}: {row['output_throughput']:.0f} out tok/s, {row['duration']:.2f} s"]
+    for kind in ("prefill", "decode"):
+        k, g = kinds[kind], gpu[kind]
+        lines.append(f"  {kind:7s}: {k['steps']} steps, wall {k['ms_per_step']} ms/step (timed pass); "
+                     f"kernels launched {g['kernel_ms_per_step']} ms/step, wall {g['wall_ms_per_step_profiled']} "
+                     f"ms/step (profiled pass, {g['steps']} steps)")
+    lines.append(f"  step split (timed pass): {json.dumps(row['step_split'])}")
+    print("\n".join(lines), flush=True)
+    out.write("==== " + "\n".join(lines) + f"\n---- host (cProfile by own time, one pass)\n{host}\n"
+              f"---- kernels (profiled pass)\n{gpu.pop('top_kernels')}\n")
+    eng.shutdown()
+    return dict(arm=arm, concurrency=c, timed=row, profiled=gpu)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arms", default="none,fixed:3,adaptive:7")
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--waves", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=10, help="prompt tokens (eval-code's average is ~10)")
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--shape-overrides", default=json.dumps(PAIR_VOCAB))
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (give --device cpu for a smoke test)")
+    out_dir = Path(os.environ.get("OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = shape_model_dir(args.shape, args.shape_overrides)
+    rows = []
+    with open(out_dir / "mixed_step_profile.txt", "w") as out:
+        out.write(f"synthetic acceptance: timing only ({', '.join(map(str, CURVE))}); {vars(args)}\n")
+        for arm in args.arms.split(","):
+            rows.append(profile_arm(arm, args, model_dir, out))
+            torch.cuda.empty_cache() if args.device == "cuda" else None
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    (out_dir / "mixed_step_profile.json").write_text(json.dumps(
+        dict(commit=os.environ.get("ADASPEC_COMMIT"), device=device, args=vars(args),
+             synthetic_acceptance="timing only", curve=CURVE, rows=rows), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
