@@ -6,8 +6,10 @@ Per run: output throughput (generated tokens / wall time of the run), per-user s
 request ((output_tokens - 1) / (finish - first token)), median and p10 over requests, TTFT
 median (from when a closed-loop client would have sent the request: when a slot freed), mean
 accepted length and acceptance rate from the engine's counters, where each step's time went
-(step_split), what the host did (host), and per run the host's single-thread speed (host_speed,
-at the start and the end) and each adaptive arm's profiled cost tables (cost_tables).
+(step_split), what the host did (host: CPU, load, the garbage collector's pauses), and per run the host's single-thread speed (host_speed,
+at the start and the end) and each adaptive arm's profiled cost tables (cost_tables). After the
+engines load, what start-up built is frozen out of the garbage collector's reach (--gc freeze, the
+default since 2026-12-02; before, a full collection of ~100 ms or more could fall inside a point).
 
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
@@ -164,8 +166,51 @@ class StepKinds:
         return out
 
 
+class GcPauses:
+    """The garbage collector's collections and the time they stood the process still, per
+    generation, since the process imported this module. A full collection walks every tracked
+    object: with four engines loaded (the interleaved sweep) that is a pause of 100 ms or more,
+    inside a point that lasts ~1.5 s at C = 256 on the H200, so each point records its own
+    (host["gc"]) and the sweep freezes what start-up built (--gc freeze, freeze_startup_heap)."""
+
+    def __init__(self):
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.collections[g] += 1
+            self.seconds[g] += time.perf_counter() - self._t
+
+    def sample(self) -> tuple:
+        return tuple(self.collections), tuple(self.seconds)
+
+    @staticmethod
+    def since(g0: tuple, g1: tuple) -> dict:
+        return {"collections": [b - a for a, b in zip(g0[0], g1[0])],
+                "ms": [round(1e3 * (b - a), 2) for a, b in zip(g0[1], g1[1])]}
+
+
+GC_PAUSES = GcPauses()
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (the loaded engines: modules, weights' wrappers, graphs) out of
+    the collector's reach, as `adaspec serve` does after start-up: later full collections walk only
+    what the points allocate. Undone with gc.unfreeze() before an engine is freed (frozen objects
+    are never collected, and an engine holds reference cycles)."""
+    gc.collect()
+    gc.freeze()
+
+
 def host_sample() -> tuple:
-    """(this process's CPU seconds, the machine's busy and total CPU jiffies or None, 1-minute load)."""
+    """(this process's CPU seconds, the machine's busy and total CPU jiffies or None, 1-minute load,
+    the collector's counters)."""
     cpu = time.process_time()
     busy = total = None
     try:  # Linux: the machine's CPU time, all processes (fields: user nice system idle iowait ...)
@@ -174,7 +219,7 @@ def host_sample() -> tuple:
         total, busy = sum(f), sum(f) - f[3] - (f[4] if len(f) > 4 else 0)
     except (OSError, ValueError):
         pass
-    return cpu, busy, total, os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return cpu, busy, total, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, GC_PAUSES.sample()
 
 
 def host_load(h0: tuple, h1: tuple, wall: float) -> dict:
@@ -182,9 +227,11 @@ def host_load(h0: tuple, h1: tuple, wall: float) -> dict:
     differ (H200 run 15: the engine's host bookkeeping was 1.5-2x run 14's in every arm, cause
     unknown): this process's CPU seconds per wall second (~1 for a busy engine loop, plus its
     other threads), the machine's busy CPUs (all processes; another process competing shows as
-    busy CPUs well above this process's share) and the 1-minute load average at the end."""
+    busy CPUs well above this process's share), the 1-minute load average at the end, and the
+    garbage collector's collections and pause ms per generation during the point (GcPauses)."""
     out = {"process_cpu_per_wall": round((h1[0] - h0[0]) / wall, 3) if wall > 0 else None,
-           "machine_busy_cpus": None, "loadavg_1m": round(h1[3], 2) if h1[3] is not None else None}
+           "machine_busy_cpus": None, "loadavg_1m": round(h1[3], 2) if h1[3] is not None else None,
+           "gc": GcPauses.since(h0[4], h1[4])}
     if h0[1] is not None and h1[1] is not None and h1[2] > h0[2]:
         out["machine_busy_cpus"] = round((h1[1] - h0[1]) / (h1[2] - h0[2]) * (os.cpu_count() or 1), 2)
     return out
@@ -276,15 +323,19 @@ def shape_model_dir(name: str, overrides: str | None) -> str:
     return str(d)
 
 
-def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm) -> None:
+def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm, freeze: bool = False) -> None:
     """Load, measure and free each arm in turn. The engine sizes its KV cache from the GPU memory
     that is free when it loads, so the previous arm's engine (weights, KV cache, CUDA graphs' pools)
     must be gone first: dropping the name was not enough (the engine holds reference cycles), and in
     H200 run 16 the third arm of the Qwen3-8B sweep got 1,531 KV blocks, fewer than one request
-    needs. load(arm) -> (llm, *rest); measure_arm(arm, llm, *rest)."""
+    needs. load(arm) -> (llm, *rest); measure_arm(arm, llm, *rest). freeze: the collector ignores
+    each arm's start-up heap while it is measured (freeze_startup_heap)."""
     for arm in arms:
         loaded = list(load(arm))
+        if freeze:
+            freeze_startup_heap()
         measure_arm(arm, *loaded)
+        gc.unfreeze()  # the engine's objects must be collectable again to be freed
         engine = loaded[0].llm_engine
         loaded.clear()
         # getattr: h200_ab_synthetic.sh runs this script over older trees' engines too
@@ -334,6 +385,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gc", choices=("freeze", "as-is"), default="freeze",
+                    help="freeze: after the engines load, move what start-up built out of the garbage collector's "
+                         "reach (as `adaspec serve` does), so that a full collection inside a point walks only what "
+                         "the points allocated; as-is: leave the collector alone (runs before 2026-12-02 did). "
+                         "Every point records its collections and their pauses (host.gc)")
     ap.add_argument("--interleave", action="store_true",
                     help="load every arm's engine at once and rotate the arms' order each repeat (needs "
                          "memory for all of them; give --kv-cache-gib so each gets the same KV cache)")
@@ -432,10 +488,13 @@ def main() -> None:
         # every arm's engine stays loaded; each repeat visits the arms in a rotated order, so no arm
         # is always the first to run a concurrency (the order effects a one-arm-at-a-time sweep has)
         loaded = {arm: load(arm) for arm in arms}
+        if args.gc == "freeze":
+            freeze_startup_heap()
         for r in range(args.repeats):
             for c in concs:
                 for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
                     measure(arm, *loaded[arm], c, r)
+        gc.unfreeze()
         del loaded
     else:
         def measure_arm(arm, llm, arm_label, prompts):
@@ -443,7 +502,7 @@ def main() -> None:
                 for r in range(args.repeats):
                     measure(arm, llm, arm_label, prompts, c, r)
 
-        sweep_arms_one_at_a_time(arms, load, measure_arm)
+        sweep_arms_one_at_a_time(arms, load, measure_arm, freeze=args.gc == "freeze")
     label = state["label"]
     # summary: mean +- std over repeats
     print()

@@ -47,7 +47,8 @@ def test_offline_sweep_records_the_commit_given_by_env(tmp_path):
                    capture_output=True, timeout=300)
     res = json.loads(out.read_text())
     assert res["commit"] == "c0ffee1"
-    assert set(res["rows"][0]["host"]) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m"}
+    assert set(res["rows"][0]["host"]) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m", "gc"}
+    assert res["args"]["gc"] == "freeze"  # the default, recorded with the run's conditions
 
 
 def test_host_speed_names_the_cpu_and_reports_the_median_time(monkeypatch):

@@ -26,16 +26,61 @@ def test_host_load_per_point_from_two_samples():
 
     from offline_sweep import host_load, host_sample
 
-    # 3 CPU s in 2 s of wall; the machine was busy 600 of 1000 jiffies
-    got = host_load((10.0, 400, 1000, 0.5), (13.0, 1000, 2000, 1.25), 2.0)
+    # 3 CPU s in 2 s of wall; the machine was busy 600 of 1000 jiffies; meanwhile 5 young and one
+    # full collection, the full one a 120 ms pause
+    gc0, gc1 = ((10, 2, 1), (0.01, 0.002, 0.1)), ((15, 2, 2), (0.0105, 0.002, 0.22))
+    got = host_load((10.0, 400, 1000, 0.5, gc0), (13.0, 1000, 2000, 1.25, gc1), 2.0)
     assert got == {"process_cpu_per_wall": 1.5, "machine_busy_cpus": round(0.6 * (os.cpu_count() or 1), 2),
-                   "loadavg_1m": 1.25}
-    assert host_load((0.0, None, None, None), (1.0, None, None, None), 1.0) == \
-        {"process_cpu_per_wall": 1.0, "machine_busy_cpus": None, "loadavg_1m": None}
+                   "loadavg_1m": 1.25, "gc": {"collections": [5, 0, 1], "ms": [0.5, 0.0, 120.0]}}
+    assert host_load((0.0, None, None, None, gc0), (1.0, None, None, None, gc0), 1.0) == \
+        {"process_cpu_per_wall": 1.0, "machine_busy_cpus": None, "loadavg_1m": None,
+         "gc": {"collections": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}}
     a = host_sample()
     sum(i * i for i in range(200_000))  # some CPU work of this process
     b = host_sample()
     assert b[0] > a[0] and (a[1] is None or (b[2] >= a[2] and b[1] >= a[1]))
+
+
+def test_the_collectors_pauses_are_counted_per_generation():
+    import gc
+
+    from offline_sweep import GC_PAUSES, GcPauses
+
+    a = GC_PAUSES.sample()
+    gc.collect()  # one full collection
+    gc.collect(0)
+    got = GcPauses.since(a, GC_PAUSES.sample())
+    assert got["collections"][2] == 1 and got["collections"][0] >= 1 and all(ms >= 0 for ms in got["ms"])
+
+
+def test_the_startup_heap_is_frozen_while_each_arm_is_measured(monkeypatch):
+    """--gc freeze: the loaded engine is out of the collector's reach during its points, and back in
+    it before it is freed (frozen objects are never collected: the next arm would find it alive)."""
+    import gc
+    import weakref
+
+    from offline_sweep import sweep_arms_one_at_a_time
+
+    class Llm:
+        def __init__(self):
+            self.llm_engine = self  # a cycle, as the real engine has
+
+    alive, frozen = [], []
+
+    def load(arm):
+        assert all(ref() is None for ref in alive), f"{arm}: an earlier arm's engine is still alive"
+        llm = Llm()
+        alive.append(weakref.ref(llm))
+        return (llm,)
+
+    try:
+        sweep_arms_one_at_a_time(["a", "b"], load, lambda arm, llm: frozen.append(gc.get_freeze_count()),
+                                 freeze=True)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+    assert len(frozen) == 2 and all(n > 0 for n in frozen)
+    assert all(ref() is None for ref in alive)
 
 
 def test_each_arm_engine_is_freed_before_the_next_arm_loads():
