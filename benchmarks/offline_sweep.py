@@ -169,7 +169,7 @@ class StepKinds:
 class GcPauses:
     """The garbage collector's collections and the time they stood the process still, per
     generation, since the process imported this module. A full collection walks every tracked
-    object: with four engines loaded (the interleaved sweep) that is a pause of 100 ms or more,
+    object: with several engines loaded (the interleaved sweep) that is a pause of 100 ms or more,
     inside a point that lasts ~1.5 s at C = 256 on the H200, so each point records its own
     (host["gc"]) and the sweep freezes what start-up built (--gc freeze, freeze_startup_heap)."""
 
@@ -334,8 +334,10 @@ def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm, freeze: bool = 
         loaded = list(load(arm))
         if freeze:
             freeze_startup_heap()
-        measure_arm(arm, *loaded)
-        gc.unfreeze()  # the engine's objects must be collectable again to be freed
+        try:
+            measure_arm(arm, *loaded)
+        finally:
+            gc.unfreeze()  # the engine's objects must be collectable again to be freed
         engine = loaded[0].llm_engine
         loaded.clear()
         # getattr: h200_ab_synthetic.sh runs this script over older trees' engines too
@@ -469,6 +471,8 @@ def main() -> None:
             warm = [prompts[i % len(prompts)] for i in range(c)]
             run_point(llm, warm, SamplingParams(temperature=args.temperature, max_tokens=8, ignore_eos=True))
             warmed.add((arm, c))
+            if args.gc == "freeze":  # what the warm-up built (compiled kernels' caches, guards) too
+                gc.freeze()
         sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
         torch.manual_seed(r)
         res = run_point(llm, sel, params)
@@ -490,11 +494,13 @@ def main() -> None:
         loaded = {arm: load(arm) for arm in arms}
         if args.gc == "freeze":
             freeze_startup_heap()
-        for r in range(args.repeats):
-            for c in concs:
-                for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
-                    measure(arm, *loaded[arm], c, r)
-        gc.unfreeze()
+        try:
+            for r in range(args.repeats):
+                for c in concs:
+                    for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
+                        measure(arm, *loaded[arm], c, r)
+        finally:
+            gc.unfreeze()
         del loaded
     else:
         def measure_arm(arm, llm, arm_label, prompts):

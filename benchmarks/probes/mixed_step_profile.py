@@ -8,10 +8,11 @@ acceptance from run 19's held-out T = 0 curve (timing only), so no pair build is
 
 Per arm, three passes over the same prompts after a warm-up wave:
   - timed: offline_sweep.run_point (throughput, step kinds, the engine's step split);
-  - torch.profiler: each engine.step() call inside a record_function range, so the GPU kernel time
-    of the work each step call launched is summed per step kind (prefill = the call ran prompt
-    tokens; under pipelining a call also finishes the step before it, whose kernels it did not
-    launch, so the kernel time follows the launch), and the top kernels;
+  - torch.profiler: each engine.step() call inside a record_function range, so the GPU activity
+    (kernels, CUDA-graph replays' kernels, copies) that each step call launched is summed per step
+    kind (step_kernel_us; prefill = the call ran prompt tokens; under pipelining a call also
+    finishes the step before it, whose kernels it did not launch, so the time follows the launch),
+    beside the pass's whole GPU activity (what the per-kind figures cover), and the top kernels;
   - cProfile: the host's functions by own time.
 A step kind whose wall time is well above its kernel time is host-bound there. Writes
 $OUT/mixed_step_profile.txt and $OUT/mixed_step_profile.json.
@@ -24,20 +25,24 @@ CPU smoke test (a 2-layer shape): --device cpu --concurrency 4 --waves 2 --outpu
 """
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
 import pstats
 import sys
 import time
+from bisect import bisect_right
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adaspec import LLM, SamplingParams  # noqa: E402
-from offline_sweep import arm_config, run_point, shape_model_dir  # noqa: E402
+from offline_sweep import arm_config, run_point, shape_model_dir, sweep_arms_one_at_a_time  # noqa: E402
+from plain_step_profile import device_events  # noqa: E402
 
 # run 19's build (benchmarks/results/h200/run19/frontier_T0_606731a/pair.json), held-out T = 0
 CURVE = [0.8422, 0.7431, 0.7395, 0.7419, 0.7444, 0.7630, 0.7739]
@@ -54,37 +59,80 @@ def add_all(eng, ps, params, tag: str) -> None:
         eng.add_request(f"{tag}{i}", p, params)
 
 
+STEP = "adaspec.step"  # the record_function range around each engine.step() call
+
+
+def _us(e) -> float:
+    return e.time_range.end - e.time_range.start
+
+
+def step_kernel_us(events, num_steps: int) -> tuple[list[float] | None, float]:
+    """(GPU activity us per step call, or None where the profile cannot tie them; us not tied to any).
+
+    A record_function range appears twice: on the CPU (the step call) and on each stream's GPU
+    timeline, as an annotation spanning the work that call launched, CUDA-graph replays included,
+    with the CPU range's id. Each GPU activity (kernel, memcpy, memset) goes to the step whose
+    annotation on the same stream began last before the activity began: on one stream work runs in
+    launch order, so a pipelined step's kernels, queued behind the previous step's, still fall in
+    its own span. The steps' annotations are matched to the step calls by id, else by order where
+    each stream has one per call; otherwise None (and every activity counts as not tied)."""
+    cpu_t = torch.autograd.DeviceType.CPU
+    calls = sorted((e for e in events if e.name == STEP and e.device_type == cpu_t), key=lambda e: e.time_range.start)
+    acts = [e for e in events if e.device_type != cpu_t and e.name != STEP]
+    total = sum(_us(a) for a in acts)
+    by_id = {e.id: i for i, e in enumerate(calls)}
+    streams: dict = {}
+    for g in (e for e in events if e.name == STEP and e.device_type != cpu_t):
+        streams.setdefault((g.device_index, g.thread), []).append(g)
+    spans: dict = {}
+    for key, anns in streams.items():
+        anns.sort(key=lambda e: e.time_range.start)
+        if all(a.id in by_id for a in anns):
+            spans[key] = [(a.time_range.start, by_id[a.id]) for a in anns]
+        elif len(anns) == num_steps:
+            spans[key] = [(a.time_range.start, i) for i, a in enumerate(anns)]
+        else:
+            return None, total
+    per_step, loose = [0.0] * num_steps, 0.0
+    for a in acts:
+        marks = spans.get((a.device_index, a.thread), [])
+        i = bisect_right(marks, (a.time_range.start, float("inf"))) - 1
+        if i < 0:
+            loose += _us(a)
+        else:
+            per_step[marks[i][1]] += _us(a)
+    return per_step, loose
+
+
 def profiled_pass(eng, ps, params, cuda: bool) -> dict:
-    """Kernel ms per step call, by kind, from record_function ranges around each engine.step()."""
+    """GPU activity ms per step call, by kind, from a record_function range around each engine.step()."""
     add_all(eng, ps, params, "prof")
     kinds, walls = [], []
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=acts) as prof:
         while eng.has_unfinished_requests():
             p0, t0 = eng.stats.num_prompt_tokens, time.perf_counter()
-            with torch.profiler.record_function("adaspec.step"):
+            with torch.profiler.record_function(STEP):
                 eng.step()
             walls.append(time.perf_counter() - t0)
             kinds.append("prefill" if eng.stats.num_prompt_tokens > p0 else "decode")
         if cuda:
             torch.cuda.synchronize()
-    ranges = sorted((e for e in prof.events() if e.name == "adaspec.step"), key=lambda e: e.time_range.start)
-    if len(ranges) != len(kinds):
-        raise SystemExit(f"the profiler kept {len(ranges)} step ranges of {len(kinds)} step calls")
+    events = prof.events()
+    calls = sum(1 for e in events if e.name == STEP and e.device_type == torch.autograd.DeviceType.CPU)
+    if calls != len(kinds):
+        raise SystemExit(f"the profiler kept {calls} step ranges of {len(kinds)} step calls")
+    per_step, loose = step_kernel_us(events, len(kinds)) if cuda else (None, 0.0)
     out = {}
     for kind in ("prefill", "decode"):
         idx = [i for i, k in enumerate(kinds) if k == kind]
-        gpu = sum(ranges[i].device_time_total for i in idx) / 1e3
-        out[kind] = dict(steps=len(idx), kernel_ms_per_step=round(gpu / len(idx), 3) if idx else None,
+        gpu = None if per_step is None or not idx else round(sum(per_step[i] for i in idx) / len(idx) / 1e3, 3)
+        out[kind] = dict(steps=len(idx), kernel_ms_per_step=gpu,
                          wall_ms_per_step_profiled=round(1e3 * sum(walls[i] for i in idx) / len(idx), 3) if idx else None)
-    # every kernel of the pass, attributed or not: if the ranges' sum falls short of it, the profiler
-    # did not tie some kernels (graph replays, say) to the range that launched them
-    # (the ranges themselves are left out: on the GPU timeline they appear as annotations spanning kernels)
-    total = sum(getattr(e, "self_device_time_total", 0.0) or 0.0 for e in prof.key_averages()
-                if e.key != "adaspec.step") / 1e3
-    attributed = sum(e.device_time_total for e in ranges) / 1e3
+    # every GPU activity of the pass, tied to a step or not: what the per-kind figures cover
+    total = sum(e.time_range.elapsed_us() for e in device_events(prof, annotations=(STEP,))) / 1e3
     out["kernel_ms_total"] = round(total, 3)
-    out["kernel_ms_attributed_to_steps"] = round(attributed, 3)
+    out["kernel_ms_not_tied_to_a_step"] = round(loose / 1e3, 3) if per_step is not None else (round(total, 3) if cuda else 0.0)
     out["wall_ms_total_profiled"] = round(1e3 * sum(walls), 3)
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     out["top_kernels"] = prof.key_averages().table(sort_by=sort, row_limit=25)
@@ -103,15 +151,20 @@ def host_pass(eng, ps, params) -> str:
     return s.getvalue()
 
 
-def profile_arm(arm: str, args, model_dir: str, out) -> dict:
+def load_arm(arm: str, args, model_dir: str):
     cfg = arm_config(arm, None, 0.0, {"synthetic_acceptance": CURVE})
-    llm = LLM(model_dir, load_format="dummy", max_num_seqs=args.concurrency, speculative_config=cfg,
-              skip_tokenizer_init=True, max_model_len=args.prompt_len + args.output_len + 16, device=args.device)
+    return (LLM(model_dir, load_format="dummy", max_num_seqs=args.concurrency, speculative_config=cfg,
+                skip_tokenizer_init=True, max_model_len=args.prompt_len + args.output_len + 16, device=args.device),)
+
+
+def profile_arm(arm: str, llm, args, out) -> dict:
+    """The three passes over one arm's engine (loaded, its start-up heap frozen, by the caller)."""
     eng, c = llm.llm_engine, args.concurrency
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     n = args.waves * c
     vocab = eng.model_config.vocab_size
     run_point(llm, prompts(c, args.prompt_len, 1, vocab), params)  # warm-up: graphs, allocator, the policy
+    gc.freeze()  # what the warm-up built too, as the offline sweep does
     row = run_point(llm, prompts(n, args.prompt_len, 2, vocab), params)
     gpu = profiled_pass(eng, prompts(n, args.prompt_len, 3, vocab), params, args.device == "cuda")
     host = host_pass(eng, prompts(n, args.prompt_len, 4, vocab), params)
@@ -122,13 +175,12 @@ def profile_arm(arm: str, args, model_dir: str, out) -> dict:
         lines.append(f"  {kind:7s}: {k['steps']} steps, wall {k['ms_per_step']} ms/step (timed pass); "
                      f"kernels launched {g['kernel_ms_per_step']} ms/step, wall {g['wall_ms_per_step_profiled']} "
                      f"ms/step (profiled pass, {g['steps']} steps)")
-    lines.append(f"  kernels in the profiled pass: {gpu['kernel_ms_total']} ms, of which the step ranges account for "
-                 f"{gpu['kernel_ms_attributed_to_steps']} ms; its wall {gpu['wall_ms_total_profiled']} ms")
+    lines.append(f"  GPU activity in the profiled pass: {gpu['kernel_ms_total']} ms ({gpu['kernel_ms_not_tied_to_a_step']} ms "
+                 f"not tied to a step call), over {gpu['wall_ms_total_profiled']} ms of step calls")
     lines.append(f"  step split (timed pass): {json.dumps(row['step_split'])}")
     print("\n".join(lines), flush=True)
     out.write("==== " + "\n".join(lines) + f"\n---- host (cProfile by own time, one pass)\n{host}\n"
               f"---- kernels (profiled pass)\n{gpu.pop('top_kernels')}\n")
-    eng.shutdown()
     return dict(arm=arm, concurrency=c, timed=row, profiled=gpu)
 
 
@@ -151,9 +203,9 @@ def main() -> None:
     rows = []
     with open(out_dir / "mixed_step_profile.txt", "w") as out:
         out.write(f"synthetic acceptance: timing only ({', '.join(map(str, CURVE))}); {vars(args)}\n")
-        for arm in args.arms.split(","):
-            rows.append(profile_arm(arm, args, model_dir, out))
-            torch.cuda.empty_cache() if args.device == "cuda" else None
+        # one engine at a time, each freed before the next loads (its KV cache is sized from free memory)
+        sweep_arms_one_at_a_time(args.arms.split(","), lambda arm: load_arm(arm, args, model_dir),
+                                 lambda arm, llm: rows.append(profile_arm(arm, llm, args, out)), freeze=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     (out_dir / "mixed_step_profile.json").write_text(json.dumps(
         dict(commit=os.environ.get("ADASPEC_COMMIT"), device=device, args=vars(args),

@@ -48,7 +48,49 @@ def test_mixed_step_profile_on_a_micro_shape(tmp_path):
         assert kinds["prefill"]["tokens"] + kinds["decode"]["tokens"] == timed["total_output_tokens"]
         # every step call of the profiled pass was classified, and each kind has a wall time
         assert prof["prefill"]["steps"] > 0 and prof["decode"]["steps"] > 0
-        assert prof["prefill"]["wall_ms_per_step_profiled"] > 0 and prof["decode"]["kernel_ms_per_step"] == 0.0
+        assert prof["prefill"]["wall_ms_per_step_profiled"] > 0
+        # no GPU on the CPU path: nothing to tie to the steps, said as None rather than 0
+        assert prof["decode"]["kernel_ms_per_step"] is None and prof["kernel_ms_total"] == 0.0
     text = (tmp_path / "out" / "mixed_step_profile.txt").read_text()
     assert text.count("---- host (cProfile by own time") == 2 and text.count("---- kernels") == 2
     assert "synthetic acceptance: timing only" in text.splitlines()[0]
+
+
+def _event(name, device, start, end, id=0, stream=7):
+    from types import SimpleNamespace
+
+    import torch
+
+    kind = torch.autograd.DeviceType.CPU if device == "cpu" else torch.autograd.DeviceType.CUDA
+    return SimpleNamespace(name=name, device_type=kind, id=id, device_index=0, thread=stream,
+                           time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_gpu_work_is_tied_to_the_step_call_that_launched_it():
+    """mixed_step_profile.step_kernel_us: each GPU activity goes to the step whose GPU-side range on
+    the same stream began last before it, matched to the step calls by id: a pipelined step's
+    kernels queued behind the previous step's still count as its own; work on a stream with no
+    step range is reported as not tied."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+    from mixed_step_profile import STEP, step_kernel_us
+
+    events = [
+        # three step calls on the CPU (ids 11, 12, 13); the second launched nothing
+        _event(STEP, "cpu", 0, 10, id=11), _event(STEP, "cpu", 10, 20, id=12), _event(STEP, "cpu", 20, 30, id=13),
+        # their GPU-side ranges: step 11's work runs 5..25, step 13's 25..40
+        _event(STEP, "gpu", 5, 25, id=11), _event(STEP, "gpu", 25, 40, id=13),
+        _event("gemm", "gpu", 5, 15), _event("attn", "gpu", 15, 25),  # step 11's (a graph replay, say)
+        _event("gemm", "gpu", 25, 37), _event("copy", "gpu", 37, 40),  # step 13's
+        _event("early", "gpu", 1, 3),  # before any step's range
+        _event("other", "gpu", 6, 8, stream=9),  # a stream no step range covers
+        _event("aten::mm", "cpu", 2, 4),  # CPU ops are not GPU work
+    ]
+    per_step, loose = step_kernel_us(events, 3)
+    assert per_step == [20.0, 0.0, 15.0] and loose == 4.0
+    # GPU ranges whose ids match no step call, one per call on their stream: matched by order
+    renamed = [_event(STEP, "gpu", 5, 25, id=91), _event(STEP, "gpu", 25, 30, id=92), _event(STEP, "gpu", 30, 40, id=93)]
+    base = [e for e in events if not (e.name == STEP and e.device_type.name == "CUDA")]
+    per_step, _ = step_kernel_us(base + renamed, 3)
+    assert per_step == [20.0, 12.0, 3.0]
+    # neither matched by id nor one per call: not tied at all, said so
+    assert step_kernel_us(base + renamed[:2], 3) == (None, 39)  # every activity: 10 + 10 + 12 + 3 + 2 + 2
