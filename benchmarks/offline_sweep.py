@@ -519,7 +519,8 @@ def main() -> None:
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
           f"repeats={args.repeats}")
-    print(f"{'arm':<12}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
+    w = max(12, *(len(a) + 1 for a in arms))  # the arm column, as wide as the longest name
+    print(f"{'arm':<{w}}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
     for arm in args.arms.split(","):
         for c in concs:
@@ -530,7 +531,7 @@ def main() -> None:
             summary.append(dict(arm=arm, concurrency=c, output_throughput=thr, median_user_speed=usr,
                                 mean_accepted_length=tau, verified_per_draft=ver))
             fmt = lambda t: f"{t[0]:.1f} ± {t[1]:.1f}" if t[0] is not None else "-"
-            print(f"{arm:<12}{c:>5}{fmt(thr):>18}{fmt(usr):>20}{(tau[0] or 0):>7.2f}{(ver[0] or 0):>16.2f}")
+            print(f"{arm:<{w}}{c:>5}{fmt(thr):>18}{fmt(usr):>20}{(tau[0] or 0):>7.2f}{(ver[0] or 0):>16.2f}")
     if args.out:
         from adaspec.bench.conditions import engine_commit
 

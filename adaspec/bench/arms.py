@@ -1,7 +1,9 @@
 """Sweep arms: `none`, `fixed:K`, `adaptive:K`, `adaptive-measured:K` (adaptive verification whose
 draft-or-not choice uses the step costs measured on the running engine, spec_decode/step_costs.py),
 `adaptive-narrow:K` (adaptive verification drafting only the slots its budget can use:
-"adaptive_draft_width": "budget"), and the --speculative-config each one gets."""
+"adaptive_draft_width": "budget"), `adaptive-overhead:K` (adaptive verification pricing every
+candidate step with the host's measured per-step overhead added:
+"adaptive_verification_step_overhead_ms": "measured"), and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -9,8 +11,9 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-_ARM = re.compile(r"^(none|(fixed|adaptive|adaptive-measured|adaptive-narrow):(\d+))$")
-ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow")
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead")
+SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
+_ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
 
 class ArmError(AdaspecError):
@@ -40,6 +43,8 @@ class Arm:
             cfg["adaptive_verification_step_costs"] = "measured"
         if self.kind == "adaptive-narrow":
             cfg["adaptive_draft_width"] = "budget"
+        if self.kind == "adaptive-overhead":
+            cfg["adaptive_verification_step_overhead_ms"] = "measured"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -50,8 +55,8 @@ def parse_arm(text: str) -> Arm:
     t = text.strip()
     m = _ARM.match(t)
     if not m:
-        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K or adaptive-narrow:K "
-                       "(K >= 1)")
+        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K "
+                       "or adaptive-overhead:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

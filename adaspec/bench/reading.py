@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from adaspec.bench.aggregate import Cell
+from adaspec.bench.arms import SPECULATIVE_KINDS
 from adaspec.bench.pareto import pareto_edge
 from adaspec.bench.plot import X, cell_points
 
@@ -74,7 +75,7 @@ def _spec_arms(arms: list[str]) -> list[tuple[str, int]]:
     out = []
     for a in arms:
         kind, _, k = a.partition(":")
-        if kind in ("fixed", "adaptive", "adaptive-measured", "adaptive-narrow") and k.isdigit():
+        if kind in SPECULATIVE_KINDS and k.isdigit():
             out.append((a, int(k)))
     return out
 

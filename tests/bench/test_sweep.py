@@ -163,11 +163,17 @@ def test_server_that_dies_shows_its_log(tmp_path):
 
 
 def test_arm_parsing_and_configs():
-    arms = parse_arms("none,fixed:1,adaptive:7,adaptive-measured:7,adaptive-narrow:7")
-    assert [a.slug for a in arms] == ["none", "fixed-1", "adaptive-7", "adaptive-measured-7", "adaptive-narrow-7"]
+    arms = parse_arms("none,fixed:1,adaptive:7,adaptive-measured:7,adaptive-narrow:7,adaptive-overhead:5")
+    assert [a.slug for a in arms] == ["none", "fixed-1", "adaptive-7", "adaptive-measured-7", "adaptive-narrow-7",
+                                      "adaptive-overhead-5"]
     assert [(a.kind, a.k) for a in arms] == [("none", 0), ("fixed", 1), ("adaptive", 7), ("adaptive-measured", 7),
-                                             ("adaptive-narrow", 7)]
-    narrow = arms[-1].speculative_config("d", 0.0)
+                                             ("adaptive-narrow", 7), ("adaptive-overhead", 5)]
+    overhead = arms[-1].speculative_config("d", 1.0)
+    assert overhead == {"method": "dspark", "num_speculative_tokens": 5, "model": "d",
+                        "enable_adaptive_verification": True, "adaptive_verification_step_overhead_ms": "measured",
+                        "draft_sample_method": "probabilistic"}
+    assert all("adaptive_verification_step_overhead_ms" not in a.speculative_config("d", 0.0) for a in arms[1:5])
+    narrow = arms[-2].speculative_config("d", 0.0)
     assert narrow["enable_adaptive_verification"] and narrow["adaptive_draft_width"] == "budget"
     assert "adaptive_draft_width" not in arms[2].speculative_config("d", 0.0)
     assert arms[0].speculative_config("d", 1.0) is None
