@@ -168,30 +168,41 @@ class StepKinds:
 
 class GcPauses:
     """The garbage collector's collections and the time they stood the process still, per
-    generation, since the process imported this module. A full collection walks every tracked
-    object: with several engines loaded (the interleaved sweep) that is a pause of 100 ms or more,
-    inside a point that lasts ~1.5 s at C = 256 on the H200, so each point records its own
-    (host["gc"]) and the sweep freezes what start-up built (--gc freeze, freeze_startup_heap)."""
+    generation, from start() on. A full collection walks every tracked object: with several
+    engines loaded (the interleaved sweep) that is a pause of 100 ms or more, inside a point that
+    lasts ~1.5 s at C = 256 on the H200, so each point records its own (host["gc"]) and the sweep
+    freezes what start-up built (--gc freeze, freeze_startup_heap). The callback is installed by
+    start() (the sweep's main), not on import, and keeps its own clock: a test that fakes
+    time.perf_counter in a process that imported this module is not fed collections' ticks."""
 
     def __init__(self):
         self.collections = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
+        self.started = False
+        self._clock = time.perf_counter
         self._t = 0.0
-        gc.callbacks.append(self._callback)
+
+    def start(self) -> None:
+        if not self.started:
+            gc.callbacks.append(self._callback)
+            self.started = True
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
-            self._t = time.perf_counter()
+            self._t = self._clock()
         else:
             g = info["generation"]
             self.collections[g] += 1
-            self.seconds[g] += time.perf_counter() - self._t
+            self.seconds[g] += self._clock() - self._t
 
-    def sample(self) -> tuple:
-        return tuple(self.collections), tuple(self.seconds)
+    def sample(self) -> tuple | None:
+        """The counters now, or None before start()."""
+        return (tuple(self.collections), tuple(self.seconds)) if self.started else None
 
     @staticmethod
-    def since(g0: tuple, g1: tuple) -> dict:
+    def since(g0: tuple | None, g1: tuple | None) -> dict | None:
+        if g0 is None or g1 is None:
+            return None
         return {"collections": [b - a for a, b in zip(g0[0], g1[0])],
                 "ms": [round(1e3 * (b - a), 2) for a, b in zip(g0[1], g1[1])]}
 
@@ -350,6 +361,7 @@ def sweep_arms_one_at_a_time(arms: list[str], load, measure_arm, freeze: bool = 
 
 
 def main() -> None:
+    GC_PAUSES.start()
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--shape", default=None, help="time a Qwen3 shape on random weights (qwen3_shapes.py), "

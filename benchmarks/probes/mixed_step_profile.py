@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adaspec import LLM, SamplingParams  # noqa: E402
-from offline_sweep import arm_config, run_point, shape_model_dir, sweep_arms_one_at_a_time  # noqa: E402
+from offline_sweep import GC_PAUSES, arm_config, run_point, shape_model_dir, sweep_arms_one_at_a_time  # noqa: E402
 from plain_step_profile import device_events  # noqa: E402
 
 # run 19's build (benchmarks/results/h200/run19/frontier_T0_606731a/pair.json), held-out T = 0
@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--shape-overrides", default=json.dumps(PAIR_VOCAB))
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
+    GC_PAUSES.start()  # the timed pass records the collector's pauses, as the sweep's points do
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (give --device cpu for a smoke test)")
     out_dir = Path(os.environ.get("OUT", "out"))

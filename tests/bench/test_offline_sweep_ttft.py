@@ -37,6 +37,7 @@ def test_host_load_per_point_from_two_samples():
     assert host_load((0.0, None, None, None, gc0), (1.0, None, None, None, gc0), 1.0) == \
         {"process_cpu_per_wall": 1.0, "machine_busy_cpus": None, "loadavg_1m": None,
          "gc": {"collections": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}}
+    assert host_load((0.0, None, None, None, None), (1.0, None, None, None, None), 1.0)["gc"] is None  # not counted
     a = host_sample()
     sum(i * i for i in range(200_000))  # some CPU work of this process
     b = host_sample()
@@ -46,12 +47,21 @@ def test_host_load_per_point_from_two_samples():
 def test_the_collectors_pauses_are_counted_per_generation():
     import gc
 
-    from offline_sweep import GC_PAUSES, GcPauses
+    from offline_sweep import GcPauses
 
-    a = GC_PAUSES.sample()
+    pauses = GcPauses()
+    assert pauses.sample() is None and GcPauses.since(None, None) is None  # not started: nothing claimed
+    pauses.start()
+    pauses.start()
+    assert gc.callbacks.count(pauses._callback) == 1  # installed once
+    a = pauses.sample()
     gc.collect()  # one full collection
     gc.collect(0)
-    got = GcPauses.since(a, GC_PAUSES.sample())
+    try:
+        got = GcPauses.since(a, pauses.sample())
+    finally:
+        gc.callbacks.remove(pauses._callback)
+    assert pauses._callback not in gc.callbacks
     assert got["collections"][2] == 1 and got["collections"][0] >= 1
     assert got["ms"][2] > 0 and got["ms"][0] >= 0  # a full collection of a process with torch loaded takes time
 
@@ -153,3 +163,25 @@ def test_a_bad_range_ratio_stops_the_sweep_before_any_engine_loads():
                          cwd=root, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 2 and "--random-range-ratio must be in [0, 1), got 1.0" in run.stderr
+
+
+def test_the_collector_callback_keeps_its_own_clock(monkeypatch):
+    """A test that fakes time.perf_counter (a fixed list of ticks) must not have them eaten by the
+    collector's callback of a sweep module imported earlier in the same process: CI once crashed
+    that way (a tick iterator ran dry inside a collection that pytest's own parser triggered)."""
+    import gc
+    import time
+
+    from offline_sweep import GcPauses
+
+    pauses = GcPauses()
+    pauses.start()
+    ticks = iter([1.0, 2.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    try:
+        gc.collect()
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pauses._callback)
+    assert next(ticks) == 1.0  # untouched
+    assert pauses.collections[2] == 2 and pauses.seconds[2] > 0

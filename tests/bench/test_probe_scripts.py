@@ -42,6 +42,7 @@ def test_mixed_step_profile_on_a_micro_shape(tmp_path):
     assert [r["arm"] for r in d["rows"]] == ["none", "fixed:3"]
     for row in d["rows"]:
         timed, prof = row["timed"], row["profiled"]
+        assert len(timed["host"]["gc"]["collections"]) == 3  # the collector's pauses, counted
         assert timed["total_output_tokens"] == conc * waves * out_len
         kinds = timed["step_kinds"]
         assert kinds["prefill"]["steps"] > 0 and kinds["decode"]["steps"] > 0
