@@ -185,3 +185,43 @@ def test_the_collector_callback_keeps_its_own_clock(monkeypatch):
         gc.callbacks.remove(pauses._callback)
     assert next(ticks) == 1.0  # untouched
     assert pauses.collections[2] == 2 and pauses.seconds[2] > 0
+
+
+def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch, tmp_path):
+    """The interleaved path of main(): every point runs with what start-up built frozen (--gc
+    freeze, the default), the heap is unfrozen once the sweep ends, and each point records the
+    collector's pauses; --gc as-is leaves the collector alone."""
+    import gc
+    import json
+
+    import offline_sweep
+
+    frozen = []
+    run_point = offline_sweep.run_point
+
+    def spy(*a, **kw):
+        frozen.append(gc.get_freeze_count() > 0)
+        return run_point(*a, **kw)
+
+    monkeypatch.setattr(offline_sweep, "run_point", spy)
+    try:
+        for mode in ("freeze", "as-is"):
+            out = tmp_path / f"{mode}.json"
+            monkeypatch.setattr(sys, "argv", [
+                "offline_sweep.py", "--model", "tiny", "--arms", "none,fixed:2", "--concurrency", "2",
+                "--num-prompts", "2", "--output-len", "3", "--repeats", "1", "--device", "cpu", "--threads", "1",
+                "--interleave", "--gc", mode, "--out", str(out)])
+            frozen.clear()
+            offline_sweep.main()
+            assert gc.get_freeze_count() == 0  # nothing left frozen after the sweep
+            # warm-up and measured point per arm, every one frozen or none
+            assert frozen == [mode == "freeze"] * 4
+            d = json.loads(out.read_text())
+            assert d["args"]["gc"] == mode
+            assert all(len(r["host"]["gc"]["collections"]) == 3 for r in d["rows"])
+    finally:
+        gc.unfreeze()
+        p = offline_sweep.GC_PAUSES
+        if p.started:
+            gc.callbacks.remove(p._callback)
+            p.started = False
