@@ -6,10 +6,11 @@ Per run: output throughput (generated tokens / wall time of the run), per-user s
 request ((output_tokens - 1) / (finish - first token)), median and p10 over requests, TTFT
 median (from when a closed-loop client would have sent the request: when a slot freed), mean
 accepted length and acceptance rate from the engine's counters, where each step's time went
-(step_split), what the host did (host: CPU, load, the garbage collector's pauses), and per run the host's single-thread speed (host_speed,
-at the start and the end) and each adaptive arm's profiled cost tables (cost_tables). After the
-engines load, what start-up built is frozen out of the garbage collector's reach (--gc freeze, the
-default since 2026-12-02; before, a full collection of ~100 ms or more could fall inside a point).
+(step_split), what the host did (host: CPU, load, the garbage collector's pauses), and per run
+the host's single-thread speed (host_speed, at the start and the end) and each adaptive arm's
+profiled cost tables (cost_tables). After the engines load, what start-up built is frozen out of
+the garbage collector's reach (--gc freeze, the default since 2026-12-02; before, a full collection
+of ~100 ms or more could fall inside a point).
 
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
