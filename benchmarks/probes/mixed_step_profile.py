@@ -127,12 +127,13 @@ def profiled_pass(eng, ps, params, cuda: bool) -> dict:
     for kind in ("prefill", "decode"):
         idx = [i for i, k in enumerate(kinds) if k == kind]
         gpu = None if per_step is None or not idx else round(sum(per_step[i] for i in idx) / len(idx) / 1e3, 3)
-        out[kind] = dict(steps=len(idx), kernel_ms_per_step=gpu,
-                         wall_ms_per_step_profiled=round(1e3 * sum(walls[i] for i in idx) / len(idx), 3) if idx else None)
+        wall = round(1e3 * sum(walls[i] for i in idx) / len(idx), 3) if idx else None
+        out[kind] = dict(steps=len(idx), kernel_ms_per_step=gpu, wall_ms_per_step_profiled=wall)
     # every GPU activity of the pass, tied to a step or not: what the per-kind figures cover
     total = sum(e.time_range.elapsed_us() for e in device_events(prof, annotations=(STEP,))) / 1e3
     out["kernel_ms_total"] = round(total, 3)
-    out["kernel_ms_not_tied_to_a_step"] = round(loose / 1e3, 3) if per_step is not None else (round(total, 3) if cuda else 0.0)
+    not_tied = loose / 1e3 if per_step is not None else (total if cuda else 0.0)
+    out["kernel_ms_not_tied_to_a_step"] = round(not_tied, 3)
     out["wall_ms_total_profiled"] = round(1e3 * sum(walls), 3)
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     out["top_kernels"] = prof.key_averages().table(sort_by=sort, row_limit=25)
@@ -175,8 +176,9 @@ def profile_arm(arm: str, llm, args, out) -> dict:
         lines.append(f"  {kind:7s}: {k['steps']} steps, wall {k['ms_per_step']} ms/step (timed pass); "
                      f"kernels launched {g['kernel_ms_per_step']} ms/step, wall {g['wall_ms_per_step_profiled']} "
                      f"ms/step (profiled pass, {g['steps']} steps)")
-    lines.append(f"  GPU activity in the profiled pass: {gpu['kernel_ms_total']} ms ({gpu['kernel_ms_not_tied_to_a_step']} ms "
-                 f"not tied to a step call), over {gpu['wall_ms_total_profiled']} ms of step calls")
+    lines.append(f"  GPU activity in the profiled pass: {gpu['kernel_ms_total']} ms "
+                 f"({gpu['kernel_ms_not_tied_to_a_step']} ms not tied to a step call), "
+                 f"over {gpu['wall_ms_total_profiled']} ms of step calls")
     lines.append(f"  step split (timed pass): {json.dumps(row['step_split'])}")
     print("\n".join(lines), flush=True)
     out.write("==== " + "\n".join(lines) + f"\n---- host (cProfile by own time, one pass)\n{host}\n"

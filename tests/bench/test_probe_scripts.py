@@ -89,7 +89,8 @@ def test_gpu_work_is_tied_to_the_step_call_that_launched_it():
     per_step, loose = step_kernel_us(events, 3)
     assert per_step == [20.0, 0.0, 15.0] and loose == 4.0
     # GPU ranges whose ids match no step call, one per call on their stream: matched by order
-    renamed = [_event(STEP, "gpu", 5, 25, id=91), _event(STEP, "gpu", 25, 30, id=92), _event(STEP, "gpu", 30, 40, id=93)]
+    renamed = [_event(STEP, "gpu", 5, 25, id=91), _event(STEP, "gpu", 25, 30, id=92),
+               _event(STEP, "gpu", 30, 40, id=93)]
     base = [e for e in events if not (e.name == STEP and e.device_type.name == "CUDA")]
     per_step, _ = step_kernel_us(base + renamed, 3)
     assert per_step == [20.0, 12.0, 3.0]
