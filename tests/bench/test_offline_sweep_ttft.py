@@ -195,6 +195,7 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
     import json
 
     import offline_sweep
+    import torch
 
     frozen = []
     run_point = offline_sweep.run_point
@@ -204,6 +205,7 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
         return run_point(*a, **kw)
 
     monkeypatch.setattr(offline_sweep, "run_point", spy)
+    threads = torch.get_num_threads()  # main() sets this process's (the test worker's) thread count
     try:
         for mode in ("freeze", "as-is"):
             out = tmp_path / f"{mode}.json"
@@ -220,6 +222,7 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
             assert d["args"]["gc"] == mode
             assert all(len(r["host"]["gc"]["collections"]) == 3 for r in d["rows"])
     finally:
+        torch.set_num_threads(threads)
         gc.unfreeze()
         p = offline_sweep.GC_PAUSES
         if p.started:
