@@ -197,6 +197,9 @@ def main() -> None:
     ap.add_argument("--shape-overrides", default=json.dumps(PAIR_VOCAB))
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
+    for name in ("concurrency", "waves", "prompt_len", "output_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     GC_PAUSES.start()  # the timed pass records the collector's pauses, as the sweep's points do
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (give --device cpu for a smoke test)")

@@ -96,3 +96,10 @@ def test_gpu_work_is_tied_to_the_step_call_that_launched_it():
     assert per_step == [20.0, 12.0, 3.0]
     # neither matched by id nor one per call: not tied at all, said so
     assert step_kernel_us(base + renamed[:2], 3) == (None, 39)  # every activity: 10 + 10 + 12 + 3 + 2 + 2
+
+
+def test_mixed_step_profile_refuses_an_empty_workload_by_name(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/probes/mixed_step_profile.py", "--device", "cpu", "--waves", "0"],
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--waves must be at least 1, got 0" in r.stderr
