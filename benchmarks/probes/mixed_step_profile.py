@@ -18,7 +18,7 @@ A step kind whose wall time is well above its kernel time is host-bound there. W
 $OUT/mixed_step_profile.txt and $OUT/mixed_step_profile.json.
 
     python3 benchmarks/probes/mixed_step_profile.py [--arms none,fixed:3,adaptive:7] [--concurrency 256]
-        [--waves 4] [--prompt-len 10] [--output-len 64] [--shape qwen3-0.6b] [--shape-overrides JSON]
+        [--waves 4] [--prompt-len 170] [--output-len 64] [--shape qwen3-0.6b] [--shape-overrides JSON]
         [--device cuda]
 CPU smoke test (a 2-layer shape): --device cpu --concurrency 4 --waves 2 --output-len 6
     --shape-overrides '{"num_hidden_layers": 2, "hidden_size": 256, ...}'
@@ -191,7 +191,10 @@ def main() -> None:
     ap.add_argument("--arms", default="none,fixed:3,adaptive:7")
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--waves", type=int, default=4)
-    ap.add_argument("--prompt-len", type=int, default=10, help="prompt tokens (eval-code's average is ~10)")
+    ap.add_argument("--prompt-len", type=int, default=170,
+                    help="prompt tokens (eval-code's prompts, capped at 256 tokens as the sweeps cap them, average "
+                         "177 with the tiny pair's 8k-token vocabulary; run 19's no-spec arm at 256 ran 49 prefill "
+                         "steps, this probe at 150 tokens 40)")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--shape", default="qwen3-0.6b")
     ap.add_argument("--shape-overrides", default=json.dumps(PAIR_VOCAB))
