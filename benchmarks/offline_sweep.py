@@ -6,8 +6,9 @@ Per run: output throughput (generated tokens / wall time of the run), per-user s
 request ((output_tokens - 1) / (finish - first token)), median and p10 over requests, TTFT
 median (from when a closed-loop client would have sent the request: when a slot freed), mean
 accepted length and acceptance rate from the engine's counters, where each step's time went
-(step_split), what the host did (host: CPU, load, the garbage collector's pauses), and per run
-the host's single-thread speed (host_speed, at the start and the end) and each adaptive arm's
+(step_split), what the host did (host: CPU, load, the garbage collector's pauses, its single-thread
+speed just before the point), and per run the host's single-thread speed (host_speed, at the start
+and the end) and each adaptive arm's
 profiled cost tables (cost_tables). After the engines load, what start-up built is frozen out of
 the garbage collector's reach (--gc freeze, the default since 2026-12-02; before, a full collection
 of ~100 ms or more could fall inside a point).
@@ -90,6 +91,7 @@ def run_point(llm, prompts, params):
     each = params if isinstance(params, list) else [params] * len(prompts)
     s0 = dict(eng.stats.as_dict())
     r0 = forward_kinds(eng.runner)
+    loop_ms = host_loop_ms()  # before the point, outside its wall time
     h0 = host_sample()
     rids = []
     for i, p in enumerate(prompts):
@@ -132,7 +134,7 @@ def run_point(llm, prompts, params):
         step_kinds=clock.summary(),
         policy_overhead_ms=policy_overhead_ms(eng),
         policy_step_costs=policy_step_costs(eng),
-        host=host_load(h0, h1, wall),
+        host=dict(host_load(h0, h1, wall), python_loop_ms=loop_ms),
     )
 
 
@@ -232,6 +234,18 @@ def host_sample() -> tuple:
     except (OSError, ValueError):
         pass
     return cpu, busy, total, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, GC_PAUSES.sample()
+
+
+def host_loop_ms() -> float | None:
+    """The host's single-thread speed just before a point (conditions.host_speed, ~10 ms): H200 run
+    20's sweep measured 5.5 ms at its start and 2.4 ms at its end on one machine, and its no-spec
+    points at 256 requests, host-bound, lasted 1.0-1.3x the fastest repeat; per point, a slow
+    repeat shows whether the host was slow then. None over older trees that lack it."""
+    try:  # h200_ab_synthetic.sh runs this script over older trees' engines
+        from adaspec.bench.conditions import host_speed
+    except ImportError:
+        return None
+    return host_speed()["python_loop_ms"]
 
 
 def host_load(h0: tuple, h1: tuple, wall: float) -> dict:

@@ -47,7 +47,9 @@ def test_offline_sweep_records_the_commit_given_by_env(tmp_path):
                    capture_output=True, timeout=300)
     res = json.loads(out.read_text())
     assert res["commit"] == "c0ffee1"
-    assert set(res["rows"][0]["host"]) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m", "gc"}
+    host = res["rows"][0]["host"]
+    assert set(host) == {"process_cpu_per_wall", "machine_busy_cpus", "loadavg_1m", "gc", "python_loop_ms"}
+    assert host["python_loop_ms"] > 0  # the host's speed just before this point
     assert res["args"]["gc"] == "freeze"  # the default, recorded with the run's conditions
 
 
