@@ -236,16 +236,23 @@ def host_sample() -> tuple:
     return cpu, busy, total, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, GC_PAUSES.sample()
 
 
-def host_loop_ms() -> float | None:
-    """The host's single-thread speed just before a point (conditions.host_speed, ~10 ms): H200 run
-    20's sweep measured 5.5 ms at its start and 2.4 ms at its end on one machine, and its no-spec
-    points at 256 requests, host-bound, lasted 1.0-1.3x the fastest repeat; per point, a slow
-    repeat shows whether the host was slow then. None over older trees that lack it."""
-    try:  # h200_ab_synthetic.sh runs this script over older trees' engines
-        from adaspec.bench.conditions import host_speed
+def host_speed() -> dict | None:
+    """conditions.host_speed (the host's single-thread speed, 10-30 ms to measure), or None over
+    older trees that lack it (h200_ab_synthetic.sh runs this script over older trees' engines)."""
+    try:
+        from adaspec.bench.conditions import host_speed as measure
     except ImportError:
         return None
-    return host_speed()["python_loop_ms"]
+    return measure()
+
+
+def host_loop_ms() -> float | None:
+    """The host's single-thread speed just before a point: H200 run 20's sweep measured 5.5 ms at
+    its start and 2.4 ms at its end on one machine, and its no-spec points at 256 requests, whose
+    decode steps wait on the host, lasted 1.0-1.3x the fastest repeat; per point, a slow repeat
+    shows whether the host was slow then."""
+    speed = host_speed()
+    return speed["python_loop_ms"] if speed else None
 
 
 def host_load(h0: tuple, h1: tuple, wall: float) -> dict:
@@ -449,11 +456,6 @@ def main() -> None:
         ptok = Tokenizer.from_dir(resolve_model_path(args.prompt_tokenizer))
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
-    try:  # h200_ab_synthetic.sh runs this script over older trees' engines, which lack it
-        from adaspec.bench.conditions import host_speed
-    except ImportError:
-        def host_speed():
-            return None
     host_speed_start = host_speed()  # before the engines load: a slower host CPU, not a slower engine
     arms = args.arms.split(",")
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}

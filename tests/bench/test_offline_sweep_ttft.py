@@ -228,3 +228,14 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
         if p.started:
             gc.callbacks.remove(p._callback)
             p.started = False
+
+
+def test_host_speed_is_none_over_an_older_tree_without_it(monkeypatch):
+    """h200_ab_synthetic.sh runs this script over older trees' engines, which lack
+    adaspec.bench.conditions: the sweep's host speed, per run and per point, is then None."""
+    import offline_sweep
+
+    assert offline_sweep.host_loop_ms() > 0  # this tree has it
+    monkeypatch.setitem(sys.modules, "adaspec.bench.conditions", None)  # an import of it now fails
+    assert offline_sweep.host_speed() is None
+    assert offline_sweep.host_loop_ms() is None

@@ -34,7 +34,8 @@ def test_host_spec_step_bench_runs_the_stubbed_graphed_step(tmp_path):
 def test_mixed_step_profile_on_a_micro_shape(tmp_path):
     conc, waves, out_len = 4, 2, 6
     stdout = run(["benchmarks/probes/mixed_step_profile.py", "--device", "cpu", "--arms", "none,fixed:3",
-                  "--concurrency", str(conc), "--waves", str(waves), "--output-len", str(out_len), "--prompt-len", "10",
+                  "--concurrency", str(conc), "--waves", str(waves), "--output-len", str(out_len),
+                  "--prompt-len", "10",
                   "--shape-overrides", json.dumps(MICRO)], tmp_path, OUT=str(tmp_path / "out"))
     assert "none @ 4:" in stdout and "fixed:3 @ 4:" in stdout
     d = json.loads((tmp_path / "out" / "mixed_step_profile.json").read_text())
