@@ -20,12 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 from adaspec.bench.server import free_port
 
@@ -59,6 +62,29 @@ def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
     raise RuntimeError("the server did not become healthy")
 
 
+def _cpu_seconds(server: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server's process and of each process under it
+    (the engine process, with --engine-process), by role."""
+    root = psutil.Process(server.pid)
+    out = {"server": 0.0, "engine_process": 0.0}
+    for p in [root] + root.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            role = "server" if p.pid == root.pid else ("engine_process" if "spawn_main" in " ".join(p.cmdline())
+                                                         and "resource_tracker" not in " ".join(p.cmdline())
+                                                         else "other")
+        except psutil.Error:  # gone between the listing and the read
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def _client_cpu_seconds() -> float:
+    """CPU seconds of this process's reaped children: the bench clients run so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--step-ms", type=float, default=10.0, help="the fake engine's sleep per step (a GPU step's wait)")
@@ -86,27 +112,47 @@ def main() -> int:
             for c in concs:
                 name = f"c{c}.json"
                 n = max(8, args.prompts_per_request * c)
+                cpu0, client0, t0 = _cpu_seconds(server), _client_cpu_seconds(), time.monotonic()
                 subprocess.run([sys.executable, "-m", "adaspec.cli", "bench", "serve", "--port", str(port),
                                 "--model", "fake", "--max-concurrency", str(c), "--num-prompts", str(n),
                                 "--output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
                                 "--disable-tqdm", "--num-warmups", str(min(c, 8)), "--save-result",
                                 "--result-dir", tmp, "--result-filename", name],
                                env=env, check=True, stdout=subprocess.DEVNULL)
+                wall = time.monotonic() - t0
+                cpu1, client1 = _cpu_seconds(server), _client_cpu_seconds()
                 r = json.loads((Path(tmp) / name).read_text())
+                # cores each process kept busy over the client's whole run (its start-up and warm-ups
+                # included), and its CPU time per output token: which process would bind first with
+                # a core to itself
+                cpu = {role: cpu1[role] - cpu0.get(role, 0.0) for role in cpu1}
+                cpu["client"] = client1 - client0
+                tokens = r["total_output_tokens"]
+                busy = {role: round(v / wall, 3) for role, v in cpu.items()}
+                us_per_token = {role: round(v * 1e6 / tokens, 1) for role, v in cpu.items() if v > 0}
                 ideal = c * args.tokens_per_step * 1000.0 / (args.step_ms + args.host_ms)
                 rows.append(dict(concurrency=c, num_prompts=n, output_throughput=r["output_throughput"],
                                  ideal_output_throughput=ideal, efficiency=r["output_throughput"] / ideal,
-                                 median_itl_ms=r.get("median_itl_ms"), p99_itl_ms=r.get("p99_itl_ms")))
+                                 median_itl_ms=r.get("median_itl_ms"), p99_itl_ms=r.get("p99_itl_ms"),
+                                 median_ttft_ms=r.get("median_ttft_ms"), median_e2el_ms=r.get("median_e2el_ms"),
+                                 mean_tokens_per_chunk=r.get("mean_tokens_per_chunk"),
+                                 cores_busy=busy, cpu_us_per_output_token=us_per_token))
     finally:
         server.terminate()
         server.wait(30)
     print(f"fake engine step {args.step_ms} ms (of which {args.host_ms} ms host work holding the GIL), "
           f"{args.tokens_per_step} token(s) per step, {args.output_len} output tokens, {os.cpu_count()} CPUs, "
           f"engine in {'its own process' if args.engine_process else 'a thread'}")
-    print(f"{'C':>5} {'out tok/s':>10} {'ideal':>9} {'ratio':>6} {'ITL p50':>8} {'ITL p99':>8}")
+    print(f"{'C':>5} {'out tok/s':>10} {'ideal':>9} {'ratio':>6} {'ITL p50':>8} {'ITL p99':>8} {'TTFT p50':>8} "
+          f"{'E2E p50':>8} {'tok/chunk':>9}  "
+          f"CPU us per output token (cores busy)")
     for r in rows:
+        per_process = ", ".join(f"{role} {us:.0f} ({r['cores_busy'][role]:.2f})"
+                                for role, us in r["cpu_us_per_output_token"].items())
         print(f"{r['concurrency']:>5} {r['output_throughput']:>10.0f} {r['ideal_output_throughput']:>9.0f} "
-              f"{r['efficiency']:>6.2f} {r['median_itl_ms'] or 0:>8.2f} {r['p99_itl_ms'] or 0:>8.2f}")
+              f"{r['efficiency']:>6.2f} {r['median_itl_ms'] or 0:>8.2f} {r['p99_itl_ms'] or 0:>8.2f} "
+              f"{r['median_ttft_ms'] or 0:>8.1f} {r['median_e2el_ms'] or 0:>8.1f} {r['mean_tokens_per_chunk'] or 0:>9.2f}"
+              f"  {per_process}")
     if args.out:
         Path(args.out).write_text(json.dumps(dict(args=vars(args), cpus=os.cpu_count(), rows=rows), indent=1))
     return 0
