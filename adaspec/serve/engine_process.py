@@ -8,14 +8,24 @@ fork) and only small messages cross over, through one `multiprocessing` pipe:
 
 - server -> engine: ("add", request_id, prompt, params, arrival), ("abort", request_id),
   ("abort_all",), ("call", id, fn), ("stop",);
-- engine -> server: one ("batch", acks, records, snapshot) per engine step (and after commands
-  when no step runs): the adds it accepted or refused, per request only what is NEW since the
-  last step (token ids, logprobs, the text's new suffix), and the counters the metrics need.
+- engine -> server: ("batch", acks, records, snapshot): the adds it accepted or refused, per
+  request only what is NEW since the last batch (token ids, logprobs, the text's new suffix), and
+  the counters the metrics need;
+- server -> engine: ("more",) once the event loop has handed a batch's chunks to their streams.
 
 In the server, a reader thread turns each batch into Chunks (engine_thread.Chunk, the same
 objects the routes get from the thread) and hands them to the event loop with one wake-up per
 loop. The interface is EngineThread's (add, abort, abort_all, call, alive, metrics, engine,
 on_death), so the rest of the server does not know which one it talks to.
+
+Batches are pulled, not pushed: the engine sends its news only when the server has taken the
+previous batch (or when it has adds to acknowledge, which a request's first token waits on), and
+merges each request's news over the steps in between. Pushed once per step, the batches cost
+the server's one GIL a record per request per step whatever it could stream: on the H200 at 256
+streams the engine stepped every ~3 ms while each stream's chunks left every ~23 ms carrying 9.3
+tokens (BENCHMARKS.md, run 19), so about 8 of 9 records were unpacked, published and merged again
+for nothing, and a request's first token waited ~0.7 s. Pulled, the server handles as many
+records per second as it can stream, and no more.
 
 A failed step, or a child that exits for any reason (killed, out of memory), fails every open
 request with a 500 and calls on_death: the server exits non-zero, as with the thread.
@@ -93,12 +103,45 @@ class EngineSnapshot:
 
 
 # ---------------------------------------------------------------------------------- the child
+def merged_record(first: tuple, later: tuple) -> tuple:
+    """Two consecutive records of one request (see _Outbox.records) as one: both steps' new tokens
+    and logprobs, the later one's counts and finish, the text's change over both."""
+    rid, ids1, lps1, _, suffix1, whole1, _, _, ftt1 = first
+    _, ids2, lps2, n, suffix2, whole2, finish, stop_reason, ftt2 = later
+    lps = None if lps1 is None and lps2 is None else (lps1 or []) + (lps2 or [])
+    if whole2 is not None:  # the later text replaced the earlier one
+        suffix, whole = "", whole2
+    elif whole1 is not None:
+        suffix, whole = "", whole1 + suffix2
+    else:
+        suffix, whole = suffix1 + suffix2, None
+    return (rid, ids1 + ids2, lps, n, suffix, whole, finish, stop_reason, ftt1 if ftt1 is not None else ftt2)
+
+
 class _Outbox:
-    """The child's view of what each request has been sent already (tokens, text)."""
+    """The child's view of what each request has been sent already (tokens, text), and the news
+    not yet sent, merged per request until the server asks for more."""
 
     def __init__(self):
         self.sent: dict[str, int] = {}
         self.text: dict[str, str] = {}
+        self.pending: dict[str, tuple] = {}  # request id -> its merged record, in first-news order
+
+    def add_step(self, outputs) -> None:
+        pending = self.pending
+        for rec in self.records(outputs):
+            old = pending.get(rec[0])
+            pending[rec[0]] = rec if old is None else merged_record(old, rec)
+
+    def take(self) -> list[tuple]:
+        out, self.pending = list(self.pending.values()), {}
+        return out
+
+    def forget(self, request_id: str) -> None:
+        """An aborted request: nothing more goes out for it (the server has dropped its route)."""
+        self.sent.pop(request_id, None)
+        self.text.pop(request_id, None)
+        self.pending.pop(request_id, None)
 
     def records(self, outputs) -> list[tuple]:
         """(request_id, new token ids, new logprobs, tokens in all, text suffix, whole text or None,
@@ -150,27 +193,51 @@ def _engine_main(factory: Callable[[], Any], conn, log_level: int = logging.INFO
                                    str(getattr(engine, "model_name", "")))))
     gc.collect()  # as the server's freeze_startup_objects: full collections then skip the model's objects
     gc.freeze()
+    serve_engine(engine, conn)
+
+
+def serve_engine(engine, conn) -> None:
+    """The child's loop over a loaded engine: take commands, step, send batches when the server
+    has asked for them (see the module's docstring); until ("stop",) or the pipe closes. Raises
+    SystemExit(1) after reporting a failed step."""
     outbox = _Outbox()
+    unanswered = 0  # batches sent that the server has not asked "more" after yet
+
+    def take_commands(acks: list, block: bool) -> bool:
+        """Handle what the server sent (waiting for something first if ``block``); False on stop."""
+        nonlocal unanswered
+        cmds = [conn.recv()] if block else []
+        while conn.poll(0):
+            cmds.append(conn.recv())
+        for cmd in cmds:
+            kind = cmd[0]
+            if kind == "more":
+                unanswered -= 1
+            elif kind == "stop":
+                shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
+                if shutdown is not None:
+                    shutdown()
+                return False
+            else:
+                _handle(engine, cmd, acks, conn, outbox)
+        return True
+
     try:
         while True:
             acks: list[tuple] = []
-            busy = engine.has_unfinished_requests()
-            if not busy:
-                cmds = [conn.recv()]  # idle: wait for work
-            else:
-                cmds = []
-            while conn.poll(0):
-                cmds.append(conn.recv())
-            for cmd in cmds:
-                if cmd[0] == "stop":
-                    shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
-                    if shutdown is not None:
-                        shutdown()
+            # idle: wait for work (news still pending here waits for the server's "more")
+            if not take_commands(acks, block=not engine.has_unfinished_requests()):
+                return
+            if engine.has_unfinished_requests():
+                outbox.add_step(engine.step())
+                # the server's "more" for the last batch usually came in while this step ran: look
+                # now, or each batch would wait a step more and carry two steps' news
+                if outbox.pending and unanswered > 0 and not take_commands(acks, block=False):
                     return
-                _handle(engine, cmd, acks, conn)
-            records = outbox.records(engine.step()) if engine.has_unfinished_requests() else []
-            if acks or records:
-                conn.send(("batch", acks, records, EngineSnapshot.of(engine)))
+            # acks go at once (a request's first token waits on its ack), news when the server is ready
+            if acks or (outbox.pending and unanswered <= 0):
+                conn.send(("batch", acks, outbox.take(), EngineSnapshot.of(engine)))
+                unanswered += 1
     except (EOFError, OSError):  # the server is gone
         return
     except BaseException as e:  # noqa: BLE001 - the engine is dead: say why, then exit non-zero
@@ -181,7 +248,7 @@ def _engine_main(factory: Callable[[], Any], conn, log_level: int = logging.INFO
             raise SystemExit(1)
 
 
-def _handle(engine, cmd, acks: list, conn) -> None:
+def _handle(engine, cmd, acks: list, conn, outbox: _Outbox) -> None:
     kind = cmd[0]
     if kind == "add":
         _, rid, prompt, params, arrival = cmd
@@ -197,9 +264,11 @@ def _handle(engine, cmd, acks: list, conn) -> None:
             acks.append((rid, None))
     elif kind == "abort":
         engine.abort_request(cmd[1])
+        outbox.forget(cmd[1])
     elif kind == "abort_all":
         for rid in list(engine.requests):
             engine.abort_request(rid)
+            outbox.forget(rid)
     elif kind == "call":
         _, call_id, fn = cmd
         try:
@@ -358,7 +427,7 @@ class EngineProcess:
                 msg = self._conn.recv()
                 kind = msg[0]
                 if kind == "batch":
-                    self._publish(*msg[1:])
+                    self._publish(*msg[1:])  # asks for the next batch once the event loop has this one
                 elif kind == "call":
                     _, call_id, ok, value = msg
                     with self._lock:
@@ -422,8 +491,24 @@ class EngineProcess:
             for rid, finish, arrival in finished:
                 metrics.on_finish(rid, finish, arrival)
             metrics.update_engine(snapshot)
+        if not batches:
+            self._ask_for_more()
+            return
+        # "more" once every event loop concerned has run its items and the streams they woke
+        left = [len(batches)]
+
+        def one_loop_done() -> None:
+            with self._lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._ask_for_more()
+
         for loop, items in batches.items():
-            _deliver(loop, items)
+            _deliver(loop, items, one_loop_done)
+
+    def _ask_for_more(self) -> None:
+        self._send_quietly(("more",))
 
 
 def _stop_at_exit(ref) -> None:
@@ -442,9 +527,18 @@ def _ack_item(refusal: tuple | None):
     return APIError(500, message)
 
 
-def _deliver(loop, items) -> None:
-    """One wake-up of the event loop for all of a batch's items (see EngineThread._deliver_many)."""
+def _deliver(loop, items, then: Callable[[], None] | None = None) -> None:
+    """One wake-up of the event loop for all of a batch's items (see EngineThread._deliver_many);
+    ``then`` runs on the loop after the tasks the items woke have run their next steps (their
+    chunks written), or at once if the loop is closed."""
     try:
-        loop.call_soon_threadsafe(_put_all, items)
+        loop.call_soon_threadsafe(_put_all_then, items, then)
     except RuntimeError:  # the event loop is closed: nobody is listening any more
-        pass
+        if then is not None:
+            then()
+
+
+def _put_all_then(items, then: Callable[[], None] | None) -> None:
+    _put_all(items)
+    if then is not None:  # queued behind the wake-ups _put_all scheduled
+        asyncio.get_running_loop().call_soon(then)
