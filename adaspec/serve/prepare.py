@@ -1,8 +1,8 @@
 """Turn a validated request body into (prompt token ids, SamplingParams), or a 400.
 
-The routes run this in a worker thread (tokenizing a long prompt takes a while and must not
-stall the event loop), so length errors are answered before the request reaches the engine and
-the chat default ``max_tokens`` (the rest of the context) can be computed. A text that cannot
+The routes run this before the request reaches the engine (on the event loop for a small body,
+in a worker thread for a large one: app.INLINE_BODY_BYTES), so length errors are answered first
+and the chat default ``max_tokens`` (the rest of the context) can be computed. A text that cannot
 fit the context whatever its tokenization (``ServeState.prompt_bound``) is refused before
 it is tokenized.
 """

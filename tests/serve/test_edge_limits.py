@@ -1,14 +1,17 @@
 """What a request costs is bounded before the work is done (issue 11): JSON only, a body-size
-cap, texts that cannot fit refused before they are tokenized, tokenizing off the event loop,
-and /tokenize behind the API key."""
+cap, texts that cannot fit refused before they are tokenized, a large body tokenized off the
+event loop, and /tokenize behind the API key."""
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
 import pytest
 from live_server import LiveServer
 from fake_engine import FakeEngine, FakeTokenizer
+
+from adaspec.serve.app import INLINE_BODY_BYTES
 
 C = "/v1/completions"
 
@@ -123,12 +126,13 @@ def test_a_text_that_cannot_fit_is_refused_without_tokenizing_it(recording, path
     assert httpx.post(s.url + "/tokenize", json={"prompt": "y" * 64}).status_code == 200  # (tokenize has no limit)
 
 
-def test_tokenizing_does_not_block_the_event_loop(recording):
+def test_tokenizing_a_large_body_does_not_block_the_event_loop(recording):
     s, tok = recording
     tok.gate = threading.Event()
     result = {}
     t = threading.Thread(target=lambda: result.update(
-        r=httpx.post(s.url + C, json={"prompt": "slow", "max_tokens": 2}, timeout=60)))
+        r=httpx.post(s.url + C, content=_padded({"prompt": "slow", "max_tokens": 2}, INLINE_BODY_BYTES + 1),
+                     headers=JSON, timeout=60)))
     t.start()
     try:
         assert tok.entered.wait(30)  # the request is inside encode now...
@@ -138,3 +142,33 @@ def test_tokenizing_does_not_block_the_event_loop(recording):
         tok.gate.set()
         t.join(60)
     assert result["r"].status_code == 200
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _padded(body: dict, size: int) -> bytes:
+    """``body`` as JSON of at least ``size`` bytes (white space after it): a large body, a short prompt."""
+    raw = json.dumps(body).encode()
+    return raw + b" " * max(0, size - len(raw))
+
+
+@pytest.mark.parametrize("size, hops", [(100, 0), (INLINE_BODY_BYTES + 1, 2)])
+def test_only_a_large_body_goes_to_a_worker_thread(recording, monkeypatch, size, hops):
+    """A small body is parsed and tokenized on the event loop (the hop to a thread cost the loop
+    more than the work, and the HF tokenizer holds the GIL anyway); a large one in a thread, twice
+    (parse, then tokenize)."""
+    import adaspec.serve.app as app_module
+
+    s, tok = recording
+    calls = []
+    real = app_module.run_in_threadpool
+
+    async def counting(fn, *args):
+        calls.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(app_module, "run_in_threadpool", counting)
+    r = httpx.post(s.url + C, content=_padded({"prompt": "yy", "max_tokens": 2}, size), headers=JSON, timeout=60)
+    assert r.status_code == 200, r.text
+    assert tok.encoded == [2] and len(calls) == hops, calls
