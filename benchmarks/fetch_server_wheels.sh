@@ -2,7 +2,7 @@
 # Download, here (where PyPI is reachable), the wheels `adaspec serve` and `adaspec bench` need that
 # the GPU machine's image lacks, for its Python (/opt/torch/.venv/bin/python3, 3.12, x86-64):
 #
-#   bash benchmarks/fetch_server_wheels.sh [DIR]      # DIR defaults to .whl (git-ignored), ~3 MB
+#   bash benchmarks/fetch_server_wheels.sh [DIR]      # DIR defaults to .whl (git-ignored), ~4 MB
 #
 # then name DIR in the device call's `carry` (e.g. carry [".whl"]); benchmarks/h200_frontier.sh
 # (MODE=server) and benchmarks/h200_moving_load.sh install them there with
@@ -11,10 +11,11 @@
 # The GPU image already has aiohttp, httpx, anyio's own needs (idna), h11, click, jinja2,
 # prometheus-client, tqdm, matplotlib, numpy, tokenizers and safetensors; it lacks the server stack:
 # fastapi, starlette, pydantic (+ pydantic-core, annotated-types, typing-inspection), uvicorn,
-# annotated-doc and fastapi's opentelemetry-api. anyio and typing-extensions come along too:
+# annotated-doc, fastapi's opentelemetry-api and httptools (uvicorn's fast HTTP parser; the image
+# has uvloop: run 19-21's servers logged "uvloop event loop, h11 HTTP"). anyio and typing-extensions come along too:
 # fastapi and pydantic need newer ones than an image may hold, and a newer one shadows the image's
 # harmlessly. Versions are those this repository's tests run with (pip list on the dev machines).
-# pydantic-core is the only compiled wheel (cp312 manylinux2014).
+# pydantic-core and httptools are the compiled wheels (cp312 manylinux).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
@@ -22,7 +23,7 @@ PYVER=${PYVER:-3.12}
 WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
   typing-inspection==0.4.2 typing-extensions==4.16.0 uvicorn==0.54.0 annotated-doc==0.0.7
-  opentelemetry-api==1.45.2 anyio==4.16.0
+  opentelemetry-api==1.45.2 anyio==4.16.0 httptools==0.9.0
 )
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl  # one version of each: two versions of one package stop the install there
