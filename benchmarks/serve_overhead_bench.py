@@ -70,9 +70,9 @@ def _cpu_seconds(server: subprocess.Popen) -> dict[str, float]:
     for p in [root] + root.children(recursive=True):
         try:
             t = p.cpu_times()
-            role = "server" if p.pid == root.pid else ("engine_process" if "spawn_main" in " ".join(p.cmdline())
-                                                         and "resource_tracker" not in " ".join(p.cmdline())
-                                                         else "other")
+            # the engine process runs multiprocessing's spawn_main; its resource tracker does not
+            role = "server" if p.pid == root.pid else \
+                ("engine_process" if "spawn_main" in " ".join(p.cmdline()) else "other")
         except psutil.Error:  # gone between the listing and the read
             continue
         out[role] = out.get(role, 0.0) + t.user + t.system

@@ -32,9 +32,14 @@ class FakeTokenizer:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
 
+def pattern_start(prompt_ids: list[int]) -> int:
+    """Where in PATTERN the fake's output for a prompt starts."""
+    return sum(prompt_ids) % len(PATTERN)
+
+
 def expected_text(prompt_ids: list[int], n: int) -> str:
     """What the fake generates for a prompt (before stops)."""
-    start = sum(prompt_ids) % len(PATTERN)
+    start = pattern_start(prompt_ids)
     return "".join(PATTERN[(start + i) % len(PATTERN)] for i in range(n))
 
 
@@ -66,7 +71,7 @@ class _Req:
         # the pattern's offset and the decoded output so far, kept per request: recomputing them
         # every step made the fake's own host work O(tokens) per request per step, which capped
         # benchmarks/serve_overhead_bench.py at the fake's speed instead of the server's
-        self.start = sum(prompt_ids) % len(PATTERN)
+        self.start = pattern_start(prompt_ids)
         self.decoded = ""
 
 
