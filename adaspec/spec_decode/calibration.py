@@ -3,7 +3,8 @@
 The policy ranks slots by survival ``a_j = prod_{i<=j} c_i``, so what must be calibrated is
 the survival against the observed prefix acceptance ``1{accepted_len >= j}``, not each c_j
 alone. STS fits one temperature per slot in order, each on the cumulative product with the
-earlier temperatures fixed (DSPARK.md, "Calibration").
+earlier temperatures fixed (DSPARK.md, "Calibration"); cross_fit_sts fits it on each of two
+halves, scores it on the other, and adopts it only when it helps out of sample.
 """
 from __future__ import annotations
 
@@ -95,6 +96,77 @@ def sequential_temperature_scaling(conf_logits, accepted_len, grid: Sequence[flo
             temps[j] = grid[int(np.nanargmin(errs))]
         prefix = prefix * _sigmoid(logits[:, j] / temps[j])
     return temps
+
+
+def cross_fit_sts(conf_logits, accepted_len, folds, grid: Sequence[float] | None = None,
+                  n_bins: int = 15) -> dict:
+    """Sequential Temperature Scaling, adopted only when it helps out of sample.
+
+    folds[n] in {0, 1}: the half of row n. Rows of one prompt must share a fold: their labels are
+    correlated (at T = 0 strongly), so a split inside a prompt would score a fit on its own data.
+    For each fold f, temperatures fitted on the other fold are scored on f: the ECE of the
+    survival over every slot (as `ece` on the [N, K] survivals) with them, beside the raw
+    confidences' ECE on the same rows. The rule: adopted iff the out-of-fold ECE with fitted
+    temperatures is strictly lower than the raw ECE on EACH fold (hence also in their mean, the
+    figure reported); a tie (every temperature 1.0) or a fold without rows keeps the identity.
+    Requiring both folds, not only the mean, halves how often calibrated confidences get noise
+    temperatures: on synthetic calibrated data (4,000 rows, k = 4, 60 seeds) a lower mean alone
+    adopted 35% of the fits, the worst slot's temperature typically 20% off 1; both folds, 17%.
+
+    When adopted, the temperatures returned are those fitted on ALL rows, not one fold's: the
+    cross-fit estimates how the fitting procedure does out of sample, and the same procedure on
+    twice the data has the lower variance (the usual refit after cross-validation); a half's fit
+    would waste the other half. Not adopted: 1.0 at every slot.
+
+    -> {"temperatures": [K] (what to apply), "adopted", "reason", "ece_raw" and "ece_fitted" (the
+    two out-of-fold means the rule compares), "fitted_temperatures": [K] (fitted on all rows,
+    adopted or not), "folds": per fold f {"rows", "temperatures" (fitted on the other fold, scored
+    on f), "ece_raw", "ece_fitted"}}. Pure: numpy in, numbers out.
+    """
+    logits = _np(conf_logits).astype(np.float64)
+    acc = _np(accepted_len).astype(np.int64)
+    folds = _np(folds).astype(np.int64).ravel()
+    if folds.shape != acc.shape or logits.shape[0] != acc.size:
+        raise ValueError(f"conf_logits {logits.shape}, accepted_len {acc.shape} and folds {folds.shape} "
+                         "must have one row per block")
+    if not np.isin(folds, (0, 1)).all():
+        raise ValueError("folds must be 0 or 1")
+    K = logits.shape[1]
+    labels, _ = prefix_labels(acc, K)
+    raw = survival_from_logits(logits)
+    per_fold = []
+    for f in (0, 1):
+        score, fit = folds == f, folds != f
+        if not score.any() or not fit.any():  # nothing to score on, or nothing to fit on
+            per_fold.append({"rows": int(score.sum()), "temperatures": None, "ece_raw": float("nan"),
+                             "ece_fitted": float("nan")})
+            continue
+        t = sequential_temperature_scaling(logits[fit], acc[fit], grid=grid, n_bins=n_bins)
+        per_fold.append({"rows": int(score.sum()), "temperatures": [float(x) for x in t],
+                         "ece_raw": ece(raw[score], labels[score], n_bins),
+                         "ece_fitted": ece(survival_from_logits(logits[score], t), labels[score], n_bins)})
+    fitted = sequential_temperature_scaling(logits, acc, grid=grid, n_bins=n_bins) if acc.size else np.ones(K)
+    if any(p["temperatures"] is None for p in per_fold):
+        return {"temperatures": [1.0] * K, "adopted": False,
+                "reason": "a fold has no rows: no fit can be scored out of sample", "ece_raw": float("nan"),
+                "ece_fitted": float("nan"), "fitted_temperatures": [float(x) for x in fitted], "folds": per_fold}
+    ece_raw = float(np.mean([p["ece_raw"] for p in per_fold]))
+    ece_fitted = float(np.mean([p["ece_fitted"] for p in per_fold]))
+    gains = [p["ece_raw"] - p["ece_fitted"] for p in per_fold]
+    if np.isnan(ece_raw) or np.isnan(ece_fitted):
+        adopted, reason = False, "no ECE to compare"
+    elif all(g > 0 for g in gains):
+        adopted, reason = True, (f"out-of-fold ECE with fitted temperatures {ece_fitted:.4f} < raw {ece_raw:.4f}, "
+                                 "lower on both folds")
+    elif ece_fitted < ece_raw:
+        adopted, reason = False, (f"out-of-fold ECE with fitted temperatures {ece_fitted:.4f} < raw {ece_raw:.4f} "
+                                  "on average, but not lower on both folds: the gain does not reproduce")
+    else:
+        adopted, reason = False, (f"out-of-fold ECE with fitted temperatures {ece_fitted:.4f} >= raw {ece_raw:.4f}: "
+                                  "the fit does not help out of sample")
+    return {"temperatures": [float(x) for x in fitted] if adopted else [1.0] * K, "adopted": adopted,
+            "reason": reason, "ece_raw": ece_raw, "ece_fitted": ece_fitted,
+            "fitted_temperatures": [float(x) for x in fitted], "folds": per_fold}
 
 
 def survival_from_logits(conf_logits, temps=None) -> np.ndarray:

@@ -1,16 +1,24 @@
 """`adaspec train calibrate`: Sequential Temperature Scaling of a drafter's confidences.
 
 Measures per-block acceptance teacher-forced on target-generated continuations of held-out
-prompts (as `adaspec eval drafter` does), splits the prompts in two halves (fit / report),
-fits one temperature per slot on the fit half (adaspec.spec_decode.calibration), and reports, on
-the other half, per-slot ECE of the cumulative survival prod c_i against observed prefix
-acceptance before and after, plus AUC. Temperatures go into the drafter's config.json under
-our own key: ``adaspec.confidence_temperatures`` (fitted at T > 0, used for sampled requests)
-or, with --temperature 0, ``adaspec.confidence_temperatures_greedy`` (used for greedy
-requests); propose() applies them.
+prompts (as `adaspec eval drafter` does), splits the prompts in two halves by a permutation
+seeded by --seed (split_prompts: the prompt files are in source-file order, so a first / second
+half would be different files), and cross-fits one temperature per slot
+(adaspec.spec_decode.calibration.cross_fit_sts): fitted on one half, scored on the other, both
+ways. The temperatures are adopted only when they lower the out-of-fold ECE of the cumulative
+survival prod c_i against observed prefix acceptance on both halves; adopted, they are the ones
+fitted on both halves together; not adopted, 1.0 at every slot (the report and the JSON say
+why). Reported, as means over the two halves, each scored with temperatures fitted on the other
+(never on the data they were fitted on): per-slot ECE and AUC before (raw) and after (what is
+saved: the out-of-fold fit when adopted, raw when not), and the out-of-fold fit's figures
+either way. Temperatures go into the drafter's config.json under our own key:
+``adaspec.confidence_temperatures`` (fitted at T > 0, used for sampled requests) or, with
+--temperature 0, ``adaspec.confidence_temperatures_greedy`` (used for greedy requests);
+propose() applies them.
 
 At T > 0 the observed accepted length is sampled from the per-slot acceptance
-probabilities; --samples draws several per block to cut the label noise.
+probabilities; --samples draws several per block to cut the label noise (a block's draws stay
+in its prompt's half).
 """
 from __future__ import annotations
 
@@ -50,23 +58,75 @@ def output_paths(args) -> tuple[Path, Path | None]:
     return plot, None if args.dry_run else drafter_dir
 
 
-def fit_and_report(fit, rep, n_bins: int = 15) -> dict:
-    """fit / rep: BlockResults. -> temperatures and before/after metrics on `rep`."""
-    from adaspec.spec_decode.calibration import (auc, ece, per_slot_metrics, prefix_labels,
-                                          sequential_temperature_scaling, survival_from_logits)
+def split_prompts(n: int, seed: int) -> tuple[list[int], list[int]]:
+    """-> (half A, half B): the indices of n prompts split by a permutation seeded by `seed`, A
+    its first n // 2, each half in the prompts' order. The packaged prompt files are in
+    source-file order (eval-code: one test file after another), so the first and second half
+    would be different files, a distribution shift between the halves; a permutation makes both
+    halves samples of the same set. Deterministic in `seed`."""
+    import numpy as np
 
-    temps = sequential_temperature_scaling(fit.conf_logits, fit.accepted, n_bins=n_bins)
-    k = rep.conf_logits.shape[1]
-    labels, _ = prefix_labels(rep.accepted, k)
-    before = survival_from_logits(rep.conf_logits)
-    after = survival_from_logits(rep.conf_logits, temps)
+    perm = np.random.default_rng(seed).permutation(n)
+    return sorted(perm[: n // 2].tolist()), sorted(perm[n // 2:].tolist())
+
+
+def _fold_metrics(surv, accepted, folds, n_bins: int) -> dict:
+    """ECE / AUC (all slots, and per slot) of `surv` on each fold, averaged over the folds, as
+    cross_fit_sts averages its ECEs (so "ece" here is its ece_raw / ece_fitted)."""
+    import numpy as np
+
+    from adaspec.spec_decode.calibration import auc, ece, per_slot_metrics, prefix_labels
+
+    k = surv.shape[1]
+    parts = []
+    for f in (0, 1):
+        m = folds == f
+        if m.any():
+            labels, _ = prefix_labels(accepted[m], k)
+            parts.append({"ece": ece(surv[m], labels, n_bins), "auc": auc(surv[m], labels),
+                          "per_slot": per_slot_metrics(surv[m], accepted[m], n_bins)})
+    if not parts:
+        return {"ece": float("nan"), "auc": float("nan"), "per_slot": []}
+    return {"ece": float(np.mean([p["ece"] for p in parts])), "auc": float(np.mean([p["auc"] for p in parts])),
+            "per_slot": [{"position": j + 1, "n": sum(p["per_slot"][j]["n"] for p in parts),
+                          "ece": float(np.mean([p["per_slot"][j]["ece"] for p in parts])),
+                          "auc": float(np.mean([p["per_slot"][j]["auc"] for p in parts]))} for j in range(k)]}
+
+
+def fit_and_report(a, b, n_bins: int = 15) -> dict:
+    """a, b: BlockResults of the two prompt halves. Cross-fitted STS (cross_fit_sts) -> the
+    temperatures to save (identity when not adopted), the decision, and metrics as means over the
+    halves, each half scored with temperatures fitted on the other: "before" raw, "fitted" the
+    out-of-fold fit, "after" the figures of the temperatures saved: adopted, the fitted figures
+    (the out-of-sample estimate for the temperatures fitted on both halves, which are scored on
+    no data, all of it being theirs); not adopted, the raw ones. No figure is scored on the data
+    its temperatures were fitted on."""
+    import numpy as np
+
+    from adaspec.spec_decode.calibration import cross_fit_sts, prefix_labels, survival_from_logits
+
+    both = a.concat(b)
+    folds = np.r_[np.zeros(len(a.accepted), np.int64), np.ones(len(b.accepted), np.int64)]
+    cf = cross_fit_sts(both.conf_logits, both.accepted, folds, n_bins=n_bins)
+    k = both.conf_logits.shape[1]
+    raw = survival_from_logits(both.conf_logits)
+    oof = raw.copy()  # each half with the temperatures fitted on the other
+    for f, part in enumerate(cf["folds"]):
+        if part["temperatures"] is not None:
+            oof[folds == f] = survival_from_logits(both.conf_logits[folds == f], part["temperatures"])
+    labels, _ = prefix_labels(both.accepted, k)
+    before, fitted = _fold_metrics(raw, both.accepted, folds, n_bins), _fold_metrics(oof, both.accepted, folds, n_bins)
     return {
-        "temperatures": [float(t) for t in temps],
-        "before": {"ece": ece(before, labels, n_bins), "auc": auc(before, labels),
-                   "per_slot": per_slot_metrics(before, rep.accepted, n_bins)},
-        "after": {"ece": ece(after, labels, n_bins), "auc": auc(after, labels),
-                  "per_slot": per_slot_metrics(after, rep.accepted, n_bins)},
-        "_curves": {"raw": (before, labels), "calibrated": (after, labels)},
+        "temperatures": cf["temperatures"],
+        "adopted": cf["adopted"],
+        "reason": cf["reason"],
+        "fitted_temperatures": cf["fitted_temperatures"],
+        "before": before,
+        "after": fitted if cf["adopted"] else before,
+        "fitted": fitted,
+        "folds": cf["folds"],
+        "_curves": {"raw": (raw, labels),
+                    "fitted, out of fold" + ("" if cf["adopted"] else " (not adopted)"): (oof, labels)},
     }
 
 
@@ -99,23 +159,32 @@ def run(args) -> int:
     target, _, drafter, dcfg, prompts = load_pair(args)
     status(f"the target generates {args.gen_len} tokens for each of {len(prompts)} prompts at T={args.temperature:g}")
     seqs, starts = generate_eval_set(target, prompts, args.gen_len, args.temperature, seed=args.seed)
-    half = len(seqs) // 2  # fit on the first half of the prompts, report on the second
+    half_a, half_b = split_prompts(len(seqs), args.seed)  # same distribution in both halves
     status("scoring the drafter's block at every generated position")
-    fit = measure_blocks(target, drafter, seqs[:half], starts[:half], args.temperature, batch_size=args.batch_size,
-                         seed=args.seed)
-    rep = measure_blocks(target, drafter, seqs[half:], starts[half:], args.temperature, batch_size=args.batch_size,
-                         seed=args.seed + 1)
-    out = fit_and_report(replicate(fit, args.samples, args.seed), replicate(rep, args.samples, args.seed + 1))
+    a = measure_blocks(target, drafter, [seqs[i] for i in half_a], [starts[i] for i in half_a], args.temperature,
+                       batch_size=args.batch_size, seed=args.seed)
+    b = measure_blocks(target, drafter, [seqs[i] for i in half_b], [starts[i] for i in half_b], args.temperature,
+                       batch_size=args.batch_size, seed=args.seed + 1)
+    out = fit_and_report(replicate(a, args.samples, args.seed), replicate(b, args.samples, args.seed + 1))
     curves = out.pop("_curves")
     plot_reliability(curves, plot, title=f"drafter survival vs prefix acceptance (T={args.temperature:g})")
+    # fit_blocks / report_blocks: the two halves' blocks (each is fitted on and reported on, crosswise)
     out.update(prompts=args.prompts, num_prompts=len(prompts), temperature=args.temperature,
-               fit_blocks=int(fit.alpha.shape[0]), report_blocks=int(rep.alpha.shape[0]), plot=str(plot))
+               fit_blocks=int(a.alpha.shape[0]), report_blocks=int(b.alpha.shape[0]), plot=str(plot))
     k = len(out["temperatures"])
-    print("slot  T_j     ECE before  ECE after  AUC")
+    print("cross-fitted on two halves of the prompts, each scored with the temperatures fitted on the other")
+    print("slot  fitted T_j  ECE raw  ECE fitted  AUC")
     for j in range(k):
-        b, a = out["before"]["per_slot"][j], out["after"]["per_slot"][j]
-        print(f"{j + 1:>4}  {out['temperatures'][j]:5.3f}  {b['ece']:10.4f}  {a['ece']:9.4f}  {a['auc']:.3f}")
-    print(f"all   ECE {out['before']['ece']:.4f} -> {out['after']['ece']:.4f}, AUC {out['after']['auc']:.3f}")
+        b_, f_ = out["before"]["per_slot"][j], out["fitted"]["per_slot"][j]
+        print(f"{j + 1:>4}  {out['fitted_temperatures'][j]:10.3f}  {b_['ece']:7.4f}  {f_['ece']:10.4f}  {f_['auc']:.3f}")
+    print(f"all   ECE raw {out['before']['ece']:.4f}, fitted {out['fitted']['ece']:.4f} (out of fold), "
+          f"AUC {out['fitted']['auc']:.3f}")
+    if out["adopted"]:
+        print(f"adopted: {out['reason']}; the temperatures saved are those fitted on both halves")
+    else:
+        print(f"NOT adopted: {out['reason']}; temperatures kept at 1.0")
+    print(f"all   ECE {out['before']['ece']:.4f} -> {out['after']['ece']:.4f} with the temperatures saved "
+          + ("(estimated out of fold)" if out["adopted"] else "(1.0: raw)"))
     if drafter_dir is not None:
         greedy = args.temperature <= 0
         save_drafter_config(with_temperatures(dcfg, out["temperatures"], greedy=greedy), drafter_dir)

@@ -34,11 +34,16 @@ def acceptance_table(eval_json: dict) -> list[str]:
 
 
 def calibration_table(cal: dict, label: str) -> list[str]:
+    """Temperatures saved and ECE before / after; a calibration that cross-fitted (`adopted` in
+    it) also shows the fitted temperatures and their out-of-fold ECE, adopted or not."""
     k = len(cal["temperatures"])
     head = "| " + label + " | " + " | ".join(str(j) for j in range(1, k + 1)) + " | all |"
     rows = [head, "|---" * (k + 2) + "|",
             "| temperature T_j | " + " | ".join(f"{t:.3f}" for t in cal["temperatures"]) + " | |"]
-    for when in ("before", "after"):
+    if "adopted" in cal:
+        rows.append("| fitted T_j | " + " | ".join(f"{t:.3f}" for t in cal["fitted_temperatures"])
+                    + (" | adopted |" if cal["adopted"] else " | not adopted |"))
+    for when in ("before", "after") + (("fitted",) if "adopted" in cal else ()):
         rows.append(f"| ECE {when} | " + " | ".join(f"{x['ece']:.4f}" for x in cal[when]["per_slot"])
                     + f" | {cal[when]['ece']:.4f} |")
     rows.append("| AUC | " + " | ".join(f"{x['auc']:.3f}" for x in cal["after"]["per_slot"])
@@ -87,7 +92,15 @@ def render_drafter_card(drafter_dir: Path, name: str, target_name: str, recipe: 
                 "temperatures propose() applies at that T.", ""]
         out += acceptance_table(ev)
     for c, label in ((cal, "held-out calibration split, T = 1"), (cal_g, "held-out calibration split, T = 0")):
-        if c:
+        if c and "adopted" in c:  # cross-fitted: both halves are fitted on and reported on
+            out += ["", f"## Calibration ({label}: two prompt halves of {c['fit_blocks']:,} and "
+                        f"{c['report_blocks']:,} blocks, each scored with temperatures fitted on the other)", "",
+                    ("Adopted" if c["adopted"] else "Not adopted, temperatures kept at 1.0") + f": {c['reason']}. "
+                    "ECE before: raw; fitted: each half with the temperatures fitted on the other; after: the "
+                    "temperatures saved, " + ("fitted on both halves (figures: the fitted ones, their out-of-sample "
+                                              "estimate)." if c["adopted"] else "1.0 (figures: the raw ones)."), ""]
+            out += calibration_table(c, label.split(",")[1].strip())
+        elif c:
             out += ["", f"## Calibration ({label}: fitted on {c['fit_blocks']:,} blocks, reported on "
                         f"{c['report_blocks']:,})", ""]
             out += calibration_table(c, label.split(",")[1].strip())

@@ -8,7 +8,8 @@ Stages, in order, each calling the code of its own command (nothing is re-implem
   selfdistill the target's own continuations of corpus windows (greedy + T=1)    -> OUT/selfdistill
   drafter     `train drafter` on them, mixed with corpus text                    -> OUT/drafter
   calibrate   `train calibrate` at T=1 and T=0 on calibrate.prompts: "eval-code", the eval-code prompts the
-              eval stage does not use, or "val", val-split windows  -> OUT/drafter/config.json
+              eval stage does not use, or "val", val-split windows; cross-fitted, kept at 1.0 when
+              the fit does not lower the out-of-fold ECE  -> OUT/drafter/config.json
   eval        `eval drafter` on the shipped eval-code prompts (stdlib test split) -> OUT/drafter/eval.json,
               and the walk's blocks for policy replays -> OUT/drafter/heldout_blocks.npz
   cards       MODEL_CARD.md of both models, with the held-out figures
@@ -366,8 +367,12 @@ def _calibrate(ctx: Context) -> dict:
         calibrate.run(args)
         name = "calibration-greedy.json" if temp == 0 else "calibration.json"
         cal = json.loads((ctx.drafter / name).read_text())
-        res[f"T={temp:g}"] = {"temperatures": cal["temperatures"], "ece_before": cal["before"]["ece"],
-                              "ece_after": cal["after"]["ece"], "auc": cal["after"]["auc"]}
+        # ece_before / ece_after: raw and with the temperatures saved, each prompt half scored with
+        # temperatures fitted on the other; identity when the cross-fitted STS was not adopted
+        # (`adopted` false), ece_fitted the fit's out-of-fold ECE either way (None: an older file)
+        res[f"T={temp:g}"] = {"temperatures": cal["temperatures"], "adopted": cal.get("adopted"),
+                              "ece_before": cal["before"]["ece"], "ece_after": cal["after"]["ece"],
+                              "ece_fitted": (cal.get("fitted") or {}).get("ece"), "auc": cal["after"]["auc"]}
     return res
 
 

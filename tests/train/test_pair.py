@@ -65,6 +65,13 @@ def test_micro_pair_builds_every_stage(pair):
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["block_size"] == 4 and len(cfg["adaspec"]["confidence_temperatures"]) == 4
     assert len(cfg["adaspec"]["confidence_temperatures_greedy"]) == 4
+    # the calibration: cross-fitted, adopted or kept at 1.0, never worse than raw out of fold
+    for t, key in (("T=1", "confidence_temperatures"), ("T=0", "confidence_temperatures_greedy")):
+        c = summary["calibration"][t]
+        assert isinstance(c["adopted"], bool) and c["temperatures"] == cfg["adaspec"][key]
+        assert c["ece_after"] <= c["ece_before"] and c["ece_fitted"] is not None
+        if not c["adopted"]:
+            assert c["temperatures"] == [1.0] * 4 and c["ece_after"] == c["ece_before"]
     # per-source token counts reached the corpus stats
     cstats = json.loads((out / "corpus" / "stats.json").read_text())
     assert sum(cstats["tokens"]["splits"]["train"]["by_source"].values()) == summary["tokenizer"]["tokens"]["train"]
@@ -74,6 +81,7 @@ def test_micro_pair_builds_every_stage(pair):
     for r in ev["runs"]:
         assert f"**{r['tau']:.2f}**" in tcard and f"**{r['tau']:.2f}**" in dcard
     assert "target.layers = 2" in tcard and '"markov_rank": 8' in dcard and "# micro-dspark" in dcard
+    assert dcard.count("| fitted T_j |") == 2 and "each scored with temperatures fitted on the other" in dcard
 
 
 @pytest.mark.slow
