@@ -10,6 +10,10 @@
 #
 #   bash benchmarks/h200_ab_server.sh OUT_DIR A_TREE [ARMS] [CONCURRENCY] [ROUNDS]
 #
+# A_TREE may be this checkout (.) when the sides differ by their servers' flags only: A_SERVER_ARGS
+# and B_SERVER_ARGS (default: SERVER_ARGS) go to each side's servers, as SERVER_ARGS does in
+# h200_frontier.sh; e.g. A_SERVER_ARGS= B_SERVER_ARGS=--api-server-count=4.
+#
 # Defaults: arms adaptive:7,none,fixed:7 at 32,256, T = 0, 2 rounds of 1 repeat each, 64 output
 # tokens, 4 waves of C prompts per point. Each side's sweep gets an equal share of the time left
 # (BUDGET_S, as the other scripts) and is stopped in time. Writes OUT/ab_server.json (per side,
@@ -44,16 +48,18 @@ n=0
 for round in $(seq 1 "$ROUNDS"); do
   for side in A B; do
     tree=$A_TREE
-    if [ "$side" = B ]; then tree=$B_TREE; fi
+    side_args=${A_SERVER_ARGS-${SERVER_ARGS:-}}
+    if [ "$side" = B ]; then tree=$B_TREE; side_args=${B_SERVER_ARGS-${SERVER_ARGS:-}}; fi
     share=$(( ($(time_left) - ${RESERVE_S:-20}) / (SWEEPS - n) ))
     n=$((n + 1))
     if [ "$share" -lt 60 ]; then
       say "round $round, $side: ${share} s left for it, too little: stopping here"
       break 2
     fi
-    say "round $round, $side ($tree): $share s"
+    say "round $round, $side ($tree; server flags: ${side_args:-none}): $share s"
     # the side's own scripts and package (its h200_common.sh puts its tree first on PYTHONPATH)
     (cd "$tree" && PAIR_DIR=${PAIR_DIR:-/tmp/pair} BUDGET_S=$share RESERVE_S=5 RUNS_DIR="$RUNS/${side}_$round" MODE=server \
+      SERVER_ARGS="$side_args" \
       bash benchmarks/h200_frontier.sh "$RUNS/${side}_${round}_out" "$ARMS" "$CONC" 0 1) >>"$OUT/ab_server_log.txt" 2>&1 \
       || { say "round $round, $side failed:"; tail -20 "$OUT/ab_server_log.txt"; }
   done
@@ -90,6 +96,8 @@ for name in sorted(cells, key=lambda n: (int(n.split("C=")[1]), n)):
                  f"{f('A', 'median_ttft_ms'):>12}{f('B', 'median_ttft_ms'):>12}{f('A', 'median_per_user_tok_s'):>12}"
                  f"{f('B', 'median_per_user_tok_s'):>12}{f('A', 'mean_tokens_per_chunk', 2):>12}{f('B', 'mean_tokens_per_chunk', 2):>12}")
 json.dump({"A_tree": os.environ.get("A_LABEL", "A"), "B_commit": os.environ.get("ADASPEC_COMMIT", ""),
+           "A_server_args": os.environ.get("A_SERVER_ARGS", os.environ.get("SERVER_ARGS", "")),
+           "B_server_args": os.environ.get("B_SERVER_ARGS", os.environ.get("SERVER_ARGS", "")),
            "cells": table}, open(f"{out}/ab_server.json", "w"), indent=1)
 open(f"{out}/ab_server.txt", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -45,7 +45,8 @@ if __name__ == "__main__":  # the engine process (spawned) imports this script a
     factory = functools.partial(FakeEngine, step_delay={step_s!r}, max_model_len=4096, max_num_seqs={max_seqs},
                                 num_kv_blocks=1 << 20, tokens_per_step={k}, host_work={host_s!r})
     sys.exit(run(factory, ServerSettings(served_model_names=["fake"], disable_log_requests=True,
-                                         engine_process={process!r}), "127.0.0.1", {port}, "warning", access_log=False))
+                                         engine_process={process!r}, api_server_count={api_servers}),
+                 "127.0.0.1", {port}, "warning", access_log=False))
 """
 
 
@@ -64,15 +65,18 @@ def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 
 def _cpu_seconds(server: subprocess.Popen) -> dict[str, float]:
     """CPU seconds (user + system) so far of the server's process and of each process under it
-    (the engine process, with --engine-process), by role."""
+    (the engine process, with --engine-process; the extra API servers, with --api-servers), by
+    role: the HTTP side ("server", every process listening on a TCP port) or the engine's."""
     root = psutil.Process(server.pid)
     out = {"server": 0.0, "engine_process": 0.0}
     for p in [root] + root.children(recursive=True):
         try:
             t = p.cpu_times()
-            # the engine process runs multiprocessing's spawn_main; its resource tracker does not
-            role = "server" if p.pid == root.pid else \
-                ("engine_process" if "spawn_main" in " ".join(p.cmdline()) else "other")
+            # the engine process and the extra API servers run multiprocessing's spawn_main (its
+            # resource tracker does not); only the API servers listen
+            spawned = "spawn_main" in " ".join(p.cmdline())
+            listens = spawned and any(c.status == psutil.CONN_LISTEN for c in p.net_connections(kind="tcp"))
+            role = "server" if p.pid == root.pid or listens else ("engine_process" if spawned else "other")
         except psutil.Error:  # gone between the listing and the read
             continue
         out[role] = out.get(role, 0.0) + t.user + t.system
@@ -95,13 +99,16 @@ def main() -> int:
     ap.add_argument("--host-ms", type=float, default=0.0,
                     help="pure-Python work per fake step that holds the GIL (a real step's host side), before its sleep")
     ap.add_argument("--engine-process", action="store_true", help="the engine in a process of its own")
+    ap.add_argument("--api-servers", type=int, default=1,
+                    help="HTTP server processes (adaspec serve --api-server-count; > 1 implies --engine-process)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     concs = [int(c) for c in args.concurrency.split(",")]
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     code = _SERVER.format(tests=str(ROOT / "tests" / "serve"), step_s=args.step_ms / 1000, max_seqs=max(concs),
-                          k=args.tokens_per_step, port=port, host_s=args.host_ms / 1000, process=args.engine_process)
+                          k=args.tokens_per_step, port=port, host_s=args.host_ms / 1000,
+                          process=args.engine_process or args.api_servers > 1, api_servers=args.api_servers)
     script = Path(tempfile.mkdtemp()) / "serve_fake.py"  # a file, not -c: a spawned engine process re-imports it
     script.write_text(code)
     server = subprocess.Popen([sys.executable, str(script)], env=env)
@@ -142,7 +149,8 @@ def main() -> int:
         server.wait(30)
     print(f"fake engine step {args.step_ms} ms (of which {args.host_ms} ms host work holding the GIL), "
           f"{args.tokens_per_step} token(s) per step, {args.output_len} output tokens, {os.cpu_count()} CPUs, "
-          f"engine in {'its own process' if args.engine_process else 'a thread'}")
+          f"engine in {'its own process' if args.engine_process or args.api_servers > 1 else 'a thread'}, "
+          f"{args.api_servers} API server process(es)")
     print(f"{'C':>5} {'out tok/s':>10} {'ideal':>9} {'ratio':>6} {'ITL p50':>8} {'ITL p99':>8} {'TTFT p50':>8} "
           f"{'E2E p50':>8} {'tok/chunk':>9}  "
           f"CPU us per output token (cores busy)")

@@ -81,6 +81,9 @@ def add_parser(subparsers) -> None:
                    help="run the engine in a process of its own (as vLLM's engine core), so that HTTP and "
                         "streaming do not compete with it for the GIL (default: on when the engine runs on "
                         "CUDA at tensor parallel size 1, else a thread of the server)")
+    p.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
+                   help="HTTP server processes on the one engine (as vLLM's): at many streams one process "
+                        "is the bound; more than 1 runs the engine in a process of its own (default 1)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -126,6 +129,17 @@ def settings_from_args(args: argparse.Namespace):
         raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    api_servers = getattr(args, "api_server_count", 1)
+    if api_servers < 1:
+        raise ConfigError(f"--api-server-count must be >= 1, got {api_servers}")
+    engine_process = getattr(args, "engine_process", None)
+    if api_servers > 1:
+        if engine_process is False:
+            raise ConfigError("--api-server-count above 1 needs the engine in a process of its own: drop "
+                              "--no-engine-process")
+        engine_process = True
+    elif engine_process is None:
+        engine_process = engine_process_default(args)
     extra = {}
     if args.max_request_body_bytes is not None:
         if args.max_request_body_bytes < 1:
@@ -133,9 +147,8 @@ def settings_from_args(args: argparse.Namespace):
         extra["max_request_body_bytes"] = args.max_request_body_bytes
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
-                          disable_log_requests=args.disable_log_requests,
-                          engine_process=engine_process_default(args) if getattr(args, "engine_process", None) is None
-                          else bool(args.engine_process), **extra)
+                          disable_log_requests=args.disable_log_requests, engine_process=bool(engine_process),
+                          api_server_count=api_servers, **extra)
 
 
 def engine_process_default(args: argparse.Namespace) -> bool:

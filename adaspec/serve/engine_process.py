@@ -4,10 +4,13 @@ With the engine in a thread of the server's process (engine_thread.py), the engi
 the event loop's (HTTP parsing, SSE formatting, one chunk per request per step) share one GIL: on
 the H200 at 256 streaming requests the server made 4-7x fewer tokens per second than the offline
 engine (BENCHMARKS.md). Here the engine runs in a child process (spawned: CUDA does not survive a
-fork) and only small messages cross over, through one `multiprocessing` pipe:
+fork) and only small messages cross over, through one `multiprocessing` pipe per API server
+process (one, or `--api-server-count`: api_servers.py; each request's news goes back through the
+pipe that added it, and each pipe pulls its own batches):
 
 - server -> engine: ("add", request_id, prompt, params, arrival), ("abort", request_id),
-  ("abort_all",), ("call", id, fn), ("stop",);
+  ("abort_all",) (that server's requests), ("call", id, fn), ("stop",) (the first pipe only),
+  ("bye",) (an extra API server stops: its requests are aborted);
 - engine -> server: ("batch", acks, records, snapshot): the adds it accepted or refused, per
   request only what is NEW since the last batch (token ids, logprobs, the text's new suffix), and
   the counters the metrics need;
@@ -38,6 +41,7 @@ import gc
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import pickle
 import signal
 import threading
@@ -174,9 +178,10 @@ def _picklable_error(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def _engine_main(factory: Callable[[], Any], conn, log_level: int = logging.INFO) -> None:
-    """The child: build the engine, then take commands, step, report; until ("stop",) or the pipe
-    closes (the server is gone)."""
+def _engine_main(factory: Callable[[], Any], conns, log_level: int = logging.INFO) -> None:
+    """The child: build the engine, then take commands, step, report; until ("stop",) or the first
+    pipe closes (the server is gone). ``conns``: the pipe of each API server, the owner's first."""
+    conns = list(conns) if isinstance(conns, (list, tuple)) else [conns]
     # Ctrl-C and SIGTERM reach the whole process group (a terminal, systemd, `timeout`, kill -TERM
     # -PGID): the server drains on either and stops us itself, so we must not die first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -187,68 +192,138 @@ def _engine_main(factory: Callable[[], Any], conn, log_level: int = logging.INFO
     try:
         engine = factory()
     except BaseException as e:  # noqa: BLE001 - re-raised by start() in the server
-        conn.send(("load_error", _picklable_error(e)))
+        conns[0].send(("load_error", _picklable_error(e)))
         return
-    conn.send(("ready", EngineInfo(engine.tokenizer, int(engine.max_model_len),
-                                   str(getattr(engine, "model_name", "")))))
+    info = EngineInfo(engine.tokenizer, int(engine.max_model_len), str(getattr(engine, "model_name", "")))
+    for conn in conns:
+        conn.send(("ready", info))
     gc.collect()  # as the server's freeze_startup_objects: full collections then skip the model's objects
     gc.freeze()
-    serve_engine(engine, conn)
+    serve_engine(engine, conns)
 
 
-def serve_engine(engine, conn) -> None:
-    """The child's loop over a loaded engine: take commands, step, send batches when the server
-    has asked for them (see the module's docstring); until ("stop",) or the pipe closes. Raises
-    SystemExit(1) after reporting a failed step."""
-    outbox = _Outbox()
-    unanswered = 0  # batches sent that the server has not asked "more" after yet
+class _Client:
+    """One API server's pipe as the child sees it: what it has been sent, what waits for it."""
 
-    def take_commands(acks: list, block: bool) -> bool:
-        """Handle what the server sent (waiting for something first if ``block``); False on stop."""
-        nonlocal unanswered
-        cmds = [conn.recv()] if block else []
-        while conn.poll(0):
-            cmds.append(conn.recv())
-        for cmd in cmds:
-            kind = cmd[0]
-            if kind == "more":
-                unanswered -= 1
-            elif kind == "stop":
-                shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
-                if shutdown is not None:
-                    shutdown()
-                return False
-            else:
-                _handle(engine, cmd, acks, conn, outbox)
+    __slots__ = ("conn", "outbox", "acks", "unanswered", "steps_seen")
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.outbox = _Outbox()
+        self.acks: list[tuple] = []
+        self.unanswered = 0  # batches sent that this server has not asked "more" after yet
+        self.steps_seen = None  # the engine's step count in the last snapshot sent
+
+    def due(self) -> bool:
+        """Acks go at once (a request's first token waits on its ack), news when the server is ready."""
+        return bool(self.acks) or (bool(self.outbox.pending) and self.unanswered <= 0)
+
+
+def serve_engine(engine, conns) -> None:
+    """The child's loop over a loaded engine: take commands, step, send batches when a server has
+    asked for them (see the module's docstring); until ("stop",) from the first pipe or the first
+    pipe closes. ``conns``: one pipe, or one per API server (``--api-server-count``): each
+    request's news goes back through the pipe that added it, each pipe pulls its own batches.
+    Raises SystemExit(1) after reporting a failed step."""
+    clients = [_Client(c) for c in (conns if isinstance(conns, (list, tuple)) else [conns])]
+    owner: dict[str, _Client] = {}  # request id -> the client that added it (until it finishes)
+
+    def take_commands(block: bool) -> bool:
+        """Handle what the servers sent (waiting for something first if ``block``); False on stop."""
+        if block:
+            multiprocessing.connection.wait([c.conn for c in clients])
+        for client in list(clients):
+            try:
+                while client.conn.poll(0):
+                    cmd = client.conn.recv()
+                    kind = cmd[0]
+                    if kind == "more":
+                        client.unanswered -= 1
+                    elif kind == "bye" and client is not clients[0]:  # an extra API server stops
+                        _drop(engine, client, clients, owner)
+                        client.conn.close()  # its reader sees the end
+                        break
+                    elif kind == "stop":
+                        shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
+                        if shutdown is not None:
+                            shutdown()
+                        return False
+                    else:
+                        _handle(engine, cmd, client, owner)
+            except (EOFError, OSError):
+                if client is clients[0]:
+                    raise  # the server that owns this process is gone
+                _drop(engine, client, clients, owner)  # an extra API server is gone: its requests too
         return True
+
+    def route(outputs) -> None:
+        by_client: dict[int, list] = {}
+        for o in outputs:
+            client = owner.get(o.request_id)
+            if client is None:
+                continue
+            by_client.setdefault(id(client), [client]).append(o)
+            if o.finished:
+                del owner[o.request_id]
+        for client, *outs in by_client.values():
+            client.outbox.add_step(outs)
 
     try:
         while True:
-            acks: list[tuple] = []
-            # idle: wait for work (news still pending here waits for the server's "more")
-            if not take_commands(acks, block=not engine.has_unfinished_requests()):
+            # idle: wait for work (news still pending here waits for its server's "more")
+            if not take_commands(block=not engine.has_unfinished_requests()):
                 return
             if engine.has_unfinished_requests():
-                outbox.add_step(engine.step())
-                # the server's "more" for the last batch usually came in while this step ran: look
+                route(engine.step())
+                # a server's "more" for its last batch usually came in while this step ran: look
                 # now, or each batch would wait a step more and carry two steps' news
-                if outbox.pending and unanswered > 0 and not take_commands(acks, block=False):
+                if any(c.outbox.pending and c.unanswered > 0 for c in clients) and not take_commands(block=False):
                     return
-            # acks go at once (a request's first token waits on its ack), news when the server is ready
-            if acks or (outbox.pending and unanswered <= 0):
-                conn.send(("batch", acks, outbox.take(), EngineSnapshot.of(engine)))
-                unanswered += 1
+            snapshot = None
+            steps = getattr(engine.stats, "num_steps", None)
+            for client in clients:
+                # the first server adds the engine's counters to the metrics (metrics.py): with
+                # several, it gets each step's snapshot even when the step had no news for it
+                stale = client is clients[0] and len(clients) > 1 and client.unanswered <= 0 \
+                    and client.steps_seen != steps
+                if client.due() or stale:
+                    snapshot = snapshot or EngineSnapshot.of(engine)
+                    client.steps_seen = steps
+                    acks, client.acks = client.acks, []
+                    try:
+                        client.conn.send(("batch", acks, client.outbox.take(), snapshot))
+                    except (EOFError, OSError):
+                        if client is clients[0]:
+                            raise
+                        _drop(engine, client, clients, owner)
+                        continue
+                    client.unanswered += 1
     except (EOFError, OSError):  # the server is gone
         return
     except BaseException as e:  # noqa: BLE001 - the engine is dead: say why, then exit non-zero
         log.exception("the engine failed")
         try:
-            conn.send(("died", _picklable_error(e)))
+            for client in clients:
+                try:
+                    client.conn.send(("died", _picklable_error(e)))
+                except (EOFError, OSError):
+                    pass
         finally:
             raise SystemExit(1)
 
 
-def _handle(engine, cmd, acks: list, conn, outbox: _Outbox) -> None:
+def _drop(engine, client: _Client, clients: list, owner: dict) -> None:
+    """An API server other than the first stopped or closed its pipe: abort what it had added."""
+    mine = sum(1 for c in owner.values() if c is client)
+    if mine:
+        log.warning("an API server left with %d request(s) running: aborting them", mine)
+    for rid in [rid for rid, c in owner.items() if c is client]:
+        engine.abort_request(rid)
+        del owner[rid]
+    clients.remove(client)
+
+
+def _handle(engine, cmd, client: _Client, owner: dict) -> None:
     kind = cmd[0]
     if kind == "add":
         _, rid, prompt, params, arrival = cmd
@@ -256,38 +331,42 @@ def _handle(engine, cmd, acks: list, conn, outbox: _Outbox) -> None:
         try:
             engine.add_request(rid, prompt, params, arrival_time=arrival)
         except InvalidRequestError as e:
-            acks.append((rid, ("invalid", str(e), e.param)))
+            client.acks.append((rid, ("invalid", str(e), e.param)))
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500
             log.exception("add_request failed for %s", rid)
-            acks.append((rid, ("error", f"The engine refused the request: {type(e).__name__}: {e}", None)))
+            client.acks.append((rid, ("error", f"The engine refused the request: {type(e).__name__}: {e}", None)))
         else:
-            acks.append((rid, None))
+            client.acks.append((rid, None))
+            owner[rid] = client
     elif kind == "abort":
-        engine.abort_request(cmd[1])
-        outbox.forget(cmd[1])
-    elif kind == "abort_all":
-        for rid in list(engine.requests):
+        if owner.get(cmd[1]) is client:  # a server aborts only its own requests
+            engine.abort_request(cmd[1])
+            del owner[cmd[1]]
+        client.outbox.forget(cmd[1])
+    elif kind == "abort_all":  # this server's requests
+        for rid in [rid for rid, c in owner.items() if c is client]:
             engine.abort_request(rid)
-            outbox.forget(rid)
+            del owner[rid]
+            client.outbox.forget(rid)
     elif kind == "call":
         _, call_id, fn = cmd
         try:
-            conn.send(("call", call_id, True, fn(engine)))
+            client.conn.send(("call", call_id, True, fn(engine)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller
-            conn.send(("call", call_id, False, _picklable_error(e)))
+            client.conn.send(("call", call_id, False, _picklable_error(e)))
 
 
 # ---------------------------------------------------------------------------------- the server
-class EngineProcess:
-    """EngineThread's interface, with the engine in a spawned child process. engine_factory must
-    be picklable (a module-level function, or functools.partial of one)."""
+class EngineLink:
+    """EngineThread's interface over one pipe to the engine process: routes each request's news to
+    its queue. EngineProcess (which owns the process) and EngineClient (an extra API server's
+    link, ``--api-server-count``) differ only in how the link starts, stops and tells the engine
+    is alive."""
 
-    def __init__(self, engine_factory: Callable[[], Any], metrics_factory: Callable[[Any], Any] | None = None,
-                 max_queue: int | None = None, start_timeout: float | None = None):
-        self._factory = engine_factory
+    def __init__(self, conn, metrics_factory: Callable[[Any], Any] | None = None, max_queue: int | None = None):
+        self._conn = conn
         self._metrics_factory = metrics_factory
         self.max_queue = max_queue
-        self.start_timeout = start_timeout
         self.metrics = None
         self.engine: EngineInfo | None = None
         self.error: BaseException | None = None
@@ -302,60 +381,26 @@ class EngineProcess:
         self._calls: dict[int, Any] = {}
         self._call_ids = itertools.count()
         self._stopping = False
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        # not a daemon: the engine may start processes of its own (tensor-parallel workers), which a
-        # daemonic process may not. It ends when the pipe closes (this process gone) or on stop(),
-        # which an exit handler calls if nobody did (multiprocessing would otherwise wait for it)
-        self._process = ctx.Process(target=_engine_main,
-                                    args=(engine_factory, child_conn, logging.getLogger().getEffectiveLevel()),
-                                    name="adaspec-engine", daemon=False)
-        self._child_conn = child_conn
         self._reader = threading.Thread(target=self._read, name="adaspec-engine-reader", daemon=True)
 
-    # ------------------------------------------------------------------ any thread
-    def start(self) -> "EngineProcess":
-        try:
-            self._process.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as e:  # what spawn raises for a lambda or closure
-            raise ConfigError(f"the engine process needs a picklable engine factory (a module-level function, or "
-                              f"functools.partial of one), got {self._factory!r}: {e}") from None
-        atexit.register(_stop_at_exit, weakref.ref(self))
-        self._child_conn.close()  # ours would keep the pipe open after the child dies: no EOF
-        if not self._conn.poll(self.start_timeout):
-            self._process.kill()
-            raise RuntimeError(f"the engine process did not start within {self.start_timeout} s")
-        try:
-            kind, payload = self._conn.recv()
-        except EOFError:
-            self._process.join(5)
-            raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})") \
-                from None
-        if kind == "load_error":
-            self._process.join(5)
-            raise payload
+    def _ready(self, payload: EngineInfo) -> None:
         self.engine = payload
         if self._metrics_factory is not None:
             self.metrics = self._metrics_factory(self.engine)
         self._reader.start()
-        return self
 
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stopping = True
-        if self._process.is_alive():
-            self._send_quietly(("stop",))
-            self._process.join(timeout)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(5)
-        if self._reader.is_alive():
-            self._reader.join(5)
-        self._fail_all(APIError(503, "The server is shutting down.", code="shutting_down"))
+    def _engine_alive(self) -> bool:
+        raise NotImplementedError
+
+    def _gone(self) -> BaseException:
+        """The error for a pipe that closed while we were not stopping."""
+        raise NotImplementedError
 
     @property
     def alive(self) -> bool:
-        return self._process.is_alive() and self.error is None and self.engine is not None
+        return self._engine_alive() and self.error is None and self.engine is not None
 
+    # ------------------------------------------------------------------ any thread
     def call(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
         """Run ``fn(engine)`` in the engine process (fn and its result must be picklable)."""
         import concurrent.futures
@@ -439,10 +484,9 @@ class EngineProcess:
                     return
         except (EOFError, OSError):
             if not self._stopping:
-                self._process.join(5)
-                self._die(RuntimeError(f"the engine process exited (exit code {self._process.exitcode})"))
+                self._die(self._gone())
         except Exception as e:  # noqa: BLE001 - a message we cannot read: the two sides no longer agree
-            self._process.kill()
+            self._unreadable()
             self._die(e)
 
     def _die(self, error: BaseException) -> None:
@@ -509,6 +553,109 @@ class EngineProcess:
 
     def _ask_for_more(self) -> None:
         self._send_quietly(("more",))
+
+    def _unreadable(self) -> None:
+        """A message we cannot read came: the link is unusable."""
+
+
+class EngineProcess(EngineLink):
+    """EngineThread's interface, with the engine in a spawned child process. engine_factory must
+    be picklable (a module-level function, or functools.partial of one). ``extra_api_servers``:
+    one more pipe to the child for each further API server process (``--api-server-count``); their
+    ends are ``client_conns``, for EngineClient in those processes."""
+
+    def __init__(self, engine_factory: Callable[[], Any], metrics_factory: Callable[[Any], Any] | None = None,
+                 max_queue: int | None = None, start_timeout: float | None = None, extra_api_servers: int = 0):
+        ctx = multiprocessing.get_context("spawn")
+        conn, child_conn = ctx.Pipe(duplex=True)
+        super().__init__(conn, metrics_factory, max_queue)
+        self._factory = engine_factory
+        self.start_timeout = start_timeout
+        extra = [ctx.Pipe(duplex=True) for _ in range(extra_api_servers)]
+        self.client_conns = [ours for ours, _ in extra]
+        self._child_conns = [child_conn] + [theirs for _, theirs in extra]
+        # not a daemon: the engine may start processes of its own (tensor-parallel workers), which a
+        # daemonic process may not. It ends when the pipe closes (this process gone) or on stop(),
+        # which an exit handler calls if nobody did (multiprocessing would otherwise wait for it)
+        self._process = ctx.Process(target=_engine_main,
+                                    args=(engine_factory, self._child_conns, logging.getLogger().getEffectiveLevel()),
+                                    name="adaspec-engine", daemon=False)
+
+    def start(self) -> "EngineProcess":
+        try:
+            self._process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # what spawn raises for a lambda or closure
+            raise ConfigError(f"the engine process needs a picklable engine factory (a module-level function, or "
+                              f"functools.partial of one), got {self._factory!r}: {e}") from None
+        atexit.register(_stop_at_exit, weakref.ref(self))
+        for c in self._child_conns:  # ours would keep the pipes open after the child dies: no EOF
+            c.close()
+        if not self._conn.poll(self.start_timeout):
+            self._process.kill()
+            raise RuntimeError(f"the engine process did not start within {self.start_timeout} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            self._process.join(5)
+            raise RuntimeError(f"the engine process exited while loading (exit code {self._process.exitcode})") \
+                from None
+        if kind == "load_error":
+            self._process.join(5)
+            raise payload
+        self._ready(payload)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping = True
+        if self._process.is_alive():
+            self._send_quietly(("stop",))
+            self._process.join(timeout)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5)
+        if self._reader.is_alive():
+            self._reader.join(5)
+        self._fail_all(APIError(503, "The server is shutting down.", code="shutting_down"))
+
+    def _engine_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def _gone(self) -> BaseException:
+        self._process.join(5)
+        return RuntimeError(f"the engine process exited (exit code {self._process.exitcode})")
+
+    def _unreadable(self) -> None:
+        self._process.kill()
+
+
+class EngineClient(EngineLink):
+    """An extra API server's link to the engine process another process owns (EngineProcess's
+    ``client_conns``): the same routing; the owner starts and stops the engine."""
+
+    def start(self, timeout: float | None = None) -> "EngineClient":
+        if not self._conn.poll(timeout):
+            raise RuntimeError(f"the engine process did not answer within {timeout} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            raise RuntimeError("the engine process exited while loading") from None
+        if kind != "ready":
+            raise RuntimeError(f"the engine process sent {kind!r} before it was ready")
+        self._ready(payload)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping = True
+        self._send_quietly(("bye",))  # the child drops this server's requests and closes its end
+        if self._reader.is_alive():
+            self._reader.join(timeout)
+        self._fail_all(APIError(503, "The server is shutting down.", code="shutting_down"))
+
+    def _engine_alive(self) -> bool:
+        return self._reader.is_alive()
+
+    def _gone(self) -> BaseException:
+        return RuntimeError("the engine process exited")
 
 
 def _stop_at_exit(ref) -> None:

@@ -4,12 +4,19 @@ The engine's counters (``engine.stats``) are cumulative and may only be read by 
 thread, so that thread calls :meth:`ServerMetrics.after_step` and this module adds the delta
 since the previous read. prometheus-client's metric objects are thread-safe, so the HTTP side
 can render them at scrape time while the engine thread updates them.
+
+With several API server processes (``--api-server-count``) a scrape lands on any one of them, so
+the metrics live in prometheus-client's multiprocess files (as vLLM does) and every process
+renders the sum: each counts its own requests, only the first adds the engine's counters (every
+process sees the same engine totals), and the gauges show the most recent value.
 """
 from __future__ import annotations
 
+import os
 import time
+from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -41,10 +48,37 @@ _POS_COUNTERS = {
 }
 
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def use_multiprocess_dir(path: str | None) -> Callable[[], None]:
+    """From now on, in this process and the processes it starts (they inherit the environment),
+    metric values live in files under ``path`` and render() sums them over the processes (None:
+    nothing changes). prometheus-client picks its value class when it is imported, which happened
+    already here. -> a function that puts both back as they were."""
+    if path is None:
+        return lambda: None
+    before_env, before_class = os.environ.get(MULTIPROC_ENV), values.ValueClass
+    os.environ[MULTIPROC_ENV] = str(path)
+    values.ValueClass = values.MultiProcessValue()
+
+    def restore() -> None:
+        values.ValueClass = before_class
+        if before_env is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = before_env
+
+    return restore
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, engine_counters: bool = True):
+        """engine_counters: add the engine's counters (False in all API servers but the first)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
+        self.engine_counters = engine_counters
+        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
         self._children: dict[tuple, object] = {}  # (metric, label items) -> its labelled child
         r, L = self.registry, ["model_name"]
 
@@ -53,9 +87,12 @@ class ServerMetrics:
 
         self.request_success = counter("request_success", "Finished requests.", ["finished_reason"])
         self.request_errors = counter("request_errors", "Requests refused with an HTTP error.", ["status"])
-        self.running = Gauge("adaspec:num_requests_running", "Requests in the running batch.", L, registry=r)
-        self.waiting = Gauge("adaspec:num_requests_waiting", "Requests waiting to be scheduled.", L, registry=r)
-        self.kv_usage = Gauge("adaspec:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", L, registry=r)
+        def gauge(name, doc, labels=()):  # "mostrecent": with several processes, the latest value set
+            return Gauge(f"adaspec:{name}", doc, L + list(labels), registry=r, multiprocess_mode="mostrecent")
+
+        self.running = gauge("num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).")
         self.ttft = Histogram("adaspec:time_to_first_token_seconds", "Arrival to first token.", L,
                               buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("adaspec:inter_token_latency_seconds",
@@ -71,9 +108,9 @@ class ServerMetrics:
                                 buckets=_BUDGET_BUCKETS, registry=r)
         # set (to 1, label note="synthetic acceptance: timing only") only when the speculative method
         # is "synthetic": the spec counters then follow a configured curve, not the target
-        self.synthetic = Gauge("adaspec:spec_decode_synthetic_acceptance",
+        self.synthetic = gauge("spec_decode_synthetic_acceptance",
                                "1: acceptance is drawn from a configured curve (method synthetic), timing only.",
-                               L + ["note"], registry=r)
+                               ["note"])
         # Create every unlabelled series now, so a scrape before the first request sees zeros
         # (dashboards and rate() need the series to exist), as vLLM does.
         for m in (self.running, self.waiting, self.kv_usage, self.ttft, self.itl, self.e2e, self.budget,
@@ -111,6 +148,8 @@ class ServerMetrics:
             return
         if getattr(stats, "synthetic_acceptance", None):
             self.synthetic.labels(model_name=self.model_name, note=stats.synthetic_acceptance).set(1)
+        if not self.engine_counters:
+            return
         for field, c in self.stat_counters.items():
             v = getattr(stats, field, None)
             if v is None:
@@ -156,4 +195,10 @@ class ServerMetrics:
         self._c(self.request_errors, status=str(status)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        everyone = CollectorRegistry()
+        multiprocess.MultiProcessCollector(everyone, path=self.multiprocess_dir)
+        return generate_latest(everyone)

@@ -13,9 +13,11 @@ import importlib.util
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -25,7 +27,7 @@ import uvicorn
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.serve.app import build_app
 from adaspec.serve.engine_thread import EngineThread
-from adaspec.serve.metrics import ServerMetrics
+from adaspec.serve.metrics import ServerMetrics, use_multiprocess_dir
 from adaspec.serve.state import LOG_FORMAT, ServerSettings, ServeState
 
 log = logging.getLogger("adaspec.serve")
@@ -38,6 +40,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
         self.exit_code = 0
+        self.on_signal: Callable[[], None] | None = None  # the first server: forwards to the extra ones
         state.engine_thread.on_death = self.engine_died
 
     def engine_died(self, error: BaseException) -> None:
@@ -51,8 +54,22 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
+    def api_server_exited(self, index: int, exitcode: int | None) -> None:
+        """Watcher thread: an extra API server exited on its own. Drain the others and exit non-zero
+        (a supervisor restarts the whole server)."""
+        log.error("API server %d exited (exit code %s): the server drains and exits", index + 1, exitcode)
+        self.exit_code = 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._drain_unless_draining)
+
+    def _drain_unless_draining(self) -> None:
+        if not self.serve_state.draining:  # (a second signal would mean "exit now")
+            self.handle_exit(signal.SIGTERM, None)
+
     def handle_exit(self, sig: int, frame) -> None:
         # Not calling super(): it records the signal to re-raise it after shutdown (exit != 0).
+        if self.on_signal is not None:
+            self.on_signal()
         if self.serve_state.draining or self._loop is None:
             # The second signal: leave now. Letting uvicorn cancel the running streams would print
             # a CancelledError traceback per stream; the client sees a closed connection either way.
@@ -118,12 +135,15 @@ def _http_stack_or_unknown(server) -> str:
 
 def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
     """The engine in a thread of this process, or with settings.engine_process in a process of its
-    own (engine_factory must then be picklable)."""
+    own (engine_factory must then be picklable), with a pipe more for each extra API server."""
     name = settings.served_model_names[0]
     if settings.engine_process:
         from adaspec.serve.engine_process import EngineProcess
 
-        return EngineProcess(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
+        return EngineProcess(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue,
+                             extra_api_servers=settings.api_server_count - 1).start()
+    if settings.api_server_count > 1:
+        raise ConfigError("--api-server-count above 1 needs the engine in a process of its own (--engine-process)")
     return EngineThread(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
 
 
@@ -191,23 +211,47 @@ def set_switch_interval_from_env() -> float:
 def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, port: int,
         log_level: str = "info", access_log: bool = True) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, and return the exit status: 0, or 1
-    when the engine failed (a supervisor then restarts the server)."""
+    when the engine (or an extra API server) failed (a supervisor then restarts the server)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     set_switch_interval_from_env()
+    if settings.api_server_count > 1 and not settings.engine_process:
+        raise ConfigError("--api-server-count above 1 needs the engine in a process of its own (--engine-process)")
     sock = bind_socket(host, port)
+    # a scrape may land on any of the API servers: then the metrics live in files they share
+    metrics_dir = tempfile.mkdtemp(prefix="adaspec-metrics-") if settings.api_server_count > 1 else None
+    restore_metrics = use_multiprocess_dir(metrics_dir)
+    extra = None
     try:
         et = _load_exiting_on_sigterm(engine_factory, settings)
     except BaseException:
         sock.close()
+        restore_metrics()
+        _remove(metrics_dir)
         raise
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
+        if settings.api_server_count > 1:
+            from adaspec.serve.api_servers import ApiServers
+
+            extra = ApiServers(et.client_conns, sock, settings, host, port, log_level, access_log).start()
+            server.on_signal = extra.drain
+            extra.watch(server.api_server_exited)
         freeze_startup_objects()
-        log.info("adaspec serving %s on http://%s:%d (engine in %s; %s)", settings.served_model_names[0], host,
+        log.info("adaspec serving %s on http://%s:%d (engine in %s; %s%s)", settings.served_model_names[0], host,
                  sock.getsockname()[1], "a process of its own" if settings.engine_process else "a thread",
-                 _http_stack_or_unknown(server))
+                 _http_stack_or_unknown(server),
+                 f"; {settings.api_server_count} API server processes" if settings.api_server_count > 1 else "")
         server.run(sockets=[sock])
     finally:
+        if extra is not None and any(code not in (0, None) for code in extra.stop(settings.drain_timeout + 10)):
+            server.exit_code = 1
         et.stop()
         sock.close()
+        restore_metrics()
+        _remove(metrics_dir)
     return server.exit_code
+
+
+def _remove(path: str | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)

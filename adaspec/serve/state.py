@@ -23,6 +23,7 @@ class ServerSettings:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies get a 413
     disable_log_requests: bool = False  # no per-request log line
     engine_process: bool = False  # the engine in a process of its own (engine_process.py), else a thread
+    api_server_count: int = 1  # HTTP server processes on the one engine (api_servers.py); > 1 needs engine_process
 
 
 @dataclass

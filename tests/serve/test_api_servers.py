@@ -1,0 +1,246 @@
+"""`adaspec serve --api-server-count N` (serve/api_servers.py): N HTTP server processes on one
+engine process, each with a pipe of its own to it.
+
+The engine's loop over several pipes runs here in a thread with the fake engine (as in
+test_engine_process_batches.py); the whole server runs as a process (fake_api_servers_proc.py)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from adaspec.bench.server import free_port
+from adaspec.sampling_params import SamplingParams
+from adaspec.serve.engine_process import serve_engine
+from fake_engine import FakeEngine, FakeTokenizer, expected_text
+from live_server import start_server_process
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -------------------------------------------------------------------- the engine's loop, two pipes
+def _requests(engine):
+    return sorted(r.rid for r in engine.waiting + engine.running)
+
+
+class _TwoServers:
+    def __init__(self, **engine_kw):
+        pairs = [multiprocessing.Pipe(duplex=True) for _ in range(2)]
+        self.conns = [ours for ours, _ in pairs]
+        self.engine = FakeEngine(**engine_kw)
+        self.thread = threading.Thread(target=serve_engine, args=(self.engine, [c for _, c in pairs]), daemon=True)
+        self.thread.start()
+
+    def recv(self, i: int, timeout: float = 30):
+        assert self.conns[i].poll(timeout), f"the engine loop sent nothing to server {i}"
+        return self.conns[i].recv()
+
+    def call(self, i: int, fn):
+        self.conns[i].send(("call", 0, fn))
+        while True:
+            msg = self.recv(i)
+            if msg[0] == "call":
+                assert msg[2], msg[3]
+                return msg[3]
+            if msg[0] == "batch":
+                self.conns[i].send(("more",))
+
+    def collect(self, i: int) -> dict[str, list]:
+        """Server i's news until its requests have finished: request id -> (token ids, finish)."""
+        got: dict[str, list] = {}
+        done: dict[str, str] = {}
+        while True:
+            kind, acks, records, _ = self.recv(i)
+            assert kind == "batch"
+            for rid, ids, _, _, _, _, finish, _, _ in records:
+                got.setdefault(rid, []).extend(ids)
+                if finish is not None:
+                    done[rid] = finish
+            if got and set(done) == set(got):
+                return {rid: (got[rid], done[rid]) for rid in got}
+            self.conns[i].send(("more",))
+
+    def stop(self):
+        self.conns[0].send(("stop",))
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def test_each_request_news_goes_back_through_the_pipe_that_added_it():
+    two = _TwoServers(max_num_seqs=8, max_model_len=64)
+    tok = FakeTokenizer()
+    try:
+        two.conns[0].send(("add", "a", tok.encode("aa"), SamplingParams(max_tokens=9), 0.0))
+        two.conns[1].send(("add", "b", tok.encode("b"), SamplingParams(max_tokens=13), 0.0))
+        got_a, got_b = two.collect(0), two.collect(1)
+        assert got_a == {"a": ([ord(c) for c in expected_text(tok.encode("aa"), 9)], "length")}
+        assert got_b == {"b": ([ord(c) for c in expected_text(tok.encode("b"), 13)], "length")}
+    finally:
+        two.stop()
+
+
+def test_a_server_aborts_only_its_own_requests():
+    two = _TwoServers(max_num_seqs=8, max_model_len=4096)
+    tok = FakeTokenizer()
+    try:
+        two.conns[0].send(("add", "a", tok.encode("a"), SamplingParams(max_tokens=2000), 0.0))
+        two.conns[1].send(("add", "b", tok.encode("b"), SamplingParams(max_tokens=2000), 0.0))
+        assert two.recv(0)[1] == [("a", None)] and two.recv(1)[1] == [("b", None)]
+        two.conns[1].send(("abort", "a"))  # not server 1's: ignored
+        two.conns[1].send(("abort_all",))  # server 1's requests only
+        assert two.call(1, _requests) == ["a"]
+        two.conns[0].send(("abort_all",))
+        assert two.call(0, _requests) == []
+    finally:
+        two.stop()
+
+
+def test_the_first_server_sees_every_step_s_counters_even_without_requests_of_its_own():
+    # it alone adds the engine's counters to /metrics (metrics.py): its snapshots must not stop
+    # at its own requests' last news, or the counters would lag the other servers' requests
+    two = _TwoServers(max_num_seqs=8, max_model_len=64)
+    try:
+        two.conns[1].send(("add", "b", FakeTokenizer().encode("b"), SamplingParams(max_tokens=11), 0.0))
+        assert two.collect(1)["b"][1] == "length"
+        while True:
+            kind, acks, records, snapshot = two.recv(0, timeout=10)
+            assert kind == "batch" and acks == [] and records == []
+            if snapshot.stats.num_generated_tokens == 11:
+                break
+            two.conns[0].send(("more",))
+    finally:
+        two.stop()
+
+
+@pytest.mark.parametrize("how", ["bye", "closed"])
+def test_a_server_that_leaves_takes_its_requests_along_and_the_engine_serves_on(how):
+    # 5 ms steps: the left request would run 10 s, far beyond the wait below, unless aborted
+    two = _TwoServers(max_num_seqs=8, max_model_len=4096, step_delay=0.005)
+    tok = FakeTokenizer()
+    try:
+        two.conns[1].send(("add", "b", tok.encode("b"), SamplingParams(max_tokens=2000), 0.0))
+        assert two.recv(1)[1] == [("b", None)]
+        if how == "bye":  # EngineClient.stop(): the child closes its end, the reader sees the end
+            two.conns[1].send(("bye",))
+            with pytest.raises(EOFError):
+                while True:
+                    two.recv(1)
+        two.conns[1].close()
+        for _ in range(200):
+            if two.call(0, _requests) == []:
+                break
+            time.sleep(0.01)
+        assert two.call(0, _requests) == []
+        two.conns[0].send(("add", "a", tok.encode("a"), SamplingParams(max_tokens=5), 0.0))
+        assert two.collect(0) == {"a": ([ord(c) for c in expected_text(tok.encode("a"), 5)], "length")}
+    finally:
+        two.stop()
+
+
+# -------------------------------------------------------------------- the whole server, 2 API servers
+def _sockets_by_pid(port: int, established_only: bool) -> dict[int, int]:
+    """TCP sockets on the server's port (only the established connections, or the listening
+    one too), by the pid holding them (Linux /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and (f[3] == "01" or not established_only):
+                inodes.add(f[9])
+    counts: dict[int, int] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        n = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+        if n:
+            counts[int(pid)] = n
+    return counts
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(f"adaspec:{name}{{") and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} {labels} in /metrics")
+
+
+def _stream(base: str, prompt: str, max_tokens: int) -> str:
+    text = ""
+    with httpx.stream("POST", base + "/v1/completions", timeout=120,
+                      json={"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_two_api_servers_share_the_load_one_engine_and_one_set_of_metrics():
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01"],
+                             port, timeout=120)
+    base = f"http://127.0.0.1:{port}"
+    n, max_tokens = 48, 40
+    try:
+        holders: set[int] = set()
+        stop = threading.Event()
+
+        def watch():  # who holds the client connections while they stream
+            while not stop.is_set():
+                holders.update(pid for pid in _sockets_by_pid(port, True) if pid != os.getpid())
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        prompts = [f"p{i}" for i in range(n)]
+        with ThreadPoolExecutor(n) as pool:
+            texts = list(pool.map(lambda s: _stream(base, s, max_tokens), prompts))
+        stop.set()
+        watcher.join()
+        tok = FakeTokenizer()
+        assert texts == [expected_text(tok.encode(s), max_tokens) for s in prompts]
+        # the client's own sockets are in this process; the server's ends in the two HTTP processes
+        # (the first and its child), not in the engine process
+        assert p.pid in holders and len(holders) == 2, holders
+        # one scrape, whichever process answers, counts every request once, and the engine's tokens once
+        for _ in range(4):
+            m = httpx.get(base + "/metrics", timeout=10).text
+            assert _metric(m, "request_success_total", 'finished_reason="length"') == n
+            assert _metric(m, "generation_tokens_total") == n * max_tokens
+            assert _metric(m, "num_requests_running") == 0
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0, p.stdout.read()[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_api_server_that_dies_ends_the_server_non_zero():
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01"],
+                             port, timeout=120)
+    try:
+        servers = set(_sockets_by_pid(port, False))  # the listening socket: the two HTTP processes
+        assert p.pid in servers and len(servers) == 2, servers
+        os.kill((servers - {p.pid}).pop(), signal.SIGKILL)
+        assert p.wait(60) == 1, p.stdout.read()[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
