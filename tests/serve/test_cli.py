@@ -155,3 +155,15 @@ def test_engine_process_is_the_default_on_cuda_only(monkeypatch):
     assert settings_from_args(_args("m")).engine_process is True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert settings_from_args(_args("m")).engine_process is False
+
+
+def test_api_server_count_turns_the_engine_process_on_and_refuses_what_cannot_work(monkeypatch):
+    monkeypatch.delenv("ADASPEC_DEVICE", raising=False)
+    s = settings_from_args(_args("m", "--device", "cpu", "--api-server-count", "3"))
+    assert (s.api_server_count, s.engine_process) == (3, True)  # on CPU the default would be the thread
+    assert settings_from_args(_args("m", "--device", "cpu")).api_server_count == 1
+    assert settings_from_args(_args("m", "--device", "cpu", "-asc", "2")).api_server_count == 2
+    with pytest.raises(ConfigError, match="--api-server-count must be >= 1"):
+        settings_from_args(_args("m", "--api-server-count", "0"))
+    with pytest.raises(ConfigError, match="--no-engine-process"):
+        settings_from_args(_args("m", "--api-server-count", "2", "--no-engine-process"))
