@@ -281,7 +281,7 @@ def serve_engine(engine, conns) -> None:
                     return
             snapshot = None
             steps = getattr(engine.stats, "num_steps", None)
-            for client in clients:
+            for client in list(clients):  # (a server whose pipe broke is dropped from clients)
                 # the first server adds the engine's counters to the metrics (metrics.py): with
                 # several, it gets each step's snapshot even when the step had no news for it
                 stale = client is clients[0] and len(clients) > 1 and client.unanswered <= 0 \
