@@ -37,6 +37,8 @@
 #   logs, manifest) and OUT/server_T{T}_summary.txt.
 # The servers run their engine in a process of its own (the default on CUDA since 89da045; runs up to 13
 # measured an engine thread: SERVER_ARGS="--no-engine-process" for that).
+# One HTTP server process per server unless SERVER_ARGS="--api-server-count=4": at 256 streams one
+#   process was the bound (BENCHMARKS.md, run 22: four made adaptive:7 1.32x at C = 256, the same at 1 and 32).
 # Output lengths spread over [L(1 - r), L(1 + r)] instead of all L (without it the no-spec arm runs
 #   in waves that end on one step, BENCHMARKS.md run 18): OFFLINE_ARGS="--random-range-ratio 0.5" or
 #   SWEEP_ARGS="--random-range-ratio 0.5" (every `bench sweep` the H200 scripts run: MODE=server here,
