@@ -73,6 +73,7 @@ class ApiServers:
     def __init__(self, conns: list, sock, settings: ServerSettings, host: str, port: int, log_level: str,
                  access_log: bool):
         ctx = multiprocessing.get_context("spawn")
+        self._conns = conns
         self._ready = [ctx.Event() for _ in conns]
         self.processes = [ctx.Process(target=api_server_main, name=f"adaspec-api-server-{i + 2}",
                                       args=(i + 1, conn, sock, settings, host, port, log_level, access_log, ready))
@@ -83,17 +84,26 @@ class ApiServers:
     def start(self, timeout: float = 300.0) -> "ApiServers":
         """Start them and wait until each is about to serve (so that a drain signal finds its
         handler in place): raises RuntimeError if one exits first or ``timeout`` s pass."""
-        for p in self.processes:
-            p.start()
-        deadline = time.monotonic() + timeout
-        for p, ready in zip(self.processes, self._ready):
-            while not ready.wait(0.05):
-                if not p.is_alive() or time.monotonic() > deadline:
-                    self._stopping = True
-                    for q in self.processes:
-                        q.kill()
-                    raise RuntimeError(f"{p.name} exited while starting (exit code {p.exitcode})"
-                                       if not p.is_alive() else f"{p.name} did not start within {timeout:.0f} s")
+        try:
+            for p, conn in zip(self.processes, self._conns):
+                p.start()
+                # ours would keep the pipe open after that server dies: the engine would see no end of
+                # it, keep running its requests, and block sending to it once the pipe filled up
+                conn.close()
+            deadline = time.monotonic() + timeout
+            for p, ready in zip(self.processes, self._ready):
+                while not ready.wait(0.05):
+                    if not p.is_alive():
+                        raise RuntimeError(f"{p.name} exited while starting (exit code {p.exitcode})")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{p.name} did not start within {timeout:.0f} s")
+        except BaseException:  # a failed start, or SIGTERM meanwhile (server.run: a clean exit)
+            self._stopping = True
+            for p in self.processes:
+                if p.pid is not None:
+                    p.kill()
+                    p.join(5)
+            raise
         return self
 
     def drain(self) -> None:
@@ -127,8 +137,9 @@ class ApiServers:
         self._stopping = True
         if self._drains == 0:
             self.drain()
+        deadline = time.monotonic() + timeout  # one wait for all of them: they drain together
         for p in self.processes:
-            p.join(timeout)
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 log.warning("API server %s did not stop within %.0fs: killing it", p.name, timeout)
                 p.kill()

@@ -243,7 +243,7 @@ def serve_engine(engine, conns) -> None:
                         _drop(engine, client, clients, owner)
                         client.conn.close()  # its reader sees the end
                         break
-                    elif kind == "stop":
+                    elif kind == "stop" and client is clients[0]:  # the owner's only
                         shutdown = getattr(engine, "shutdown", None)  # tensor-parallel workers, if any
                         if shutdown is not None:
                             shutdown()
@@ -282,10 +282,10 @@ def serve_engine(engine, conns) -> None:
             snapshot = None
             steps = getattr(engine.stats, "num_steps", None)
             for client in list(clients):  # (a server whose pipe broke is dropped from clients)
-                # the first server adds the engine's counters to the metrics (metrics.py): with
-                # several, it gets each step's snapshot even when the step had no news for it
-                stale = client is clients[0] and len(clients) > 1 and client.unanswered <= 0 \
-                    and client.steps_seen != steps
+                # with several servers each gets every step's snapshot (once it has asked for more),
+                # even when the step had no news for it: the first adds the engine's counters to the
+                # metrics (metrics.py), and each checks --max-queue against the engine's waiting count
+                stale = len(clients) > 1 and client.unanswered <= 0 and client.steps_seen != steps
                 if client.due() or stale:
                     snapshot = snapshot or EngineSnapshot.of(engine)
                     client.steps_seen = steps

@@ -49,6 +49,9 @@ _POS_COUNTERS = {
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# set with it by use_multiprocess_dir: a PROMETHEUS_MULTIPROC_DIR of the user's own (files of
+# earlier processes in it) must not make one server's render sum them
+OURS_ENV = "ADASPEC_METRICS_DIR"
 
 
 def use_multiprocess_dir(path: str | None) -> Callable[[], None]:
@@ -58,16 +61,18 @@ def use_multiprocess_dir(path: str | None) -> Callable[[], None]:
     already here. -> a function that puts both back as they were."""
     if path is None:
         return lambda: None
-    before_env, before_class = os.environ.get(MULTIPROC_ENV), values.ValueClass
-    os.environ[MULTIPROC_ENV] = str(path)
+    before_env = {k: os.environ.get(k) for k in (MULTIPROC_ENV, OURS_ENV)}
+    before_class = values.ValueClass
+    os.environ[MULTIPROC_ENV] = os.environ[OURS_ENV] = str(path)
     values.ValueClass = values.MultiProcessValue()
 
     def restore() -> None:
         values.ValueClass = before_class
-        if before_env is None:
-            os.environ.pop(MULTIPROC_ENV, None)
-        else:
-            os.environ[MULTIPROC_ENV] = before_env
+        for k, v in before_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
     return restore
 
@@ -78,7 +83,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.engine_counters = engine_counters
-        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
+        self.multiprocess_dir = os.environ.get(OURS_ENV) or None
         self._children: dict[tuple, object] = {}  # (metric, label items) -> its labelled child
         r, L = self.registry, ["model_name"]
 

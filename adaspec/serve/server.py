@@ -61,6 +61,9 @@ class DrainingServer(uvicorn.Server):
         self.exit_code = 1
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._drain_unless_draining)
+        else:  # not serving yet: nothing to drain
+            self.serve_state.draining = True
+            self.should_exit = True
 
     def _drain_unless_draining(self) -> None:
         if not self.serve_state.draining:  # (a second signal would mean "exit now")
@@ -70,7 +73,12 @@ class DrainingServer(uvicorn.Server):
         # Not calling super(): it records the signal to re-raise it after shutdown (exit != 0).
         if self.on_signal is not None:
             self.on_signal()
-        if self.serve_state.draining or self._loop is None:
+        if self._loop is None and not self.serve_state.draining:
+            # before the event loop serves: nothing to drain, so a clean exit once it has started
+            self.serve_state.draining = True
+            self.should_exit = True
+            return
+        if self.serve_state.draining:
             # The second signal: leave now. Letting uvicorn cancel the running streams would print
             # a CancelledError traceback per stream; the client sees a closed connection either way.
             log.warning("signal %s while draining: exiting now", sig)
@@ -147,19 +155,33 @@ def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) ->
     return EngineThread(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()
 
 
-def _load_exiting_on_sigterm(engine_factory: Callable[[], Any], settings: ServerSettings) -> EngineThread:
-    # Nothing to drain while the model loads: a SIGTERM then is a clean exit (0), not a kill.
+def _exiting_on_sigterm(start: Callable[[], Any]) -> Any:
+    """start() with SIGTERM meaning a clean exit (0), not a kill: nothing to drain while the model
+    loads or the extra API servers start."""
     if threading.current_thread() is not threading.main_thread():
-        return start_engine(engine_factory, settings)
+        return start()
 
     def _exit(signum, frame):
         raise SystemExit(0)
 
     previous = signal.signal(signal.SIGTERM, _exit)
     try:
-        return start_engine(engine_factory, settings)
+        return start()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _signals_call(fn: Callable[[], None]) -> Callable[[], None]:
+    """SIGINT and SIGTERM call fn() until the returned function puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, lambda signum, frame: fn()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -222,7 +244,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
     restore_metrics = use_multiprocess_dir(metrics_dir)
     extra = None
     try:
-        et = _load_exiting_on_sigterm(engine_factory, settings)
+        et = _exiting_on_sigterm(lambda: start_engine(engine_factory, settings))
     except BaseException:
         sock.close()
         restore_metrics()
@@ -233,7 +255,8 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         if settings.api_server_count > 1:
             from adaspec.serve.api_servers import ApiServers
 
-            extra = ApiServers(et.client_conns, sock, settings, host, port, log_level, access_log).start()
+            extra = ApiServers(et.client_conns, sock, settings, host, port, log_level, access_log)
+            _exiting_on_sigterm(extra.start)  # N interpreters start: a SIGTERM meanwhile is a clean exit
             server.on_signal = extra.drain
             extra.watch(server.api_server_exited)
         freeze_startup_objects()
@@ -243,8 +266,15 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
                  f"; {settings.api_server_count} API server processes" if settings.api_server_count > 1 else "")
         server.run(sockets=[sock])
     finally:
-        if extra is not None and any(code not in (0, None) for code in extra.stop(settings.drain_timeout + 10)):
-            server.exit_code = 1
+        if extra is not None:
+            # uvicorn has put the default handlers back: a signal while the extra servers finish
+            # their streams tells them to exit now (a second drain signal), as it would the first
+            restore_signals = _signals_call(extra.drain)
+            try:
+                if any(code not in (0, None) for code in extra.stop(settings.drain_timeout + 10)):
+                    server.exit_code = 1
+            finally:
+                restore_signals()
         et.stop()
         sock.close()
         restore_metrics()

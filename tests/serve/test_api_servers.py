@@ -102,19 +102,22 @@ def test_a_server_aborts_only_its_own_requests():
         two.stop()
 
 
-def test_the_first_server_sees_every_step_s_counters_even_without_requests_of_its_own():
-    # it alone adds the engine's counters to /metrics (metrics.py): its snapshots must not stop
-    # at its own requests' last news, or the counters would lag the other servers' requests
+@pytest.mark.parametrize("adder, watcher", [(1, 0), (0, 1)])
+def test_every_server_sees_every_step_s_snapshot_even_without_requests_of_its_own(adder, watcher):
+    # the first adds the engine's counters to /metrics (metrics.py) and each checks --max-queue
+    # against the engine's waiting count: a server's snapshots must not stop at its own requests'
+    # last news, or the counters would lag and an idle server could refuse requests for good
     two = _TwoServers(max_num_seqs=8, max_model_len=64)
     try:
-        two.conns[1].send(("add", "b", FakeTokenizer().encode("b"), SamplingParams(max_tokens=11), 0.0))
-        assert two.collect(1)["b"][1] == "length"
+        two.conns[adder].send(("add", "r", FakeTokenizer().encode("b"), SamplingParams(max_tokens=11), 0.0))
+        assert two.collect(adder)["r"][1] == "length"
         while True:
-            kind, acks, records, snapshot = two.recv(0, timeout=10)
+            kind, acks, records, snapshot = two.recv(watcher, timeout=10)
             assert kind == "batch" and acks == [] and records == []
             if snapshot.stats.num_generated_tokens == 11:
                 break
-            two.conns[0].send(("more",))
+            two.conns[watcher].send(("more",))
+        assert snapshot.waiting == 0 and snapshot.running == 0
     finally:
         two.stop()
 
@@ -206,21 +209,35 @@ def test_two_api_servers_share_the_load_one_engine_and_one_set_of_metrics():
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        prompts = [f"p{i}" for i in range(n)]
-        with ThreadPoolExecutor(n) as pool:
-            texts = list(pool.map(lambda s: _stream(base, s, max_tokens), prompts))
+        tok = FakeTokenizer()
+        batches = 0
+        while batches < 3:  # the kernel may hand one wave's connections all to one process: another wave
+            prompts = [f"p{batches}-{i}" for i in range(n)]
+            with ThreadPoolExecutor(n) as pool:
+                texts = list(pool.map(lambda s: _stream(base, s, max_tokens), prompts))
+            batches += 1
+            assert texts == [expected_text(tok.encode(s), max_tokens) for s in prompts]
+            if len(holders) == 2:
+                break
         stop.set()
         watcher.join()
-        tok = FakeTokenizer()
-        assert texts == [expected_text(tok.encode(s), max_tokens) for s in prompts]
         # the client's own sockets are in this process; the server's ends in the two HTTP processes
         # (the first and its child), not in the engine process
         assert p.pid in holders and len(holders) == 2, holders
-        # one scrape, whichever process answers, counts every request once, and the engine's tokens once
+        # one scrape, whichever process answers, counts every request once, and the engine's tokens
+        # once (the first server adds them from the last step's snapshot, which may come a moment
+        # after the last stream ended: wait for it; counted twice would never match)
+        deadline = time.monotonic() + 30
+        while True:
+            m = httpx.get(base + "/metrics", timeout=10).text
+            done = _metric(m, "generation_tokens_total") == batches * n * max_tokens
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         for _ in range(4):
             m = httpx.get(base + "/metrics", timeout=10).text
-            assert _metric(m, "request_success_total", 'finished_reason="length"') == n
-            assert _metric(m, "generation_tokens_total") == n * max_tokens
+            assert _metric(m, "request_success_total", 'finished_reason="length"') == batches * n
+            assert _metric(m, "generation_tokens_total") == batches * n * max_tokens
             assert _metric(m, "num_requests_running") == 0
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0, p.stdout.read()[-3000:]
@@ -244,3 +261,44 @@ def test_an_api_server_that_dies_ends_the_server_non_zero():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_engine_drops_the_requests_of_an_api_server_that_died():
+    # the first server must not keep the extra servers' pipe ends open: the engine would see no
+    # end of a dead server's pipe, run its requests on, and block once that pipe filled up
+    from live_server import stream_in_thread
+
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
+                              "60"], port, timeout=120)
+    base = f"http://127.0.0.1:{port}"
+    streams = []
+    try:
+        servers = set(_sockets_by_pid(port, False))
+        extra = (servers - {p.pid}).pop()
+        by_pid: dict[int, int] = {}
+        for i in range(24):  # 3000 tokens at 10 ms a step: they would run 30 s
+            t, result, first = stream_in_thread(base + "/v1/completions",
+                                                {"prompt": f"x{i}", "max_tokens": 3000, "ignore_eos": True})
+            assert first.wait(30), result
+            streams.append(t)
+            by_pid = _sockets_by_pid(port, True)
+            if by_pid.get(extra) and by_pid.get(p.pid):
+                break
+        own, theirs = by_pid.get(p.pid, 0), by_pid.get(extra, 0)
+        assert own and theirs, by_pid
+        os.kill(extra, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:  # the first server drains its own streams meanwhile, and answers /metrics while it does
+            running = _metric(httpx.get(base + "/metrics", timeout=10).text, "num_requests_running")
+            if running == own or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert running == own, f"{running} running, {own} of them the first server's"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for t in streams:
+            t.join(30)
