@@ -302,3 +302,41 @@ def test_the_engine_drops_the_requests_of_an_api_server_that_died():
             p.wait()
         for t in streams:
             t.join(30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigterm_to_the_whole_group_drains_every_api_server_and_exits_0():
+    # systemd, `timeout` and `kill -TERM -PGID` signal every process: the extra servers must leave
+    # the drain to the first (which forwards it once), or the forwarded signal would be their second
+    # and cut their streams
+    from live_server import stream_in_thread
+
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
+                              "60"], port, timeout=120, new_group=True)
+    base = f"http://127.0.0.1:{port}"
+    streams = []
+    try:
+        servers = set(_sockets_by_pid(port, False))
+        for i in range(24):  # until both servers hold a stream; 400 tokens at 10 ms: ~4 s each
+            t, result, first = stream_in_thread(base + "/v1/completions",
+                                                {"prompt": f"g{i}", "max_tokens": 400, "ignore_eos": True})
+            assert first.wait(30), result
+            streams.append((t, result))
+            if all(_sockets_by_pid(port, True).get(pid) for pid in servers):
+                break
+        assert all(_sockets_by_pid(port, True).get(pid) for pid in servers)
+        os.killpg(p.pid, signal.SIGTERM)
+        for t, result in streams:
+            t.join(60)
+            assert result.get("status") == 200 and "error" not in result, result
+            assert result["chunks"][-1] == "[DONE]"
+            last = [json.loads(c) for c in result["chunks"][:-1] if json.loads(c).get("choices")][-1]
+            assert last["choices"][0]["finish_reason"] == "length"
+        assert p.wait(60) == 0, p.stdout.read()[-3000:]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for t, _ in streams:
+            t.join(30)
