@@ -79,6 +79,7 @@ class ApiServers:
                                       args=(i + 1, conn, sock, settings, host, port, log_level, access_log, ready))
                           for i, (conn, ready) in enumerate(zip(conns, self._ready))]
         self._stopping = False
+        self._watcher: threading.Thread | None = None
         self._drains = 0  # drain signals sent: the second means "exit now"
 
     def start(self, timeout: float = 300.0) -> "ApiServers":
@@ -129,12 +130,17 @@ class ApiServers:
                     if not self._stopping and self._drains == 0:
                         on_exit(self.processes.index(p) + 1, p.exitcode)  # index 0 is the first server
 
-        threading.Thread(target=wait, name="adaspec-api-servers-watch", daemon=True).start()
+        self._watcher = threading.Thread(target=wait, name="adaspec-api-servers-watch", daemon=True)
+        self._watcher.start()
 
     def stop(self, timeout: float) -> list[int | None]:
         """Drain the servers (unless they are draining already: a second signal would cut their
         streams), wait ``timeout`` s, kill what is left. -> their exit codes."""
         self._stopping = True
+        if self._watcher is not None:
+            # one thread reaps them: a second one's waitpid would find a child already reaped by the
+            # first and take it for alive, its exit status lost
+            self._watcher.join(5)
         if self._drains == 0:
             self.drain()
         deadline = time.monotonic() + timeout  # one wait for all of them: they drain together

@@ -41,6 +41,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task | None = None
         self.exit_code = 0
         self.on_signal: Callable[[], None] | None = None  # the first server: forwards to the extra ones
+        self.before_forced_exit: Callable[[], None] | None = None  # what a second signal's os._exit would skip
         state.engine_thread.on_death = self.engine_died
 
     def engine_died(self, error: BaseException) -> None:
@@ -82,6 +83,8 @@ class DrainingServer(uvicorn.Server):
             # The second signal: leave now. Letting uvicorn cancel the running streams would print
             # a CancelledError traceback per stream; the client sees a closed connection either way.
             log.warning("signal %s while draining: exiting now", sig)
+            if self.before_forced_exit is not None:
+                self.before_forced_exit()
             logging.shutdown()
             sys.stderr.flush()
             os._exit(128 + sig)
@@ -252,6 +255,7 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
         raise
     try:
         server = make_server(et, settings, host, port, log_level, access_log)
+        server.before_forced_exit = lambda: _remove(metrics_dir)
         if settings.api_server_count > 1:
             from adaspec.serve.api_servers import ApiServers
 

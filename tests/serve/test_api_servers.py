@@ -350,3 +350,87 @@ def test_a_sigterm_to_the_whole_group_drains_every_api_server_and_exits_0():
             p.wait()
         for t, _ in streams:
             t.join(30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_second_signal_exits_at_once_and_leaves_no_metrics_files_behind(tmp_path, monkeypatch):
+    from live_server import stream_in_thread
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the server makes its metrics directory
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
+                              "60"], port, timeout=120)
+    streams = []
+    try:
+        assert [n for n in os.listdir(tmp_path) if n.startswith("adaspec-metrics-")]
+        for i in range(24):  # until the first server holds a stream (30 s each: its drain waits on it)
+            t, result, first = stream_in_thread(f"http://127.0.0.1:{port}/v1/completions",
+                                                {"prompt": f"x{i}", "max_tokens": 3000, "ignore_eos": True})
+            assert first.wait(30), result
+            streams.append(t)
+            if _sockets_by_pid(port, True).get(p.pid):
+                break
+        assert _sockets_by_pid(port, True).get(p.pid)
+        p.send_signal(signal.SIGTERM)  # a drain of 60 s
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 128 + signal.SIGTERM, p.stdout.read()[-3000:]
+        assert not [n for n in os.listdir(tmp_path) if n.startswith("adaspec-metrics-")]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for t in streams:
+            t.join(30)
+
+
+def _open_stream(port: int, prompt: str, max_tokens: int):
+    """A streaming completion left open after its first chunk: (connection, response)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": max_tokens,
+                                                              "ignore_eos": True, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: ")
+    return conn, resp
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_second_signal_while_only_the_other_servers_stream_ends_them_and_says_so():
+    # the first has drained (nothing of its own) and waits for the others: a second signal then
+    # tells them to exit now, and their forced exit makes the status 1 (their exit codes must not
+    # be lost between the thread that watches them and the one that stops them)
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
+                              "60"], port, timeout=120)
+    opened = []
+    try:
+        servers = set(_sockets_by_pid(port, False))
+        extra = (servers - {p.pid}).pop()
+        for i in range(24):  # a stream on the other server; any that lands on the first is closed again
+            before = _sockets_by_pid(port, True).get(p.pid, 0)
+            conn, resp = _open_stream(port, f"y{i}", 3000)
+            if _sockets_by_pid(port, True).get(p.pid, 0) > before:
+                conn.close()  # the first server aborts it at its next chunk
+                continue
+            opened.append(conn)
+            break
+        assert opened and _sockets_by_pid(port, True).get(extra)
+        deadline = time.monotonic() + 10
+        while _sockets_by_pid(port, True).get(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _sockets_by_pid(port, True).get(p.pid)
+        p.send_signal(signal.SIGTERM)  # the first drains at once; the other's stream would run 30 s
+        time.sleep(0.5)
+        assert p.poll() is None  # waiting for the other server
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 1, p.stdout.read()[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for conn in opened:
+            conn.close()
