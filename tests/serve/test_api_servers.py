@@ -5,6 +5,7 @@ The engine's loop over several pipes runs here in a thread with the fake engine 
 test_engine_process_batches.py); the whole server runs as a process (fake_api_servers_proc.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -174,9 +175,15 @@ def _sockets_by_pid(port: int, established_only: bool) -> dict[int, int]:
     counts: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours
             continue
+        links = []
+        for fd in fds:
+            try:
+                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:  # closed since the listing (a busy server opens and closes fds all the time)
+                continue
         n = sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
         if n:
             counts[int(pid)] = n
@@ -201,14 +208,46 @@ def _stream(base: str, prompt: str, max_tokens: int) -> str:
     return text
 
 
+@contextlib.contextmanager
+def _two_api_servers(drain: float = 30.0, new_group: bool = False):
+    """The whole server, 2 API server processes on the fake engine (10 ms steps), in a process of
+    its own: (process, port); killed at the end if it still runs."""
+    port = free_port()
+    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
+                              str(drain)], port, timeout=120, new_group=new_group)
+    try:
+        yield p, port
+    finally:
+        if p.poll() is None:
+            if new_group:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+            p.wait()
+
+
+def _streams_until(port: int, enough, max_tokens: int, prefix: str) -> list:
+    """Open streaming completions one at a time (each past its first chunk) until
+    ``enough(connections by pid)``; at most 24. -> [(thread, result)] (live_server.stream_in_thread)."""
+    from live_server import stream_in_thread
+
+    streams = []
+    for i in range(24):
+        t, result, first = stream_in_thread(f"http://127.0.0.1:{port}/v1/completions",
+                                            {"prompt": f"{prefix}{i}", "max_tokens": max_tokens, "ignore_eos": True})
+        assert first.wait(30), result
+        streams.append((t, result))
+        if enough(_sockets_by_pid(port, True)):
+            break
+    assert enough(_sockets_by_pid(port, True))
+    return streams
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_two_api_servers_share_the_load_one_engine_and_one_set_of_metrics():
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01"],
-                             port, timeout=120)
-    base = f"http://127.0.0.1:{port}"
     n, max_tokens = 48, 40
-    try:
+    with _two_api_servers() as (p, port):
+        base = f"http://127.0.0.1:{port}"
         holders: set[int] = set()
         stop = threading.Event()
 
@@ -251,67 +290,36 @@ def test_two_api_servers_share_the_load_one_engine_and_one_set_of_metrics():
             assert _metric(m, "num_requests_running") == 0
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0, p.stdout.read()[-3000:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_an_api_server_that_dies_ends_the_server_non_zero():
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01"],
-                             port, timeout=120)
-    try:
+    with _two_api_servers() as (p, port):
         servers = set(_sockets_by_pid(port, False))  # the listening socket: the two HTTP processes
         assert p.pid in servers and len(servers) == 2, servers
         os.kill((servers - {p.pid}).pop(), signal.SIGKILL)
         assert p.wait(60) == 1, p.stdout.read()[-3000:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_engine_drops_the_requests_of_an_api_server_that_died():
     # the first server must not keep the extra servers' pipe ends open: the engine would see no
     # end of a dead server's pipe, run its requests on, and block once that pipe filled up
-    from live_server import stream_in_thread
-
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
-                              "60"], port, timeout=120)
-    base = f"http://127.0.0.1:{port}"
-    streams = []
-    try:
-        servers = set(_sockets_by_pid(port, False))
-        extra = (servers - {p.pid}).pop()
-        by_pid: dict[int, int] = {}
-        for i in range(24):  # 3000 tokens at 10 ms a step: they would run 30 s
-            t, result, first = stream_in_thread(base + "/v1/completions",
-                                                {"prompt": f"x{i}", "max_tokens": 3000, "ignore_eos": True})
-            assert first.wait(30), result
-            streams.append(t)
-            by_pid = _sockets_by_pid(port, True)
-            if by_pid.get(extra) and by_pid.get(p.pid):
-                break
-        own, theirs = by_pid.get(p.pid, 0), by_pid.get(extra, 0)
-        assert own and theirs, by_pid
+    with _two_api_servers(drain=60) as (p, port):
+        extra = (set(_sockets_by_pid(port, False)) - {p.pid}).pop()
+        # 3000 tokens at 10 ms a step: they would run 30 s
+        streams = _streams_until(port, lambda held: held.get(extra) and held.get(p.pid), 3000, "x")
+        own = _sockets_by_pid(port, True)[p.pid]
         os.kill(extra, signal.SIGKILL)
         deadline = time.monotonic() + 20
         while True:  # the first server drains its own streams meanwhile, and answers /metrics while it does
-            running = _metric(httpx.get(base + "/metrics", timeout=10).text, "num_requests_running")
+            running = _metric(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text, "num_requests_running")
             if running == own or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert running == own, f"{running} running, {own} of them the first server's"
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for t in streams:
-            t.join(30)
+    for t, _ in streams:
+        t.join(30)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -319,23 +327,10 @@ def test_a_sigterm_to_the_whole_group_drains_every_api_server_and_exits_0():
     # systemd, `timeout` and `kill -TERM -PGID` signal every process: the extra servers must leave
     # the drain to the first (which forwards it once), or the forwarded signal would be their second
     # and cut their streams
-    from live_server import stream_in_thread
-
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
-                              "60"], port, timeout=120, new_group=True)
-    base = f"http://127.0.0.1:{port}"
-    streams = []
-    try:
+    with _two_api_servers(drain=60, new_group=True) as (p, port):
         servers = set(_sockets_by_pid(port, False))
-        for i in range(24):  # until both servers hold a stream; 400 tokens at 10 ms: ~4 s each
-            t, result, first = stream_in_thread(base + "/v1/completions",
-                                                {"prompt": f"g{i}", "max_tokens": 400, "ignore_eos": True})
-            assert first.wait(30), result
-            streams.append((t, result))
-            if all(_sockets_by_pid(port, True).get(pid) for pid in servers):
-                break
-        assert all(_sockets_by_pid(port, True).get(pid) for pid in servers)
+        # until both servers hold a stream; 400 tokens at 10 ms: ~4 s each
+        streams = _streams_until(port, lambda held: all(held.get(pid) for pid in servers), 400, "g")
         os.killpg(p.pid, signal.SIGTERM)
         for t, result in streams:
             t.join(60)
@@ -344,44 +339,22 @@ def test_a_sigterm_to_the_whole_group_drains_every_api_server_and_exits_0():
             last = [json.loads(c) for c in result["chunks"][:-1] if json.loads(c).get("choices")][-1]
             assert last["choices"][0]["finish_reason"] == "length"
         assert p.wait(60) == 0, p.stdout.read()[-3000:]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        for t, _ in streams:
-            t.join(30)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_second_signal_exits_at_once_and_leaves_no_metrics_files_behind(tmp_path, monkeypatch):
-    from live_server import stream_in_thread
-
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the server makes its metrics directory
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
-                              "60"], port, timeout=120)
-    streams = []
-    try:
+    with _two_api_servers(drain=60) as (p, port):
         assert [n for n in os.listdir(tmp_path) if n.startswith("adaspec-metrics-")]
-        for i in range(24):  # until the first server holds a stream (30 s each: its drain waits on it)
-            t, result, first = stream_in_thread(f"http://127.0.0.1:{port}/v1/completions",
-                                                {"prompt": f"x{i}", "max_tokens": 3000, "ignore_eos": True})
-            assert first.wait(30), result
-            streams.append(t)
-            if _sockets_by_pid(port, True).get(p.pid):
-                break
-        assert _sockets_by_pid(port, True).get(p.pid)
+        # until the first server holds a stream (30 s each: its drain waits on it)
+        streams = _streams_until(port, lambda held: held.get(p.pid), 3000, "x")
         p.send_signal(signal.SIGTERM)  # a drain of 60 s
         time.sleep(0.5)
         p.send_signal(signal.SIGTERM)
         assert p.wait(20) == 128 + signal.SIGTERM, p.stdout.read()[-3000:]
         assert not [n for n in os.listdir(tmp_path) if n.startswith("adaspec-metrics-")]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for t in streams:
-            t.join(30)
+    for t, _ in streams:
+        t.join(30)
 
 
 def _open_stream(port: int, prompt: str, max_tokens: int):
@@ -403,16 +376,12 @@ def test_a_second_signal_while_only_the_other_servers_stream_ends_them_and_says_
     # the first has drained (nothing of its own) and waits for the others: a second signal then
     # tells them to exit now, and their forced exit makes the status 1 (their exit codes must not
     # be lost between the thread that watches them and the one that stops them)
-    port = free_port()
-    p = start_server_process([sys.executable, os.path.join(HERE, "fake_api_servers_proc.py"), str(port), "2", "0.01",
-                              "60"], port, timeout=120)
     opened = []
-    try:
-        servers = set(_sockets_by_pid(port, False))
-        extra = (servers - {p.pid}).pop()
+    with _two_api_servers(drain=60) as (p, port):
+        extra = (set(_sockets_by_pid(port, False)) - {p.pid}).pop()
         for i in range(24):  # a stream on the other server; any that lands on the first is closed again
             before = _sockets_by_pid(port, True).get(p.pid, 0)
-            conn, resp = _open_stream(port, f"y{i}", 3000)
+            conn, _ = _open_stream(port, f"y{i}", 3000)
             if _sockets_by_pid(port, True).get(p.pid, 0) > before:
                 conn.close()  # the first server aborts it at its next chunk
                 continue
@@ -428,9 +397,5 @@ def test_a_second_signal_while_only_the_other_servers_stream_ends_them_and_says_
         assert p.poll() is None  # waiting for the other server
         p.send_signal(signal.SIGTERM)
         assert p.wait(20) == 1, p.stdout.read()[-3000:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for conn in opened:
-            conn.close()
+    for conn in opened:
+        conn.close()
