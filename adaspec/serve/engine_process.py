@@ -181,7 +181,6 @@ def _picklable_error(e: BaseException) -> BaseException:
 def _engine_main(factory: Callable[[], Any], conns, log_level: int = logging.INFO) -> None:
     """The child: build the engine, then take commands, step, report; until ("stop",) or the first
     pipe closes (the server is gone). ``conns``: the pipe of each API server, the owner's first."""
-    conns = list(conns) if isinstance(conns, (list, tuple)) else [conns]
     # Ctrl-C and SIGTERM reach the whole process group (a terminal, systemd, `timeout`, kill -TERM
     # -PGID): the server drains on either and stops us itself, so we must not die first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -257,15 +256,15 @@ def serve_engine(engine, conns) -> None:
         return True
 
     def route(outputs) -> None:
-        by_client: dict[int, list] = {}
+        by_client: dict[_Client, list] = {}
         for o in outputs:
             client = owner.get(o.request_id)
             if client is None:
                 continue
-            by_client.setdefault(id(client), [client]).append(o)
+            by_client.setdefault(client, []).append(o)
             if o.finished:
                 del owner[o.request_id]
-        for client, *outs in by_client.values():
+        for client, outs in by_client.items():
             client.outbox.add_step(outs)
 
     try:
@@ -312,14 +311,21 @@ def serve_engine(engine, conns) -> None:
             raise SystemExit(1)
 
 
-def _drop(engine, client: _Client, clients: list, owner: dict) -> None:
-    """An API server other than the first stopped or closed its pipe: abort what it had added."""
-    mine = sum(1 for c in owner.values() if c is client)
-    if mine:
-        log.warning("an API server left with %d request(s) running: aborting them", mine)
-    for rid in [rid for rid, c in owner.items() if c is client]:
+def _abort_all_of(engine, client: _Client, owner: dict) -> int:
+    """Abort every request ``client`` added. -> how many."""
+    mine = [rid for rid, c in owner.items() if c is client]
+    for rid in mine:
         engine.abort_request(rid)
         del owner[rid]
+        client.outbox.forget(rid)
+    return len(mine)
+
+
+def _drop(engine, client: _Client, clients: list, owner: dict) -> None:
+    """An API server other than the first stopped or closed its pipe: abort what it had added."""
+    aborted = _abort_all_of(engine, client, owner)
+    if aborted:
+        log.warning("an API server left with %d request(s) running: aborted them", aborted)
     clients.remove(client)
 
 
@@ -344,10 +350,7 @@ def _handle(engine, cmd, client: _Client, owner: dict) -> None:
             del owner[cmd[1]]
         client.outbox.forget(cmd[1])
     elif kind == "abort_all":  # this server's requests
-        for rid in [rid for rid, c in owner.items() if c is client]:
-            engine.abort_request(rid)
-            del owner[rid]
-            client.outbox.forget(rid)
+        _abort_all_of(engine, client, owner)
     elif kind == "call":
         _, call_id, fn = cmd
         try:

@@ -239,8 +239,6 @@ def run(engine_factory: Callable[[], Any], settings: ServerSettings, host: str, 
     when the engine (or an extra API server) failed (a supervisor then restarts the server)."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     set_switch_interval_from_env()
-    if settings.api_server_count > 1 and not settings.engine_process:
-        raise ConfigError("--api-server-count above 1 needs the engine in a process of its own (--engine-process)")
     sock = bind_socket(host, port)
     # a scrape may land on any of the API servers: then the metrics live in files they share
     metrics_dir = tempfile.mkdtemp(prefix="adaspec-metrics-") if settings.api_server_count > 1 else None

@@ -399,3 +399,12 @@ def test_a_second_signal_while_only_the_other_servers_stream_ends_them_and_says_
         assert p.wait(20) == 1, p.stdout.read()[-3000:]
     for conn in opened:
         conn.close()
+
+
+def test_more_than_one_api_server_without_the_engine_process_is_a_clear_error():
+    from adaspec.errors import ConfigError
+    from adaspec.serve.server import start_engine
+    from adaspec.serve.state import ServerSettings
+
+    with pytest.raises(ConfigError, match="needs the engine in a process of its own"):
+        start_engine(FakeEngine, ServerSettings(served_model_names=["fake"], api_server_count=2))
