@@ -15,6 +15,10 @@
 #                (default /tmp/adaspec-runs)
 #   ADASPEC_COMMIT  the commit of this checkout, recorded in every result (the machine's copied
 #                .git is stale: without it the commit is marked "-dirty (unverified)")
+# The device returns at most 8 files per call and each script writes up to 7 under its OUT: when one
+# call runs two scripts, pack the later one's folder into a single tar before the call ends, e.g.
+#   bash benchmarks/h200_frontier.sh $OUT/s1 ... ; tar -cf $OUT/s1.tar -C $OUT s1 && rm -r $OUT/s1
+# (H200 run 23 lost a whole T = 1 sweep's files but its printed table that way: BENCHMARKS.md).
 T_START=$SECONDS
 BUDGET_S=${BUDGET_S:-570}
 if [ -z "${PYTHON:-}" ]; then
