@@ -15,11 +15,20 @@
 #                (default /tmp/adaspec-runs)
 #   ADASPEC_COMMIT  the commit of this checkout, recorded in every result (the machine's copied
 #                .git is stale: without it the commit is marked "-dirty (unverified)")
-# The device returns at most 8 files per call and each script writes up to 7 under its OUT: when one
-# call runs two scripts, pack the later one's folder into a single tar before the call ends, e.g.
-#   bash benchmarks/h200_frontier.sh $OUT/s1 ... ; tar -cf $OUT/s1.tar -C $OUT s1 && rm -r $OUT/s1
-# (H200 run 23 lost a whole T = 1 sweep's files but its printed table that way: BENCHMARKS.md).
+#   PACK=1       when the script exits (done, stopped or failed), pack its OUT folder into the one
+#                file OUT.tar and remove the folder: the device returns at most 8 files per call and
+#                each script writes up to 7, so a call that runs two scripts gives PACK=1 to each
+#                (H200 run 23 lost a whole T = 1 sweep's files but its printed table without it:
+#                BENCHMARKS.md). A command the device kills at its limit is not packed.
 T_START=$SECONDS
+
+# PACK=1 (above): OUT -> OUT.tar on exit, keeping the script's exit status
+pack_out() {
+  if [ -n "${PACK:-}" ] && [ -d "${OUT:-}" ]; then
+    tar -cf "${OUT%/}.tar" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+  fi
+}
+trap 'rc=$?; pack_out; exit $rc' EXIT
 BUDGET_S=${BUDGET_S:-570}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x /opt/torch/.venv/bin/python3 ]; then PYTHON=/opt/torch/.venv/bin/python3; else PYTHON=python3; fi

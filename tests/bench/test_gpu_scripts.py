@@ -88,3 +88,30 @@ def test_server_variants_script_on_a_micro_shape(tmp_path):
     assert all("--disable-log-requests" not in a["server_args"] and "--no-engine-process" in a["server_args"]
                for a in thread)
     assert (out / "variants.txt").read_text().startswith("variant")
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_pack_turns_out_into_one_tar_and_keeps_the_exit_status(tmp_path, status):
+    """PACK=1 (h200_common.sh): whatever a script wrote under OUT leaves as the one file OUT.tar,
+    whether it ends well or not, so two scripts in one device call stay within its 8 files."""
+    import tarfile
+
+    out = tmp_path / "s1"
+    script = (f'OUT={out}; mkdir -p "$OUT"; source benchmarks/h200_common.sh; '
+              f'for i in 1 2 3 4 5 6 7 8 9; do echo $i > "$OUT/f$i.txt"; done; exit {status}')
+    env = {**os.environ, "PACK": "1"}
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == status, r.stderr
+    assert not out.exists() and returned_files(tmp_path) == ["s1.tar"]
+    with tarfile.open(tmp_path / "s1.tar") as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile())
+        assert names == [f"s1/f{i}.txt" for i in range(1, 10)]
+        assert tar.extractfile("s1/f9.txt").read() == b"9\n"
+
+
+def test_without_pack_out_stays_a_folder(tmp_path):
+    out = tmp_path / "s1"
+    script = f'OUT={out}; mkdir -p "$OUT"; source benchmarks/h200_common.sh; echo x > "$OUT/a.txt"'
+    env = {k: v for k, v in os.environ.items() if k != "PACK"}
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and (out / "a.txt").read_text() == "x\n" and not (tmp_path / "s1.tar").exists()
