@@ -20,6 +20,10 @@ KEYS = [
     "p99_itl_token_ms",
     "median_tpot_ms",
     "spec_acceptance_rate",
+    "engine_steps",
+    "engine_mean_step_ms",
+    "engine_output_tokens_per_step",
+    "engine_busy_fraction",
     "spec_mean_accepted_length",
 ]
 

@@ -152,6 +152,20 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
             return f"{cell.mean['spec_acceptance_rate']:.3f} / {_num(cell.mean.get('spec_mean_accepted_length'))}"
 
         md += table(["C"] + arms, [[str(c)] + [spec(cells.get((a, c))) for a in arms] for c in concs]) + [""]
+    if any(cl.mean.get("engine_steps") is not None for cl in cells.values()):
+        md += ["## Engine steps (from /metrics, mean over repeats): mean step ms / output tokens per step / "
+               "share of the run's wall time inside steps", ""]
+        md += ["A share well under 1 at a high concurrency means the engine's loop around its steps (taking "
+               "requests, sending news) or the HTTP side, not the steps, held the run back.", ""]
+
+        def steps(cell):
+            if cell is None or cell.mean.get("engine_steps") is None:
+                return "–"
+            busy = cell.mean.get("engine_busy_fraction")
+            return (f"{_num(cell.mean.get('engine_mean_step_ms'))} / {_num(cell.mean.get('engine_output_tokens_per_step'))}"
+                    f" / {'–' if busy is None else f'{busy:.2f}'}")
+
+        md += table(["C"] + arms, [[str(c)] + [steps(cells.get((a, c))) for a in arms] for c in concs]) + [""]
     md += ["## Frontier", "", f"![frontier]({png_name})", ""]
     md += ["x = per-user speed, y = output throughput; dashed: the Pareto edge over all arms "
            "(a staircase: only measured points are taken as reachable).", ""]

@@ -180,6 +180,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
                                                  cfg.percentile_metrics)
         out["request_phases"] = phase_idx
     out.update(specstats.spec_delta(before, after))
+    out.update(specstats.engine_delta(before, after, out["duration"], out["total_output_tokens"]))
     out.update(metrics.per_request_lists(results, first))
     out.update(cfg.extra)
     return out

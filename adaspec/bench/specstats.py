@@ -12,6 +12,9 @@ SUFFIXES = {
     "spec_decode_num_verified_tokens": "verified_tokens",
     "spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
     "spec_decode_budget_steps": "budget_steps",  # adaspec only: engine steps by verification budget B
+    # adaspec only: the engine's steps and the wall seconds spent inside them (engine_delta)
+    "engine_steps": "engine_steps",
+    "engine_step_seconds": "engine_step_seconds",
 }
 _LABELED = {"accepted_per_pos": "position", "budget_steps": "budget"}
 # adaspec only: present when acceptance follows a configured curve (method "synthetic"); its
@@ -84,6 +87,29 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         b = before.get("budget_steps", {})
         moved = {str(k): after["budget_steps"][k] - b.get(k, 0.0) for k in sorted(after["budget_steps"])}
         res["spec_budget_steps"] = {k: v for k, v in moved.items() if v}
+    return res
+
+
+def engine_delta(before: dict | None, after: dict | None, duration: float, output_tokens: int) -> dict:
+    """The engine's steps during the run (adaspec servers only; None elsewhere): how many, their mean
+    wall time, output tokens per step, and the share of the run's wall time spent inside steps
+    (engine_busy_fraction; well under 1 with requests waiting means the engine's loop, not its steps,
+    is the bound: taking requests and sending news, or a server that feeds it too slowly)."""
+    res = dict(engine_steps=None, engine_step_seconds=None, engine_mean_step_ms=None,
+               engine_output_tokens_per_step=None, engine_busy_fraction=None)
+    if before is None or after is None or "engine_steps" not in after:
+        return res
+    steps = after["engine_steps"] - before.get("engine_steps", 0.0)
+    res["engine_steps"] = steps
+    if steps > 0:
+        res["engine_output_tokens_per_step"] = output_tokens / steps
+    if "engine_step_seconds" in after:
+        secs = after["engine_step_seconds"] - before.get("engine_step_seconds", 0.0)
+        res["engine_step_seconds"] = secs
+        if steps > 0:
+            res["engine_mean_step_ms"] = 1000.0 * secs / steps
+        if duration > 0:
+            res["engine_busy_fraction"] = secs / duration
     return res
 
 

@@ -33,6 +33,8 @@ from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_cate
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger("adaspec.engine")
+# the clock step() is timed with (EngineStats.time_in_steps); tests give a fake one
+step_clock = time.perf_counter
 
 
 def choose_attention_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -325,6 +327,13 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = step_clock()
+        try:
+            return self._step()
+        finally:
+            self.stats.time_in_steps += step_clock() - t0
+
+    def _step(self) -> list[RequestOutput]:
         outputs = self._held_outputs + [self._output(s, 0) for s in self._aborted]
         self._aborted, self._held_outputs = [], []
         if self._unseeded:  # in the order they were added, as one call per request would give

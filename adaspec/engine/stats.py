@@ -10,6 +10,10 @@ import numpy as np
 @dataclass
 class EngineStats:
     num_steps: int = 0
+    # wall seconds inside step() (host work and waiting for the GPU's read back): against a
+    # run's wall time it says how much of the engine loop went to stepping and how much to
+    # taking requests and sending news (serve/engine_process.py), or to waiting for work
+    time_in_steps: float = 0.0
     num_prompt_tokens: int = 0  # prompt tokens run through the target (recomputes included)
     num_generated_tokens: int = 0
     num_preemptions: int = 0

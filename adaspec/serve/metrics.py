@@ -32,6 +32,8 @@ _STAT_COUNTERS = {
     "num_generated_tokens": ("generation_tokens", "Generated (emitted) tokens."),
     "num_preemptions": ("num_preemptions", "Requests preempted for lack of KV blocks."),
     "num_steps": ("engine_steps", "Engine steps run."),
+    "time_in_steps": ("engine_step_seconds", "Wall seconds the engine spent inside its steps (host work and "
+                      "waiting for the GPU); the rest of its loop took requests, sent news or waited for work."),
     "num_drafts": ("spec_decode_num_drafts", "Speculative drafts proposed (one per request per step)."),
     "num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens proposed."),
     "num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target."),

@@ -62,4 +62,10 @@ def test_bench_serve_reads_adaspec_server(adaspec_server, endpoint):
     # three tokens per engine step leave as one chunk: tokens are counted from usage, not chunks
     assert res["mean_tokens_per_chunk"] > 1.5
     assert res["spec_num_drafts"] and res["spec_mean_accepted_length"] == pytest.approx(3.0)
+    # the engine's steps during the run, from the counters the server really exports
+    steps, secs = res["engine_steps"], res["engine_step_seconds"]
+    assert steps >= 8 * 12 / 3 / 4 and secs > 0  # 3 tokens a step, at most 4 requests a step
+    assert res["engine_output_tokens_per_step"] == pytest.approx(8 * 12 / steps)
+    assert res["engine_mean_step_ms"] == pytest.approx(1000 * secs / steps)
+    assert res["engine_busy_fraction"] == pytest.approx(secs / res["duration"])
     assert res["median_per_user_tok_s"] > 0 and res["p99_itl_ms"] >= res["median_itl_ms"]

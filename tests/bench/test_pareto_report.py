@@ -163,3 +163,15 @@ def test_arm_colours_are_the_same_in_every_plot(tmp_path, monkeypatch):
     a, b, c = seen
     assert len(set(a.values())) == 4  # distinct arms, distinct colours
     assert b == {k: a[k] for k in b} and c == {"adaptive:7": a["adaptive:7"]}
+
+
+def test_engine_steps_table_only_when_the_server_exported_them(tmp_path):
+    steps = dict(engine_steps=100.0, engine_mean_step_ms=4.0, engine_output_tokens_per_step=12.5)
+    pts = [synthetic_point("none", 8, r, 100, 20, **steps, engine_busy_fraction=0.5 + 0.1 * r) for r in range(2)]
+    pts += [synthetic_point("fixed:7", 8, r, 150, 30, **steps, engine_busy_fraction=None) for r in range(2)]
+    write_points(tmp_path / "a", pts)
+    md = write_report(tmp_path / "a")["markdown"]
+    assert "## Engine steps (from /metrics" in md
+    assert "| 8 | 4.00 / 12.5 / – | 4.00 / 12.5 / 0.55 |" in md  # busy: mean over repeats; unknown stays unknown
+    write_points(tmp_path / "b", SYN)  # a server without these counters (vLLM): no such table
+    assert "## Engine steps" not in write_report(tmp_path / "b")["markdown"]

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from adaspec.bench import dataset
 from adaspec.bench.client import arrival_offsets
 from adaspec.bench.metrics import weighted_percentile
-from adaspec.bench.specstats import parse_spec_counters, spec_delta
+from adaspec.bench.specstats import engine_delta, parse_spec_counters, spec_delta
 from adaspec.bench.sse import SSEParser
 
 
@@ -62,6 +62,26 @@ def test_parse_real_prometheus_client_output():
     assert d["spec_acceptance_rate_per_pos"] == pytest.approx([4 / 6, 4 / 6])
     assert d["spec_budget_steps"] == {"3": 5.0}
     assert spec_delta(None, got)["spec_num_drafts"] is None
+
+
+def test_engine_steps_from_real_prometheus_client_output():
+    r = CollectorRegistry()
+    steps = Counter("adaspec:engine_steps", "s", ["model_name"], registry=r)
+    secs = Counter("adaspec:engine_step_seconds", "t", ["model_name"], registry=r)
+    Counter("adaspec:spec_decode_draft_skipped_steps", "k", registry=r).inc(7)  # not the engine's steps
+    Counter("adaspec:spec_decode_budget_steps", "b", ["budget"], registry=r).labels(budget="3").inc(5)
+    steps.labels(model_name="m").inc(250)
+    secs.labels(model_name="m").inc(1.5)
+    got = parse_spec_counters(generate_latest(r).decode())
+    assert got["engine_steps"] == 250.0 and got["engine_step_seconds"] == pytest.approx(1.5)
+    d = engine_delta({"engine_steps": 50.0, "engine_step_seconds": 0.5}, got, duration=2.0, output_tokens=800)
+    assert d == pytest.approx({"engine_steps": 200.0, "engine_step_seconds": 1.0, "engine_mean_step_ms": 5.0,
+                               "engine_output_tokens_per_step": 4.0, "engine_busy_fraction": 0.5})
+    # a server without these counters (vLLM, or no /metrics): unknown, not zero
+    assert set(engine_delta({}, {"drafts": 1.0}, 2.0, 10).values()) == {None}
+    assert set(engine_delta(None, got, 2.0, 10).values()) == {None}
+    only_steps = engine_delta({}, {"engine_steps": 10.0}, 2.0, 40)
+    assert only_steps["engine_output_tokens_per_step"] == 4.0 and only_steps["engine_busy_fraction"] is None
 
 
 def test_datasets(tmp_path):

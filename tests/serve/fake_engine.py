@@ -46,6 +46,7 @@ def expected_text(prompt_ids: list[int], n: int) -> str:
 @dataclass
 class FakeStats:
     num_steps: int = 0
+    time_in_steps: float = 0.0  # as EngineStats: the wall seconds inside step()
     num_generated_tokens: int = 0
     num_prompt_tokens: int = 0
     num_preemptions: int = 0
@@ -146,6 +147,13 @@ class FakeEngine:
         return -(-total // self.block_size)
 
     def step(self):
+        t0 = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self.stats.time_in_steps += time.perf_counter() - t0
+
+    def _step(self):
         self._touch()
         self.stats.num_steps += 1
         if self.fail_on_step is not None and self.stats.num_steps >= self.fail_on_step:

@@ -288,6 +288,8 @@ def test_two_api_servers_share_the_load_one_engine_and_one_set_of_metrics():
             assert _metric(m, "request_success_total", 'finished_reason="length"') == batches * n
             assert _metric(m, "generation_tokens_total") == batches * n * max_tokens
             assert _metric(m, "num_requests_running") == 0
+            # the engine's time in steps crosses from the engine process too (bench serve reads it)
+            assert _metric(m, "engine_step_seconds_total") > 0 and _metric(m, "engine_steps_total") > 0
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0, p.stdout.read()[-3000:]
 
