@@ -19,12 +19,18 @@
 #                file OUT.tar and remove the folder: the device returns at most 8 files per call and
 #                each script writes up to 7, so a call that runs two scripts gives PACK=1 to each
 #                (H200 run 23 lost a whole T = 1 sweep's files but its printed table without it:
-#                BENCHMARKS.md). A command the device kills at its limit is not packed.
+#                BENCHMARKS.md). OUT must be a subfolder of the device's $OUT (OUT.tar is written
+#                beside it). Only the outermost script packs (h200_ab_server.sh runs h200_frontier.sh
+#                inside: that one does not). A command the device kills at its limit is not packed.
 T_START=$SECONDS
 
-# PACK=1 (above): OUT -> OUT.tar on exit, keeping the script's exit status
+# PACK=1 (above): OUT -> OUT.tar on exit, keeping the script's exit status; scripts this one runs
+# see H200_NESTED and leave their folders to it
+PACK_ON_EXIT=
+if [ "${PACK:-}" = 1 ] && [ -z "${H200_NESTED:-}" ]; then PACK_ON_EXIT=1; fi
+export H200_NESTED=1
 pack_out() {
-  if [ -n "${PACK:-}" ] && [ -d "${OUT:-}" ]; then
+  if [ -n "$PACK_ON_EXIT" ] && [ -d "${OUT:-}" ]; then
     tar -cf "${OUT%/}.tar" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
   fi
 }

@@ -38,7 +38,8 @@ for tp in $SIZES; do
   fi
   echo "[h200x2_tp_frontier.sh +$((SECONDS - START)) s] tensor parallel size $tp, budget $budget s"
   mkdir -p "$WORK/tp$tp"
-  BUDGET_S=$budget RUNS_DIR="$WORK/runs$tp" RESERVE_S=${RESERVE_S:-25} \
+  # H200_NESTED: the inner script must not pack its folder (PACK=1, h200_common.sh): this one reads it
+  H200_NESTED=1 BUDGET_S=$budget RUNS_DIR="$WORK/runs$tp" RESERVE_S=${RESERVE_S:-25} \
     SERVER_ARGS="--tensor-parallel-size=$tp --cudagraph-mode=FULL_DECODE_ONLY ${SERVER_ARGS:-}" \
     bash benchmarks/h200_frontier.sh "$WORK/tp$tp" "$ARMS" "$CONC" "$TEMP" "$REPEATS" || echo "TP = $tp: exit $?"
   if [ -f "$WORK/tp$tp/pair.json" ]; then cp "$WORK/tp$tp/pair.json" "$OUT/pair.json"; fi

@@ -99,7 +99,7 @@ def test_pack_turns_out_into_one_tar_and_keeps_the_exit_status(tmp_path, status)
     out = tmp_path / "s1"
     script = (f'OUT={out}; mkdir -p "$OUT"; source benchmarks/h200_common.sh; '
               f'for i in 1 2 3 4 5 6 7 8 9; do echo $i > "$OUT/f$i.txt"; done; exit {status}')
-    env = {**os.environ, "PACK": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "H200_NESTED"}, "PACK": "1"}
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == status, r.stderr
     assert not out.exists() and returned_files(tmp_path) == ["s1.tar"]
@@ -109,9 +109,30 @@ def test_pack_turns_out_into_one_tar_and_keeps_the_exit_status(tmp_path, status)
         assert tar.extractfile("s1/f9.txt").read() == b"9\n"
 
 
-def test_without_pack_out_stays_a_folder(tmp_path):
+@pytest.mark.parametrize("pack", [None, "0", ""])
+def test_without_pack_1_out_stays_a_folder(tmp_path, pack):
     out = tmp_path / "s1"
     script = f'OUT={out}; mkdir -p "$OUT"; source benchmarks/h200_common.sh; echo x > "$OUT/a.txt"'
-    env = {k: v for k, v in os.environ.items() if k != "PACK"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PACK", "H200_NESTED")}
+    if pack is not None:
+        env["PACK"] = pack
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and (out / "a.txt").read_text() == "x\n" and not (tmp_path / "s1.tar").exists()
+
+
+def test_only_the_outermost_script_packs(tmp_path):
+    """h200_ab_server.sh runs h200_frontier.sh inside and reads its folder afterwards: with PACK=1
+    given to the outer one, the inner one must leave its folder in place."""
+    out = tmp_path / "ab"
+    inner = f'OUT={out}/inner; mkdir -p "$OUT"; source benchmarks/h200_common.sh; echo i > "$OUT/i.txt"'
+    outer = (f'OUT={out}; mkdir -p "$OUT"; source benchmarks/h200_common.sh; bash -c \'{inner}\'; '
+             f'cp "$OUT/inner/i.txt" "$OUT/copied.txt"')
+    env = {k: v for k, v in os.environ.items() if k != "H200_NESTED"}
+    env["PACK"] = "1"
+    r = subprocess.run(["bash", "-c", outer], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert returned_files(tmp_path) == ["ab.tar"]
+    import tarfile
+
+    with tarfile.open(tmp_path / "ab.tar") as tar:
+        assert sorted(m.name for m in tar.getmembers() if m.isfile()) == ["ab/copied.txt", "ab/inner/i.txt"]
