@@ -161,9 +161,9 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
         def steps(cell):
             if cell is None or cell.mean.get("engine_steps") is None:
                 return "–"
-            busy = cell.mean.get("engine_busy_fraction")
-            return (f"{_num(cell.mean.get('engine_mean_step_ms'))} / {_num(cell.mean.get('engine_output_tokens_per_step'))}"
-                    f" / {'–' if busy is None else f'{busy:.2f}'}")
+            m, busy = cell.mean, cell.mean.get("engine_busy_fraction")
+            return (f"{_num(m.get('engine_mean_step_ms'))} / {_num(m.get('engine_output_tokens_per_step'))} / "
+                    f"{'–' if busy is None else f'{busy:.2f}'}")
 
         md += table(["C"] + arms, [[str(c)] + [steps(cells.get((a, c))) for a in arms] for c in concs]) + [""]
     md += ["## Frontier", "", f"![frontier]({png_name})", ""]

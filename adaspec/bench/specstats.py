@@ -93,9 +93,10 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
 def engine_delta(before: dict | None, after: dict | None, duration: float, output_tokens: int) -> dict:
     """The engine's steps during the run (adaspec servers only; None elsewhere): how many, the wall
     time inside step() calls per step (a little high under async scheduling, where a call that only
-    reads back the step in flight counts no step), output tokens per step, and the share of the run's wall time spent inside steps
-    (engine_busy_fraction; well under 1 with requests waiting means the engine's loop, not its steps,
-    is the bound: taking requests and sending news, or a server that feeds it too slowly)."""
+    reads back the step in flight counts no step), output tokens per step, and the share of the
+    run's wall time spent inside steps (engine_busy_fraction; well under 1 with requests waiting
+    means the engine's loop, not its steps, is the bound: taking requests and sending news, or a
+    server that feeds it too slowly)."""
     res = dict(engine_steps=None, engine_step_seconds=None, engine_mean_step_ms=None,
                engine_output_tokens_per_step=None, engine_busy_fraction=None)
     if before is None or after is None or "engine_steps" not in after:

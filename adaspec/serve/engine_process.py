@@ -59,9 +59,9 @@ log = logging.getLogger("adaspec.serve")
 
 # engine.stats fields the metrics read (serve/metrics.py), sent with every batch
 _SNAPSHOT_STATS = ("num_prompt_tokens", "num_generated_tokens", "num_preemptions", "num_steps", "time_in_steps",
-                   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verified_tokens", "num_steps_draft_skipped",
-                   "accepted_per_pos", "verified_per_pos", "predicted_accept_per_pos", "budget_hist",
-                   "synthetic_acceptance")
+                   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verified_tokens",
+                   "num_steps_draft_skipped", "accepted_per_pos", "verified_per_pos", "predicted_accept_per_pos",
+                   "budget_hist", "synthetic_acceptance")
 
 
 @dataclass
