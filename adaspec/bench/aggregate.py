@@ -25,6 +25,7 @@ KEYS = [
     "engine_output_tokens_per_step",
     "engine_busy_fraction",
     "spec_mean_accepted_length",
+    "spec_calibration_ratio",
 ]
 
 

@@ -144,12 +144,15 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
 
     md += table(["C"] + arms, [[str(c)] + [lat(cells.get((a, c))) for a in arms] for c in concs]) + [""]
     if any(cl.mean.get("spec_acceptance_rate") is not None for cl in cells.values()):
-        md += ["## Speculation (from /metrics): acceptance rate / mean accepted length", ""]
+        md += ["## Speculation (from /metrics): acceptance rate / mean accepted length / accepted drafts per "
+               "predicted (the confidences' calibration on this traffic: 1 = calibrated, < 1 = they promise too much)", ""]
 
         def spec(cell):
             if cell is None or cell.mean.get("spec_acceptance_rate") is None:
                 return "–"
-            return f"{cell.mean['spec_acceptance_rate']:.3f} / {_num(cell.mean.get('spec_mean_accepted_length'))}"
+            ratio = cell.mean.get("spec_calibration_ratio")
+            return (f"{cell.mean['spec_acceptance_rate']:.3f} / {_num(cell.mean.get('spec_mean_accepted_length'))} / "
+                    f"{'–' if ratio is None else f'{ratio:.2f}'}")
 
         md += table(["C"] + arms, [[str(c)] + [spec(cells.get((a, c))) for a in arms] for c in concs]) + [""]
     if any(cl.mean.get("engine_steps") is not None for cl in cells.values()):

@@ -11,12 +11,17 @@ SUFFIXES = {
     "spec_decode_num_accepted_tokens": "accepted_tokens",
     "spec_decode_num_verified_tokens": "verified_tokens",
     "spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+    # adaspec only: the calibration view, per position: drafts verified, and the sum of their
+    # predicted survival (the policy's expectation of the accepted count)
+    "spec_decode_num_verified_tokens_per_pos": "verified_per_pos",
+    "spec_decode_predicted_accepted_tokens_per_pos": "predicted_per_pos",
     "spec_decode_budget_steps": "budget_steps",  # adaspec only: engine steps by verification budget B
     # adaspec only: the engine's steps and the wall seconds spent inside them (engine_delta)
     "engine_steps": "engine_steps",
     "engine_step_seconds": "engine_step_seconds",
 }
-_LABELED = {"accepted_per_pos": "position", "budget_steps": "budget"}
+_LABELED = {"accepted_per_pos": "position", "verified_per_pos": "position", "predicted_per_pos": "position",
+            "budget_steps": "budget"}
 # adaspec only: present when acceptance follows a configured curve (method "synthetic"); its
 # label "note" says so ("synthetic acceptance: timing only")
 SYNTHETIC_SUFFIX = "spec_decode_synthetic_acceptance"
@@ -59,6 +64,12 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         spec_mean_verified_length=None,
         spec_accepted_per_pos=None,
         spec_acceptance_rate_per_pos=None,
+        spec_verified_per_pos=None,
+        spec_predicted_per_pos=None,
+        # accepted drafts / their predicted survival summed: 1 when the confidences the policy
+        # plans with are calibrated on the served traffic, < 1 when they promise too much
+        spec_calibration_ratio=None,
+        spec_calibration_ratio_per_pos=None,
         spec_budget_steps=None,
         spec_synthetic_acceptance=None,  # the server's note when its acceptance was synthetic
     )
@@ -83,6 +94,15 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         res["spec_accepted_per_pos"] = per
         if drafts:
             res["spec_acceptance_rate_per_pos"] = [x / drafts for x in per]
+    for key in ("verified_per_pos", "predicted_per_pos"):
+        if key in after:
+            b = before.get(key, {})
+            res[f"spec_{key}"] = [after[key][p] - b.get(p, 0.0) for p in sorted(after[key])]
+    pred, per = res["spec_predicted_per_pos"], res["spec_accepted_per_pos"]
+    if pred is not None and per is not None and len(pred) == len(per):
+        res["spec_calibration_ratio_per_pos"] = [a / q if q > 0 else None for a, q in zip(per, pred)]
+        if sum(pred) > 0:
+            res["spec_calibration_ratio"] = sum(per) / sum(pred)
     if "budget_steps" in after:
         b = before.get("budget_steps", {})
         moved = {str(k): after["budget_steps"][k] - b.get(k, 0.0) for k in sorted(after["budget_steps"])}

@@ -62,6 +62,10 @@ def test_bench_serve_reads_adaspec_server(adaspec_server, endpoint):
     # three tokens per engine step leave as one chunk: tokens are counted from usage, not chunks
     assert res["mean_tokens_per_chunk"] > 1.5
     assert res["spec_num_drafts"] and res["spec_mean_accepted_length"] == pytest.approx(3.0)
+    # the calibration counters the server exports: every draft accepted, each predicted at 0.8
+    assert res["spec_verified_per_pos"] == res["spec_accepted_per_pos"]
+    assert res["spec_calibration_ratio"] == pytest.approx(1 / 0.8)
+    assert res["spec_calibration_ratio_per_pos"] == [pytest.approx(1 / 0.8)] * 2
     # the engine's steps during the run, from the counters the server really exports
     steps, secs = res["engine_steps"], res["engine_step_seconds"]
     assert steps >= 8 * 12 / 3 / 4 and secs > 0  # 3 tokens a step, at most 4 requests a step

@@ -64,6 +64,32 @@ def test_parse_real_prometheus_client_output():
     assert spec_delta(None, got)["spec_num_drafts"] is None
 
 
+def test_calibration_from_real_prometheus_client_output():
+    """Accepted drafts against their predicted survival, per position and over all of them."""
+    r = CollectorRegistry()
+    acc = Counter("adaspec:spec_decode_num_accepted_tokens_per_pos", "a", ["model_name", "position"], registry=r)
+    ver = Counter("adaspec:spec_decode_num_verified_tokens_per_pos", "v", ["model_name", "position"], registry=r)
+    pred = Counter("adaspec:spec_decode_predicted_accepted_tokens_per_pos", "p", ["model_name", "position"], registry=r)
+    for pos, (a, v, q) in enumerate([(8, 10, 9.0), (3, 8, 6.0), (0, 0, 0.0)]):
+        acc.labels(model_name="m", position=str(pos)).inc(a)
+        ver.labels(model_name="m", position=str(pos)).inc(v)
+        pred.labels(model_name="m", position=str(pos)).inc(q)
+    got = parse_spec_counters(generate_latest(r).decode())
+    assert got["verified_per_pos"] == {0: 10.0, 1: 8.0, 2: 0.0}
+    assert got["predicted_per_pos"] == {0: 9.0, 1: 6.0, 2: 0.0}
+    before = {"accepted_per_pos": {0: 2.0, 1: 1.0}, "verified_per_pos": {0: 4.0, 1: 2.0},
+              "predicted_per_pos": {0: 3.0, 1: 2.0}}
+    d = spec_delta(before, got)
+    assert d["spec_verified_per_pos"] == [6.0, 6.0, 0.0]
+    assert d["spec_predicted_per_pos"] == [6.0, 4.0, 0.0]
+    # realized 6 and 2 accepted against 6 and 4 predicted; a position never verified has no ratio
+    assert d["spec_calibration_ratio_per_pos"] == [pytest.approx(1.0), pytest.approx(0.5), None]
+    assert d["spec_calibration_ratio"] == pytest.approx(8 / 10)
+    # a server without the calibration counters (vLLM): no ratio, nothing invented
+    plain = {"accepted_per_pos": {0: 5.0}, "drafts": 5.0}
+    assert spec_delta({}, plain)["spec_calibration_ratio"] is None
+
+
 def test_engine_steps_from_real_prometheus_client_output():
     r = CollectorRegistry()
     steps = Counter("adaspec:engine_steps", "s", ["model_name"], registry=r)

@@ -56,6 +56,9 @@ class FakeStats:
     num_verified_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
+    verified_per_pos: list = field(default_factory=list)
+    # each verified draft is predicted to survive with 0.8 (and always does: the fake accepts all)
+    predicted_accept_per_pos: list = field(default_factory=list)
     budget_hist: dict = field(default_factory=dict)
 
 
@@ -91,7 +94,9 @@ class FakeEngine:
         self.tokens_per_step = tokens_per_step
         self.eos_at = eos_at
         self.fail_on_step = fail_on_step
-        self.stats = FakeStats(accepted_per_pos=[0] * max(0, tokens_per_step - 1))
+        n_pos = max(0, tokens_per_step - 1)
+        self.stats = FakeStats(accepted_per_pos=[0] * n_pos, verified_per_pos=[0] * n_pos,
+                               predicted_accept_per_pos=[0.0] * n_pos)
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self._ids: set[str] = set()
@@ -185,6 +190,8 @@ class FakeEngine:
                 self.stats.num_verified_tokens += k
                 for i in range(k - 1):
                     self.stats.accepted_per_pos[i] += 1
+                    self.stats.verified_per_pos[i] += 1
+                    self.stats.predicted_accept_per_pos[i] += 0.8
             before = len(r.out)
             for _ in range(n_new):
                 self._emit(r)
