@@ -125,6 +125,11 @@ class SpeculativeConfig:
     # spreads (Qwen3-8B shape and the code-0.6b pair, BENCHMARKS.md, run 18), though at 256 requests
     # of the 8B shape the full draft pass costs 80% of a plain step (run 17).
     adaptive_draft_width: str = "full"
+    # scale the budget's survivals, per draft position, by accepted / predicted over the recent
+    # verified drafts (spec_decode/online_calibration.py), so B* follows what the target accepts on
+    # the served traffic. Opt-in: not yet measured on a GPU (built after H200 run 24, where at T = 1
+    # the served drafts were accepted 0.80-0.87x as often as the held-out calibration promised)
+    adaptive_verification_online_calibration: bool = False
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 5
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -162,6 +167,9 @@ class SpeculativeConfig:
         if o != "measured" and (isinstance(o, bool) or not isinstance(o, (int, float)) or not o >= 0):
             raise ConfigError(f"adaptive_verification_step_overhead_ms must be a number of ms >= 0 or \"measured\", "
                               f"got {o!r}")
+        if not isinstance(c.adaptive_verification_online_calibration, bool):
+            raise ConfigError("adaptive_verification_online_calibration must be true or false, got "
+                              f"{c.adaptive_verification_online_calibration!r}")
         if c.adaptive_draft_width not in ("full", "budget"):
             raise ConfigError(f"adaptive_draft_width must be \"full\" or \"budget\", got {c.adaptive_draft_width!r}")
         if c.adaptive_verification_step_costs not in ("measured", "tables"):

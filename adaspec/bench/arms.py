@@ -3,7 +3,9 @@ draft-or-not choice uses the step costs measured on the running engine, spec_dec
 `adaptive-narrow:K` (adaptive verification drafting only the slots its budget can use:
 "adaptive_draft_width": "budget"), `adaptive-overhead:K` (adaptive verification pricing every
 candidate step with the host's measured per-step overhead added:
-"adaptive_verification_step_overhead_ms": "measured"), and the --speculative-config each one gets."""
+"adaptive_verification_step_overhead_ms": "measured"), `adaptive-tracked:K` (adaptive verification
+whose budget scales the confidences by what the target accepted lately, per position:
+"adaptive_verification_online_calibration": true), and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead")
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
@@ -45,6 +47,8 @@ class Arm:
             cfg["adaptive_draft_width"] = "budget"
         if self.kind == "adaptive-overhead":
             cfg["adaptive_verification_step_overhead_ms"] = "measured"
+        if self.kind == "adaptive-tracked":
+            cfg["adaptive_verification_online_calibration"] = True
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -55,8 +59,8 @@ def parse_arm(text: str) -> Arm:
     t = text.strip()
     m = _ARM.match(t)
     if not m:
-        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K "
-                       "or adaptive-overhead:K (K >= 1)")
+        raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
+                       "adaptive-overhead:K or adaptive-tracked:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

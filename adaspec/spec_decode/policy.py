@@ -244,6 +244,8 @@ class AdaptiveBudget:
         self._conf = np.ones((64, self.k))
         self._free: list[int] = list(range(63, -1, -1))  # pop() hands out low rows first
         self.last_budget: int | None = None
+        # online_calibration.SurvivalCorrection, or None: the budget's survivals as the confidences say
+        self.correction = None
 
     @property
     def last_conf(self) -> dict[Hashable, np.ndarray]:
@@ -281,6 +283,8 @@ class AdaptiveBudget:
                num_requests: int | None = None, limits: np.ndarray | None = None) -> int:
         """B* from one-step-old confidences only (safe to compute before drafting)."""
         a = survival(self.old_confidences(request_ids))
+        if self.correction is not None:  # what the target has really accepted lately, per position
+            a = self.correction.apply(a)
         if limits is not None:
             a = np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a, 0.0)
         nreq = len(request_ids) if num_requests is None else num_requests
@@ -344,6 +348,9 @@ class FixedPolicy:
     def step_tokens(self, tokens: int) -> None:
         pass
 
+    def observe_outcomes(self, verify_lens, accepted, survivals) -> None:
+        pass
+
 
 class AdaptivePolicy:
     """Besides the budget, decides whether drafting pays at all this step (beyond vLLM, whose
@@ -383,7 +390,7 @@ class AdaptivePolicy:
     MIN_SLOT_SHARE = 0.75
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
-                 overhead=None, step_costs=None, probe_max: int | None = None):
+                 overhead=None, step_costs=None, probe_max: int | None = None, correction=None):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
@@ -394,6 +401,7 @@ class AdaptivePolicy:
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
                                      unknown="population" if step_costs is not None else "one")
+        self.budget.correction = correction  # online_calibration.SurvivalCorrection or None
         self.probe_every = probe_every
         self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
         self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)
@@ -656,3 +664,9 @@ class AdaptivePolicy:
 
     def forget(self, request_id) -> None:
         self.budget.forget(request_id)
+
+    def observe_outcomes(self, verify_lens, accepted, survivals) -> None:
+        """A step's verified drafts and how many the target accepted, with the survivals predicted
+        for them: the online calibration's evidence (when it is on)."""
+        if self.budget.correction is not None:
+            self.budget.correction.update(verify_lens, accepted, survivals)

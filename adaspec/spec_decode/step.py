@@ -148,12 +148,15 @@ class SpeculativeDecoder:
             from adaspec.spec_decode.graphed_step import GraphPaddedCost
 
             step_cost = GraphPaddedCost(self.cost_model, self.graphed)
+        from adaspec.spec_decode.online_calibration import SurvivalCorrection
         from adaspec.spec_decode.step_costs import MeasuredStepCosts
         from adaspec.spec_decode.step_overhead import StepOverhead
 
         return AdaptivePolicy(step_cost, self.num_spec_tokens, self.cfg.adaptive_verification_ema_alpha,
                               overhead=StepOverhead(self.cfg.adaptive_verification_step_overhead_ms),
-                              step_costs=MeasuredStepCosts() if self.measures_step_costs() else None)
+                              step_costs=MeasuredStepCosts() if self.measures_step_costs() else None,
+                              correction=SurvivalCorrection(self.num_spec_tokens)
+                              if self.cfg.adaptive_verification_online_calibration else None)
 
     def measures_step_costs(self) -> bool:
         """adaptive_verification_step_costs "measured" (opt-in; config.py says why)."""
@@ -505,8 +508,9 @@ class SpeculativeDecoder:
         when not the scheduler's (a pipelined step's, capped on the device, or a narrow draft's,
         capped at its width). width: slots each request drafted (default k)."""
         spec_slots = [scheduled[i].spec_slots for i in drafted] if slots is None else [int(slots[i]) for i in drafted]
-        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, survival(conf),
-                                        drafted=width)
+        surv = survival(conf)
+        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, surv, drafted=width)
+        self.policy.observe_outcomes(verify_lens, n_acc, surv)
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
                 results):
