@@ -228,7 +228,7 @@ class AdaptiveBudget:
     """
 
     def __init__(self, cost: Any, k: int, ema_alpha: float | None = None, max_budget: int | None = None,
-                 unknown: str = "one"):
+                 unknown: str = "one", correction=None):
         if ema_alpha is not None and not 0.0 < ema_alpha <= 1.0:
             raise ValueError("ema_alpha must be in (0, 1] or None")
         if unknown not in ("one", "population"):
@@ -245,7 +245,7 @@ class AdaptiveBudget:
         self._free: list[int] = list(range(63, -1, -1))  # pop() hands out low rows first
         self.last_budget: int | None = None
         # online_calibration.SurvivalCorrection, or None: the budget's survivals as the confidences say
-        self.correction = None
+        self.correction = correction
 
     @property
     def last_conf(self) -> dict[Hashable, np.ndarray]:
@@ -400,8 +400,8 @@ class AdaptivePolicy:
         self.cost = OverheadCost(cost_model, self.overhead)
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
-                                     unknown="population" if step_costs is not None else "one")
-        self.budget.correction = correction  # online_calibration.SurvivalCorrection or None
+                                     unknown="population" if step_costs is not None else "one",
+                                     correction=correction)
         self.probe_every = probe_every
         self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
         self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)
