@@ -17,6 +17,7 @@ from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
 from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler
+from adaspec.engine.slow_steps import SlowStepLog, step_shape, threshold_from_env
 from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
 from adaspec.engine.stop_checker import StopChecker
@@ -69,6 +70,10 @@ def resolve_device(name: str) -> torch.device:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        # ADASPEC_LOG_SLOW_STEPS_MS: a log line per slow step, with what compiled meanwhile (slow_steps.py)
+        threshold = threshold_from_env()
+        self._slow_steps = SlowStepLog(threshold, log, clock=lambda: step_clock()).install() if threshold is not None else None
+        self._last_shape = "nothing scheduled"
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         # tensor parallelism (adaspec/distributed): None at size 1; rank 0 starts the workers here
@@ -328,10 +333,16 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = step_clock()
+        watch = self._slow_steps
+        if watch is not None:
+            self._last_shape = "nothing scheduled"
+            watch.begin()
         try:
             return self._step()
         finally:
             self.stats.time_in_steps += step_clock() - t0
+            if watch is not None:
+                watch.end(self._last_shape)
 
     def _step(self) -> list[RequestOutput]:
         outputs = self._held_outputs + [self._output(s, 0) for s in self._aborted]
@@ -509,6 +520,8 @@ class LLMEngine:
 
     def _count_step(self, scheduled: list[ScheduledSeq]) -> None:
         self.stats.num_steps += 1
+        if self._slow_steps is not None:
+            self._last_shape = step_shape(scheduled)
         for s in scheduled:  # before the step moves num_computed_tokens
             self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
 
