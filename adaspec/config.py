@@ -50,6 +50,10 @@ class EngineConfig:
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
     async_scheduling: bool | None = None
     seed: int = 0
+    # dummy requests through the step path before the engine is ready, so that torch.compile's
+    # first-use compiles do not stall the first real requests (engine/warm_up.py). None: on where
+    # the engine compiles (CUDA graphs on, tensor_parallel_size 1)
+    warm_up_requests: bool | None = None
     tensor_parallel_size: int = 1  # ranks (GPUs of one host; CPU processes) sharing the model (adaspec/distributed)
     speculative_config: dict[str, Any] | None = None
 
@@ -67,6 +71,8 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.warm_up_requests is not None and not isinstance(self.warm_up_requests, bool):
+            raise ConfigError(f"warm_up_requests must be true, false or unset, got {self.warm_up_requests!r}")
         g = self.gpu_memory_utilization
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")

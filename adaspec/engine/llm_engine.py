@@ -168,9 +168,27 @@ class LLMEngine:
         self._spec_serial = 0
         self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
+        self.warm_up_result = self._warm_up_requests(config.warm_up_requests)
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
+
+    def _warm_up_requests(self, asked: bool | None):
+        """Dummy requests through step() before the engine is ready (engine/warm_up.py): by
+        default where the engine compiles (CUDA graphs at tensor_parallel_size 1). -> WarmUpResult
+        or None."""
+        if asked is None:
+            asked = self.use_cuda_graphs and self.tp is None
+        if not asked:
+            return None
+        if self.tp is not None:
+            raise ConfigError("warm_up_requests is not supported under tensor parallelism; leave it unset")
+        from adaspec.engine.warm_up import warm_up_serving
+
+        result = warm_up_serving(self)
+        announce(f"warmed up the serving path with {result.requests} dummy requests ({result.steps} steps) "
+                 f"in {result.seconds:.1f} s")
+        return result
 
     def _resolve_async_scheduling(self, asked: bool | None) -> bool:
         """None ("auto"): on with CUDA at tensor_parallel_size 1: without speculation (plain steps

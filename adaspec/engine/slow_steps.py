@@ -9,7 +9,8 @@ the ``adaspec.engine`` logger, each step() that took longer, with
 - its shape: requests scheduled, prefill rows and their tokens, decode rows, draft slots;
 - Triton kernels compiled or loaded in this process during the step (names), through Triton's
   post-compile hook (``triton.knobs.runtime.jit_post_compile_hook``) where this Triton has it;
-- torch.compile (Dynamo) frames compiled during the step (``torch._dynamo.utils.counters``);
+- torch.compile (Dynamo) graphs compiled during the step (``torch._dynamo.utils.counters``; in
+  H200 run 25 the frame counter this read first stayed empty, so a 701 ms step showed none);
 - Python garbage collections during the step and the time they took (``gc.callbacks``).
 
 Only host-side events are attributed; a stall on the GPU shows as a slow step with none of them.
@@ -43,7 +44,7 @@ def threshold_from_env(environ=os.environ) -> float | None:
 
 
 def _dynamo_frames() -> int:
-    """Frames torch.compile has compiled in this process so far (0 when Dynamo was never loaded)."""
+    """Graphs torch.compile has compiled in this process so far (0 when Dynamo was never loaded)."""
     import sys
 
     if "torch._dynamo" not in sys.modules:  # importing it only to read a counter costs seconds
@@ -52,7 +53,8 @@ def _dynamo_frames() -> int:
         from torch._dynamo.utils import counters
     except Exception:  # noqa: BLE001 - a diagnostic must never break the engine
         return 0
-    return int(counters["frames"].get("ok", 0))
+    # graphs Dynamo produced (a recompile adds one); torch 2.13 leaves counters["frames"] empty
+    return int(counters["stats"].get("unique_graphs", 0))
 
 
 class SlowStepLog:
@@ -142,7 +144,7 @@ class SlowStepLog:
             if self._variants:  # which specialization was new: e.g. an int argument's divisibility by 16
                 parts.append("variants: " + " | ".join(self._variants))
         if frames:
-            parts.append(f"torch.compile frames compiled: {frames}")
+            parts.append(f"torch.compile graphs compiled: {frames}")
         if self._gc_runs:
             parts.append(f"garbage collections: {self._gc_runs} ({1e3 * self._gc_s:.1f} ms)")
         if len(parts) == 1:

@@ -138,3 +138,25 @@ def test_the_triton_hook_counts_compiled_kernels_and_is_restored(caplog):
     assert knobs.runtime.jit_post_compile_hook is before
     assert "Triton kernels compiled: _paged_attention_kernel" in line
     assert "variants: _paged_attention_kernel[num_warps=4](num_seqs: i32)" in line
+
+
+def test_a_torch_compile_recompile_during_a_step_is_reported(caplog):
+    """A function compiled with dynamic shapes still specializes a size of 1: calling it with one
+    row after several compiles again, inside the step (what stalled the H200's first requests)."""
+    fn = torch.compile(lambda x: x * 2 + 1, dynamic=True, fullgraph=True, backend="eager")
+    fn(torch.ones(5))
+    clock = Clock()
+    watch = SlowStepLog(1.0, logging.getLogger("test.slow"), clock=clock).install()
+    try:
+        watch.begin()
+        fn(torch.ones(1))
+        clock.t += 1.0
+        line = watch.end("one row")
+        watch.begin()
+        fn(torch.ones(1))  # compiled now: nothing new
+        clock.t += 1.0
+        again = watch.end("one row again")
+    finally:
+        watch.uninstall()
+    assert "torch.compile graphs compiled: 1" in line
+    assert "torch.compile" not in again
