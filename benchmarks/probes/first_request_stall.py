@@ -9,7 +9,8 @@ weights, synthetic acceptance: timing only), sampled (T = 1), 64 output tokens:
   "second point":  the same again (the steady state to compare with).
 Each (arm, warm_up_requests) runs in a fresh process (Dynamo's in-memory caches start empty).
 Prints, per phase, the step count, median and max step ms and the steps over --slow-ms, and the
-torch.compile graphs compiled after the engine was ready; writes $OUT/first_request_stall.json.
+torch.compile graphs compiled after the engine was ready; writes $OUT/first_request_stall.json
+(rewritten after each process). H200 run 26: ~50-65 s per adaptive process, ~30 s per fixed one.
 
     python3 benchmarks/probes/first_request_stall.py [--arms adaptive:7,fixed:7]
 """
@@ -48,6 +49,7 @@ def one(arm: str, warm: bool, model_dir: str, slow_ms: float) -> dict:
                                                             "synthetic_confidence_noise": 0.05}))
     eng = llm.llm_engine
     startup_s = time.perf_counter() - t0
+    print("PROBE: engine ready", file=sys.stderr, flush=True)  # the slow-step lines before it are startup's
     graphs0 = _graphs()
     vocab = eng.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -111,7 +113,7 @@ def main():
             p = subprocess.run([sys.executable, __file__, "--slow-ms", str(args.slow_ms), "--child", arm,
                                 "1" if warm else "0", model_dir], env=env, capture_output=True, text=True)
             lines = p.stderr.splitlines()
-            ready = next((i for i, ln in enumerate(lines) if "engine ready" in ln), 0)
+            ready = next((i for i, ln in enumerate(lines) if ln.startswith("PROBE: engine ready")), len(lines))
             slow = [("after ready: " if i > ready else "startup: ") + ln[ln.index("slow engine step"):][:400]
                     for i, ln in enumerate(lines) if "slow engine step" in ln]
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -132,7 +134,8 @@ def main():
                       f"  graphs compiled since ready: {ph['graphs_compiled_so_far']}", flush=True)
             for s in [x for x in slow if x.startswith("after ready")][:10]:
                 print(f"      {s}", flush=True)
-    (out_dir / "first_request_stall.json").write_text(json.dumps(results, indent=1))
+            # after every child: a command stopped by its time limit keeps what finished
+            (out_dir / "first_request_stall.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
