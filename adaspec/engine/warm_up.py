@@ -79,6 +79,8 @@ def warm_up_serving(engine) -> WarmUpResult:
         for r in requests[:1] if join_after else requests:
             engine.add_request(*r)
         phase_steps = 0
+        # has_unfinished_requests also counts a step still in flight (async scheduling), so each
+        # phase ends with everything read back
         while engine.has_unfinished_requests() or pending:
             if pending and phase_steps >= join_after:
                 for r in pending:

@@ -44,6 +44,7 @@ def test_a_warmed_up_engine_forgets_the_dummy_requests(pair, tmp_path):
     assert result.requests == 21 and result.steps >= 9  # nine phases, each at least one step
     # nothing of them is left: no request, every block free, counters at zero, a policy that saw nothing
     assert not eng.has_unfinished_requests() and not eng.requests
+    assert eng._in_flight is None and eng._spec_in_flight is None
     assert eng.kv_blocks_free() == eng.kv_blocks_total()
     assert eng.stats.num_steps == eng.stats.num_generated_tokens == eng.stats.num_requests_finished == 0
     assert eng.stats.num_drafts == 0 and sum(eng.stats.accepted_per_pos) == 0

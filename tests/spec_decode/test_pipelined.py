@@ -304,3 +304,20 @@ def test_scheduler_raises_drain_first_instead_of_preempting():
     a.in_flight_max = b.in_flight_max = 0
     sch.schedule()  # without a step in flight it preempts as before
     assert sch.num_preemptions >= 1
+
+
+def test_the_startup_warm_up_leaves_no_step_in_flight(pair, plain_greedy):
+    """engine/warm_up.py on a pipelined adaptive engine: its phases pipeline their steps, nothing is
+    in flight when the counters are reset, and the engine then serves exactly as before."""
+    from adaspec.engine.warm_up import warm_up_serving
+
+    llm = _llm(pair, k=7, adaptive=True)
+    eng = llm.llm_engine
+    launches = []
+    inner = eng.spec.launch_pipelined
+    eng.spec.launch_pipelined = lambda *a, **kw: launches.append(1) or inner(*a, **kw)
+    warm_up_serving(eng)
+    assert launches  # the warm-up pipelined its steps
+    assert eng._spec_in_flight is None and eng.stats.num_steps == 0 and eng.stats.num_discarded_rows == 0
+    assert _tokens(llm.generate(_prompts(), GREEDY)) == plain_greedy
+    _check_books(eng)
