@@ -25,7 +25,8 @@
 #   ("partial": true) and their table is printed.
 # MODE=server: needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl).
 #   The budget: the build takes ~410 s of the 600 s command (355-432 s measured), which leaves
-#   ~160 s for three server starts (load, CUDA graph capture, the adaptive arm's cost profiling) and the points, so the
+#   ~160 s for three server starts (load, CUDA graph capture, the adaptive arm's cost profiling, the
+#   engine's startup warm-up requests: ~17 s for an adaptive arm in run 26) and the points, so the
 #   defaults are 3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
 #   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,
 #   T=0, 2 repeats, 64 output tokens, max(32, WAVES x C) eval-code prompts per point (WAVES=4, as the
