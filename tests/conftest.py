@@ -18,6 +18,17 @@ def micro_qwen3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def micro_pair(tmp_path_factory):
+    """(target dir, drafter dir): a micro Qwen3 target whose next token a bigram DSpark drafter of
+    block 7 predicts well, for tests of speculation through the engine."""
+    from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+    root = tmp_path_factory.mktemp("micro_pair")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=7))
+
+
+@pytest.fixture(scope="session")
 def micro_llama(tmp_path_factory):
     from adaspec.testing import make_micro_model_dir
 

@@ -8,14 +8,11 @@ from adaspec import LLM, SamplingParams
 from adaspec.config import EngineConfig
 from adaspec.engine.warm_up import warm_up_serving
 from adaspec.errors import ConfigError
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warm_up_requests")
-    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
-    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=7))
+def pair(micro_pair):
+    return micro_pair
 
 
 def _spec(pair, tmp_path):

@@ -9,7 +9,6 @@ from adaspec.errors import ConfigError
 from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.spec_decode.online_calibration import SurvivalCorrection
 from adaspec.spec_decode.policy import AdaptiveBudget, choose_budget, survival
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 
 def _brute(steps, k, decay):
@@ -87,10 +86,8 @@ def test_config_rejects_a_non_boolean():
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("online_calibration")
-    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
-    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=7))
+def pair(micro_pair):
+    return micro_pair
 
 
 def test_the_engine_feeds_the_correction_and_stays_lossless(pair, tmp_path):
