@@ -47,6 +47,7 @@ class ServerProcess:
         self.launcher = list(launcher or [sys.executable, "-m", "adaspec.cli"])
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None  # seconds from launch to the first healthy /health (start())
 
     @property
     def url(self) -> str:
@@ -70,11 +71,14 @@ class ServerProcess:
         # New session: SIGTERM reaches the server only, never the sweep's own terminal group.
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        t0 = time.monotonic()
         try:
             self._wait_healthy()
         except BaseException:  # SIGTERM (SweepStopped) or Ctrl-C while it starts: it must not outlive us
             self.stop()
             raise
+        # load, graph capture, cost profiling, warm-up: what each arm's start takes from a budget
+        self.startup_s = time.monotonic() - t0
         return self
 
     def _wait_healthy(self) -> None:

@@ -278,6 +278,7 @@ def _run_sweep(cfg: SweepConfig) -> dict:
                                    cfg.launcher)
             cfg.log(f"[{arm.name}] starting server: {server.command_line()}")
             server.start()
+            cfg.log(f"[{arm.name}] server ready in {server.startup_s:.1f} s")
             url = server.url
         try:
             for c, r in todo:

@@ -136,9 +136,13 @@ def test_sweep_starts_servers_per_arm(tmp_path, monkeypatch):
                   "--dataset", "random", "--tokenizer", "tiny", "--temperature", "0", "--server-arg=--max-num-seqs=8",
                   "--speculative-config-extra", '{"profile_repeats": 2}',
                   "--out", str(tmp_path / "o"), "--disable-tqdm", "--startup-timeout", "30"])
-    cfg = sweep_config_from_args(args, log=lambda *a: None)
+    said = []
+    cfg = sweep_config_from_args(args, log=said.append)
     cfg.launcher = [sys.executable, str(HERE / "fake_serve_main.py")]
     res = run_sweep(cfg)
+    # how long each arm's server took to answer /health (a budget's planning figure)
+    assert [line.split(" server ready in ")[0] for line in said if " server ready in " in line] == \
+        ["[none]", "[adaptive:7]"]
     calls = [json.loads(l) for l in log.read_text().splitlines()]
     for c in calls:
         c.pop("pid")
