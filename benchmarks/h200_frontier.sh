@@ -16,8 +16,9 @@
 #   visits the arms in a rotated order (offline_sweep.py --interleave; INTERLEAVE_ARGS= turns it off,
 #   e.g. for shapes whose engines do not fit together). Defaults none,fixed:7,adaptive:7 at 1,16,64,256, T=0, 2 repeats, 64 output tokens
 #   (after a build only ~120-140 s are left: run 18 loaded five engines and measured 29 points in 141 s,
-#   run 19 spent all of its 122 s loading four; a later command on the warm machine that finds the pair
-#   built has the whole budget for the sweep),
+#   run 19 spent all of its 122 s loading four, and since a40b25f every engine also runs its startup
+#   warm-up requests, ~17 s for an adaptive one in run 26; a later command on the warm machine that finds
+#   the pair built has the whole budget for the sweep),
 #   WAVES=4 waves of C prompts per point (at least 8 prompts; with 2 waves a point at C = 256 lasted
 #   under a second and its ramps outweighed its steady state: BENCHMARKS.md, run 12);
 #   writes OUT/pair.json and OUT/frontier_T{T}.json (benchmarks/summarize_sweep.py tables it). A
