@@ -133,7 +133,8 @@ class SpeculativeConfig:
     adaptive_draft_width: str = "full"
     # scale the budget's survivals, per draft position, by accepted / predicted over the recent
     # verified drafts (spec_decode/online_calibration.py), so B* follows what the target accepts on
-    # the served traffic. Opt-in: not yet measured on a GPU (built after H200 run 24, where at T = 1
+    # the served traffic. Opt-in: measured once on a GPU, without a comparison arm (H200 run 25: the
+    # raw confidences already predicted the served acceptance there); built after H200 run 24, where at T = 1
     # the served drafts were accepted 0.80-0.87x as often as the held-out calibration promised)
     adaptive_verification_online_calibration: bool = False
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables

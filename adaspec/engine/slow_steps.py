@@ -43,7 +43,7 @@ def threshold_from_env(environ=os.environ) -> float | None:
     return value
 
 
-def _dynamo_frames() -> int:
+def dynamo_graphs_compiled() -> int:
     """Graphs torch.compile has compiled in this process so far (0 when Dynamo was never loaded)."""
     import sys
 
@@ -74,7 +74,7 @@ class SlowStepLog:
         self._gc_runs = 0
         self._gc_s = 0.0
         self._gc_started: float | None = None
-        self._frames0 = 0
+        self._graphs0 = 0
         self._triton_previous = None
         self._triton_installed = False
 
@@ -128,7 +128,7 @@ class SlowStepLog:
         self._kernels.clear()
         self._variants.clear()
         self._gc_runs, self._gc_s = 0, 0.0
-        self._frames0 = _dynamo_frames()
+        self._graphs0 = dynamo_graphs_compiled()
         self._t0 = self.clock()
 
     def end(self, shape: str) -> str | None:
@@ -136,15 +136,15 @@ class SlowStepLog:
         ms = 1e3 * (self.clock() - self._t0)
         if ms <= self.threshold_ms:
             return None
-        frames = _dynamo_frames() - self._frames0
+        graphs = dynamo_graphs_compiled() - self._graphs0
         parts = [f"slow engine step: {ms:.1f} ms (threshold {self.threshold_ms:g} ms); {shape}"]
         if self._kernels:
             names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(self._kernels.items()))
             parts.append(f"Triton kernels compiled: {names}")
             if self._variants:  # which specialization was new: e.g. an int argument's divisibility by 16
                 parts.append("variants: " + " | ".join(self._variants))
-        if frames:
-            parts.append(f"torch.compile graphs compiled: {frames}")
+        if graphs:
+            parts.append(f"torch.compile graphs compiled: {graphs}")
         if self._gc_runs:
             parts.append(f"garbage collections: {self._gc_runs} ({1e3 * self._gc_s:.1f} ms)")
         if len(parts) == 1:

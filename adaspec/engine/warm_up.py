@@ -107,5 +107,4 @@ def _forget(engine) -> None:
     runner = engine.runner
     runner.num_graph_steps = runner.num_eager_steps = runner.num_split_steps = runner.num_mixed_graph_steps = 0
     if engine.spec is not None:
-        engine.spec.policy = engine.spec._make_policy()
-        engine.spec.num_context_rows_written_eagerly = 0
+        engine.spec.forget_history()

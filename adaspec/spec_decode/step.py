@@ -158,6 +158,12 @@ class SpeculativeDecoder:
                               correction=SurvivalCorrection(self.num_spec_tokens)
                               if self.cfg.adaptive_verification_online_calibration else None)
 
+    def forget_history(self) -> None:
+        """A fresh policy (nothing learned: confidences, online calibration, measured costs) and
+        zeroed counters, as after startup (engine/warm_up.py calls it after its dummy requests)."""
+        self.policy = self._make_policy()
+        self.num_context_rows_written_eagerly = 0
+
     def measures_step_costs(self) -> bool:
         """adaptive_verification_step_costs "measured" (opt-in; config.py says why)."""
         return self.cfg.adaptive_verification_step_costs == "measured"

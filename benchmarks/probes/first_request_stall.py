@@ -30,16 +30,11 @@ CURVE = [0.7368, 0.6615, 0.6646, 0.6760, 0.7110, 0.7364, 0.7361]  # run 10's pai
 LENGTHS = [71, 370, 183, 187, 491, 86, 211, 226, 120, 278, 287, 202, 169, 171, 123, 289]  # run 25's first prompts
 
 
-def _graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"].get("unique_graphs", 0))
-
-
 def one(arm: str, warm: bool, model_dir: str, slow_ms: float) -> dict:
     import torch
 
     from adaspec import LLM, SamplingParams
+    from adaspec.engine.slow_steps import dynamo_graphs_compiled as _graphs
     from offline_sweep import arm_config
 
     t0 = time.perf_counter()
