@@ -1,8 +1,9 @@
 """CUDA graphs of the speculative step's decode path: propose, then verify-and-accept, one read back.
 
-For the requests of a step that decode one token, want no logprobs and use no top-k / top-p (the
-speculative step hands any others, e.g. prefill chunks, to its eager path in the same engine
-step), the step is at most two graph replays and one device-to-host copy:
+For the requests of a step that decode one token (the speculative step hands any others, e.g.
+prefill chunks, to its eager path in the same engine step), the step is at most two graph replays
+and one device-to-host copy (rows with top-k / top-p or logprobs add a few eager kernels after the
+verify replay: graphed_extras.py):
 
 1. ``propose[B]``: the drafter's backbone pass, Markov loop and confidences for B (padded)
    requests, then each request's query count ``1 + l_r``: the reserved slots (fixed k) or
@@ -56,7 +57,8 @@ def query_levels(k: int, every: bool = False) -> list[int]:
 
 class StaticSampling:
     """The device half of a SamplingBatch over static buffers, for code inside a graph: rows may
-    be greedy (temperature 0) or sampled; no top-k / top-p (the fast path refuses them)."""
+    be greedy (temperature 0) or sampled; no top-k / top-p (rows with them are redone after the
+    replay: graphed_extras.py)."""
 
     def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, all_greedy: bool = False):
         self.temperature, self.seeds, self.all_greedy = temperature, seeds, all_greedy
@@ -128,6 +130,10 @@ class GraphedSpecStep:
         # copied into a pinned mirror right after the replays, so that work the engine queues
         # behind them (a mixed step's prefill forward) need not finish before the host reads it
         self.readback = torch.zeros(bmax, 2 * k + 3, **i64)
+        # the verify forward's final hidden states (B*Q rows), for the rows whose part of the step
+        # is redone after the replay (top-k / top-p, logprobs: graphed_extras.py)
+        self.verify_hidden = torch.zeros(bmax * (k + 1), engine.model_config.hidden_size, dtype=engine.dtype,
+                                         device=dev)
         # what the next step takes on the device when it is launched before this one is read back
         # (pipelined steps): each request's last emitted token, that token's position, drafts accepted
         self.carry = torch.zeros(bmax, 3, **i64)
@@ -137,7 +143,8 @@ class GraphedSpecStep:
         # pipelining a step is launched while the previous one's copies may still be queued
         self.mirrors = [_SpecMirrors(bmax, k, self.width, dev) for _ in range(2)]
         self._next_mirror = 0
-        self._launched: list[tuple[int, "_SpecMirrors"]] = []  # (rows, mirrors) launched, oldest first
+        # (rows, mirrors, the extras rows' logprobs on the host or None) launched, oldest first
+        self._launched: list[tuple[int, "_SpecMirrors", tuple | None]] = []
         self.num_read_backs = 0  # event waits for results (CUDA's sync debug mode does not see them)
         self.arange_block = torch.arange(bmax + 1, dtype=torch.int32, device=dev) * self.block
         self.propose_graphs: dict[tuple[int, int], _Graph] = {}  # (requests, draft width)
@@ -188,6 +195,7 @@ class GraphedSpecStep:
         )
         hidden, captured = self.model(ids, pos, self.engine.kv_caches, meta, self.capture_layers)
         self.decoder.setup.write_context(captured, pos, slots)
+        self.verify_hidden[: b * q].copy_(hidden)
         greedy = temps <= 0
         sampling = StaticSampling(temps, seeds)
         rb = self.readback[:b]
@@ -282,7 +290,7 @@ class GraphedSpecStep:
     @torch.inference_mode()
     def launch(self, key: tuple[int, int], last_tok, start, slots, seeds, temperature, block_tables,
                drafting: bool, budget: int | None, carried=None, first_tokens=None,
-               draft_width: int | None = None) -> None:
+               draft_width: int | None = None, extras=None) -> None:
         """Fill the inputs (host arrays of the real requests), replay, and start the copy of the
         results to the host (read_back waits for it). slots: draft slots per request (0 when it
         does not draft). carried: (rows, rows of the previous launch, remaining) for requests whose
@@ -291,7 +299,9 @@ class GraphedSpecStep:
         their draft slots are capped at remaining - 1 - that step's accepted drafts. first_tokens:
         (rows, rows of `tokens`, tokens on the device) for requests whose last token a prefill of
         that step sampled (their positions are the host's). draft_width: the draft slots to run (one
-        of self.widths; default k), with every request's slots already capped at it."""
+        of self.widths; default k), with every request's slots already capped at it. extras:
+        graphed_extras.RowExtras of the rows with top-k / top-p or logprobs, whose part of the step
+        is redone right after the verify replay (their logprobs come back with read_back)."""
         if len(self._launched) == 2:
             raise RuntimeError("a graphed step was launched while two launched ones were not read back: "
                                "their pinned mirrors may still be in flight")
@@ -327,9 +337,19 @@ class GraphedSpecStep:
         if drafting:
             self.propose_graphs[(b, self.k if draft_width is None else draft_width)].replay()
         self.verify_graphs[key].replay()
+        logprobs = None
+        if extras is not None:
+            from adaspec.spec_decode.graphed_extras import fix_up
+
+            on_device = fix_up(self, b, key[1], extras)
+            if on_device is not None:  # copied out beside the read back, waited for with it
+                pin = self.device.type == "cuda"
+                logprobs = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in on_device)
+                for host, dev_t in zip(logprobs, on_device):
+                    host.copy_(dev_t, non_blocking=True)
         m.readback[:n].copy_(self.readback[:n], non_blocking=True)
         m.read.record()
-        self._launched.append((n, m))
+        self._launched.append((n, m, logprobs))
 
     def _take_carry(self, m: "_SpecMirrors", rows, prev_rows, remaining) -> None:
         """The carried rows' inputs from the previous launch's carry (still on the device: nothing
@@ -356,16 +376,18 @@ class GraphedSpecStep:
         dev_f.copy_(m.first[:, :c], non_blocking=True)
         self.last_tok.index_copy_(0, dev_f[0], tokens.index_select(0, dev_f[1]).to(self.last_tok.dtype))
 
-    def read_back(self) -> np.ndarray:
+    def read_back(self) -> tuple[np.ndarray, tuple | None]:
         """Wait for the oldest launched step's results (its one device-to-host sync; work queued
-        after that launch does not delay it). -> int64 [R, 2k + 3]: k + 1 output tokens (-1
-        padding), accepted drafts, query count, k confidences as float32 bits."""
+        after that launch does not delay it). -> (int64 [R, 2k + 3]: k + 1 output tokens (-1
+        padding), accepted drafts, query count, k confidences as float32 bits; the logprobs of its
+        extras rows, graphed_extras.fix_up's three arrays, or None)."""
         if not self._launched:
             raise RuntimeError("read_back without a launched graphed step")
-        n, m = self._launched.pop(0)
+        n, m, logprobs = self._launched.pop(0)
         self.num_read_backs += 1
         m.read.wait()
-        return m.readback[:n].numpy().copy()  # the pinned mirror is rewritten by a later launch
+        # the pinned mirror is rewritten by a later launch; the logprobs' buffers are this launch's own
+        return m.readback[:n].numpy().copy(), logprobs
 
     @torch.inference_mode()
     def time_draft(self, num_requests: int, table: list[int], context_len: int, width: int | None = None) -> None:

@@ -17,8 +17,9 @@ What the host does not know when it launches step t + 1 is how many drafts step 
   step t + 1: that row is computed and thrown away, as vLLM's async scheduling pays
   (EngineStats.num_discarded_rows);
 - no preemption while a step is in flight (the scheduler raises DrainFirst): the engine reads step
-  t back first and schedules again, and so it does for a step with a row the graphs do not serve
-  (logprobs, top-k / top-p), which runs synchronously.
+  t back first and schedules again, and so it does for a step with more decoding rows than the
+  graphs hold, which runs synchronously (rows with logprobs or top-k / top-p stay in the graphs:
+  graphed_extras.py).
 Greedy outputs equal a synchronous engine's, token for token; seeded sampled outputs keep their
 distribution (the adaptive policy plans from confidences one step older, so its budgets differ).
 """
@@ -73,8 +74,8 @@ def carried_rows(rows: list[ScheduledSeq], prev: InFlightSpecStep):
 
 
 def pipelinable(scheduled: list[ScheduledSeq], covered, max_graph_rows: int) -> bool:
-    """Every row is either one the graphs serve (covered) or a prefill chunk (no decoding row
-    wants logprobs or top-k / top-p), and the graphs hold every covered row."""
+    """Every row is either one the graphs serve (covered) or a prefill chunk, and the graphs
+    hold every covered row."""
     n_graphed = 0
     for s in scheduled:
         if covered(s):

@@ -31,6 +31,7 @@ from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
+from adaspec.spec_decode.graphed_extras import RowExtras, add_logprobs
 from adaspec.spec_decode.pipelined import InFlightSpecStep, carried_rows, pipelinable
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, allocate, draft_widths, survival
 from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_drafter
@@ -40,8 +41,11 @@ log = logging.getLogger("adaspec.spec")
 
 def graphs_serve(params) -> bool:
     """Whether the speculative step's CUDA graphs can run a decoding request with these sampling
-    parameters: no logprobs, no top-k / top-p (the graphs sample without them)."""
-    return params.logprobs is None and params.top_p >= 1 and params.top_k <= 0
+    parameters (the scheduler's verify_apart predicate). Every one can: the graphs sample with the
+    temperature alone, and a row with top-k / top-p or logprobs has its part of the step redone
+    right after the replay, on the device (graphed_extras.py); until then such a row sent its
+    whole step to the eager speculative step."""
+    return True
 
 
 class DrafterSetup:
@@ -255,7 +259,7 @@ class SpeculativeDecoder:
             if len(covered) in (0, len(scheduled)):
                 parts = [(every, bool(covered))]
             else:
-                # a mixed step (a prefill chunk, or a row the graphs do not serve): the decoding rows
+                # a mixed step (a prefill chunk, or more decoding rows than the graphs hold): the decoding rows
                 # take the graphs, the rest the eager step; two forwards, but the eager one is paid
                 # anyway and with continuous arrivals most steps at high concurrency are mixed. Both
                 # are launched before either is read back: the graphs' results come back while the
@@ -417,7 +421,7 @@ class SpeculativeDecoder:
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
-        """Decodes one token, wants no logprobs, uses no top-k / top-p."""
+        """Decodes one token (whatever its sampling parameters: graphs_serve)."""
         return s.num_tokens == 1 and s.samples and graphs_serve(s.seq.params)
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
@@ -440,14 +444,16 @@ class SpeculativeDecoder:
                 slots = np.minimum(slots, width)
             max_tokens = min(len(scheduled) + int(slots.sum()), len(scheduled) + budget)
         key = g.pick(len(scheduled), max_tokens, drafting)
+        extras = RowExtras.of(seqs, eng.device)  # rows with top-k / top-p or logprobs (graphed_extras.py)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
-                 [q.block_table for q in seqs], drafting, budget, carried, first_tokens, draft_width=width)
+                 [q.block_table for q in seqs], drafting, budget, carried, first_tokens, draft_width=width,
+                 extras=extras)
         launch_s = time.perf_counter() - t0
 
         def finish():
             t_wait = time.perf_counter()
-            rb = g.read_back()
+            rb, logprobs = g.read_back()
             t1 = time.perf_counter()
             n = len(scheduled)
             tokens, n_acc, nq = rb[:n, : k + 1], rb[:n, k + 1], rb[:n, k + 2]
@@ -467,6 +473,8 @@ class SpeculativeDecoder:
                     results[r] = ([], None)
                 stats.num_discarded_rows += len(gone)
                 rows = np.setdiff1d(rows, gone)
+            if logprobs is not None:
+                add_logprobs(results, extras, logprobs)
             if len(rows):
                 conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
                 self.policy.observe([seqs[i].request_id for i in rows], conf)

@@ -45,10 +45,19 @@ def exact_law(target_dir, params: SamplingParams):
     return enumerate_joint(next_probs, L, prefix=tuple(PROMPT))
 
 
-def sample_fn(pair, params, tmp_path, **spec):
+def sample_fn(pair, params, tmp_path, graphed: bool = False, **spec):
+    """graphed: decode steps through the speculative step's graphed path, captured eagerly (CPU),
+    with the graphs' post-replay redo of filtered rows (spec_decode/graphed_extras.py)."""
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3,
            "cost_model_cache_dir": str(tmp_path), **spec}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=2048, max_num_batched_tokens=16384)
+    if graphed:
+        from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+        eng = llm.llm_engine
+        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 16, 256, 2048])
+        steps.capture(eager=True)
+        eng.spec.use_graphs(steps)
 
     def run(n):
         torch.manual_seed(1234)
@@ -56,6 +65,7 @@ def sample_fn(pair, params, tmp_path, **spec):
         st = llm.llm_engine.stats
         # speculation really ran (the adaptive arm may skip drafting in some steps, losslessly)
         assert st.num_verified_tokens > n // 4 and st.num_accepted_tokens > 0
+        assert (st.num_graphed_steps > 0) == graphed
         return [o.outputs[0].token_ids[:L] for o in outs]
 
     run.llm = llm
@@ -72,7 +82,11 @@ T07 = SamplingParams(temperature=0.7, top_p=0.8, max_tokens=5, ignore_eos=True)
     (T07, {}),
     (T1, {"enable_adaptive_verification": True}),
     (T1, {"draft_sample_method": "greedy"}),  # argmax drafts for sampled requests: q is one-hot
-], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1"])
+    # the graphed path: top-p rows judged after the replay against drafts drawn without the filter
+    (T07, {"graphed": True}),
+    (T07, {"graphed": True, "enable_adaptive_verification": True}),
+], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1", "graphed-fixed-T0.7-top_p0.8",
+        "graphed-adaptive-T0.7-top_p0.8"])
 def test_speculative_engine_is_lossless(micro_pair, tmp_path, params, spec):
     p = lossless_pvalue(sample_fn(micro_pair, params, tmp_path, **spec), exact_law(micro_pair[0], params), n=N)
     assert p > 1e-3
@@ -87,7 +101,7 @@ def test_harness_catches_a_broken_sampler(micro_pair, tmp_path, monkeypatch):
 
 
 def test_narrow_drafts_of_the_eager_step_are_lossless(micro_pair, tmp_path):
-    """adaptive_draft_width "budget" in the eager step (CPU, or rows the graphs do not serve): the
+    """adaptive_draft_width "budget" in the eager step (CPU, or --enforce-eager): the
     step drafts 1, 2 or 3 of the k = 3 slots in turn (any width chosen without the current drafts
     keeps the law; here a counter), allocates the budget by the drafted slots' confidences and
     verifies them; the joint law of three tokens must stay the target's."""

@@ -27,10 +27,10 @@ def _decoding(sch: Scheduler, i: int, **params) -> Sequence:
     return seq
 
 
-def _step(max_rows: int, n_decoding: int = 4, **params):
+def _step(max_rows: int, n_decoding: int = 4, serves=graphs_serve, **params):
     """(draft slots per decoding row, the waiting prompt's chunk) for one step."""
     sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
-    sch.set_verify_apart(max_rows, graphs_serve)
+    sch.set_verify_apart(max_rows, serves)
     for i in range(n_decoding):
         _decoding(sch, i, **params)
     sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
@@ -50,12 +50,17 @@ def test_without_graphs_every_slot_is_taken_from_the_budget():
     assert chunk == BUDGET - 4 * (1 + K)
 
 
-def test_rows_the_graphs_do_not_serve_count_their_slots():
-    # logprobs (and top-k / top-p) run in the eager forward beside the prefill chunk
-    slots, chunk = _step(max_rows=16, logprobs=2)
+def test_rows_with_logprobs_or_filters_are_verified_apart_too():
+    # the graphs serve them (their acceptance is redone after the replay: graphed_extras.py)
+    for extra in (dict(logprobs=2), dict(top_k=5), dict(top_p=0.5)):
+        slots, chunk = _step(max_rows=16, **extra)
+        assert slots == [K] * 4 and chunk == BUDGET - 4
+
+
+def test_rows_a_predicate_refuses_count_their_slots():
+    # the scheduler's predicate (the speculative step's graphs_serve) decides row by row
+    slots, chunk = _step(max_rows=16, serves=lambda params: params.logprobs is None, logprobs=2)
     assert slots == [K] * 4 and chunk == BUDGET - 4 * (1 + K)
-    slots, chunk = _step(max_rows=16, top_k=5)
-    assert chunk == BUDGET - 4 * (1 + K)
 
 
 def test_at_most_max_rows_are_verified_apart():
@@ -138,9 +143,9 @@ def pair(tmp_path_factory):
 @pytest.mark.parametrize("pipelined, served_only", [(False, True), (True, True), (False, False)])
 def test_no_eager_forward_exceeds_the_budget(pair, pipelined, served_only):
     """The engine end to end, with graphs for fewer requests than run (batch sizes up to 3 of 6
-    slots) and, unless served_only, rows the graphs do not serve (logprobs, top-k): every eager
-    forward, which is all the budget bounds, stays within it, and the greedy rows equal the plain
-    engine's."""
+    slots) and, unless served_only, rows with logprobs or top-k (redone after the graphs' replay):
+    every eager forward, which is all the budget bounds, stays within it, and the greedy rows equal
+    the plain engine's."""
     budget = 32
     llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": K},
               max_num_seqs=6, max_num_batched_tokens=budget, block_size=8, async_scheduling=pipelined)

@@ -32,6 +32,32 @@ def test_no_device_to_host_sync():
     assert torch.equal(lengths, lengths2) and int(lengths.sum()) == 40
 
 
+def test_the_graphed_steps_filter_and_logprobs_fix_up_does_not_sync():
+    """graphed_extras.fix_up runs between the verify replay and the read back's copy: filtered
+    probabilities, logprobs and the indexed writes into the read back must stay on the device."""
+    from adaspec.sample.probs import logprobs_of, processed_probs
+
+    dev = torch.device("cuda")
+    X, K, V = 5, 7, 1000
+    logits = torch.randn(X * (K + 1), V, device=dev)
+    temp = torch.full((X * (K + 1),), 0.8, device=dev)
+    top_p, top_k = torch.full_like(temp, 0.9), torch.full((X * (K + 1),), 20, device=dev)
+    rows = torch.tensor([0, 2, 3, 7, 9], device=dev)
+    readback = torch.zeros(16, 2 * K + 3, dtype=torch.int64, device=dev)
+    cols = torch.arange(K + 1, device=dev).unsqueeze(0).expand(X, -1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        probs = processed_probs(logits, temp, top_p, top_k, any_filter=True, any_greedy=True)
+        chosen = probs.argmax(-1)
+        readback[rows[:, None], cols] = chosen.view(X, K + 1)
+        readback[rows, K + 1] = chosen.view(X, K + 1)[:, 0]
+        c_lp, top_ids, top_lp = logprobs_of(logits, chosen, 3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert top_ids.shape == (X * (K + 1), 3) and int(readback[9, 0]) == int(chosen[-(K + 1)])
+
+
 def test_compiled_keyed_uniforms_equal_the_eager_ones_bit_for_bit():
     """use_compiled() swaps a torch.compile'd hash in for CUDA tensors (one kernel instead of ~50):
     every stream, with and without anchors, 1-D and 2-D positions, negative and 64-bit seeds, must

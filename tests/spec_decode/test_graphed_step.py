@@ -89,12 +89,78 @@ def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, 
     assert (a.num_verified_tokens, a.verify_len_hist) == (b.num_verified_tokens, b.verify_len_hist)
 
 
-def test_logprobs_and_top_p_take_the_eager_path(pair, tmp_path):
+def _no_eager_decodes(llm):
+    """Make the engine fail if its eager speculative step ever runs a decoding row."""
+    spec = llm.llm_engine.spec
+    eager = spec._launch_eager
+
+    def launch_eager(scheduled, *args):
+        assert not any(s.num_tokens == 1 and s.samples for s in scheduled), "a decoding row left the graphs"
+        return eager(scheduled, *args)
+
+    spec._launch_eager = launch_eager
+
+
+FILTERED = [dict(top_p=0.9), dict(top_k=5), dict(logprobs=2), dict(top_p=0.8, top_k=3, logprobs=0), {}]
+
+
+@pytest.mark.parametrize("k, adaptive", [(3, False), (7, True)])
+def test_filters_and_logprobs_run_in_the_graphs_as_in_the_eager_step(pair, tmp_path, k, adaptive):
+    """Rows with top-k / top-p or logprobs stay in the graphs (graphed_extras.py redoes their part
+    after the verify replay) and emit what the eager step emits: with greedy drafts both judge the
+    same drafts against the same filtered distributions with the same keyed uniforms."""
+    params = [SamplingParams(temperature=0.9 if i % 4 else 0, max_tokens=24, ignore_eos=True, seed=200 + i,
+                             **FILTERED[i % len(FILTERED)]) for i in range(len(_prompts()))]
+    arrivals = not adaptive  # as in test_graphed_seeded_sampling_equals_eager_step
+    eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=True, arrivals=arrivals).generate(
+        _prompts(), params)
+    llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=True, arrivals=arrivals)
+    _no_eager_decodes(llm)
+    graphed = llm.generate(_prompts(), params)
+    assert llm.llm_engine.stats.num_graphed_steps > 10
+    for e, g, sp in zip(eager, graphed, params):
+        assert g.outputs[0].token_ids == e.outputs[0].token_ids
+        if sp.logprobs is None:
+            assert g.outputs[0].logprobs is None
+            continue
+        assert len(g.outputs[0].logprobs) == 24
+        for le, lg in zip(e.outputs[0].logprobs, g.outputs[0].logprobs):
+            assert le.keys() == lg.keys() and len(lg) <= sp.logprobs + 1
+            assert all(abs(le[t] - lg[t]) < 1e-4 for t in le)
+
+
+@pytest.mark.parametrize("drafts", [True, False])
+def test_top_k_one_and_a_tiny_top_p_sample_the_argmax_in_the_graphs(pair, plain_greedy, tmp_path, drafts):
+    """top_k = 1 (or top_p near 0) leaves the target one token: sampled at temperature 1 with
+    sampled drafts, the output is the greedy one. Without the filters applied after the replay it is
+    not (a test of the fix-up, drafting and, with drafts off, the graph of steps that do not draft)."""
+    llm = _llm(pair, tmp_path, 7, True, graphed=True)
+    if not drafts:
+        llm.llm_engine.spec.policy.should_draft = lambda *a, **kw: False
+    _no_eager_decodes(llm)
+    params = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=i,
+                             **(dict(top_k=1) if i % 2 else dict(top_p=1e-6))) for i in range(len(_prompts()))]
+    outs = llm.generate(_prompts(), params)
+    assert [o.outputs[0].token_ids for o in outs] == plain_greedy
+    st = llm.llm_engine.stats
+    assert st.num_graphed_steps > 10
+    assert (st.num_verified_tokens > 0) == drafts
+
+
+def test_logprobs_of_a_step_that_does_not_draft(pair, tmp_path):
+    """Logprobs through the graph of steps that do not draft: one per token, the chosen token's
+    among them, equal to the plain engine's."""
     llm = _llm(pair, tmp_path, 3, False, graphed=True)
-    out = llm.generate(_prompts(2), [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
-                                     SamplingParams(temperature=1, top_p=0.9, max_tokens=8, ignore_eos=True, seed=1)])
-    assert out[0].outputs[0].logprobs is not None and len(out[0].outputs[0].logprobs) == 8
-    assert llm.llm_engine.stats.num_graphed_steps == 0  # every step had a row the graphs do not serve
+    llm.llm_engine.spec.policy.should_draft = lambda *a, **kw: False
+    _no_eager_decodes(llm)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+    out = llm.generate(_prompts(3), sp)
+    plain = LLM(pair[0]).generate(_prompts(3), sp)
+    for o, p in zip(out, plain):
+        assert o.outputs[0].token_ids == p.outputs[0].token_ids
+        assert len(o.outputs[0].logprobs) == len(p.outputs[0].logprobs) == 8
+        for lo, lp in zip(o.outputs[0].logprobs, p.outputs[0].logprobs):
+            assert lo.keys() == lp.keys() and all(abs(lo[t] - lp[t]) < 1e-4 for t in lo)
 
 
 def test_query_levels():
@@ -271,8 +337,10 @@ def test_graph_padded_cost_prices_the_graph_a_step_runs():
     assert step_verify_ms(Linear(), 3, [3, 5]).tolist() == [3.0, 5.0]  # a plain cost model: tokens alone
 
 
-def test_synthetic_method_through_the_graphs(pair):
-    """method "synthetic": the graphed step drafts with the stand-in, accepts by the curve."""
+@pytest.mark.parametrize("extra", [{}, dict(top_p=0.9, logprobs=1)])
+def test_synthetic_method_through_the_graphs(pair, extra):
+    """method "synthetic": the graphed step drafts with the stand-in, accepts by the curve (rows
+    redone after the replay too: graphed_extras.py)."""
     curve = [0.9, 0.5, 0.5, 0.5]
     cfg = {"method": "synthetic", "num_speculative_tokens": 4, "synthetic_acceptance": curve,
            "synthetic_confidence_noise": 0.0}
@@ -281,9 +349,10 @@ def test_synthetic_method_through_the_graphs(pair):
     graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
     graphed.capture(eager=True)
     spec.use_graphs(graphed)
-    llm.generate(_prompts(6), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
+    outs = llm.generate(_prompts(6), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True, **extra))
     st = llm.llm_engine.stats
     assert llm.llm_engine.stats.num_graphed_steps > 20 and st.synthetic_acceptance
+    assert all((o.outputs[0].logprobs is not None) == bool(extra) for o in outs)
     n, a = st.verified_per_pos[0], st.accepted_per_pos[0]
     assert abs(a / n - 0.9) < 4 * (0.9 * 0.1 / n) ** 0.5, (a, n)
 
