@@ -25,10 +25,14 @@
 #   grid that does not fit is stopped in time; the JSON then holds the points that finished
 #   ("partial": true) and their table is printed.
 # MODE=server: needs the server's wheels (benchmarks/fetch_server_wheels.sh here, then carry .whl).
-#   The budget: the build takes ~410 s of the 600 s command (355-432 s measured), which leaves
-#   ~160 s for three server starts (load, CUDA graph capture, the adaptive arm's cost profiling, the
-#   engine's startup warm-up requests: ~17 s for an adaptive arm in run 26) and the points, so the
-#   defaults are 3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
+#   The budget: the build takes ~410 s of the 600 s command (355-444 s measured), and on a fresh
+#   machine the adaptive arm's server took 97-112 s to start at --max-num-seqs 256 (H200 run 27: load,
+#   65 plain and 315 speculative CUDA graphs, the cost profiling, the startup warm-up requests), fixed
+#   ones ~42 s, no-spec ~31 s: after a build there may be no time for a single point (run 27 measured
+#   none). Measure one concurrency per command (the servers then capture graphs up to it only); a
+#   later command cannot count on the build (run 27's next command got a fresh machine). The
+#   defaults were set before that:
+#   3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
 #   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,
 #   T=0, 2 repeats, 64 output tokens, max(32, WAVES x C) eval-code prompts per point (WAVES=4, as the
 #   offline mode: through the server in run 17 one wave at C = 256 lasted under a second, mostly
