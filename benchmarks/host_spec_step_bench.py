@@ -44,7 +44,8 @@ def build(args):
     state = {}
 
     def launch(key, last_tok, start, slots, seeds, temperature, block_tables, drafting, budget, carried=None,
-               first_tokens=None, draft_width=None):  # synchronous steps on the CPU: nothing is carried
+               first_tokens=None, draft_width=None, extras=None):  # synchronous on the CPU: nothing carried;
+        # greedy requests without logprobs or top-k / top-p: no extras rows
         n = len(last_tok)
         rb = np.zeros((n, 2 * k + 3), dtype=np.int64)
         rb[:, : k + 1] = rng.integers(10, 300, (n, k + 1))
@@ -55,7 +56,7 @@ def build(args):
 
     def read_back():
         g.num_read_backs += 1
-        return state.pop("rb")
+        return state.pop("rb"), None  # (read back, the extras rows' logprobs)
 
     g.launch, g.read_back = launch, read_back
     for _ in range(3):
