@@ -29,6 +29,20 @@ from adaspec.engine.runner import fill_in
 from adaspec.models.attention import AttentionMetadata
 
 
+def capture_time_split(seconds: list[float]) -> str:
+    """How a capture's time divides: the first graph (which compiles what no earlier graph of the
+    process compiled) against the median of the others (each a warm-up forward, a captured forward
+    and the graph's instantiation). A server's start on the H200 spent 79 of its 112 s capturing
+    (BENCHMARKS.md, run 27); this says which part to cut."""
+    if not seconds:
+        return "no graph captured"
+    if len(seconds) == 1:
+        return f"one graph, {seconds[0]:.2f} s"
+    rest = sorted(seconds[1:])
+    median = rest[len(rest) // 2] if len(rest) % 2 else 0.5 * (rest[len(rest) // 2 - 1] + rest[len(rest) // 2])
+    return f"first graph {seconds[0]:.2f} s, the others {1e3 * median:.0f} ms each (median), {sum(rest):.1f} s in all"
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to max_num_seqs (as vLLM's default capture sizes)."""
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs + 1, 8))
@@ -145,6 +159,7 @@ class GraphedForward:
         self._turn = 0
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.mixed: dict[tuple[int, int], _Graph] = {}  # (B, T) -> graph
+        self.capture_seconds: list[float] = []  # wall time of each graph's capture, in capture order
         self.pool = None
 
     # -- capture -------------------------------------------------------------------------------
@@ -189,6 +204,7 @@ class GraphedForward:
         self.kv_lens[:b] = lens
 
     def _capture_one(self, forward) -> _Graph:
+        t0 = time.perf_counter()
         forward()  # warm-up: Triton compiles, allocator settles
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
@@ -196,6 +212,7 @@ class GraphedForward:
             outputs = forward()
         if self.pool is None:
             self.pool = g.pool()
+        self.capture_seconds.append(time.perf_counter() - t0)
         return _Graph(g, outputs)
 
     @torch.inference_mode()
@@ -211,6 +228,7 @@ class GraphedForward:
             return
         t0 = time.perf_counter()
         held0 = device_memory_held(self.device)
+        self.capture_seconds = []
         self.block_tables.fill_(self.scratch_block)
         try:
             for b, t in reversed(self.mixed_sizes):  # largest first: later graphs reuse its pool
@@ -230,7 +248,8 @@ class GraphedForward:
         used = (device_memory_held(self.device) - held0) / 2**20
         mixed = f" and {len(self.mixed)} mixed (requests x tokens {self.mixed_sizes})" if self.mixed else ""
         announce(f"captured {len(self.graphs)} CUDA graphs (requests {_ranges(self.batch_sizes)} x query tokens "
-                 f"{list(self.query_lens)}){mixed} in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+                 f"{list(self.query_lens)}){mixed} in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB "
+                 f"({capture_time_split(self.capture_seconds)})")
 
     def release(self) -> int:
         """Free every captured graph and the pool (see release_graphs); the engine then runs eagerly."""

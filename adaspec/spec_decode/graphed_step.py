@@ -39,7 +39,9 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
-from adaspec.engine.cuda_graphs import _Graph, _ranges, capture_sizes, device_memory_held, release_graphs
+from adaspec.engine.cuda_graphs import (
+    _Graph, _ranges, capture_sizes, capture_time_split, device_memory_held, release_graphs,
+)
 from adaspec.models.attention import AttentionMetadata
 from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
@@ -249,11 +251,13 @@ class GraphedSpecStep:
             return
         t0 = time.perf_counter()
         held0 = device_memory_held(self.device)
+        seconds = []  # each graph's capture, for capture_time_split
         for b in reversed(self.batch_sizes):  # largest first: later graphs reuse its pool
             jobs = [("propose", w) for w in reversed(self.widths)] + [("verify", q) for q in reversed(self.levels)]
             for kind, n in jobs:
                 fn = (lambda b=b, w=n: self._propose(b, w)) if kind == "propose" else \
                     (lambda b=b, q=n: self._verify(b, q))
+                t_graph = time.perf_counter()
                 self._dummy_inputs(b, self.k + 1 if kind == "propose" else n)
                 fn()  # warm-up: Triton and torch.compile compile, the allocator settles
                 torch.cuda.synchronize(self.device)
@@ -266,11 +270,12 @@ class GraphedSpecStep:
                     self.propose_graphs[(b, n)] = _Graph(g, None)
                 else:
                     self.verify_graphs[(b, n)] = _Graph(g, None)
+                seconds.append(time.perf_counter() - t_graph)
         used = (device_memory_held(self.device) - held0) / 2**20
         announce(f"captured {len(self.propose_graphs) + len(self.verify_graphs)} CUDA graphs of the speculative "
                  f"step (requests {_ranges(self.batch_sizes)}: propose x draft slots {self.widths}, and verify x "
                  f"query tokens {self.levels}) "
-                 f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB")
+                 f"in {time.perf_counter() - t0:.1f} s, {used:.0f} MiB ({capture_time_split(seconds)})")
 
     def release(self) -> int:
         """Free every captured graph (see cuda_graphs.release_graphs)."""

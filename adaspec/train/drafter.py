@@ -59,6 +59,9 @@ def add_subparser(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the frozen target's layers (its features are most of a step's time) and the "
                         "loss; falls back to eager if the compiler fails")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many training steps with torch.profiler (from step 50, or halfway through "
+                        "a shorter run) and write OUT/step_profile.json and .txt: where a step's time goes")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="wall-clock budget for the optimization: after a short probe, --steps is lowered to fit "
                         "(the cosine schedule follows the new total)")
@@ -186,6 +189,7 @@ def run(args) -> int:
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
     from adaspec.models.loader import load_target, model_dir
     from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, float_stats, sample_anchors
+    from adaspec.train.step_profile import StepProfile, format_summary
     from adaspec.train.target import _uncompile_layers
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -246,8 +250,11 @@ def run(args) -> int:
     # make the estimate far too pessimistic), then --steps is lowered to fit the budget
     probe = (step + 10, step + 40) if args.max_minutes else (None, None)
     probe_t = None
+    # after the time box's probe, so that neither times the other
+    profile = StepProfile(args.profile_steps, max(step, min(50, args.steps // 2)), device, out)
     drafter.train()
     while step < args.steps:
+        profile.maybe_start(step)
         if step in probe and device.type == "cuda":  # the loop never reads back otherwise: time the GPU's work
             torch.cuda.synchronize(device)
         if step == probe[0]:
@@ -285,6 +292,8 @@ def run(args) -> int:
         opt.step()
         step += 1
         bar.update(1)
+        if profile.maybe_stop(step) is not None:
+            tqdm.write(format_summary(profile.summary))
         if step % args.log_every == 0 or step == args.steps:
             stats = float_stats(stats)
             rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}

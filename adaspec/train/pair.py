@@ -344,8 +344,12 @@ def _drafter(ctx: Context) -> dict:
     drafter.run(args)
     log = [json.loads(x) for x in (ctx.drafter / "train_log.jsonl").read_text().splitlines() if x.strip()]
     last = log[-1] if log else {}
-    return {"steps": last.get("step"), "train_seconds": last.get("time_s"), "final_loss": last.get("loss"),
-            "train_accept": last.get("accept")}
+    out = {"steps": last.get("step"), "train_seconds": last.get("time_s"), "final_loss": last.get("loss"),
+           "train_accept": last.get("accept")}
+    profile = ctx.drafter / "step_profile.json"
+    if d.get("profile_steps") and profile.is_file():  # where a training step's time went (train/step_profile.py)
+        out["step_profile"] = json.loads(profile.read_text())
+    return out
 
 
 def _calibrate(ctx: Context) -> dict:

@@ -246,3 +246,31 @@ def test_adaptive_plain_async_steps_on_gpu():
     a, b = stats
     assert a.num_accepted_tokens > 0
     assert abs(b.num_accepted_tokens - a.num_accepted_tokens) <= 0.02 * a.num_accepted_tokens
+
+
+@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
+def test_logprobs_and_filters_stay_in_the_graphs_on_gpu(spec, tmp_path):
+    """Rows with top-k / top-p or logprobs run in the speculative step's graphs, their part redone
+    after the verify replay (spec_decode/graphed_extras.py), pipelined like the others: top_k = 1
+    at T = 1 gives the greedy tokens, greedy rows with logprobs give the eager plain engine's tokens
+    and chosen-token logprobs, top-p rows finish."""
+    prompts = _prompts(19)
+    base = dict(max_tokens=8 + 5 * 3, ignore_eos=True)
+    params = [SamplingParams(temperature=1.0, top_k=1, seed=i, **base) if i % 3 == 0 else
+              SamplingParams(temperature=0.0, logprobs=2, **base) if i % 3 == 1 else
+              SamplingParams(temperature=0.9, top_p=0.9, seed=i, **base) for i in range(19)]
+    greedy = SamplingParams(temperature=0.0, logprobs=2, **base)
+    plain = _llm(True, False, async_scheduling=False).generate(prompts, [greedy] * 19)
+    llm = _llm(False, spec, tmp=tmp_path)
+    outs = llm.generate(prompts, params)
+    for i, (o, p) in enumerate(zip(outs, plain)):
+        assert len(o.outputs[0].token_ids) == base["max_tokens"]
+        if i % 3 != 2:
+            assert o.outputs[0].token_ids == p.outputs[0].token_ids, i
+        if i % 3 == 1:
+            got, want = o.outputs[0].logprobs, p.outputs[0].logprobs
+            assert len(got) == len(want) == base["max_tokens"]
+            for tok, g, w in zip(o.outputs[0].token_ids, got, want):
+                assert abs(g[tok] - w[tok]) < 1e-3
+    st = llm.llm_engine.stats
+    assert st.num_graphed_steps > 5 and st.num_pipelined_steps > 5 and st.num_pipeline_drains == 0

@@ -8,7 +8,7 @@ import pytest
 from graph_buffers_common import _engine, _prompts, check_graph_buffers_match_eager, make_pair, needs_kernels
 
 from adaspec import LLM, SamplingParams
-from adaspec.engine.cuda_graphs import GraphedForward, capture_sizes
+from adaspec.engine.cuda_graphs import GraphedForward, capture_sizes, capture_time_split
 
 pytestmark = needs_kernels
 pair = pytest.fixture(scope="module", name="pair")(make_pair)
@@ -62,6 +62,13 @@ def test_mixed_steps_split_into_graph_and_eager_forward(pair, slots4_eager, asyn
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert graphed.llm_engine.runner.num_split_steps > 0
+
+
+def test_capture_time_split_separates_the_first_graph():
+    assert capture_time_split([]) == "no graph captured"
+    assert capture_time_split([1.5]) == "one graph, 1.50 s"
+    assert capture_time_split([2.0, 0.1, 0.3, 0.12]) == "first graph 2.00 s, the others 120 ms each (median), 0.5 s in all"
+    assert capture_time_split([2.0, 0.1, 0.2]) == "first graph 2.00 s, the others 150 ms each (median), 0.3 s in all"
 
 
 def test_mixed_capture_sizes():

@@ -62,6 +62,13 @@ def test_micro_pair_builds_every_stage(pair):
             assert float(np.mean(acc + 1.0)) == pytest.approx(r["tau_walk"])
     stats = json.loads((out / "target" / "train_stats.json").read_text())
     assert summary["target"]["val_loss"] == stats["val_loss"] < math.log(512) - 1.0  # learned something
+    # where a drafter training step's time went: 2 steps from halfway (40 // 2), CPU ops on this machine
+    prof = summary["drafter"]["step_profile"]
+    assert prof == json.loads((out / "drafter" / "step_profile.json").read_text())
+    assert (prof["steps"], prof["first_step"], prof["timer"]) == (2, 20, "CPU ops") and prof["wall_ms_per_step"] > 0
+    assert 0 < len(prof["top"]) <= 12 and sum(r["share"] for r in prof["top"]) <= 1.0001
+    assert [r["ms_per_step"] for r in prof["top"]] == sorted((r["ms_per_step"] for r in prof["top"]), reverse=True)
+    assert "ms wall per step" in (out / "drafter" / "step_profile.txt").read_text()
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["block_size"] == 4 and len(cfg["adaspec"]["confidence_temperatures"]) == 4
     assert len(cfg["adaspec"]["confidence_temperatures_greedy"]) == 4
