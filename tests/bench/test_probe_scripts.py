@@ -1,8 +1,9 @@
-"""The CPU paths of two measurement scripts that otherwise run only when someone profiles:
-benchmarks/host_spec_step_bench.py (the host's work per speculative decode step, graphs stubbed)
-and benchmarks/probes/mixed_step_profile.py (where the steps go under arrivals, per arm). Both
-broke silently before: the first when the graphed step's launch gained an argument its stub did
-not take."""
+"""The CPU paths of measurement scripts that otherwise run only when someone profiles:
+benchmarks/host_spec_step_bench.py (the host's work per speculative decode step, graphs stubbed),
+benchmarks/probes/mixed_step_profile.py (where the steps go under arrivals, per arm) and
+benchmarks/probes/first_request_stall.py (the first served steps with and without the startup
+warm-up). The first two broke silently before: the first when the graphed step's launch gained an
+argument its stub did not take."""
 import json
 import os
 import subprocess
@@ -104,3 +105,15 @@ def test_mixed_step_profile_refuses_an_empty_workload_by_name(tmp_path):
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--waves must be at least 1, got 0" in r.stderr
+
+
+def test_first_request_stall_probe_alternates_its_repeats(tmp_path):
+    shape = json.dumps({**MICRO, "max_position_embeddings": 2048})
+    stdout = run(["benchmarks/probes/first_request_stall.py", "--arms", "none", "--repeats", "2", "--output-len", "4",
+                  "--shape-overrides", shape], tmp_path, OUT=str(tmp_path / "out"))
+    d = json.loads((tmp_path / "out" / "first_request_stall.json").read_text())
+    assert [(r["warm_up_requests"], r["repeat"]) for r in d] == [(False, 0), (True, 0), (True, 1), (False, 1)]
+    for r in d:
+        assert list(r["phases"]) == ["bench warm-up", "first point", "second point"]
+        assert (r["warm_up"] is not None) == r["warm_up_requests"]
+    assert "none warm_up_requests=True (repeat 1)" in stdout
