@@ -32,6 +32,9 @@ def add_subparser(sub) -> None:
     src.add_argument("--sd-temperature", type=float, default=1.0)
     src.add_argument("--sd-greedy-frac", type=float, default=0.25, help="share of self-distilled rows decoded greedily")
     src.add_argument("--sd-batch", type=int, default=256)
+    src.add_argument("--sd-profile-steps", type=int, default=0,
+                     help="profile this many of the self-distillation's decode steps (from the 100th, or halfway) "
+                          "and write OUT/selfdistill_profile/step_profile.json: where a step's time goes")
     src.add_argument("--corpus-frac", type=float, default=0.0,
                      help="with --self-distill or --data, and --corpus: share of each batch taken from corpus text")
     p.add_argument("--out", type=Path, required=True)
@@ -147,7 +150,7 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
     else:
         path = out / "selfdistill.npy"
         if not (args.resume and path.is_file()):
-            np.save(path, self_distill_rows(target, tokens, args, device))
+            np.save(path, self_distill_rows(target, tokens, args, device, sd_profile(args, device, out)))
         rows = np.load(path)
     n_corpus = int(round(args.batch_size * args.corpus_frac))
     sd = RowSampler(rows, args.seq_len, args.batch_size - n_corpus, args.seed)
@@ -156,7 +159,17 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
     return MixedSampler(sd, StreamSampler(tokens, sd.seq_len, n_corpus, args.seed + 1))
 
 
-def self_distill_rows(target, tokens, args, device):
+def sd_profile(args, device, out_dir: Path):
+    """The StepProfile of the self-distillation's decode steps (--sd-profile-steps; idle at 0).
+    device: a torch.device."""
+    from adaspec.train.step_profile import StepProfile
+
+    gen_len = args.seq_len - args.sd_prompt_len
+    return StepProfile(args.sd_profile_steps, min(100, gen_len // 2), device, Path(out_dir) / "selfdistill_profile")
+
+
+def self_distill_rows(target, tokens, args, device, profile=None):
+    """profile: a StepProfile of the decode steps (the sampled rows' batch when there are any)."""
     import numpy as np
     import torch
 
@@ -172,10 +185,11 @@ def self_distill_rows(target, tokens, args, device):
     parts = []
     if n_greedy:
         parts.append(sample_continuations(target, prompts[:n_greedy], gen_len, 0.0, seed=args.seed,
-                                          batch_size=args.sd_batch, progress=True))
+                                          batch_size=args.sd_batch, progress=True,
+                                          profile=profile if n_greedy == len(prompts) else None))
     if n_greedy < len(prompts):
         parts.append(sample_continuations(target, prompts[n_greedy:], gen_len, args.sd_temperature,
-                                          seed=args.seed + 1, batch_size=args.sd_batch, progress=True))
+                                          seed=args.seed + 1, batch_size=args.sd_batch, progress=True, profile=profile))
     rows = torch.cat(parts).numpy()
     print(f"self-distill: {rows.shape[0]} sequences x {rows.shape[1]} tokens in {time.time() - t0:.1f}s", flush=True)
     dtype = np.uint16 if target.config.vocab_size <= 65536 else np.int32

@@ -39,7 +39,7 @@ from adaspec.errors import AdaspecError
 
 STAGES = ("corpus", "tokenizer", "target", "selfdistill", "drafter", "calibrate", "eval", "cards")
 SELF_DISTILL_KEYS = ("sd_num_seqs", "sd_prompt_len", "sd_greedy_frac", "sd_temperature", "sd_batch", "seq_len",
-                     "block_size", "seed")
+                     "block_size", "seed", "sd_profile_steps")
 
 
 def add_subparser(sub) -> None:
@@ -321,17 +321,22 @@ def _load_target(ctx: Context):
 def _selfdistill(ctx: Context) -> dict:
     import numpy as np
 
-    from adaspec.train.drafter import self_distill_rows
+    from adaspec.train.drafter import sd_profile, self_distill_rows
     from adaspec.train.drafter_data import corpus_tokens
 
     d = ctx.settings["drafter"]
     target, _ = _load_target(ctx)
     tokens = corpus_tokens(ctx.corpus, ctx.target)
     ns = argparse.Namespace(**{k: d[k] for k in SELF_DISTILL_KEYS})
-    rows = self_distill_rows(target, tokens, ns, next(target.parameters()).device)
+    device = next(target.parameters()).device
+    profile = sd_profile(ns, device, ctx.rows.parent)  # where a decode step's time goes (step_profile.py)
+    rows = self_distill_rows(target, tokens, ns, device, profile)
     ctx.rows.parent.mkdir(parents=True, exist_ok=True)
     np.save(ctx.rows, rows)
-    return {"rows": int(rows.shape[0]), "tokens_per_row": int(rows.shape[1])}
+    res = {"rows": int(rows.shape[0]), "tokens_per_row": int(rows.shape[1])}
+    if profile.summary is not None:
+        res["step_profile"] = profile.summary
+    return res
 
 
 def _drafter(ctx: Context) -> dict:
@@ -490,6 +495,7 @@ def _summary(ctx: Context, man: Manifests, wall: float) -> dict:
         "this_run_seconds": round(wall, 1),
         "heldout": done["eval"]["result"] if "eval" in done else None,
         "target": done["target"]["result"] if "target" in done else None,
+        "selfdistill": done["selfdistill"]["result"] if "selfdistill" in done else None,
         "drafter": done["drafter"]["result"] if "drafter" in done else None,
         "calibration": done["calibrate"]["result"] if "calibrate" in done else None,
         "corpus": done["corpus"]["result"] if "corpus" in done else None,

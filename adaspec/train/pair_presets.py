@@ -82,6 +82,7 @@ _CODE_06B = {
     "drafter": {
         "layers": 2, "block_size": 7, "markov_rank": 64, "init": "target",
         "sd_num_seqs": 1024, "sd_prompt_len": 32, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 1024,
+        "sd_profile_steps": 3,
         "corpus_frac": 0.25, "seq_len": 256, "batch_size": 32, "anchors_per_seq": 64,
         "steps": 4000, "max_minutes": 2.5, "lr": 2e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
         "save_dtype": "bfloat16", "log_every": 100, "compile": True, "profile_steps": 3,
@@ -111,6 +112,7 @@ _MICRO = {
     "drafter": {
         "layers": 1, "block_size": 4, "markov_rank": 8, "init": "target",
         "sd_num_seqs": 48, "sd_prompt_len": 16, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 48,
+        "sd_profile_steps": 2,
         "corpus_frac": 0.25, "seq_len": 48, "batch_size": 8, "anchors_per_seq": 16,
         "steps": 40, "max_minutes": None, "lr": 3e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
         "save_dtype": "float32", "log_every": 20, "profile_steps": 2,

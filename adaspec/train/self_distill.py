@@ -16,15 +16,16 @@ from adaspec.models.attention import build_attention_metadata
 
 @torch.no_grad()
 def sample_continuations(target, prompts: torch.Tensor, gen_len: int, temperature: float = 1.0, top_p: float = 1.0,
-                         seed: int = 0, batch_size: int = 256, progress: bool = False) -> torch.Tensor:
-    """prompts [N, P] -> [N, P + gen_len] (prompt then continuation)."""
-    rows = sample_ragged(target, prompts.tolist(), gen_len, temperature, top_p, seed, batch_size, progress)
+                         seed: int = 0, batch_size: int = 256, progress: bool = False, profile=None) -> torch.Tensor:
+    """prompts [N, P] -> [N, P + gen_len] (prompt then continuation). profile: a
+    train/step_profile.StepProfile over the decode steps (of the first batch)."""
+    rows = sample_ragged(target, prompts.tolist(), gen_len, temperature, top_p, seed, batch_size, progress, profile)
     return torch.tensor(rows, dtype=torch.long)
 
 
 @torch.no_grad()
 def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: float = 1.0, top_p: float = 1.0,
-                  seed: int = 0, batch_size: int = 256, progress: bool = False) -> list[list[int]]:
+                  seed: int = 0, batch_size: int = 256, progress: bool = False, profile=None) -> list[list[int]]:
     """Prompts of any lengths -> each prompt followed by gen_len sampled tokens."""
     device = next(target.parameters()).device
     rng = torch.Generator(device=device).manual_seed(seed)
@@ -35,7 +36,7 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
         bar = tqdm(total=len(prompts), desc="sample", unit="seq")
     out: list[list[int]] = []
     for i in range(0, len(prompts), batch_size):
-        out.extend(_sample_batch(target, prompts[i:i + batch_size], gen_len, temperature, top_p, rng))
+        out.extend(_sample_batch(target, prompts[i:i + batch_size], gen_len, temperature, top_p, rng, profile))
         if bar:
             bar.update(min(batch_size, len(prompts) - i))
     if bar:
@@ -43,7 +44,7 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
     return out
 
 
-def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p, rng) -> list[list[int]]:
+def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p, rng, profile=None) -> list[list[int]]:
     from adaspec.sample.probs import processed_probs
 
     cfg = target.config
@@ -68,6 +69,8 @@ def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p,
     tk = torch.zeros(B, dtype=torch.long, device=device)
     new = torch.empty(B, gen_len, dtype=torch.long, device=device)
     for t in range(gen_len):
+        if profile is not None:
+            profile.maybe_start(t)
         # "reference": the engine's varlen kernel is its concern; this loop must just be right
         meta = build_attention_metadata("reference", tables, q_lens, kv_lens.tolist(), None, bs, device)
         hidden, _ = target(ids, positions, caches, meta)
@@ -81,5 +84,7 @@ def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p,
         ids, positions = nxt, torch.from_numpy(kv_lens).to(device)
         q_lens, kv_lens = [1] * B, kv_lens + 1
         last = torch.arange(B, device=device)
+        if profile is not None:
+            profile.maybe_stop(t + 1)
     new = new.tolist()
     return [list(p) + n for p, n in zip(prompts, new)]

@@ -1,7 +1,8 @@
 """Where a training step's time goes: torch.profiler over a few steps, then the kernels (on CUDA;
 the CPU ops elsewhere) ranked by their own time, against the steps' wall time.
 
-Why: the code-0.6b build's drafter stage fills its 2.5 minutes with ~2,600 steps of ~59 ms (H200 runs
+Used for the drafter's training steps and the self-distillation's decode steps (the build's two
+stages whose time is not the target's training). Why: the code-0.6b build's drafter stage fills its 2.5 minutes with ~2,600 steps of ~59 ms (H200 runs
 18-27), and the build as a whole (399-444 s) misses issue 13's 4-5 minutes; a step's target forward,
 drafter pass and loss add up to less than 59 ms on paper. This names the kernels before anything is
 optimized, inside the build itself (the GPU machine keeps nothing between commands, so a separate
@@ -28,7 +29,8 @@ class StepProfile:
         self.summary: dict | None = None
 
     def maybe_start(self, step: int) -> None:
-        if self.steps <= 0 or step != self.start or self._prof is not None:
+        """Once only: a loop that runs its steps again (another batch) is not profiled twice."""
+        if self.steps <= 0 or step != self.start or self._prof is not None or self.summary is not None:
             return
         acts = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":

@@ -69,6 +69,10 @@ def test_micro_pair_builds_every_stage(pair):
     assert 0 < len(prof["top"]) <= 12 and sum(r["share"] for r in prof["top"]) <= 1.0001
     assert [r["ms_per_step"] for r in prof["top"]] == sorted((r["ms_per_step"] for r in prof["top"]), reverse=True)
     assert "ms wall per step" in (out / "drafter" / "step_profile.txt").read_text()
+    # and a self-distillation decode step's: 2 steps from halfway through the 32 generated tokens
+    sd = summary["selfdistill"]
+    assert sd["rows"] == 48 and (sd["step_profile"]["steps"], sd["step_profile"]["first_step"]) == (2, 16)
+    assert sd["step_profile"]["top"] and sd["step_profile"]["wall_ms_per_step"] > 0
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["block_size"] == 4 and len(cfg["adaspec"]["confidence_temperatures"]) == 4
     assert len(cfg["adaspec"]["confidence_temperatures_greedy"]) == 4
