@@ -36,8 +36,14 @@ class StepProfile:
         if self.device.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
             torch.cuda.synchronize(self.device)
-        self._prof = torch.profiler.profile(activities=acts)
-        self._prof.__enter__()
+        try:
+            prof = torch.profiler.profile(activities=acts)
+            prof.__enter__()
+        except Exception as e:  # noqa: BLE001 - a measurement must never stop the build it measures
+            self.summary = {"error": f"{type(e).__name__}: {e}", "first_step": self.start}
+            self._write()
+            return
+        self._prof = prof
         self._t0 = time.perf_counter()
 
     def maybe_stop(self, step: int) -> dict | None:
@@ -47,14 +53,20 @@ class StepProfile:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self._t0
-        self._prof.__exit__(None, None, None)
-        events, self._prof = self._prof.key_averages(), None
-        self.summary = summarize(events, self.steps, wall, on_device=self.device.type == "cuda")
+        prof, self._prof = self._prof, None
+        try:
+            prof.__exit__(None, None, None)
+            self.summary = summarize(prof.key_averages(), self.steps, wall, on_device=self.device.type == "cuda")
+        except Exception as e:  # noqa: BLE001 - as in maybe_start
+            self.summary = {"error": f"{type(e).__name__}: {e}"}
         self.summary["first_step"] = self.start
+        self._write()
+        return self.summary
+
+    def _write(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "step_profile.json").write_text(json.dumps(self.summary, indent=1))
         (self.out_dir / "step_profile.txt").write_text(format_summary(self.summary) + "\n")
-        return self.summary
 
 
 def _own_time_us(event, on_device: bool) -> float:
@@ -86,6 +98,8 @@ def summarize(events, steps: int, wall_s: float, on_device: bool, top: int = 12)
 
 
 def format_summary(s: dict) -> str:
+    if "error" in s:
+        return f"step profile failed: {s['error']}"
     lines = [f"{s['steps']} steps from step {s.get('first_step', '?')}: {s['wall_ms_per_step']:.2f} ms wall per step, "
              f"{s['timed_ms_per_step']:.2f} ms of {s['timer']} per step",
              f"{'ms/step':>9} {'share':>6} {'calls':>6}  name"]

@@ -52,3 +52,17 @@ def test_no_profile_when_not_asked(tmp_path):
     prof = StepProfile(steps=0, start=0, device=torch.device("cpu"), out_dir=tmp_path)
     prof.maybe_start(0)
     assert prof.maybe_stop(0) is None and not (tmp_path / "step_profile.json").exists()
+
+
+def test_a_profiler_that_fails_never_stops_the_loop(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    prof = StepProfile(steps=1, start=0, device=torch.device("cpu"), out_dir=tmp_path)
+    for step in range(3):
+        prof.maybe_start(step)
+        assert prof.maybe_stop(step + 1) is None
+    assert prof.summary == {"error": "RuntimeError: CUPTI unavailable", "first_step": 0}
+    assert json.loads((tmp_path / "step_profile.json").read_text()) == prof.summary
+    assert format_summary(prof.summary) == "step profile failed: RuntimeError: CUPTI unavailable"
