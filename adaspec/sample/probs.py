@@ -39,9 +39,11 @@ def processed_probs(
         k = torch.where(needs_k, top_k, torch.full_like(top_k, V)).unsqueeze(-1)
         drop = ranks >= k
         sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (the token that crosses it stays)
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it stays); only in
+        # rows that ask for it: in float32 the running mass reaches 1.0 before the tail ends, which
+        # would cut a top_p = 1 row's tail whenever another row of the batch filters
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop = drop | (mass_before >= top_p.unsqueeze(-1))
+        drop = drop | ((mass_before >= top_p.unsqueeze(-1)) & needs_p.unsqueeze(-1))
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         scaled = torch.empty_like(scaled).scatter_(-1, order, sorted_logits)

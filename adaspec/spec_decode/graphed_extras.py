@@ -14,11 +14,14 @@ final hidden states (GraphedSpecStep.verify_hidden):
 - the same drafts, judged against the distributions q they were drawn from (the drafter at the
   request's temperature, without filters: rejection sampling keeps the output exactly p for any q,
   so only the acceptance rate can differ from the eager step, whose drafts were filtered too);
-- the same keyed uniforms (seed and position), so a row that filters nothing gets the tokens the
-  graph gave it;
-then overwrites the row's tokens, accepted drafts and carry (the next pipelined step's inputs), and
-computes the logprobs of the emitted tokens from the same logits, copied out with the read back.
-A few kernels over the rows that need them, nothing read back to the host.
+- the same keyed uniforms (seed and position);
+then overwrites the row's tokens, accepted drafts and carry (the next pipelined step's inputs). A
+row that only wants logprobs keeps the graph's tokens; the logprobs of the emitted tokens are
+computed from the same hidden states and copied out with the read back. A few kernels over the rows
+that need them, nothing read back to the host. The filtered rows' accepted drafts count in the
+engine's statistics and in the adaptive policy's observations like any row's, although their
+confidences predict acceptance without the filter (only adaptive_verification_online_calibration
+reads those outcomes back).
 """
 from __future__ import annotations
 
@@ -33,19 +36,26 @@ from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
 
 
+def filters(params) -> bool:
+    """top-k or top-p: the row's part of the step is redone with them after the replay."""
+    return params.top_p < 1 or params.top_k > 0
+
+
 def needs_fix_up(params) -> bool:
-    """Whether a graphed row's part of the step must be redone after the replay."""
-    return params.logprobs is not None or params.top_p < 1 or params.top_k > 0
+    """Whether a graphed row needs work after the replay (filters, or logprobs to compute)."""
+    return params.logprobs is not None or filters(params)
 
 
 @dataclass
 class RowExtras:
-    """The rows of a graphed launch that need the fix-up, and their sampling parameters."""
+    """The rows of a graphed launch that need work after the replay, and their parameters."""
 
-    rows: list[int]  # graph rows (indices into the launch's requests)
+    rows: list[int]  # graph rows (indices into the launch's requests) with filters or logprobs
     rows_dev: torch.Tensor  # the same on the device
-    batch: SamplingBatch  # their parameters, greedy rows at temperature 0
-    want: list[int | None]  # top logprobs each row asks for (None: none)
+    want: list[int | None]  # per row: top logprobs wanted (None: none)
+    filtered: torch.Tensor | None  # positions in `rows` of the rows with top-k / top-p (device), or None
+    filtered_rows: torch.Tensor | None  # their graph rows (device)
+    batch: SamplingBatch | None  # their sampling parameters (greedy rows at temperature 0)
 
     @classmethod
     def of(cls, seqs, device) -> "RowExtras | None":
@@ -53,9 +63,15 @@ class RowExtras:
         rows = [r for r, s in enumerate(seqs) if needs_fix_up(s.params)]
         if not rows:
             return None
-        picked = [seqs[r] for r in rows]
-        batch = SamplingBatch.build([s.params for s in picked], [s.seed for s in picked], device)
-        return cls(rows, to_device(rows, device, torch.int64), batch, [s.params.logprobs for s in picked])
+        filtered = [x for x, r in enumerate(rows) if filters(seqs[r].params)]
+        batch = filtered_dev = filtered_rows = None
+        if filtered:
+            picked = [seqs[rows[x]] for x in filtered]
+            batch = SamplingBatch.build([s.params for s in picked], [s.seed for s in picked], device)
+            filtered_dev = to_device(filtered, device, torch.int64)
+            filtered_rows = to_device([rows[x] for x in filtered], device, torch.int64)
+        return cls(rows, to_device(rows, device, torch.int64), [seqs[r].params.logprobs for r in rows],
+                   filtered_dev, filtered_rows, batch)
 
     @property
     def top_n(self) -> int:
@@ -66,47 +82,64 @@ class RowExtras:
         return any(w is not None for w in self.want)
 
 
-@torch.inference_mode()
-def fix_up(g, b: int, q: int, extras: RowExtras):
-    """Redo the extras rows' acceptance in the verify graph (b, q) just replayed on g (a
-    GraphedSpecStep), with their filters. Device work only. -> None, or the logprobs of every
-    verify position of those rows when some row wants them: (chosen [X, K+1], top ids [X, K+1, n],
-    top logprobs [X, K+1, n]) on the device, K = the drafts the graph verifies (0 at q = 1)."""
-    K = g.k if q > 1 else 0
-    r = extras.rows_dev
-    X = len(extras.rows)
+def _verify_logits(g, b: int, q: int, K: int, rows: torch.Tensor) -> torch.Tensor:
+    """The target logits of graph rows `rows` (device) at their K + 1 verify positions, from the
+    verify graph's hidden states, packed as _verify packed them. -> [len(rows), K + 1, V]."""
     nq_all = g.nq[:b]
-    first = (torch.cumsum(nq_all, 0) - nq_all)[r]  # each row's first token row, as the graph packed them
-    nq, start, seeds = nq_all[r], g.start[r], extras.batch.seeds
-    span = torch.arange(K + 1, device=r.device)
-    rows = (first[:, None] + torch.minimum(span[None, :], (nq - 1).clamp_min(0)[:, None])).clamp(0, b * q - 1)
-    logits = g.model.compute_logits(g.verify_hidden[rows.reshape(-1)])  # [X * (K + 1), V]
-    p = extras.batch.probs(logits, repeat=K + 1)
-    greedy = extras.batch.temperature <= 0
+    first = (torch.cumsum(nq_all, 0) - nq_all)[rows]  # each row's first token row
+    span = torch.arange(K + 1, device=rows.device)
+    last = (nq_all[rows] - 1).clamp_min(0)  # a row's verify positions past its last query token repeat it
+    packed = (first[:, None] + torch.minimum(span[None, :], last[:, None])).clamp(0, b * q - 1)
+    return g.model.compute_logits(g.verify_hidden[packed.reshape(-1)]).view(rows.shape[0], K + 1, -1)
+
+
+def _redo(g, b: int, K: int, r: torch.Tensor, logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """The filtered rows r (graph rows, device) of the replayed step: their target distributions
+    with their filters, the same drafts judged against the distributions they were drawn from, the
+    same keyed uniforms; their tokens, accepted drafts and carry overwritten."""
+    F = r.shape[0]
+    nq, start, seeds = g.nq[:b][r], g.start[r], batch.seeds
+    p = batch.probs(logits.reshape(F * (K + 1), -1), repeat=K + 1)
+    greedy = batch.temperature <= 0
     rb, carry = g.readback, g.carry
     if K == 0:  # a step that does not draft: the next token only
         drawn = sample_categorical(p, keyed_uniforms(seeds, start + 1, SAMPLE))
-        tokens = torch.where(greedy, logits.argmax(-1), drawn)
+        tokens = torch.where(greedy, logits[:, 0].argmax(-1), drawn)
         rb[r, 0] = tokens
         n_acc = torch.zeros_like(start)
         out_tokens = tokens[:, None]
     else:
         accept = getattr(g.drafter, "accept", rejection_sample)  # synthetic: the curve decides, as in the graph
         draft_q = None if g.draft_q is None else g.draft_q[r]
-        out = accept(g.drafts[r], (nq - 1).clamp_min(0), p.view(X, K + 1, -1), draft_q, greedy, seeds, start,
-                     target_argmax=logits.argmax(-1).view(X, K + 1))
+        out = accept(g.drafts[r], (nq - 1).clamp_min(0), p.view(F, K + 1, -1), draft_q, greedy, seeds, start,
+                     target_argmax=logits.argmax(-1))
         out_tokens = out.output_tokens
         n_acc = out.num_accepted.long()
-        cols = span.unsqueeze(0).expand(X, -1)
-        rb[r[:, None], cols] = out_tokens
+        rb[r[:, None], torch.arange(K + 1, device=r.device).unsqueeze(0).expand(F, -1)] = out_tokens
         rb[r, g.k + 1] = n_acc
     carry[r, 0] = out_tokens.gather(1, n_acc[:, None]).squeeze(1)
     carry[r, 1] = start + 1 + n_acc
     carry[r, 2] = n_acc
-    if not extras.any_logprobs:
+
+
+@torch.inference_mode()
+def fix_up(g, b: int, q: int, extras: RowExtras):
+    """After the verify graph (b, q) was replayed on g (a GraphedSpecStep): redo the filtered
+    rows' part of the step (rows without filters keep the graph's tokens, so asking for logprobs
+    changes nothing else), then compute the logprobs wanted. Device work only. -> None, or the
+    logprobs at every verify position of the extras rows: (chosen [X, K+1], top ids [X, K+1, n],
+    top logprobs [X, K+1, n]) on the device, K = the drafts the graph verifies (0 at q = 1)."""
+    K = g.k if q > 1 else 0
+    logits = _verify_logits(g, b, q, K, extras.rows_dev) if extras.any_logprobs else None
+    if extras.batch is not None:
+        f_logits = logits[extras.filtered] if logits is not None else \
+            _verify_logits(g, b, q, K, extras.filtered_rows)
+        _redo(g, b, K, extras.filtered_rows, f_logits, extras.batch)
+    if logits is None:
         return None
-    chosen = out_tokens.clamp_min(0).reshape(-1)
-    c_lp, top_ids, top_lp = logprobs_of(logits, chosen, extras.top_n)
+    X = len(extras.rows)
+    chosen = g.readback[extras.rows_dev, : K + 1].clamp_min(0).reshape(-1)  # the graph's tokens, or the redo's
+    c_lp, top_ids, top_lp = logprobs_of(logits.reshape(X * (K + 1), -1), chosen, extras.top_n)
     return c_lp.view(X, K + 1), top_ids.view(X, K + 1, -1), top_lp.view(X, K + 1, -1)
 
 

@@ -126,8 +126,13 @@ def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_pa
 
     prompts = _prompts(19)
     temperature = 1.0 if spec == "fixed" else 0.0
+    # rows with logprobs and (sampled) top-p ride along: their part is redone after the replay and
+    # their logprobs copied out beside the read back (spec_decode/graphed_extras.py)
+    def extra(i):
+        return dict(logprobs=1) if i % 5 == 1 else dict(top_p=0.9) if i % 5 == 2 and temperature else {}
+
     params = [SamplingParams(temperature=temperature, max_tokens=8 + 5 * (i % 7), seed=i, ignore_eos=True,
-                             stop_token_ids=[int(t) for t in range(10 + i, 8000, 97)]) for i in range(19)]
+                             stop_token_ids=[int(t) for t in range(10 + i, 8000, 97)], **extra(i)) for i in range(19)]
     if spec == "fixed":
         want = [o.outputs[0].token_ids for o in _llm(False, spec, async_scheduling=False).generate(prompts, params)]
     else:
@@ -181,13 +186,18 @@ def test_seeded_graphed_step_parts_only_at_near_ties():
         assert len(found) <= 3, f"{len(found)} of {n} requests differ: {found}"
 
 
-@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
+@pytest.mark.parametrize("spec, extras", [(False, False), ("fixed", False), ("adaptive", False), ("fixed", True),
+                                           ("adaptive", True)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_decode_step_syncs_once(temperature, spec, tmp_path):
+def test_decode_step_syncs_once(temperature, spec, extras, tmp_path):
+    """extras: some requests want logprobs or top-p, whose part of a graphed step is redone after
+    the replay (spec_decode/graphed_extras.py): that work must not sync either."""
     llm = _llm(False, spec, dtype="bfloat16", tmp=tmp_path)
     eng = llm.llm_engine
     for i, p in enumerate(_prompts(8)):
-        eng.add_request(str(i), p, SamplingParams(temperature=temperature, max_tokens=50, ignore_eos=True, seed=i))
+        more = {} if not extras or i % 3 == 0 else dict(logprobs=2) if i % 3 == 1 else dict(top_p=0.9)
+        eng.add_request(str(i), p, SamplingParams(temperature=temperature, max_tokens=50, ignore_eos=True, seed=i,
+                                                  **more))
     for _ in range(3):  # prefill, then decodes
         eng.step()
     assert all(s.is_decoding for s in eng.scheduler.running)

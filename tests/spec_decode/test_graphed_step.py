@@ -147,6 +147,48 @@ def test_top_k_one_and_a_tiny_top_p_sample_the_argmax_in_the_graphs(pair, plain_
     assert (st.num_verified_tokens > 0) == drafts
 
 
+@pytest.mark.parametrize("variant", ["fixed", "pipelined", "adaptive-narrow"])
+def test_a_filter_that_removes_nothing_redoes_the_graphs_own_step(pair, tmp_path, monkeypatch, variant):
+    """top_k above the vocabulary filters nothing, yet sends its row through graphed_extras' redo:
+    with the same distributions, drafts, draft distributions and uniforms, the redo must write back
+    exactly what the graph wrote (tokens, accepted drafts, carry), row by row, with sampled drafts,
+    such rows among plain ones, carried rows (pipelined) and narrow drafts. A redo that read
+    another row's drafts, draft distributions, positions or packed rows would differ."""
+    from adaspec.spec_decode import graphed_extras
+
+    k = 3 if variant != "adaptive-narrow" else 7
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k, "cost_model_cache_dir": str(tmp_path),
+           "enable_adaptive_verification": variant == "adaptive-narrow"}
+    if variant == "adaptive-narrow":
+        cfg["adaptive_draft_width"] = "budget"
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8,
+              async_scheduling=variant == "pipelined")
+    eng = llm.llm_engine
+    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
+    steps.capture(eager=True)
+    eng.spec.use_graphs(steps)
+    if variant == "adaptive-narrow":  # every step drafts (the micro pair's tables would skip most)
+        eng.spec.policy.should_draft = lambda *a, **kw: True
+    real, compared = graphed_extras.fix_up, []
+
+    def checked(g, b, q, extras):
+        rows = extras.filtered_rows
+        before = g.readback[rows, : g.k + 2].clone(), g.carry[rows].clone()
+        out = real(g, b, q, extras)
+        assert torch.equal(g.readback[rows, : g.k + 2], before[0]) and torch.equal(g.carry[rows], before[1])
+        compared.append((q, len(rows)))
+        return out
+
+    monkeypatch.setattr(graphed_extras, "fix_up", checked)
+    vocab = eng.model_config.vocab_size
+    params = [SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True, seed=300 + i,
+                             top_k=vocab + 7 if i % 3 else 0) for i in range(len(_prompts()))]
+    llm.generate(_prompts(), params)
+    assert sum(n for q, n in compared if q > 1) > 20, compared  # drafting steps' rows compared
+    if variant == "pipelined":
+        assert eng.stats.num_pipelined_steps > 5
+
+
 def test_logprobs_of_a_step_that_does_not_draft(pair, tmp_path):
     """Logprobs through the graph of steps that do not draft: one per token, the chosen token's
     among them, equal to the plain engine's."""
