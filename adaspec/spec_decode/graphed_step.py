@@ -46,6 +46,7 @@ from adaspec.models.attention import AttentionMetadata
 from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
+from adaspec.spec_decode import graphed_extras
 from adaspec.spec_decode.policy import allocate_torch, survival_torch
 
 
@@ -344,9 +345,7 @@ class GraphedSpecStep:
         self.verify_graphs[key].replay()
         logprobs = None
         if extras is not None:
-            from adaspec.spec_decode.graphed_extras import fix_up
-
-            on_device = fix_up(self, b, key[1], extras)
+            on_device = graphed_extras.fix_up(self, b, key[1], extras)
             if on_device is not None:  # copied out beside the read back, waited for with it
                 pin = self.device.type == "cuda"
                 logprobs = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in on_device)

@@ -259,8 +259,8 @@ class SpeculativeDecoder:
             if len(covered) in (0, len(scheduled)):
                 parts = [(every, bool(covered))]
             else:
-                # a mixed step (a prefill chunk, or more decoding rows than the graphs hold): the decoding rows
-                # take the graphs, the rest the eager step; two forwards, but the eager one is paid
+                # a mixed step (a prefill chunk, or more decoding rows than the graphs hold): the
+                # decoding rows take the graphs, the rest the eager step; two forwards, but the eager one is paid
                 # anyway and with continuous arrivals most steps at high concurrency are mixed. Both
                 # are launched before either is read back: the graphs' results come back while the
                 # GPU runs the eager forward, and the host works on them meanwhile

@@ -2,9 +2,10 @@
 the CPU ops elsewhere) ranked by their own time, against the steps' wall time.
 
 Used for the drafter's training steps and the self-distillation's decode steps (the build's two
-stages whose time is not the target's training). Why: the code-0.6b build's drafter stage fills its 2.5 minutes with ~2,600 steps of ~59 ms (H200 runs
-18-27), and the build as a whole (399-444 s) misses issue 13's 4-5 minutes; a step's target forward,
-drafter pass and loss add up to less than 59 ms on paper. This names the kernels before anything is
+stages whose time is not the target's training). Why: the code-0.6b build's drafter stage fills its
+2.5 minutes with ~2,600 steps of ~59 ms (H200 runs 18-27), and the build as a whole (399-444 s)
+misses issue 13's 4-5 minutes; a step's target forward, drafter pass and loss add up to less than
+59 ms on paper. This names the kernels before anything is
 optimized, inside the build itself (the GPU machine keeps nothing between commands, so a separate
 profiling run would pay the build again). Written to OUT/step_profile.json and .txt; `adaspec train
 pair` copies the summary into pair.json.
