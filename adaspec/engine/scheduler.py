@@ -25,12 +25,10 @@ no-spec's 24 of 93 ms at 256 requests).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.sequence import Sequence, SequenceStatus
-from adaspec.sampling_params import SamplingParams
 
 
 @dataclass
@@ -70,25 +68,17 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        # draft slots verified apart (set_verify_apart): at most this many decoding rows per step,
-        # those whose parameters `verify_apart` accepts
+        # draft slots verified apart (set_verify_apart): at most this many decoding rows per step
         self.verify_apart_rows = 0
-        self.verify_apart: Callable[[SamplingParams], bool] | None = None
 
-    def set_verify_apart(self, max_rows: int, serves: Callable[[SamplingParams], bool] | None) -> None:
-        """The speculative step verifies the draft slots of up to max_rows decoding requests whose
-        parameters `serves` accepts in a forward of its own: their slots leave the token budget
-        to the prefill chunks. max_rows = 0 (no graphs): every slot is taken from the budget."""
-        self.verify_apart_rows = max_rows if serves is not None else 0
-        self.verify_apart = serves if max_rows > 0 else None
-        for seq in [*self.waiting, *self.running]:
-            seq.verify_apart = self._serves(seq.params)
-
-    def _serves(self, params: SamplingParams) -> bool:
-        return self.verify_apart is not None and self.verify_apart(params)
+    def set_verify_apart(self, max_rows: int) -> None:
+        """The speculative step verifies the draft slots of up to max_rows decoding requests in a
+        forward of its own (its CUDA graphs serve every decoding row, whatever its sampling
+        parameters): their slots leave the token budget to the prefill chunks. max_rows = 0 (no
+        graphs): every slot is taken from the budget."""
+        self.verify_apart_rows = max_rows
 
     def add(self, seq: Sequence) -> None:
-        seq.verify_apart = self._serves(seq.params)
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -184,7 +174,7 @@ class Scheduler:
         apart_left = 0 if self.reserve_all_spec_slots else self.verify_apart_rows
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            apart = apart_left > 0 and seq.verify_apart
+            apart = apart_left > 0
             need = self._running_need(seq, drafts, budget, apart)
             if need is None:  # async scheduling: its last token, in flight, ends it
                 i += 1

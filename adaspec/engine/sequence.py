@@ -44,9 +44,6 @@ class Sequence:
         # device); 0: none (a prefill row's sampled token is a PENDING placeholder instead)
         self.in_flight_max = 0
         self.in_flight_step = 0  # serial of that step (only it clears the two fields)
-        # its draft slots are verified in a forward of their own (the speculative step's CUDA
-        # graphs), so they take nothing from the prefill chunks' token budget (Scheduler.add)
-        self.verify_apart = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -39,15 +39,6 @@ from adaspec.spec_decode.synthetic import SyntheticDrafter, load_synthetic_draft
 log = logging.getLogger("adaspec.spec")
 
 
-def graphs_serve(params) -> bool:
-    """Whether the speculative step's CUDA graphs can run a decoding request with these sampling
-    parameters (the scheduler's verify_apart predicate). Every one can: the graphs sample with the
-    temperature alone, and a row with top-k / top-p or logprobs has its part of the step redone
-    right after the replay, on the device (graphed_extras.py); until then such a row sent its
-    whole step to the eager speculative step."""
-    return True
-
-
 class DrafterSetup:
     """Loaded before the KV cache is sized (the drafter's cache shares its blocks)."""
 
@@ -197,7 +188,7 @@ class SpeculativeDecoder:
         """The graphs verify the decoding rows in a forward of their own: tell the scheduler, so
         that their draft slots leave the token budget to the prefill chunks (scheduler.py)."""
         g = self.graphed
-        self.engine.scheduler.set_verify_apart(g.batch_sizes[-1] if g is not None else 0, graphs_serve)
+        self.engine.scheduler.set_verify_apart(g.batch_sizes[-1] if g is not None else 0)
 
     # -- pieces also used by the profiler ------------------------------------------------------
     def propose(self, seqs, anchor_ids, anchor_pos, block_tables, sampling: SamplingBatch | None = None,
@@ -421,8 +412,11 @@ class SpeculativeDecoder:
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
-        """Decodes one token (whatever its sampling parameters: graphs_serve)."""
-        return s.num_tokens == 1 and s.samples and graphs_serve(s.seq.params)
+        """Decodes one token, whatever its sampling parameters: the graphs sample with the
+        temperature alone, and a row with top-k / top-p or logprobs has its part of the step redone
+        right after the replay, on the device (graphed_extras.py; until then such a row sent its
+        whole step to the eager speculative step)."""
+        return s.num_tokens == 1 and s.samples
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
                         first_tokens=None):

@@ -9,7 +9,6 @@ from adaspec.engine.scheduler import Scheduler
 from adaspec.engine.sequence import Sequence
 from adaspec.sampling_params import SamplingParams
 from adaspec.spec_decode.graphed_step import GraphedSpecStep
-from adaspec.spec_decode.step import graphs_serve
 from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 K = 7
@@ -27,10 +26,10 @@ def _decoding(sch: Scheduler, i: int, **params) -> Sequence:
     return seq
 
 
-def _step(max_rows: int, n_decoding: int = 4, serves=graphs_serve, **params):
+def _step(max_rows: int, n_decoding: int = 4, **params):
     """(draft slots per decoding row, the waiting prompt's chunk) for one step."""
     sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
-    sch.set_verify_apart(max_rows, serves)
+    sch.set_verify_apart(max_rows)
     for i in range(n_decoding):
         _decoding(sch, i, **params)
     sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
@@ -57,12 +56,6 @@ def test_rows_with_logprobs_or_filters_are_verified_apart_too():
         assert slots == [K] * 4 and chunk == BUDGET - 4
 
 
-def test_rows_a_predicate_refuses_count_their_slots():
-    # the scheduler's predicate (the speculative step's graphs_serve) decides row by row
-    slots, chunk = _step(max_rows=16, serves=lambda params: params.logprobs is None, logprobs=2)
-    assert slots == [K] * 4 and chunk == BUDGET - 4 * (1 + K)
-
-
 def test_at_most_max_rows_are_verified_apart():
     # the graphs' largest batch: rows past it run eagerly with the prefill chunk
     slots, chunk = _step(max_rows=3, n_decoding=4)
@@ -81,11 +74,10 @@ def test_slots_apart_are_not_capped_by_the_budget():
 
 def test_releasing_the_graphs_takes_the_slots_back_into_the_budget():
     sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
-    sch.set_verify_apart(16, graphs_serve)
-    seqs = [_decoding(sch, i) for i in range(2)]
-    assert all(s.verify_apart for s in seqs)
-    sch.set_verify_apart(0, graphs_serve)  # spec.use_graphs(None): the engine runs eagerly now
-    assert not any(s.verify_apart for s in seqs)
+    sch.set_verify_apart(16)
+    for i in range(2):
+        _decoding(sch, i)
+    sch.set_verify_apart(0)  # spec.use_graphs(None): the engine runs eagerly now
     sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
     assert sch.schedule()[-1].num_tokens == BUDGET - 2 * (1 + K)
 
@@ -96,7 +88,7 @@ def test_reserve_all_spec_slots_keeps_the_old_budget():
     for max_rows in (0, 16):
         sch = Scheduler(BlockManager(256, 4), 4, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K,
                         reserve_all_spec_slots=True)
-        sch.set_verify_apart(max_rows, graphs_serve)
+        sch.set_verify_apart(max_rows)
         for i in range(2):
             _decoding(sch, i)
         sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
@@ -107,7 +99,7 @@ def test_reserve_all_spec_slots_keeps_the_old_budget():
 def test_a_running_prefill_chunk_counts_its_tokens():
     # a request the graphs would serve, still in prefill: its chunk is eager work, all of it counted
     sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
-    sch.set_verify_apart(16, graphs_serve)
+    sch.set_verify_apart(16)
     for i in range(2):
         _decoding(sch, i)
     mid = Sequence("m", None, list(range(1, 41)), SamplingParams(max_tokens=8))
@@ -126,7 +118,7 @@ def test_a_row_in_flight_drafts_k_apart_whatever_the_budget():
     # pipelined steps: a row whose step is still in flight counts one certain token
     for max_rows, slots in ((16, K), (0, 3)):
         sch = Scheduler(BlockManager(256, 4), 16, 4, 400, num_spec_tokens=K, draft_lookahead=K)
-        sch.set_verify_apart(max_rows, graphs_serve)
+        sch.set_verify_apart(max_rows)
         seq = _decoding(sch, 0)
         seq.in_flight_max = 1 + K
         (s,) = sch.schedule(pipelined=True)
