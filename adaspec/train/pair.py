@@ -304,6 +304,8 @@ def _target(ctx: Context) -> dict:
     res = {k: stats[k] for k in ("params", "val_loss", "val_ppl", "train_eval_loss", "steps", "kept_step",
                                  "tokens_seen", "wall_time_s", "tokens_per_s", "compiled", "device")}
     res["train_flops_per_token"] = fpt
+    if "step_profile" in stats:  # where a training step's time went (train/step_profile.py)
+        res["step_profile"] = stats["step_profile"]
     res["achieved_tflops"] = round(fpt * stats["tokens_per_s"] / 1e12, 1)
     print(f"target: {stats['params'] / 1e6:.1f}M params, {stats['steps']} steps, val loss {stats['val_loss']:.4f}, "
           f"{stats['tokens_per_s']:,} tok/s = {res['achieved_tflops']} TFLOP/s (compile included)",

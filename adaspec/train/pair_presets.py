@@ -78,6 +78,7 @@ _CODE_06B = {
         "seq_len": 512, "batch_size": 64, "steps": 470, "lr": 1e-3, "warmup": 50, "min_lr_ratio": 0.1,
         "weight_decay": 0.1, "grad_clip": 1.0, "time_budget": 165, "eval_every": 235, "eval_tokens": 131072,
         "compile": True, "compile_mode": "layers", "checkpoint_every": 0, "seed": 0, "save_dtype": "bfloat16",
+        "profile_steps": 3,
     },
     "drafter": {
         "layers": 2, "block_size": 7, "markov_rank": 64, "init": "target",
@@ -107,7 +108,7 @@ _MICRO = {
         "max_position": 256, "rope_theta": 10000.0,
         "seq_len": 64, "batch_size": 16, "steps": 120, "lr": 3e-3, "warmup": 20, "min_lr_ratio": 0.1,
         "weight_decay": 0.1, "grad_clip": 1.0, "time_budget": None, "eval_every": 60, "eval_tokens": 4096,
-        "compile": False, "seed": 0, "save_dtype": "float32", "threads": 1,
+        "compile": False, "seed": 0, "save_dtype": "float32", "threads": 1, "profile_steps": 2,
     },
     "drafter": {
         "layers": 1, "block_size": 4, "markov_rank": 8, "init": "target",

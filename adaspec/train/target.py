@@ -67,6 +67,10 @@ def add_subparser(sub) -> None:
     r.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     r.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     r.add_argument("--threads", type=int, help="CPU threads for torch")
+    r.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many training steps with torch.profiler (from step 60, after the time budget's "
+                        "probe, or halfway through a shorter run) and write OUT/step_profile/step_profile.json and "
+                        ".txt: where a step's time goes")
     p.set_defaults(func=_run)
 
 
@@ -196,6 +200,7 @@ def _train(args) -> dict:
     from adaspec.models.loader import save_pretrained
     from adaspec.models.target import TargetModel
     from adaspec.train.data import PackedSampler, eval_windows, load_tokens
+    from adaspec.train.step_profile import StepProfile, format_summary
     from adaspec.train.tokenizer import EOS, copy_tokenizer_files, load_raw
 
     t_start = time.time()
@@ -305,6 +310,9 @@ def _train(args) -> dict:
             "args": {k: str(v) for k, v in vars(args).items()},
         })
 
+    # after the time budget's probe (steps 10..40), so that neither times the other
+    profile = StepProfile(getattr(args, "profile_steps", 0), max(step, min(60, total_steps // 2)), device,
+                          out / "step_profile")
     model.train()
     t_loop = time.time()
     recent: list[float] = list(ck.get("recent_losses", []))
@@ -315,6 +323,7 @@ def _train(args) -> dict:
     bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True,
                mininterval=0.5 if tty else 15.0, file=sys.stderr)
     while step < total_steps:
+        profile.maybe_start(step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args, total_steps)
         x, y = sampler.next()
@@ -338,6 +347,8 @@ def _train(args) -> dict:
         step += 1
         tokens_seen += tokens_per_step
         pending.append(loss.detach())
+        if profile.maybe_stop(step) is not None:
+            bar.write(format_summary(profile.summary), file=sys.stderr)
         if step % 10 == 0 or step == total_steps:
             recent.extend(float(v) for v in torch.stack(pending).cpu())
             pending.clear()
@@ -411,6 +422,8 @@ def _train(args) -> dict:
         "hyperparameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
         "history": history,
     }
+    if profile.summary is not None:  # where a training step's time went (train/step_profile.py)
+        stats["step_profile"] = profile.summary
     stats["val_ppl"] = math.exp(stats["val_loss"])
     stats["train_ppl"] = math.exp(train_eval)
     (out / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")

@@ -73,6 +73,10 @@ def test_micro_pair_builds_every_stage(pair):
     sd = summary["selfdistill"]
     assert sd["rows"] == 48 and (sd["step_profile"]["steps"], sd["step_profile"]["first_step"]) == (2, 16)
     assert sd["step_profile"]["top"] and sd["step_profile"]["wall_ms_per_step"] > 0
+    # and a target training step's: 2 steps from step 60 (after the time budget's probe), into train_stats.json
+    tp = summary["target"]["step_profile"]
+    assert (tp["steps"], tp["first_step"], tp["timer"]) == (2, 60, "CPU ops") and tp["top"]
+    assert tp == stats["step_profile"] == json.loads((out / "target" / "step_profile" / "step_profile.json").read_text())
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["block_size"] == 4 and len(cfg["adaspec"]["confidence_temperatures"]) == 4
     assert len(cfg["adaspec"]["confidence_temperatures_greedy"]) == 4
