@@ -200,6 +200,7 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
+    from adaspec.h2d import to_device
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
     from adaspec.models.loader import load_target, model_dir
     from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, float_stats, sample_anchors
@@ -280,8 +281,11 @@ def run(args) -> int:
                 args.steps = max(fit, step + 1)
                 bar.total = args.steps
                 tqdm.write(f"--max-minutes {args.max_minutes}: {per_step * 1000:.0f} ms/step, training {args.steps} steps")
-        ids = sampler.next().to(device)
-        anchors = sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq, anchor_gen).to(device)
+        # pinned, asynchronous copies: a pageable one waits for the stream, so the host could never
+        # run ahead of the GPU (H200 run 28: 70 ms wall per step against 47.5 ms of kernels)
+        ids = to_device(sampler.next(), device)
+        anchors = to_device(sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq,
+                                           anchor_gen), device)
         lr = cosine_lr(step, args.steps, args.lr, args.warmup)
         for gparam in opt.param_groups:
             gparam["lr"] = lr
