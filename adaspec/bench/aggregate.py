@@ -26,6 +26,7 @@ KEYS = [
     "engine_busy_fraction",
     "spec_mean_accepted_length",
     "spec_calibration_ratio",
+    "spec_cost_ratio",
 ]
 
 

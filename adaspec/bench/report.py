@@ -9,6 +9,7 @@ from pathlib import Path
 from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
+from adaspec.bench.cost_check_report import cost_check_section
 from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S, CLIENT_BUSY_CPU_PER_WALL, client_busy
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
@@ -169,6 +170,7 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
                     f"{'–' if busy is None else f'{busy:.2f}'}")
 
         md += table(["C"] + arms, [[str(c)] + [steps(cells.get((a, c))) for a in arms] for c in concs]) + [""]
+    md += cost_check_section(points, arms)
     md += ["## Frontier", "", f"![frontier]({png_name})", ""]
     md += ["x = per-user speed, y = output throughput; dashed: the Pareto edge over all arms "
            "(a staircase: only measured points are taken as reachable).", ""]

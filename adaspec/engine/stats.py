@@ -48,6 +48,15 @@ class EngineStats:
     # one stretch of GPU work up to the read back, so they are not split into the three above
     time_graphed: float = 0.0
     num_graphed_steps: int = 0
+    # the adaptive policy's cost tables checked against the steps it planned (decode-only drafting
+    # steps, by query tokens per request, 1 + B / R rounded up; index q - 1): steps, what the tables
+    # priced them at, and their measured wall time (launch to launch when pipelined, so the host's
+    # share is in it). A wall / priced ratio that grows with q means the tables under-price verifying
+    # more drafts, and the policy verifies too many (H200 run 28: at T = 1, 16 requests, adaptive:7
+    # verified 6.5 drafts per request in 3.75 ms steps where fixed k = 3 took 3.0 ms)
+    cost_check_steps: list[int] = field(default_factory=list)
+    cost_check_priced_ms: list[float] = field(default_factory=list)
+    cost_check_wall_ms: list[float] = field(default_factory=list)
     # "synthetic acceptance: timing only" when the speculative method is "synthetic" (acceptance
     # drawn from a configured curve, spec_decode/synthetic.py): the counters above are not the target's
     synthetic_acceptance: str | None = None
@@ -85,6 +94,21 @@ class EngineStats:
             self.accepted_per_pos[j] += n_accepted
             self.predicted_accept_per_pos[j] += predicted
         self.budget_hist[int(verify_lens.sum())] += 1
+
+    def record_step_cost(self, num_requests: int, base_tokens: int, budget: int, priced_ms: float,
+                         wall_ms: float) -> None:
+        """One drafting step the adaptive policy planned: R requests, base_tokens query tokens
+        without drafts, B drafts verified; the tables priced it at priced_ms and it took wall_ms.
+        Steps with prefill chunks (base_tokens > R) are left out: the tables do not price those."""
+        if num_requests <= 0 or base_tokens != num_requests or budget is None:
+            return
+        q = max(1, -(-(base_tokens + int(budget)) // num_requests))
+        for lst, zero in ((self.cost_check_steps, 0), (self.cost_check_priced_ms, 0.0), (self.cost_check_wall_ms, 0.0)):
+            while len(lst) < q:
+                lst.append(zero)
+        self.cost_check_steps[q - 1] += 1
+        self.cost_check_priced_ms[q - 1] += float(priced_ms)
+        self.cost_check_wall_ms[q - 1] += float(wall_ms)
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -48,6 +48,14 @@ _POS_COUNTERS = {
     "predicted_accept_per_pos": ("spec_decode_predicted_accepted_tokens_per_pos",
                                  "Sum of the predicted survival of verified drafts by position (compare with accepted)."),
 }
+# per query tokens per request of a decode-only drafting step (label "query_len", 1 = no drafts
+# verified): the adaptive policy's cost tables against the steps they priced (engine/stats.py)
+_QLEN_COUNTERS = {
+    "cost_check_steps": ("spec_decode_cost_check_steps", "Decode-only drafting steps the adaptive policy planned."),
+    "cost_check_priced_ms": ("spec_decode_cost_check_priced_ms",
+                             "What the adaptive policy's cost tables priced those steps at (ms, summed)."),
+    "cost_check_wall_ms": ("spec_decode_cost_check_wall_ms", "What those steps took (ms of wall time, summed)."),
+}
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -108,7 +116,10 @@ class ServerMetrics:
         self.e2e = Histogram("adaspec:e2e_request_latency_seconds", "Arrival to finish.", L,
                              buckets=_E2E_BUCKETS, registry=r)
         self.stat_counters = {f: counter(n, d) for f, (n, d) in _STAT_COUNTERS.items()}
-        self.pos_counters = {f: counter(n, d, ["position"]) for f, (n, d) in _POS_COUNTERS.items()}
+        # field -> (counter, its label, the label of list index 0)
+        self.pos_counters = {f: (counter(n, d, ["position"]), "position", 0) for f, (n, d) in _POS_COUNTERS.items()}
+        self.pos_counters.update({f: (counter(n, d, ["query_len"]), "query_len", 1)
+                                  for f, (n, d) in _QLEN_COUNTERS.items()})
         self.budget_steps = counter("spec_decode_budget_steps",
                                     "Engine steps by the speculation budget B used.", ["budget"])
         self.budget = Histogram("adaspec:spec_decode_budget", "Speculation budget B per engine step.", L,
@@ -165,13 +176,13 @@ class ServerMetrics:
             if d > 0:
                 self._c(c).inc(d)
             self._last[field] = v
-        for field, c in self.pos_counters.items():
+        for field, (c, label, first) in self.pos_counters.items():
             pos = list(getattr(stats, field, None) or [])
             last = self._last_pos.get(field, [])
             for i, v in enumerate(pos):
                 d = v - (last[i] if i < len(last) else 0)
                 if d > 0:
-                    self._c(c, position=str(i)).inc(d)
+                    self._c(c, **{label: str(i + first)}).inc(d)
             self._last_pos[field] = pos
         hist = dict(getattr(stats, "budget_hist", None) or {})
         for b, v in hist.items():

@@ -390,13 +390,17 @@ class AdaptivePolicy:
     MIN_SLOT_SHARE = 0.75
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
-                 overhead=None, step_costs=None, probe_max: int | None = None, correction=None):
+                 overhead=None, step_costs=None, probe_max: int | None = None, correction=None,
+                 on_step_cost=None):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
         # every candidate; the default 0 prices the tables alone
         self.overhead = overhead if overhead is not None else StepOverhead(0.0)
         self.tables = cost_model  # what the tables say, to measure the overhead against
+        # on_step_cost(R, base_tokens, B, priced_ms, wall_ms) after each drafting step this policy
+        # planned (engine.stats.record_step_cost: the tables checked against the served steps)
+        self.on_step_cost = on_step_cost
         self.cost = OverheadCost(cost_model, self.overhead)
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
@@ -468,9 +472,15 @@ class AdaptivePolicy:
         """The step this policy planned took wall_ms (host and GPU, all of it): update the
         overhead against what the tables priced it at. Steps it did not plan are ignored."""
         planned, self._planned = self._planned, None
-        if planned is None or not self.overhead.measured:  # a fixed overhead: nothing to price here
+        if planned is None:
             return
-        self.overhead.observe(wall_ms, self._priced_ms(*planned))
+        priced = None
+        if self.on_step_cost is not None and planned[2] is not None:
+            priced = self._priced_ms(*planned)
+            self.on_step_cost(planned[0], planned[1], planned[2], priced, wall_ms)
+        if not self.overhead.measured:  # a fixed overhead: nothing to learn here
+            return
+        self.overhead.observe(wall_ms, self._priced_ms(*planned) if priced is None else priced)
 
     def _draft_pays(self, request_ids, n_sampling, base_tokens, limits) -> tuple[bool, int]:
         """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or

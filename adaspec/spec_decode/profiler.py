@@ -123,7 +123,20 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
     model = load_or_profile(cache_dir, key, run_profile)
     if not profiled:
         announce(f"read cached cost tables from {cache_path(cache_dir, key)}")
+    # into the server's log (silent offline): what the policy prices, beside what the served steps
+    # cost (/metrics spec_decode_cost_check_*), for a run whose cache is gone with its machine
+    log.info("cost tables: %s", describe_tables(model))
     return model
+
+
+def describe_tables(model: CostModel) -> str:
+    """The tables in one line: verify ms by tokens, draft ms by requests (and by width)."""
+    def fmt(t):
+        return "{" + ", ".join(f"{int(n)}: {ms:.3f}" for n, ms in zip(t.sizes, t.ms)) + "}"
+
+    parts = [f"verify ms by tokens {fmt(model.verify)}", f"draft ms by requests {fmt(model.draft)}"]
+    parts += [f"draft of {w} slots ms by requests {fmt(t)}" for w, t in sorted(model.draft_narrow.items())]
+    return "; ".join(parts)
 
 
 def progress_bar(total: int, desc: str):

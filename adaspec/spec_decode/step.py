@@ -151,7 +151,9 @@ class SpeculativeDecoder:
                               overhead=StepOverhead(self.cfg.adaptive_verification_step_overhead_ms),
                               step_costs=MeasuredStepCosts() if self.measures_step_costs() else None,
                               correction=SurvivalCorrection(self.num_spec_tokens)
-                              if self.cfg.adaptive_verification_online_calibration else None)
+                              if self.cfg.adaptive_verification_online_calibration else None,
+                              # engine.stats is replaced after the warm-up: look it up at each call
+                              on_step_cost=lambda *a: self.engine.stats.record_step_cost(*a))
 
     def forget_history(self) -> None:
         """A fresh policy (nothing learned: confidences, online calibration, measured costs) and
