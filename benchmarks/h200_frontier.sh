@@ -29,8 +29,11 @@
 #   machine the adaptive arm's server took 97-112 s to start at --max-num-seqs 256 (H200 run 27: load,
 #   65 plain and 315 speculative CUDA graphs, the cost profiling, the startup warm-up requests), fixed
 #   ones ~42 s, no-spec ~31 s: after a build there may be no time for a single point (run 27 measured
-#   none). Measure one concurrency per command (the servers then capture graphs up to it only); a
-#   later command cannot count on the build (run 27's next command got a fresh machine). The
+#   none). Measure one concurrency per command (the servers then capture graphs up to it only: at
+#   C = 64, H200 run 28, adaptive:7 started in 69 s on the fresh machine and 37 s once the compile
+#   caches held its kernels, fixed:3 in 30-35 s, no-spec in 27 s, and the 122 s a 433 s build left
+#   measured two arms x 3 repeats); a later command cannot count on the build (run 27's next command
+#   got a fresh machine; run 28's two next commands, sent within seconds, found it). The
 #   defaults were set before that:
 #   3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
 #   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,

@@ -5,7 +5,7 @@ blocks per row; prompts of different lengths share a batch, as in the engine), s
 samples are exactly the target's distribution and cost one token per row per step. Attention
 runs on the engine's backend for the device ("auto": the Triton paged kernel on CUDA, which reads
 the cache in place; H200 run 28 profiled the "reference" backend's gather of every row's keys at
-24 of a decode step's 58 ms of kernels at 1,024 rows), plain torch on the CPU. No stop
+24 of a decode step's 58 ms of kernels at 768 rows), plain torch on the CPU. No stop
 at EOS: fixed-length continuations keep batching trivial, and after an EOS the target
 simply starts a new document, which is still its own text.
 """
