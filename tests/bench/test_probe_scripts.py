@@ -117,3 +117,16 @@ def test_first_request_stall_probe_alternates_its_repeats(tmp_path):
         assert list(r["phases"]) == ["bench warm-up", "first point", "second point"]
         assert (r["warm_up"] is not None) == r["warm_up_requests"]
     assert "none warm_up_requests=True (repeat 1)" in stdout
+
+
+def test_selfdistill_backend_probe_on_the_micro_preset(tmp_path):
+    """benchmarks/probes/selfdistill_backend.py: both attention backends, both orders, both
+    temperatures, and the greedy rows compared (on the CPU "auto" is the reference backend)."""
+    stdout = run(["benchmarks/probes/selfdistill_backend.py", "--preset", "micro", "--rows", "6", "--gen", "3",
+                  "--vocab", "512"], tmp_path, OUT=str(tmp_path / "out"))
+    d = json.loads((tmp_path / "out" / "selfdistill_backend.json").read_text())
+    assert [(r["backend"], r["temperature"]) for r in d["runs"]] == [
+        ("reference", 1.0), ("reference", 0.0), ("auto", 1.0), ("auto", 0.0),
+        ("auto", 1.0), ("auto", 0.0), ("reference", 1.0), ("reference", 0.0)]
+    assert d["greedy_rows_equal"] == 6 and all(r["ms_per_step"] > 0 for r in d["runs"])
+    assert "greedy rows equal: 6 of 6" in stdout
