@@ -401,6 +401,7 @@ class AdaptivePolicy:
         # on_step_cost(R, base_tokens, B, priced_ms, wall_ms) after each drafting step this policy
         # planned (engine.stats.record_step_cost: the tables checked against the served steps)
         self.on_step_cost = on_step_cost
+        self._price_memo: dict[tuple, float] = {}  # planned step shape -> _priced_ms
         self.cost = OverheadCost(cost_model, self.overhead)
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
@@ -476,7 +477,11 @@ class AdaptivePolicy:
             return
         priced = None
         if self.on_step_cost is not None and planned[2] is not None:
-            priced = self._priced_ms(*planned)
+            priced = self._price_memo.get(planned)
+            if priced is None:  # the tables never change and the shapes repeat: price each once
+                if len(self._price_memo) >= 4096:
+                    self._price_memo.clear()
+                priced = self._price_memo[planned] = self._priced_ms(*planned)
             self.on_step_cost(planned[0], planned[1], planned[2], priced, wall_ms)
         if not self.overhead.measured:  # a fixed overhead: nothing to learn here
             return

@@ -124,3 +124,18 @@ def test_the_tables_are_described_in_one_line():
     m = CostModel(CostTable([8, 16], [1.0, 1.25]), CostTable([1, 2], [0.5, 0.75]), {2: CostTable([1, 2], [0.25, 0.5])})
     assert describe_tables(m) == ("verify ms by tokens {8: 1.000, 16: 1.250}; draft ms by requests {1: 0.500, "
                                   "2: 0.750}; draft of 2 slots ms by requests {1: 0.250, 2: 0.500}")
+
+
+def test_each_step_shape_is_priced_once(monkeypatch):
+    """The report sits on the per-step path: a shape already priced is looked up, not priced again."""
+    seen, calls = [], []
+    policy = AdaptivePolicy(Tables(), k=4, on_step_cost=lambda *a: seen.append(a))
+    priced = policy._priced_ms
+    monkeypatch.setattr(policy, "_priced_ms", lambda *a: calls.append(a) or priced(*a))
+    ids, limits = ["a", "b"], np.array([4, 4])
+    for wall in (5.0, 6.0, 7.0):
+        assert policy.should_draft(ids, 2, 2, limits)
+        policy.step_budget(ids, 2, 2, limits)
+        policy.observe_step(wall)
+    assert len(seen) == 3 and len({a[:4] for a in seen}) == 1 and [a[4] for a in seen] == [5.0, 6.0, 7.0]
+    assert len(calls) == 1
