@@ -125,7 +125,10 @@ def test_continuous_usage_stats_alone_still_puts_usage_in_every_chunk(http):
     with http.stream("POST", C, json=body) as r:
         chunks = _sse(r)
     assert all(c["choices"] for c in chunks)  # no final usage-only chunk without include_usage
-    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3]
+    # the usage so far in every chunk; a loaded machine may put two steps' tokens in one chunk
+    # (CI saw [2, 3]), so the counts only have to grow and end at the total
+    seen = [c["usage"]["completion_tokens"] for c in chunks]
+    assert seen and seen == sorted(set(seen)) and seen[0] >= 1 and seen[-1] == 3
 
 
 def test_without_continuous_usage_chunks_carry_usage_null(http):
