@@ -5,7 +5,9 @@ blocks per row; prompts of different lengths share a batch, as in the engine), s
 samples are exactly the target's distribution and cost one token per row per step. Attention
 runs on the engine's backend for the device ("auto": the Triton paged kernel on CUDA, which reads
 the cache in place; H200 run 28 profiled the "reference" backend's gather of every row's keys at
-24 of a decode step's 58 ms of kernels at 768 rows), plain torch on the CPU. No stop
+24 of a decode step's 58 ms of kernels at 768 rows; if that kernel fails, the batch is decoded
+again on the reference attention, with a warning, rather than losing the build), plain torch on
+the CPU. No stop
 at EOS: fixed-length continuations keep batching trivial, and after an EOS the target
 simply starts a new document, which is still its own text.
 """
@@ -44,8 +46,18 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
         bar = tqdm(total=len(prompts), desc="sample", unit="seq")
     out: list[list[int]] = []
     for i in range(0, len(prompts), batch_size):
-        out.extend(_sample_batch(target, prompts[i:i + batch_size], gen_len, temperature, top_p, rng, profile,
-                                 backend))
+        batch = prompts[i:i + batch_size]
+        try:
+            out.extend(_sample_batch(target, batch, gen_len, temperature, top_p, rng, profile, backend))
+        except Exception as e:  # noqa: BLE001 - "auto" chose a kernel that failed: never lose a build to it
+            if attention_backend != "auto" or backend == "reference":
+                raise
+            import sys
+
+            print(f"self-distillation: the {backend} attention failed ({type(e).__name__}: {e}); "
+                  "decoding on the reference attention from here", file=sys.stderr, flush=True)
+            backend = "reference"
+            out.extend(_sample_batch(target, batch, gen_len, temperature, top_p, rng, profile, backend))
         if bar:
             bar.update(min(batch_size, len(prompts) - i))
     if bar:

@@ -81,3 +81,25 @@ def test_the_triton_backend_gives_the_reference_backends_greedy_rows_on_gpu(micr
     tri = sample_ragged(m, prompts, 24, temperature=0.0, batch_size=64, attention_backend="auto")
     same = sum(r == t for r, t in zip(ref, tri))
     assert same >= 0.9 * len(prompts), f"{same} of {len(prompts)} rows equal"
+
+
+def test_auto_falls_back_to_the_reference_attention_when_its_kernel_fails(model, monkeypatch, capsys):
+    """The pair build runs minutes on a machine that keeps nothing: a kernel failure of the backend
+    "auto" chose must cost a slower decode, not the build. An explicit backend still raises."""
+    import adaspec.engine.llm_engine as llm_engine
+    import adaspec.train.self_distill as sd
+
+    run_batch = sd._sample_batch
+
+    def kernel_fails(*args):
+        if args[-1] != "reference":
+            raise RuntimeError("no kernel image is available")
+        return run_batch(*args)
+
+    monkeypatch.setattr(sd, "_sample_batch", kernel_fails)
+    monkeypatch.setattr(llm_engine, "choose_attention_backend", lambda name, device, dtype: "triton")
+    want = [greedy_by_recompute(model, p, GEN) for p in PROMPTS]
+    assert sample_ragged(model, PROMPTS, GEN, temperature=0.0, batch_size=3) == want
+    assert "the triton attention failed (RuntimeError: no kernel image is available)" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        sample_ragged(model, PROMPTS, GEN, temperature=0.0, attention_backend="triton")
