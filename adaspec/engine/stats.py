@@ -53,7 +53,8 @@ class EngineStats:
     # priced them at, and their measured wall time (launch to launch when pipelined, so the host's
     # share is in it). A wall / priced ratio that grows with q means the tables under-price verifying
     # more drafts, and the policy verifies too many (H200 run 28: at T = 1, 16 requests, adaptive:7
-    # verified 6.5 drafts per request in 3.75 ms steps where fixed k = 3 took 3.0 ms)
+    # verified 6.5 drafts per request in 3.73 ms steps where fixed k = 3 took 2.98 ms; whether its
+    # verifies were under-priced or its 7-slot drafts cost the difference, those runs cannot say)
     cost_check_steps: list[int] = field(default_factory=list)
     cost_check_priced_ms: list[float] = field(default_factory=list)
     cost_check_wall_ms: list[float] = field(default_factory=list)
