@@ -13,6 +13,8 @@ simply starts a new document, which is still its own text.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -52,8 +54,6 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
         except Exception as e:  # noqa: BLE001 - "auto" chose a kernel that failed: never lose a build to it
             if attention_backend != "auto" or backend == "reference":
                 raise
-            import sys
-
             print(f"self-distillation: the {backend} attention failed ({type(e).__name__}: {e}); "
                   "decoding on the reference attention from here", file=sys.stderr, flush=True)
             backend = "reference"
