@@ -53,16 +53,10 @@ from typing import Any, Callable
 from adaspec.errors import ConfigError, InvalidRequestError
 from adaspec.serve.engine_thread import ACCEPTED, Chunk, _put_all, _Route, accepted
 from adaspec.serve.errors import APIError, QueueFullError
+from adaspec.serve.metrics import ENGINE_STATS_READ
 from adaspec.serve.state import LOG_FORMAT
 
 log = logging.getLogger("adaspec.serve")
-
-# engine.stats fields the metrics read (serve/metrics.py), sent with every batch
-_SNAPSHOT_STATS = ("num_prompt_tokens", "num_generated_tokens", "num_preemptions", "num_steps", "time_in_steps",
-                   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_verified_tokens",
-                   "num_steps_draft_skipped", "accepted_per_pos", "verified_per_pos", "predicted_accept_per_pos",
-                   "budget_hist", "synthetic_acceptance")
-
 
 @dataclass
 class EngineInfo:
@@ -99,7 +93,7 @@ class EngineSnapshot:
     def of(cls, engine) -> "EngineSnapshot":
         st = engine.stats
         fields = {}
-        for f in _SNAPSHOT_STATS:
+        for f in ENGINE_STATS_READ:  # the fields the metrics read, sent with every batch
             v = getattr(st, f, None)
             fields[f] = list(v) if isinstance(v, (list, tuple)) else dict(v) if isinstance(v, dict) else v
         return cls(engine.num_running(), engine.num_waiting(), engine.kv_blocks_total(), engine.kv_blocks_free(),

@@ -58,6 +58,11 @@ _QLEN_COUNTERS = {
 }
 
 
+# every engine.stats field update_engine reads: the engine process ships exactly these to the HTTP
+# side (serve/engine_process.py EngineSnapshot), so a counter added above reaches /metrics there too
+ENGINE_STATS_READ = (*_STAT_COUNTERS, *_POS_COUNTERS, *_QLEN_COUNTERS, "budget_hist", "synthetic_acceptance")
+
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # set with it by use_multiprocess_dir: a PROMETHEUS_MULTIPROC_DIR of the user's own (files of
 # earlier processes in it) must not make one server's render sum them

@@ -53,24 +53,25 @@ def test_the_policy_reports_each_drafting_step_it_planned_with_the_tables_price(
     assert len(seen) == 1
 
 
+class Engine:  # what ServerMetrics.update_engine reads
+    def __init__(self):
+        self.stats = EngineStats()
+
+    def num_running(self):
+        return 0
+
+    def num_waiting(self):
+        return 0
+
+    def kv_blocks_total(self):
+        return 1
+
+    def kv_blocks_free(self):
+        return 1
+
+
 def test_metrics_to_the_bench_point_and_the_report():
     from adaspec.serve.metrics import ServerMetrics
-
-    class Engine:  # what ServerMetrics.update_engine reads
-        def __init__(self):
-            self.stats = EngineStats()
-
-        def num_running(self):
-            return 0
-
-        def num_waiting(self):
-            return 0
-
-        def kv_blocks_total(self):
-            return 1
-
-        def kv_blocks_free(self):
-            return 1
 
     eng, m = Engine(), ServerMetrics("m")
     eng.stats.record_step_cost(2, 2, 2, 1.0, 2.0)  # q = 2
@@ -94,6 +95,29 @@ def test_metrics_to_the_bench_point_and_the_report():
     lines = cost_check_section(points, ["fixed:3", "adaptive:7"])
     assert "| adaptive:7 | 16 | 4: 2.00 -> 5.00 | 1: 2.00 -> 8.00 |" in lines
     assert cost_check_section(points[2:], ["fixed:3"]) == []
+
+
+def test_the_engine_process_ships_every_counter_the_metrics_read():
+    # on CUDA the server's engine runs in a process of its own and sends the HTTP side a snapshot of
+    # its stats (serve/engine_process.py): H200 run 29's adaptive servers showed no cost check
+    # because the snapshot left those counters out. /metrics must read the same through it.
+    from adaspec.serve.engine_process import EngineSnapshot
+    from adaspec.serve.metrics import ServerMetrics
+
+    eng = Engine()
+    st = eng.stats
+    st.ensure_positions(3)
+    st.num_steps, st.num_generated_tokens, st.num_drafts, st.num_accepted_tokens = 7, 40, 9, 12
+    st.accepted_per_pos[:] = [5, 3, 1]
+    st.predicted_accept_per_pos[:] = [4.5, 2.5, 1.5]
+    st.budget_hist[6] = 4
+    st.record_step_cost(2, 2, 6, 2.0, 3.0)
+    direct, shipped = ServerMetrics("m"), ServerMetrics("m")
+    direct.update_engine(eng)
+    shipped.update_engine(EngineSnapshot.of(eng))
+    text = generate_latest(shipped.registry).decode()
+    assert parse_spec_counters(text) == parse_spec_counters(generate_latest(direct.registry).decode())
+    assert 'adaspec:spec_decode_cost_check_steps_total{model_name="m",query_len="4"} 1.0' in text
 
 
 def test_an_adaptive_engine_counts_its_decode_steps(micro_pair, tmp_path, monkeypatch):
