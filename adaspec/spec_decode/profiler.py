@@ -29,8 +29,8 @@ log = logging.getLogger("adaspec.profile")
 # the Triton paged kernel, pinned host-to-device copies. 3: the speculative step's own graphs
 # (propose; verify with accept; query-length levels). 4: the adaptive step's verify graphs at every
 # query length (a table entry now times the graph that length picks), and drafts of k < block_size
-# slots run k slots' heads only.
-STEP_REVISION = 4
+# slots run k slots' heads only. 5: the shapes' runs in rounds over the table (cost_model._time_table).
+STEP_REVISION = 5
 
 
 def default_cache_dir() -> Path:
