@@ -37,9 +37,10 @@
 #   defaults were set before that:
 #   3 arms x 3 concurrencies x 2 repeats of short requests: arms adaptive:7,none,fixed:7
 #   (adaptive first: if time runs out it is a later arm that is missing), concurrency 1,32,256,
-#   T=0, 2 repeats, 64 output tokens, max(32, WAVES x C) eval-code prompts per point (WAVES=4, as the
-#   offline mode: through the server in run 17 one wave at C = 256 lasted under a second, mostly
-#   ramp), 8 warm-up requests.
+#   T=0, 2 repeats, 64 output tokens, max(32, WAVES x C) eval-code prompts per point, 8 warm-up
+#   requests. WAVES=16 (4 until run 29: through the server in run 17 one wave at C = 256 lasted under a
+#   second, mostly ramp; in run 29, 4 waves at T = 1 still lasted 0.45 s at C = 16 and 0.8 s at 64,
+#   and the spreads of 3-4 repeats reached +-10%: server starts, not points, take a command's time).
 #   The sweep is stopped in time (SIGTERM: it stops its server, keeps every finished point) and
 #   the report covers what finished. Writes at most 6 files: OUT/pair.json, OUT/server_T{T}.log,
 #   OUT/server_T{T}_report.md, OUT/server_T{T}_frontier.png, OUT/server_T{T}.tar.gz (points, server
@@ -91,7 +92,7 @@ case "$MODE" in
     rm -rf "$DIR"
     sweep_then_report "$DIR" --model "$MODEL" "${DRAFTER_ARGS[@]}" --arms "$ARMS" --concurrency "$CONC" \
       --repeats "$REPEATS" --temperature "$TEMP" --output-len "$OUTPUT_LEN" --ignore-eos \
-      --num-prompts "${NUM_PROMPTS:-32}" --prompts-per-concurrency "${WAVES:-4}" --num-warmups "${NUM_WARMUPS:-8}" \
+      --num-prompts "${NUM_PROMPTS:-32}" --prompts-per-concurrency "${WAVES:-16}" --num-warmups "${NUM_WARMUPS:-8}" \
       --server-arg=--max-num-seqs="$MAXC" "${EXTRA_SERVER_ARGS[@]}" --startup-timeout 240 2>&1 | tee "$OUT/$NAME.log"
     collect "$DIR" "$OUT" "$NAME"
     if [ -f "$DIR/report.md" ]; then
