@@ -224,8 +224,8 @@ def _time_table(fn, sizes, repeats, warmup, timer, sync, capture_limit) -> CostT
     shape): a drift of the device's speed while profiling (clocks, temperature) then moves every
     shape's runs alike. Shape after shape, it moved the later shapes' whole tables, and the policy
     decides on differences of ~0.1 ms between neighbouring shapes (H200 run 29: two servers' tables
-    of one build differed by up to 0.14 ms at one shape, against a rise of 0.19 ms in the verify
-    table from 16 to 128 tokens)."""
+    of one build differed by up to 0.27 ms at one shape, more than a verify table rose from 16 to
+    128 tokens)."""
     for n in sizes:
         for _ in range(warmup):
             fn(n)
