@@ -1,0 +1,67 @@
+"""benchmarks/slim_sweep_archive.py: a sweep archive loses its points' per-request chunk arrays and
+nothing else, and is refused when slimming would change the report."""
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from adaspec.bench.report import write_report
+from tests.bench.test_pareto_report import SYN, write_points
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "slim_sweep_archive.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("slim_sweep_archive", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep_archive(tmp_path) -> Path:
+    sweep = tmp_path / "run" / "server_T0"
+    points = [dict(p, itls=[[0.01 * i, 0.02]], chunk_tokens=[[1, 2]], ttfts=[0.1 * (i + 1)]) for i, p in enumerate(SYN)]
+    write_points(sweep, points, {"model": "m", "arms": [{"name": "none"}, {"name": "fixed:7"}], "repeats": 3})
+    (sweep / "logs").mkdir()
+    (sweep / "logs" / "none.log").write_text("a server's log\n")
+    write_report(sweep)
+    (sweep / "report.md").write_text("the report as the run wrote it\n")  # kept as written, not rebuilt
+    archive = tmp_path / "server_T0.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        t.add(sweep, arcname="server_T0")
+    return archive
+
+
+def members(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+
+
+def test_the_points_lose_their_chunk_arrays_and_nothing_else(tmp_path, monkeypatch, capsys):
+    archive, out = sweep_archive(tmp_path), tmp_path / "slim.tar.xz"
+    monkeypatch.setattr(sys, "argv", ["slim", str(archive), str(out)])
+    assert load_script().main() == 0
+    before, after = members(archive), members(out)
+    assert sorted(before) == sorted(after)
+    for name, data in before.items():
+        if "/points/" not in name:
+            assert after[name] == data, name  # logs, manifest, report and plot as written
+            continue
+        full, slim = json.loads(data), json.loads(after[name])
+        assert slim["itls"] is None and slim["chunk_tokens"] is None and full["itls"] is not None
+        assert {k: v for k, v in slim.items() if k not in ("itls", "chunk_tokens")} == \
+            {k: v for k, v in full.items() if k not in ("itls", "chunk_tokens")}
+    assert "12 points slimmed, report unchanged" in capsys.readouterr().out
+
+
+def test_a_slimming_that_changes_the_report_writes_nothing(tmp_path, monkeypatch):
+    archive, out = sweep_archive(tmp_path), tmp_path / "slim.tar.xz"
+    mod = load_script()
+    monkeypatch.setattr(mod, "DROPPED_ARRAYS", ("itls", "output_throughput"))  # a field the report reads
+    monkeypatch.setattr(sys, "argv", ["slim", str(archive), str(out)])
+    with pytest.raises(SystemExit, match="changes once slimmed"):
+        mod.main()
+    assert not out.exists()
