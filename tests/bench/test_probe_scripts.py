@@ -130,3 +130,19 @@ def test_selfdistill_backend_probe_on_the_micro_preset(tmp_path):
         ("auto", 1.0), ("auto", 0.0), ("reference", 1.0), ("reference", 0.0)]
     assert d["greedy_rows_equal"] == 6 and all(r["ms_per_step"] > 0 for r in d["runs"])
     assert "greedy rows equal: 6 of 6" in stdout
+
+
+def test_cost_table_stability_probe_on_the_micro_preset(tmp_path):
+    """benchmarks/probes/cost_table_stability.py: the verify table profiled by both methods,
+    alternating, on a random-weight target with the synthetic stand-in drafter."""
+    stdout = run(["benchmarks/probes/cost_table_stability.py", "--preset", "micro", "--vocab", "512",
+                  "--max-num-seqs", "2", "--profiles", "2", "--repeats", "1"], tmp_path, OUT=str(tmp_path / "out"))
+    d = json.loads((tmp_path / "out" / "cost_table_stability.json").read_text())
+    assert d["sizes"] == [1, 2, 3, 4, 6, 8, 12, 16]  # 2 requests of k + 1 = 8 tokens
+    for method in ("shape after shape", "rounds"):
+        tables = d["tables"][method]
+        assert len(tables) == 2 and all(len(t) == 8 and t == sorted(t) for t in tables)  # forced monotone
+        s = d["summary"][method]
+        assert (s["rise_from_tokens"], s["rise_to_tokens"]) == (1, 16) and len(s["rise_ms"]) == 2
+        assert 0 <= s["median_spread_ms"] <= s["max_spread_ms"]
+    assert "rounds: spread over profiles max" in stdout
