@@ -24,6 +24,8 @@ allocates with the current ones as here), so the adaptive figure is an upper bou
 
     python benchmarks/replay_policy.py SWEEP.json [--pair pair.json | --blocks heldout_blocks.npz]
         [--temperature 0] [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]
+    python benchmarks/replay_policy.py --server-log SERVER.log --concurrency 16,64 --blocks heldout_blocks.npz ...
+        (the tables an adaptive server logged: its "cost tables (json): " line)
 """
 from __future__ import annotations
 
@@ -148,6 +150,17 @@ def measured_decode_rates(sweep: dict) -> dict:
     return {k: sum(v) / len(v) for k, v in got.items()}
 
 
+def tables_from_log(path: str) -> dict:
+    """The cost tables an adaptive server logged (the last such line: a server profiles once)."""
+    from adaspec.spec_decode.profiler import TABLES_JSON_PREFIX
+
+    lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if TABLES_JSON_PREFIX in ln]
+    if not lines:
+        raise SystemExit(f"{path}: no line with {TABLES_JSON_PREFIX.strip()!r} (adaptive servers log it since "
+                         "this change; older logs give the tables in words only)")
+    return json.loads(lines[-1].split(TABLES_JSON_PREFIX, 1)[1])
+
+
 def curve_of(sweep: dict, pair: str | None, temperature: float) -> list[float]:
     if pair:
         return [float(x) for x in json.loads(Path(pair).read_text())["heldout"]["T=%g" % temperature]["cond_acceptance"]]
@@ -159,7 +172,9 @@ def curve_of(sweep: dict, pair: str | None, temperature: float) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep", help="an offline sweep's JSON with cost_tables")
+    ap.add_argument("sweep", nargs="?", help="an offline sweep's JSON with cost_tables")
+    ap.add_argument("--server-log", help="instead of a sweep: an adaptive server's log, whose cost tables line "
+                    "(profiler.py, \"cost tables (json): ...\") gives the tables (needs --concurrency)")
     ap.add_argument("--pair", help="pair.json whose held-out conditional acceptance is the curve")
     ap.add_argument("--blocks", help="a build's drafter/heldout_blocks.npz: replay over real blocks (see above)")
     ap.add_argument("--steps", type=int, default=200, help="--blocks: steps drawn per concurrency (default 200)")
@@ -172,7 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, help="the engine's (the graphs' capture sizes); default: the largest C")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
-    sweep = json.loads(Path(a.sweep).read_text())
+    if (a.sweep is None) == (a.server_log is None):
+        ap.error("give a sweep's JSON or --server-log LOG (one of them)")
+    if a.server_log:
+        if not a.concurrency:
+            ap.error("--server-log needs --concurrency")
+        sweep = {"cost_tables": {a.arm or "adaptive": tables_from_log(a.server_log)}, "args": {}}
+        a.sweep = a.server_log
+    else:
+        sweep = json.loads(Path(a.sweep).read_text())
     tables = sweep.get("cost_tables") or {}
     if not tables:
         raise SystemExit(f"{a.sweep} has no cost_tables (sweeps record them since 8406820)")

@@ -2,6 +2,7 @@
 and the lines that say what a long wait is doing (issue 11)."""
 import argparse
 import json
+import logging
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -259,12 +260,14 @@ def test_a_drafter_given_as_target_says_how_to_use_it(capsys, tmp_path, micro_qw
 # -- long waits say what they are doing -----------------------------------------------------
 def test_startup_profiling_says_what_it_does_then_that_it_read_the_cache(micro_qwen3, tmp_path, capsys, caplog):
     from adaspec import LLM
+    from adaspec.spec_decode.profiler import TABLES_JSON_PREFIX
     from adaspec.testing import make_micro_drafter_dir
 
     d = make_micro_drafter_dir(tmp_path / "d", micro_qwen3, block_size=3)
     spec = {"method": "dspark", "model": str(d), "enable_adaptive_verification": True, "profile_repeats": 1,
             "cost_model_cache_dir": str(tmp_path / "cache")}
     kw = dict(speculative_config=spec, max_num_seqs=2, max_num_batched_tokens=16, max_model_len=64)
+    caplog.set_level(logging.INFO, logger="adaspec.profile")
     LLM(str(micro_qwen3), **kw)
     said = capsys.readouterr().err + caplog.text
     m = re.search(r"profiling the adaptive policy's cost tables: (\d+) shapes x 1 runs \(cached at (\S+) afterwards\)",
@@ -272,6 +275,9 @@ def test_startup_profiling_says_what_it_does_then_that_it_read_the_cache(micro_q
     assert m, said
     path = Path(m.group(2))
     assert path.is_file() and path.parent == tmp_path / "cache"
+    # the server's log carries the tables it prices with as JSON (benchmarks/replay_policy.py --server-log)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith(TABLES_JSON_PREFIX)]
+    assert [json.loads(x[len(TABLES_JSON_PREFIX):]) for x in logged] == [json.loads(path.read_text())["model"]]
     caplog.clear()
     LLM(str(micro_qwen3), **kw)
     said = capsys.readouterr().err + caplog.text

@@ -7,6 +7,7 @@ blocks for R requests at that context length. All dummy requests alias the same 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,6 +32,10 @@ log = logging.getLogger("adaspec.profile")
 # query length (a table entry now times the graph that length picks), and drafts of k < block_size
 # slots run k slots' heads only. 5: the shapes' runs in rounds over the table (cost_model._time_table).
 STEP_REVISION = 5
+
+
+# the server log's line that carries the cost tables as JSON (replay_policy.py reads it)
+TABLES_JSON_PREFIX = "cost tables (json): "
 
 
 def default_cache_dir() -> Path:
@@ -126,6 +131,8 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
     # into the server's log (silent offline): what the policy prices, beside what the served steps
     # cost (/metrics spec_decode_cost_check_*), for a run whose cache is gone with its machine
     log.info("cost tables: %s", describe_tables(model))
+    # the same as JSON (CostModel.to_dict), for benchmarks/replay_policy.py --server-log
+    log.info("%s%s", TABLES_JSON_PREFIX, json.dumps(model.to_dict()))
     return model
 
 

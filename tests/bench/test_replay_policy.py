@@ -62,6 +62,27 @@ def test_replay_refuses_a_sweep_without_tables_or_curve(replay, tmp_path):
         replay.main([str(_sweep(tmp_path)), "--arm", "adaptive:3"])
 
 
+def test_replay_reads_the_tables_an_adaptive_server_logged(replay, tmp_path):
+    from adaspec.spec_decode.profiler import TABLES_JSON_PREFIX
+
+    pair = tmp_path / "pair.json"
+    pair.write_text(json.dumps({"heldout": {"T=0": {"cond_acceptance": [float(x) for x in CURVE.split(",")]}}}))
+    log = tmp_path / "server.log"
+    log.write_text("2026-12-03 13:17:16,226 INFO adaspec.profile: cost tables: verify ms by tokens {...}\n"
+                   f"2026-12-03 13:17:16,227 INFO adaspec.profile: {TABLES_JSON_PREFIX}{json.dumps(TABLES)}\n")
+    from_log, from_sweep = tmp_path / "a.json", tmp_path / "b.json"
+    assert replay.main(["--server-log", str(log), "--concurrency", "1,64", "--pair", str(pair),
+                        "--json", str(from_log)]) == 0
+    assert replay.main([str(_sweep(tmp_path)), "--pair", str(pair), "--json", str(from_sweep)]) == 0
+    rows = [json.loads(p.read_text())["rows"] for p in (from_log, from_sweep)]
+    assert rows[0] == rows[1]
+    log.write_text("a log without the tables\n")
+    with pytest.raises(SystemExit, match="no line with"):
+        replay.main(["--server-log", str(log), "--concurrency", "1", "--pair", str(pair)])
+    with pytest.raises(SystemExit):  # --server-log needs the concurrency the sweep would give
+        replay.main(["--server-log", str(log), "--pair", str(pair)])
+
+
 def _blocks(tmp_path, conf, accepted):
     p = tmp_path / "heldout_blocks.npz"
     np.savez_compressed(p, T0_conf=np.asarray(conf, dtype=np.float16), T0_accepted=np.asarray(accepted, dtype=np.uint8))
