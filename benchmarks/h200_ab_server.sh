@@ -15,7 +15,8 @@
 # h200_frontier.sh; e.g. A_SERVER_ARGS= B_SERVER_ARGS=--api-server-count=4.
 #
 # Defaults: arms adaptive:7,none,fixed:7 at 32,256, T = 0, 2 rounds of 1 repeat each, 64 output
-# tokens, 4 waves of C prompts per point. Each side's sweep gets an equal share of the time left
+# tokens, WAVES=4 waves of C prompts per point, given to both sides (h200_frontier.sh's own default
+# changed to 16 in 3d1c191: a side's tree from before it would otherwise run shorter points). Each side's sweep gets an equal share of the time left
 # (BUDGET_S, as the other scripts) and is stopped in time. Writes OUT/ab_server.json (per side,
 # arm and C: every point's output throughput, median per-user speed, median TTFT and tokens per
 # chunk, and B / A of their means), OUT/ab_server.txt (that table), OUT/ab_server_log.txt and
@@ -59,7 +60,7 @@ for round in $(seq 1 "$ROUNDS"); do
     say "round $round, $side ($tree; server flags: ${side_args:-none}): $share s"
     # the side's own scripts and package (its h200_common.sh puts its tree first on PYTHONPATH)
     (cd "$tree" && PAIR_DIR=${PAIR_DIR:-/tmp/pair} BUDGET_S=$share RESERVE_S=5 RUNS_DIR="$RUNS/${side}_$round" MODE=server \
-      SERVER_ARGS="$side_args" \
+      SERVER_ARGS="$side_args" WAVES=${WAVES:-4} \
       bash benchmarks/h200_frontier.sh "$RUNS/${side}_${round}_out" "$ARMS" "$CONC" 0 1) >>"$OUT/ab_server_log.txt" 2>&1 \
       || { say "round $round, $side failed:"; tail -20 "$OUT/ab_server_log.txt"; }
   done

@@ -16,8 +16,9 @@
 # adaptive:7,none,fixed:3,fixed:7 (adaptive first: if time runs out, the sweep is stopped cleanly
 # and it is a later arm that is missing, as the report then shows), phases
 # 1x12,128x256,1x12,128x256 (low, high, low, high concurrency; 536 requests a run), T=0. A run of
-# that schedule lasts ~3-5 s: on a machine that found the pair built, give run 23's longer one,
-# 1x24,128x768,1x24,128x768 (at T = 1, run 29, two commands of the short one on one build disagreed).
+# that schedule lasts ~2.5 s at T = 1 on the H200 (run 29): on a machine that found the pair built,
+# give run 23's longer one, 1x24,128x768,1x24,128x768 (at T = 1, run 29, two commands of the short
+# one on one build disagreed).
 # A run that cannot fit is cut at the budget; give fewer arms (e.g. adaptive:7,none,fixed:7) or a
 # shorter schedule for a complete table. Writes at most 6 files: OUT/pair.json,
 # OUT/moving_T{T}.log, OUT/moving_T{T}_report.md, OUT/moving_T{T}_frontier.png and

@@ -55,6 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.out.name.endswith(".tar.xz"):
         ap.error(f"OUT must end in .tar.xz, got {args.out}")
+    size_in = args.archive.stat().st_size  # before OUT, which may be the same file, is written
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         with tarfile.open(args.archive) as t:
@@ -79,7 +80,7 @@ def main() -> int:
         with lzma.open(args.out, "wb", preset=9 | lzma.PRESET_EXTREME) as xz, tarfile.open(fileobj=xz, mode="w") as t:
             for name in top:
                 t.add(root / name, arcname=name)
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes; in: {args.archive.stat().st_size:,})")
+    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes; in: {size_in:,})")
     return 0
 
 

@@ -222,10 +222,12 @@ def capture_limit_of(capture_sizes: Iterable[int] | None) -> int | None:
 def _time_table(fn, sizes, repeats, warmup, timer, sync, capture_limit) -> CostTable:
     """Every shape warmed up, then the repeats in rounds over all the shapes (not shape after
     shape): a drift of the device's speed while profiling (clocks, temperature) then moves every
-    shape's runs alike. Shape after shape, it moved the later shapes' whole tables, and the policy
-    decides on differences of ~0.1 ms between neighbouring shapes (H200 run 29: two servers' tables
-    of one build differed by up to 0.27 ms at one shape, more than a verify table rose from 16 to
-    128 tokens)."""
+    shape's runs alike, where shape after shape it would move the later shapes' whole tables; the
+    policy decides on differences of ~0.1-0.3 ms between shapes. (H200 run 29: the verify tables of
+    the adaptive:7 and adaptive-narrow:7 servers of one build differed by 0.07-0.28 ms, the narrow
+    one's higher at every shape in three pairs of profiles, whichever arm started first: an offset
+    between the arms that rounds cannot remove; whether drift within a ~0.2 s profile matters at
+    all is what benchmarks/probes/cost_table_stability.py measures.)"""
     for n in sizes:
         for _ in range(warmup):
             fn(n)
