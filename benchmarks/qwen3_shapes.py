@@ -30,6 +30,21 @@ def write_shape(name: str, root) -> Path:
     return out
 
 
+def write_preset_shape(preset: str, vocab: int, root) -> Path:
+    """The target shape of a pair preset (adaspec/train/pair_presets.py), e.g. code-0.6b, with our
+    vocabulary of `vocab` tokens, as a config.json-only directory (weights: load_format "dummy")."""
+    from adaspec.train.pair_presets import PRESETS
+
+    t = PRESETS[preset]["target"]
+    out = write_shape("qwen3-0.6b", root)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(vocab_size=vocab, num_hidden_layers=t["layers"], hidden_size=t["hidden"],
+               intermediate_size=t["intermediate"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
+               head_dim=t["head_dim"], max_position_embeddings=t["max_position"], bos_token_id=1, eos_token_id=2)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
 def param_count(name: str) -> int:
     s = {**_COMMON, **SHAPES[name]}
     d, i, L, V = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]

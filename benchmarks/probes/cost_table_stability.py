@@ -32,22 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec import LLM  # noqa: E402
 from adaspec.spec_decode.cost_model import _time_table, verify_grid  # noqa: E402
 from adaspec.spec_decode.profiler import _dummy_steps  # noqa: E402
-from adaspec.train.pair_presets import PRESETS  # noqa: E402
-from qwen3_shapes import write_shape  # noqa: E402
+from qwen3_shapes import write_preset_shape  # noqa: E402
 
 # run 29's held-out conditional acceptance at T = 1 (the stand-in drafter's curve: timing only)
 CURVE = [0.76, 0.67, 0.63, 0.61, 0.59, 0.58, 0.58]
-
-
-def shape_dir(preset: str, vocab: int) -> str:
-    t = PRESETS[preset]["target"]
-    d = write_shape("qwen3-0.6b", tempfile.mkdtemp(prefix="adaspec-shape-"))
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(vocab_size=vocab, num_hidden_layers=t["layers"], hidden_size=t["hidden"],
-               intermediate_size=t["intermediate"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
-               head_dim=t["head_dim"], max_position_embeddings=t["max_position"], bos_token_id=1, eos_token_id=2)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
 
 
 def main():
@@ -64,7 +52,8 @@ def main():
     if args.model:
         llm = LLM(args.model, max_num_seqs=args.max_num_seqs, speculative_config=spec)
     else:
-        llm = LLM(shape_dir(args.preset, args.vocab), load_format="dummy", skip_tokenizer_init=True,
+        shape = write_preset_shape(args.preset, args.vocab, tempfile.mkdtemp(prefix="adaspec-shape-"))
+        llm = LLM(str(shape), load_format="dummy", skip_tokenizer_init=True,
                   max_num_seqs=args.max_num_seqs, speculative_config=spec)
     engine = llm.llm_engine
     decoder = engine.spec

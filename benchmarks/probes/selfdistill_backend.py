@@ -22,19 +22,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec.models.loader import load_target  # noqa: E402
-from adaspec.train.pair_presets import PRESETS  # noqa: E402
 from adaspec.train.self_distill import sample_ragged  # noqa: E402
-from qwen3_shapes import write_shape  # noqa: E402
+from qwen3_shapes import write_preset_shape  # noqa: E402
 
 
 def shaped_target(preset: str, vocab: int, device):
-    t = PRESETS[preset]["target"]
-    shape = write_shape("qwen3-0.6b", tempfile.mkdtemp())
-    cfg = json.loads((shape / "config.json").read_text())
-    cfg.update(vocab_size=vocab, num_hidden_layers=t["layers"], hidden_size=t["hidden"],
-               intermediate_size=t["intermediate"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
-               head_dim=t["head_dim"], max_position_embeddings=t["max_position"], bos_token_id=1, eos_token_id=2)
-    (shape / "config.json").write_text(json.dumps(cfg))
+    shape = write_preset_shape(preset, vocab, tempfile.mkdtemp())
     model, _ = load_target(shape, dtype="bfloat16" if device.type == "cuda" else "float32", device=device,
                            load_format="dummy")
     return model
