@@ -22,6 +22,15 @@ what the confidences can buy over the best fixed k at each C under the tables. T
 from the drawn blocks' own confidences (the engine takes it from each request's previous step, and
 allocates with the current ones as here), so the adaptive figure is an upper bound of the policy's.
 
+The tables price the GPU work only. A served step also pays the host (scheduling, bookkeeping, the
+prefill chunks that ride along): H200 run 30's no-spec server took 5.3 / 7.0 ms per step at 128 /
+256 requests where the tables priced 2.2 / 2.7 ms. --step-overhead-ms adds such a per-step cost
+(one number, or per concurrency: 128:3.0,256:4.4) to every arm's realized steps, plain ones too, so
+the rates compare as the server's would; the adaptive policy still decides on the tables alone, as
+the engine does by default, and a second adaptive row, `adaptive:K priced overhead`, decides with
+the overhead in its prices (the engine's adaptive_verification_step_overhead_ms, spec_decode/
+step_overhead.py).
+
     python benchmarks/replay_policy.py SWEEP.json [--pair pair.json | --blocks heldout_blocks.npz]
         [--temperature 0] [--levels 1,3,5,8 --levels 1,2,3,4,5,6,7,8] [--max-num-seqs N] [--json OUT.json]
     python benchmarks/replay_policy.py --server-log SERVER.log --concurrency 16,64 --blocks heldout_blocks.npz ...
@@ -45,6 +54,7 @@ from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # no
 from adaspec.spec_decode.policy import (  # noqa: E402
     allocate, budget_objective, choose_budget, step_draft_ms, survival,
 )
+from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
 
 
 def padded_cost(cost: CostModel, batch_sizes: list[int], levels: list[int]) -> GraphPaddedCost:
@@ -105,9 +115,12 @@ def replay(cost_tables: dict, curve: list[float], concurrency: list[int], level_
 
 
 def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, concurrency: list[int],
-                  fixed_ks: list[int], max_num_seqs: int, steps: int = 200, seed: int = 0) -> list[dict]:
+                  fixed_ks: list[int], max_num_seqs: int, steps: int = 200, seed: int = 0,
+                  overhead_ms: dict[int, float] | None = None) -> list[dict]:
     """Steps of C requests drawn from real blocks (conf [N, k] calibrated, accepted [N]): the tokens
-    per ms that plain steps, each fixed k and the adaptive objective (every query level) realize."""
+    per ms that plain steps, each fixed k and the adaptive objective (every query level) realize.
+    overhead_ms[C] (default 0): host time every step pays beyond the tables; with it a second
+    adaptive row whose policy prices it (`adaptive:K priced overhead`)."""
     cost = CostModel.from_dict(cost_tables)
     k = conf.shape[1]
     conf = np.asarray(conf, dtype=np.float64)
@@ -116,27 +129,60 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
     rng = np.random.default_rng(seed)
     rows = []
     for c in concurrency:
+        extra = float((overhead_ms or {}).get(c, 0.0))
         draws = rng.integers(0, len(accepted), size=(steps, c))
         acc = accepted[draws]  # [steps, c]
-        row = {"concurrency": c, "plain": plain_rate(padded_cost(cost, sizes, query_levels(k)), c)}
+        plain = plain_rate(padded_cost(cost, sizes, query_levels(k)), c)
+        row = {"concurrency": c, "plain": dict(plain, ms=plain["ms"] + extra, rate=c / (plain["ms"] + extra))}
         for fk in fixed_ks:
-            ms = step_ms(padded_cost(cost, sizes, query_levels(fk)), c, c * (1 + fk), need=fk)
+            ms = step_ms(padded_cost(cost, sizes, query_levels(fk)), c, c * (1 + fk), need=fk) + extra
             tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
             row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
         priced = padded_cost(cost, sizes, list(range(1, k + 2)))
-        tokens = ms = slots = 0.0
-        for s in range(steps):
-            surv = survival(conf[draws[s]])
-            b = choose_budget(surv, c, c, c, priced)
-            lengths = allocate(surv, b)
-            tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
-            ms += step_ms(priced, c, c + b, need=int(lengths.max()) if b else 0)
-            slots += b / c
-        row[f"adaptive:{k}"] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
+        policies = {f"adaptive:{k}": priced}
+        if extra:
+            policies[f"adaptive:{k} priced overhead"] = OverheadCost(priced, StepOverhead(extra))
+        for name, policy_cost in policies.items():
+            tokens = ms = slots = 0.0
+            for s in range(steps):
+                surv = survival(conf[draws[s]])
+                b = choose_budget(surv, c, c, c, policy_cost)
+                lengths = allocate(surv, b)
+                tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
+                # what the step costs: the tables' price of what it ran, plus the host's share
+                ms += step_ms(priced, c, c + b, need=int(lengths.max()) if b else 0) + extra
+                slots += b / c
+            row[name] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
         best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)
         row["adaptive_over_best_fixed"] = row[f"adaptive:{k}"]["rate"] / row[best]["rate"] if best else None
+        if extra:
+            row["priced_overhead_over_best_fixed"] = \
+                row[f"adaptive:{k} priced overhead"]["rate"] / row[best]["rate"] if best else None
         rows.append(row)
     return rows
+
+
+def parse_overhead(text: str | None, concurrency: list[int]) -> dict[int, float]:
+    """--step-overhead-ms: one number for every C, or C:MS pairs (each C of the replay given once)."""
+    if not text:
+        return {}
+    try:
+        if ":" not in text:
+            value = float(text)
+            got = {c: value for c in concurrency}
+        else:
+            got = {}
+            for part in text.split(","):
+                c, ms = part.split(":")
+                got[int(c)] = float(ms)
+    except ValueError:
+        raise SystemExit(f"--step-overhead-ms {text!r}: give a number of ms, or C:MS pairs such as 128:3.0,256:4.4")
+    if any(v < 0 for v in got.values()):
+        raise SystemExit(f"--step-overhead-ms {text!r}: an overhead is >= 0 ms")
+    missing = [c for c in concurrency if c not in got]
+    if missing:
+        raise SystemExit(f"--step-overhead-ms {text!r} gives no overhead for concurrency {missing}")
+    return got
 
 
 def measured_decode_rates(sweep: dict) -> dict:
@@ -185,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", default="1,3,7", help="fixed k arms to price (default 1,3,7)")
     ap.add_argument("--concurrency", help="default: the sweep's")
     ap.add_argument("--max-num-seqs", type=int, help="the engine's (the graphs' capture sizes); default: the largest C")
+    ap.add_argument("--step-overhead-ms", help="--blocks: host time per step beyond the tables, paid by every "
+                    "arm: a number, or C:MS pairs (e.g. 128:3.0,256:4.4); adds a row whose policy prices it")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
+    if a.step_overhead_ms and not a.blocks:
+        ap.error("--step-overhead-ms needs --blocks")
     if (a.sweep is None) == (a.server_log is None):
         ap.error("give a sweep's JSON or --server-log LOG (one of them)")
     if a.server_log:
@@ -238,21 +288,26 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
         if f"{key}_conf" not in blocks.files:
             raise SystemExit(f"{a.blocks} has no blocks at temperature {a.temperature:g} (it has {sorted(blocks.files)})")
         conf, accepted = blocks[f"{key}_conf"], blocks[f"{key}_accepted"]
+    overhead = parse_overhead(a.step_overhead_ms, conc)
     rows = replay_blocks(tables, conf, accepted, conc, [int(x) for x in a.fixed.split(",")],
-                         a.max_num_seqs or max(conc), steps=a.steps)
+                         a.max_num_seqs or max(conc), steps=a.steps, overhead_ms=overhead)
     print(f"cost tables of {arm} in {a.sweep}; {len(accepted)} blocks of {a.blocks} at T={a.temperature:g} "
-          f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C")
+          f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C"
+          + (f"; host overhead per step (ms): {', '.join(f'C={c}: {v:g}' for c, v in overhead.items())}" if overhead else ""))
     print("realized decode-step rate, tokens per ms [slots verified per request, step ms]:")
     for r in rows:
-        names = [n for n in r if n not in ("concurrency", "adaptive_over_best_fixed")]
+        names = [n for n in r if n not in ("concurrency", "adaptive_over_best_fixed", "priced_overhead_over_best_fixed")]
         best = max(names, key=lambda n: r[n]["rate"])
-        print(f"C={r['concurrency']}  (adaptive / best fixed: {r['adaptive_over_best_fixed']:.3f})")
+        priced = r.get("priced_overhead_over_best_fixed")
+        print(f"C={r['concurrency']}  (adaptive / best fixed: {r['adaptive_over_best_fixed']:.3f}"
+              + (f"; priced overhead: {priced:.3f}" if priced is not None else "") + ")")
         for n in names:
             v = r[n]
-            print(f"  {n:<12} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
+            print(f"  {n:<28} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
     if a.json:
         Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "blocks": a.blocks,
-                                            "temperature": a.temperature, "rows": rows}, indent=1))
+                                            "temperature": a.temperature, "step_overhead_ms": overhead,
+                                            "rows": rows}, indent=1))
     return 0
 
 

@@ -134,3 +134,46 @@ def test_an_adaptive_narrow_arms_tables_price_each_step_by_the_draft_it_needs(re
     assert thin["fixed:7"]["ms"] == pytest.approx(full["fixed:7"]["ms"]) == pytest.approx(verify[512] + 2.38)
     a_full, a_thin = full["adaptive:7 levels 1,2,3,4,5,6,7,8"], thin["adaptive:7 levels 1,2,3,4,5,6,7,8"]
     assert a_thin["rate"] > a_full["rate"] and a_thin["slots"] <= 4
+
+
+def test_a_host_overhead_is_paid_by_every_arm_and_priced_by_a_second_policy(replay, tmp_path):
+    """--step-overhead-ms adds the host's per-step time to every arm's realized step (plain steps too,
+    which makes drafting pay more against them); the `priced overhead` policy sees it and so can only
+    verify as many drafts or more (step_overhead.py), and at a large overhead verifies more."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    conf = np.sort(rng.uniform(0.2, 0.95, size=(n, 7)), axis=1)[:, ::-1]
+    accepted = (rng.uniform(size=(n, 7)) < conf).cumprod(axis=1).sum(axis=1)
+    p = _blocks(tmp_path, conf, accepted)
+    base, witho = tmp_path / "base.json", tmp_path / "over.json"
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "1,64", "--fixed", "1,3",
+                        "--json", str(base)]) == 0
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "1,64", "--fixed", "1,3",
+                        "--step-overhead-ms", "1:0.5,64:30", "--json", str(witho)]) == 0
+    b = {r["concurrency"]: r for r in json.loads(base.read_text())["rows"]}
+    o = {r["concurrency"]: r for r in json.loads(witho.read_text())["rows"]}
+    assert "adaptive:7 priced overhead" not in b[64] and "priced_overhead_over_best_fixed" not in b[64]
+    for c, extra in ((1, 0.5), (64, 30.0)):
+        for name in ("plain", "fixed:1", "fixed:3"):
+            assert o[c][name]["ms"] == pytest.approx(b[c][name]["ms"] + extra)
+            assert o[c][name]["tokens"] == pytest.approx(b[c][name]["tokens"])
+        # the tables-only policy decides as before and pays the overhead on every step
+        assert o[c]["adaptive:7"]["slots"] == pytest.approx(b[c]["adaptive:7"]["slots"])
+        assert o[c]["adaptive:7"]["ms"] == pytest.approx(b[c]["adaptive:7"]["ms"] + extra)
+        assert o[c]["adaptive:7 priced overhead"]["slots"] >= o[c]["adaptive:7"]["slots"] - 1e-9
+    assert o[64]["adaptive:7 priced overhead"]["slots"] > o[64]["adaptive:7"]["slots"]
+    assert o[64]["adaptive:7 priced overhead"]["rate"] >= o[64]["adaptive:7"]["rate"]
+    assert o[64]["plain"]["rate"] / o[64]["fixed:3"]["rate"] < b[64]["plain"]["rate"] / b[64]["fixed:3"]["rate"]
+
+
+@pytest.mark.parametrize("text, message", [("128:3.0", "no overhead for concurrency"), ("-1", ">= 0 ms"),
+                                           ("64:x", "give a number of ms"), ("1:2:3", "give a number of ms")])
+def test_a_bad_step_overhead_is_refused_by_name(replay, tmp_path, text, message):
+    p = _blocks(tmp_path, np.ones((4, 7)) * 0.5, [1, 2, 3, 4])
+    with pytest.raises(SystemExit, match=message):
+        replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "1,64", "--step-overhead-ms", text])
+
+
+def test_a_step_overhead_needs_blocks(replay, tmp_path):
+    with pytest.raises(SystemExit):
+        replay.main([str(_sweep(tmp_path)), "--step-overhead-ms", "2"])
