@@ -10,6 +10,10 @@
 #   PAIR_DIR     where the pair is built, or found already built (default /tmp/pair). A device call
 #                issued within ~30 s of the previous one lands on the same warm machine, which still
 #                has /tmp/pair: the H200 run 4 made four commands on one build this way (BENCHMARKS.md)
+#   REQUIRE_PAIR=1  for a command sized for a warm machine: exit 4 at once when PAIR_DIR holds no
+#                pair, instead of building it. A call sent seconds after the previous one returned
+#                can still land on a fresh machine (H200 runs 27 and 30: run 30's rebuild took the
+#                whole command and left no time for a point)
 #   WHEELS_DIR   wheels for the server stack (default .whl; benchmarks/fetch_server_wheels.sh)
 #   RUNS_DIR     where the sweep directories are written before they are collected into OUT
 #                (default /tmp/adaspec-runs)
@@ -74,6 +78,11 @@ ensure_pair() {
   else
     local pair=${PAIR_DIR:-/tmp/pair}
     if [ ! -f "$pair/pair.json" ] || [ ! -d "$pair/drafter" ]; then
+      if [ "${REQUIRE_PAIR:-}" = 1 ]; then
+        echo "$(basename "$0"): no built pair in $pair (a fresh machine?): REQUIRE_PAIR=1 stops here" \
+          "instead of spending ~400 s on a build the command's sweep was not sized for" >&2
+        exit 4
+      fi
       say "building the pair in $pair"
       bash benchmarks/build_pair_h200.sh "$pair" | tail -5
     fi

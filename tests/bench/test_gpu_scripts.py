@@ -136,3 +136,15 @@ def test_only_the_outermost_script_packs(tmp_path):
 
     with tarfile.open(tmp_path / "ab.tar") as tar:
         assert sorted(m.name for m in tar.getmembers() if m.isfile()) == ["ab/copied.txt", "ab/inner/i.txt"]
+
+
+def test_require_pair_stops_at_once_where_no_pair_was_built(tmp_path):
+    """REQUIRE_PAIR=1 (a command sized for a warm machine that landed on a fresh one): exit 4 with a
+    message that names the folder, before any build starts."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNS_DIR": str(tmp_path / "runs"), "CUDA_VISIBLE_DEVICES": "",
+           "PAIR_DIR": str(tmp_path / "nopair"), "REQUIRE_PAIR": "1", "BUDGET_S": "60"}
+    r = subprocess.run(["bash", "benchmarks/h200_frontier.sh", str(tmp_path / "out"), "none", "1", "0", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"no built pair in {tmp_path / 'nopair'}" in r.stderr and "REQUIRE_PAIR=1" in r.stderr
+    assert "building the pair" not in r.stdout
