@@ -44,6 +44,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's: False = the engine produces no text (token ids only; the server's API processes then
+    # decode it, serve/engine_process.py). Stop strings need the text in the engine.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +93,8 @@ class SamplingParams:
             raise bad(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}", "seed")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop must be a non-empty string or a list of non-empty strings", "stop")
+        if self.stop and not self.detokenize:
+            raise bad("stop strings need detokenize=True: the engine matches them in the text", "stop")
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
                    for t in self.stop_token_ids):
             raise bad("stop_token_ids must be a list of non-negative 64-bit integers", "stop_token_ids")

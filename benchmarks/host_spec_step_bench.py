@@ -8,7 +8,7 @@ graphs of every step (the speculative step has no async scheduling), ~2.9 ms of 
 at 256 requests of the 0.6B shape (BENCHMARKS.md, run 8).
 
     python3 benchmarks/host_spec_step_bench.py [--batch 256] [--steps 100] [--repeats 3]
-        [--output-kind final_only|cumulative] [--adaptive] [--out FILE]
+        [--output-kind final_only|cumulative] [--adaptive] [--no-detokenize] [--out FILE]
 
 final_only is what LLM.generate and benchmarks/offline_sweep.py ask for; cumulative, the server.
 """
@@ -38,7 +38,7 @@ def build(args):
     kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final_only" else RequestOutputKind.CUMULATIVE
     for i in range(args.batch):
         eng.add_request(str(i), list(range(5, 37)), SamplingParams(max_tokens=1900, temperature=0, ignore_eos=True,
-                                                                    output_kind=kind))
+                                                                    output_kind=kind, detokenize=args.detokenize))
     eng.step()  # the real prefill (the eager step)
     rng = np.random.default_rng(0)
     state = {}
@@ -73,6 +73,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--output-kind", choices=("final_only", "cumulative"), default="final_only")
     ap.add_argument("--adaptive", action="store_true", help="the adaptive policy (its cost tables are profiled first)")
+    ap.add_argument("--detokenize", action=argparse.BooleanOptionalAction, default=True,
+                    help="--no-detokenize: the engine makes no text (what `adaspec serve --api-detokenize` asks of it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -84,8 +86,8 @@ def main() -> int:
             eng.step()
         runs.append((time.perf_counter() - t0) / args.steps * 1e3)
     med = statistics.median(runs)
-    print(f"batch {args.batch}, {args.output_kind} outputs, {'adaptive' if args.adaptive else 'fixed'}:7: host "
-          f"step {med:.2f} ms (runs {', '.join(f'{r:.2f}' for r in runs)})")
+    print(f"batch {args.batch}, {args.output_kind} outputs{'' if args.detokenize else ' without text'}, "
+          f"{'adaptive' if args.adaptive else 'fixed'}:7: host step {med:.2f} ms (runs {', '.join(f'{r:.2f}' for r in runs)})")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), torch=torch.__version__, runs_ms=runs, median_ms=med), fh, indent=1)

@@ -47,7 +47,7 @@ def api_server_main(index: int, conn, sock, settings: ServerSettings, host: str,
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format=LOG_FORMAT)
     name = settings.served_model_names[0]
     client = EngineClient(conn, lambda engine: ServerMetrics(name, engine_counters=False),
-                          settings.max_queue).start()
+                          settings.max_queue, api_detokenize=settings.api_detokenize).start()
     server = make_server(client, settings, host, port, log_level, access_log)
 
     def handle_exit(sig: int, frame) -> None:

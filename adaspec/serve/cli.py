@@ -84,6 +84,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
                    help="HTTP server processes on the one engine (as vLLM's): at many streams one process "
                         "is the bound; more than 1 runs the engine in a process of its own (default 1)")
+    p.add_argument("--api-detokenize", action=argparse.BooleanOptionalAction, default=None,
+                   help="the API server processes decode the text of requests without stop strings, not the "
+                        "engine (as vLLM's front end); needs the engine in a process of its own (default: on "
+                        "with --api-server-count above 1)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -140,6 +144,12 @@ def settings_from_args(args: argparse.Namespace):
         engine_process = True
     elif engine_process is None:
         engine_process = engine_process_default(args)
+    api_detokenize = getattr(args, "api_detokenize", None)
+    if api_detokenize is None:
+        api_detokenize = api_servers > 1
+    elif api_detokenize and not engine_process:
+        raise ConfigError("--api-detokenize needs the engine in a process of its own (--engine-process): with "
+                          "the engine in a thread it shares the API server's process anyway")
     extra = {}
     if args.max_request_body_bytes is not None:
         if args.max_request_body_bytes < 1:
@@ -148,7 +158,7 @@ def settings_from_args(args: argparse.Namespace):
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
                           disable_log_requests=args.disable_log_requests, engine_process=bool(engine_process),
-                          api_server_count=api_servers, **extra)
+                          api_server_count=api_servers, api_detokenize=bool(api_detokenize), **extra)
 
 
 def engine_process_default(args: argparse.Namespace) -> bool:

@@ -30,6 +30,14 @@ tokens (BENCHMARKS.md, run 19), so about 8 of 9 records were unpacked, published
 for nothing, and a request's first token waited ~0.7 s. Pulled, the server handles as many
 records per second as it can stream, and no more.
 
+With api_detokenize (`--api-detokenize`; on by default with more than one API server) the
+engine makes no text for requests without stop strings (SamplingParams.detokenize=False): each
+API server decodes its own requests' tokens as they come (ApiText), as vLLM's front end does. The
+incremental decoding was the largest part of the engine's host work per step with many streams
+(BENCHMARKS.md, H200 run 30), and the engine's one process is the serial part of the server;
+spread over the API processes it runs beside the engine's steps. Stop strings stay matched in the
+engine, which needs their text.
+
 A failed step, or a child that exits for any reason (killed, out of memory), fails every open
 request with a 500 and calls on_death: the server exits non-zero, as with the thread.
 """
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import gc
 import itertools
 import logging
@@ -114,6 +123,30 @@ def merged_record(first: tuple, later: tuple) -> tuple:
     else:
         suffix, whole = suffix1 + suffix2, None
     return (rid, ids1 + ids2, lps, n, suffix, whole, finish, stop_reason, ftt1 if ftt1 is not None else ftt2)
+
+
+class ApiText:
+    """The text of a request the engine does not decode (sent with detokenize=False), made in the
+    API server as the engine's stop checker would make it: while the request runs, the complete
+    characters of an incremental decode; once it ends on a stop token or its length, the whole
+    output decoded at once (what the engine gives a finished request)."""
+
+    __slots__ = ("tokenizer", "skip_special_tokens", "stream", "ids")
+
+    def __init__(self, tokenizer, skip_special_tokens: bool):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
+        self.stream = tokenizer.decode_stream(skip_special_tokens)
+        self.ids: list[int] = []
+
+    def text(self, new_ids: list[int], finish: str | None) -> str:
+        """The text after these new tokens (finish: the request's finish reason, None while it runs)."""
+        self.ids.extend(new_ids)
+        if finish in ("stop", "length"):
+            return self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+        step = self.stream.step
+        for tok in new_ids:
+            step(tok)
+        return self.stream.text
 
 
 class _Outbox:
@@ -360,10 +393,12 @@ class EngineLink:
     link, ``--api-server-count``) differ only in how the link starts, stops and tells the engine
     is alive."""
 
-    def __init__(self, conn, metrics_factory: Callable[[Any], Any] | None = None, max_queue: int | None = None):
+    def __init__(self, conn, metrics_factory: Callable[[Any], Any] | None = None, max_queue: int | None = None,
+                 api_detokenize: bool = False):
         self._conn = conn
         self._metrics_factory = metrics_factory
         self.max_queue = max_queue
+        self.api_detokenize = api_detokenize  # decode here the text of requests without stop strings
         self.metrics = None
         self.engine: EngineInfo | None = None
         self.error: BaseException | None = None
@@ -421,13 +456,18 @@ class EngineLink:
         if not self.alive:
             raise APIError(503, "The engine is not running.", code="engine_dead")
         q: asyncio.Queue = asyncio.Queue()
+        text_of = None
+        tokenizer = self.engine.tokenizer
+        if self.api_detokenize and tokenizer is not None and params.detokenize and not params.stop:
+            params = dataclasses.replace(params, detokenize=False)  # a copy: the caller's stays as it was
+            text_of = ApiText(tokenizer, params.skip_special_tokens)
         with self._lock:
             if self.error is not None:  # died after the check above (the reader holds this lock to fail routes)
                 raise APIError(503, "The engine is not running.", code="engine_dead")
             if self.max_queue is not None and self._pending_adds + self._num_waiting >= self.max_queue:
                 raise QueueFullError(self.max_queue)
             self._pending_adds += 1
-            self._routes[request_id] = _Route(asyncio.get_running_loop(), q, arrival, prompt_tokens)
+            self._routes[request_id] = _Route(asyncio.get_running_loop(), q, arrival, prompt_tokens, text_of)
         try:
             self._send(("add", request_id, prompt, params, arrival))
         except (OSError, ValueError):  # the pipe is closed: the process is gone (the reader fails the route)
@@ -522,7 +562,10 @@ class EngineLink:
                 if metrics is not None and n > route.sent:
                     metrics.on_chunk(rid, first, route.arrival, first_token_time)
                 route.sent = n
-                route.text = whole if whole is not None else route.text + suffix
+                if route.text_of is not None:
+                    route.text = route.text_of.text(new_ids, finish)
+                else:
+                    route.text = whole if whole is not None else route.text + suffix
                 chunk = Chunk(route.text, new_ids, lps, n, route.prompt_tokens, finish, stop_reason)
                 batches.setdefault(route.loop, []).append((route.queue, chunk))
                 if finish is not None:
@@ -562,10 +605,11 @@ class EngineProcess(EngineLink):
     ends are ``client_conns``, for EngineClient in those processes."""
 
     def __init__(self, engine_factory: Callable[[], Any], metrics_factory: Callable[[Any], Any] | None = None,
-                 max_queue: int | None = None, start_timeout: float | None = None, extra_api_servers: int = 0):
+                 max_queue: int | None = None, start_timeout: float | None = None, extra_api_servers: int = 0,
+                 api_detokenize: bool = False):
         ctx = multiprocessing.get_context("spawn")
         conn, child_conn = ctx.Pipe(duplex=True)
-        super().__init__(conn, metrics_factory, max_queue)
+        super().__init__(conn, metrics_factory, max_queue, api_detokenize)
         self._factory = engine_factory
         self.start_timeout = start_timeout
         extra = [ctx.Pipe(duplex=True) for _ in range(extra_api_servers)]

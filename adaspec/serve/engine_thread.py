@@ -62,13 +62,14 @@ def _put_all(items) -> None:
 
 
 class _Route:
-    __slots__ = ("loop", "queue", "arrival", "sent", "prompt_tokens", "text")
+    __slots__ = ("loop", "queue", "arrival", "sent", "prompt_tokens", "text", "text_of")
 
-    def __init__(self, loop, q, arrival, prompt_tokens):
+    def __init__(self, loop, q, arrival, prompt_tokens, text_of=None):
         self.loop, self.queue, self.arrival = loop, q, arrival
         self.sent = 0  # generated tokens already handed over
         self.prompt_tokens = prompt_tokens
         self.text = ""
+        self.text_of = text_of  # engine_process.ApiText: the text is decoded here, not in the engine
 
 
 class EngineThread:

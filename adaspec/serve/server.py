@@ -152,7 +152,8 @@ def start_engine(engine_factory: Callable[[], Any], settings: ServerSettings) ->
         from adaspec.serve.engine_process import EngineProcess
 
         return EngineProcess(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue,
-                             extra_api_servers=settings.api_server_count - 1).start()
+                             extra_api_servers=settings.api_server_count - 1,
+                             api_detokenize=settings.api_detokenize).start()
     if settings.api_server_count > 1:
         raise ConfigError("--api-server-count above 1 needs the engine in a process of its own (--engine-process)")
     return EngineThread(engine_factory, lambda engine: ServerMetrics(name), settings.max_queue).start()

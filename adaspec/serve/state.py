@@ -24,6 +24,7 @@ class ServerSettings:
     disable_log_requests: bool = False  # no per-request log line
     engine_process: bool = False  # the engine in a process of its own (engine_process.py), else a thread
     api_server_count: int = 1  # HTTP server processes on the one engine (api_servers.py); > 1 needs engine_process
+    api_detokenize: bool = False  # the API servers decode the text, not the engine (engine_process.py); needs engine_process
 
 
 @dataclass

@@ -167,3 +167,13 @@ def test_api_server_count_turns_the_engine_process_on_and_refuses_what_cannot_wo
         settings_from_args(_args("m", "--api-server-count", "0"))
     with pytest.raises(ConfigError, match="--no-engine-process"):
         settings_from_args(_args("m", "--api-server-count", "2", "--no-engine-process"))
+
+
+def test_api_detokenize_is_on_with_several_api_servers_and_needs_the_engine_process(monkeypatch):
+    monkeypatch.delenv("ADASPEC_DEVICE", raising=False)
+    assert settings_from_args(_args("m", "--device", "cpu", "-asc", "2")).api_detokenize is True
+    assert settings_from_args(_args("m", "--device", "cpu", "-asc", "2", "--no-api-detokenize")).api_detokenize is False
+    assert settings_from_args(_args("m", "--device", "cuda")).api_detokenize is False  # one API server
+    assert settings_from_args(_args("m", "--device", "cuda", "--api-detokenize")).api_detokenize is True
+    with pytest.raises(ConfigError, match="--api-detokenize needs the engine in a process of its own"):
+        settings_from_args(_args("m", "--device", "cpu", "--api-detokenize"))

@@ -35,14 +35,15 @@ def reference(micro_dir):
     return generate
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=["thread", "process", "process-api-detokenize"])
 def real_server(micro_dir, request):
-    """The engine in a thread of the server, and in a process of its own (--engine-process)."""
+    """The engine in a thread of the server, in a process of its own (--engine-process), and so with
+    the text decoded by the API server (--api-detokenize)."""
     from adaspec.config import EngineConfig
     from adaspec.serve.cli import build_engine
 
     s = LiveServer(functools.partial(build_engine, EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",),
-                   engine_process=request.param == "process")
+                   engine_process=request.param != "thread", api_detokenize=request.param == "process-api-detokenize")
     yield s
     s.close()
 
