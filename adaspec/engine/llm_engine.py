@@ -659,7 +659,7 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, num_new: int) -> RequestOutput:
         comp = CompletionOutput(
-            index=0, text=seq.output_text, token_ids=list(seq.output_token_ids),
+            index=0, text=seq.output_text, token_ids=seq.output_token_ids,  # a fresh list (a slice)
             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
         )
