@@ -49,6 +49,9 @@
 # measured an engine thread: SERVER_ARGS="--no-engine-process" for that).
 # One HTTP server process per server unless SERVER_ARGS="--api-server-count=4": at 256 streams one
 #   process was the bound (BENCHMARKS.md, run 22: four made adaptive:7 1.32x at C = 256, the same at 1 and 32).
+#   Since 9272dca more than one also moves the text's decoding to the API processes (--api-detokenize;
+#   runs 22-30 decoded in the engine): SERVER_ARGS="--api-server-count=4 --no-api-detokenize" for
+#   the old way, e.g. as the A side of h200_ab_server.sh (A_TREE=. with A_SERVER_ARGS / B_SERVER_ARGS).
 # Output lengths spread over [L(1 - r), L(1 + r)] instead of all L (without it the no-spec arm runs
 #   in waves that end on one step, BENCHMARKS.md run 18): OFFLINE_ARGS="--random-range-ratio 0.5" or
 #   SWEEP_ARGS="--random-range-ratio 0.5" (every `bench sweep` the H200 scripts run: MODE=server here,
