@@ -10,10 +10,15 @@ from adaspec.errors import InvalidRequestError
 class RequestOutputKind(enum.Enum):
     """What LLMEngine.step reports for a request (vLLM's names): CUMULATIVE, its whole output so
     far after every step; FINAL_ONLY, nothing until it finishes (LLM.generate: no per-step copy of
-    every request's tokens, which grows with the output length)."""
+    every request's tokens, which grows with the output length). NEW_TOKENS (ours, for the
+    server's engine process, serve/engine_process.py): after every step, the token ids and
+    logprobs that step added only, the text whole as in CUMULATIVE (unlike vLLM's DELTA, whose text
+    is the new part): a cumulative copy of 256 requests' 2,000-token outputs took 4.3 ms a step on
+    a CPU core, 0.4 ms at 64 tokens."""
 
     CUMULATIVE = 0
     FINAL_ONLY = 2
+    NEW_TOKENS = 3
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by e.g. 1e-39
 # overflows to inf and the softmax to NaN, so such a request would end at once.

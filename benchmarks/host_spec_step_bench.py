@@ -8,9 +8,10 @@ graphs of every step (the speculative step has no async scheduling), ~2.9 ms of 
 at 256 requests of the 0.6B shape (BENCHMARKS.md, run 8).
 
     python3 benchmarks/host_spec_step_bench.py [--batch 256] [--steps 100] [--repeats 3]
-        [--output-kind final_only|cumulative] [--adaptive] [--no-detokenize] [--out FILE]
+        [--output-kind final_only|cumulative|new_tokens] [--adaptive] [--no-detokenize] [--out FILE]
 
-final_only is what LLM.generate and benchmarks/offline_sweep.py ask for; cumulative, the server.
+final_only is what LLM.generate and benchmarks/offline_sweep.py ask for; new_tokens, the server's
+engine process (cumulative before it, and the server's engine thread).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def build(args):
     g = GraphedSpecStep(eng.spec, eng, batch_sizes=sorted({1, 8, 64, args.batch}))
     g.capture(eager=True)
     eng.spec.use_graphs(g)
-    kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final_only" else RequestOutputKind.CUMULATIVE
+    kind = RequestOutputKind[args.output_kind.upper()]
     for i in range(args.batch):
         eng.add_request(str(i), list(range(5, 37)), SamplingParams(max_tokens=1900, temperature=0, ignore_eos=True,
                                                                     output_kind=kind, detokenize=args.detokenize))
@@ -71,7 +72,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--output-kind", choices=("final_only", "cumulative"), default="final_only")
+    ap.add_argument("--output-kind", choices=("final_only", "cumulative", "new_tokens"), default="final_only")
     ap.add_argument("--adaptive", action="store_true", help="the adaptive policy (its cost tables are profiled first)")
     ap.add_argument("--detokenize", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-detokenize: the engine makes no text (what `adaspec serve --api-detokenize` asks of it)")

@@ -658,10 +658,16 @@ class LLMEngine:
             self.spec.forget(seq)
 
     def _output(self, seq: Sequence, num_new: int) -> RequestOutput:
+        if seq.params.output_kind is RequestOutputKind.NEW_TOKENS:  # this step's tokens only
+            end = len(seq.token_ids)
+            token_ids = seq.token_ids[end - num_new:] if num_new else []
+            logprobs = None if seq.logprobs is None else seq.logprobs[len(seq.logprobs) - num_new:] if num_new else []
+        else:
+            token_ids = seq.output_token_ids  # a fresh list (a slice)
+            logprobs = list(seq.logprobs) if seq.logprobs is not None else None
         comp = CompletionOutput(
-            index=0, text=seq.output_text, token_ids=seq.output_token_ids,  # a fresh list (a slice)
-            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            index=0, text=seq.output_text, token_ids=token_ids,
+            finish_reason=seq.finish_reason, stop_reason=seq.stop_reason, logprobs=logprobs,
         )
         return RequestOutput(
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,

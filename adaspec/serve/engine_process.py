@@ -60,6 +60,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from adaspec.errors import ConfigError, InvalidRequestError
+from adaspec.sampling_params import RequestOutputKind
 from adaspec.serve.engine_thread import ACCEPTED, Chunk, _put_all, _Route, accepted
 from adaspec.serve.errors import APIError, QueueFullError
 from adaspec.serve.metrics import ENGINE_STATS_READ
@@ -176,13 +177,14 @@ class _Outbox:
 
     def records(self, outputs) -> list[tuple]:
         """(request_id, new token ids, new logprobs, tokens in all, text suffix, whole text or None,
-        finish_reason (None while running), stop_reason, first_token_time) per output."""
+        finish_reason (None while running), stop_reason, first_token_time) per output. The
+        outputs are RequestOutputKind.NEW_TOKENS ones (_handle asks the engine for those): their
+        token ids and logprobs are the step's new ones already."""
         out = []
         for o in outputs:
             rid, comp = o.request_id, o.outputs[0]
-            n, sent = len(comp.token_ids), self.sent.get(rid, 0)
-            new_ids = list(comp.token_ids[sent:n])
-            lps = list(comp.logprobs[sent:n]) if comp.logprobs is not None else None
+            new_ids, lps = comp.token_ids, comp.logprobs
+            n = self.sent.get(rid, 0) + len(new_ids)
             prev, text = self.text.get(rid, ""), comp.text
             # the exposed text only grows (stop-string prefixes are held back): send its suffix
             suffix, whole = (text[len(prev):], None) if text.startswith(prev) else ("", text)
@@ -360,6 +362,9 @@ def _handle(engine, cmd, client: _Client, owner: dict) -> None:
     kind = cmd[0]
     if kind == "add":
         _, rid, prompt, params, arrival = cmd
+        # this process's own copy: each step's news carries the new tokens only, not a copy of the
+        # whole output so far (the outbox sends only what is new anyway)
+        params.output_kind = RequestOutputKind.NEW_TOKENS
         # refusals cross the pipe as plain tuples (exceptions with extra fields do not all pickle)
         try:
             engine.add_request(rid, prompt, params, arrival_time=arrival)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from adaspec.errors import InvalidRequestError
 from adaspec.outputs import CompletionOutput, RequestOutput
+from adaspec.sampling_params import RequestOutputKind
 
 PATTERN = "the quick brown fox jumps over the lazy dog. "
 EOS = 0
@@ -77,6 +78,7 @@ class _Req:
         # benchmarks/serve_overhead_bench.py at the fake's speed instead of the server's
         self.start = pattern_start(prompt_ids)
         self.decoded = ""
+        self.reported = 0  # output tokens already in an output (RequestOutputKind.NEW_TOKENS)
 
 
 class FakeEngine:
@@ -245,8 +247,12 @@ class FakeEngine:
         r.text = text[: len(text) - hold]
 
     def _output(self, r: _Req) -> RequestOutput:
-        comp = CompletionOutput(0, r.text, list(r.out), r.finish_reason, r.stop_reason,
-                                list(r.logprobs) if r.params.logprobs is not None else None)
+        out, lps = r.out, r.logprobs
+        if r.params.output_kind is RequestOutputKind.NEW_TOKENS:  # as the real engine: the new ones only
+            out, lps = out[r.reported:], lps[r.reported:]
+            r.reported = len(r.out)
+        comp = CompletionOutput(0, r.text, list(out), r.finish_reason, r.stop_reason,
+                                list(lps) if r.params.logprobs is not None else None)
         return RequestOutput(r.rid, None, list(r.prompt_ids), [comp], r.finish_reason is not None,
                              arrival_time=r.arrival, first_token_time=r.first_token_time,
                              num_new_tokens=1)
