@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from adaspec.errors import InvalidRequestError
+from adaspec.sampling_params import RequestOutputKind
 from adaspec.serve.errors import APIError, QueueFullError
 
 log = logging.getLogger("adaspec.serve")
@@ -172,6 +174,9 @@ class EngineThread:
         if kind == "add":
             _, rid, prompt, params, arrival, ptoks, loop, q = cmd
             route = _Route(loop, q, arrival, ptoks)
+            # each step's new tokens only (a copy: the caller's params stay as they were), not a copy
+            # of the whole output so far every step
+            params = dataclasses.replace(params, output_kind=RequestOutputKind.NEW_TOKENS)
             try:
                 self.engine.add_request(rid, prompt, params, arrival_time=arrival)
             except InvalidRequestError as e:
@@ -222,9 +227,8 @@ class EngineThread:
             if route is None:  # aborted by us already
                 continue
             comp = out.outputs[0]
-            n = len(comp.token_ids)
-            new_ids = list(comp.token_ids[route.sent:n])
-            lps = list(comp.logprobs[route.sent:n]) if comp.logprobs is not None else None
+            new_ids, lps = comp.token_ids, comp.logprobs  # RequestOutputKind.NEW_TOKENS (_handle)
+            n = route.sent + len(new_ids)
             first = route.sent == 0 and n > 0
             finish = comp.finish_reason if out.finished else None
             if out.finished and finish is None:

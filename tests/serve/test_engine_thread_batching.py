@@ -12,8 +12,10 @@ from adaspec.serve.engine_thread import Chunk, EngineThread, _Route
 
 
 def _out(rid: str, ids: list[int], finished: bool = False) -> RequestOutput:
+    """A step's output as the engine thread asks for them (RequestOutputKind.NEW_TOKENS): the
+    step's new token ids only."""
     comp = CompletionOutput(0, "".join(chr(97 + t) for t in ids), list(ids), "length" if finished else None)
-    return RequestOutput(rid, None, [1], [comp], finished)
+    return RequestOutput(rid, None, [1], [comp], finished, num_new_tokens=len(ids))
 
 
 class _Metrics:
@@ -68,13 +70,14 @@ def _publish_steps(steps, metrics=None):
 
 def test_one_wakeup_per_step_and_every_chunk_in_order():
     steps = [[_out("r0", [0]), _out("r1", [1]), _out("r2", [2])],
-             [_out("r0", [0, 3]), _out("r1", [1, 4]), _out("r2", [2, 5], finished=True)]]
+             [_out("r0", [3]), _out("r1", [4]), _out("r2", [5], finished=True)]]
     per_publish, got = _publish_steps(steps)
     assert per_publish == [1, 1]
     assert [c.new_token_ids for c in got["r0"]] == [[0], [3]]
     assert [c.new_token_ids for c in got["r1"]] == [[1], [4]]
     assert [(c.new_token_ids, c.finish_reason) for c in got["r2"]] == [([2], None), ([5], "length")]
     assert all(isinstance(c, Chunk) for cs in got.values() for c in cs)
+    assert [c.num_tokens for c in got["r2"]] == [1, 2]  # counted over the steps
 
 
 def test_chunks_collected_before_a_failure_are_still_delivered():
