@@ -174,10 +174,10 @@ class EngineThread:
         if kind == "add":
             _, rid, prompt, params, arrival, ptoks, loop, q = cmd
             route = _Route(loop, q, arrival, ptoks)
-            # each step's new tokens only (a copy: the caller's params stay as they were), not a copy
-            # of the whole output so far every step
-            params = dataclasses.replace(params, output_kind=RequestOutputKind.NEW_TOKENS)
             try:
+                # each step's new tokens only (a copy, validated again: the caller's params stay as
+                # they were), not a copy of the whole output so far every step
+                params = dataclasses.replace(params, output_kind=RequestOutputKind.NEW_TOKENS)
                 self.engine.add_request(rid, prompt, params, arrival_time=arrival)
             except InvalidRequestError as e:
                 self._deliver(route, e)

@@ -214,3 +214,24 @@ def test_chat_template_rejection_is_400(micro_dir, tmp_path):
         assert r.status_code == 200
     finally:
         s.close()
+
+
+def test_params_spoiled_after_construction_fail_that_request_alone(real_server):
+    """SamplingParams are mutable: one changed after it was validated is refused by the engine (or
+    by the server's own copy of it) as a 400 naming the field, and the engine keeps serving."""
+    import time
+
+    from adaspec import SamplingParams
+    from adaspec.errors import InvalidRequestError
+
+    bad = SamplingParams(max_tokens=2)
+    bad.temperature = -1.0
+
+    async def add(rid, params):  # the bound is on a hang only (an engine thread that died never answers)
+        return await asyncio.wait_for(real_server.engine_thread.add(rid, [10, 11], params, time.monotonic(), 2), 60)
+
+    with pytest.raises(InvalidRequestError, match="temperature") as e:
+        asyncio.run(add("spoiled", bad))
+    assert e.value.param == "temperature"
+    r = httpx.post(real_server.url + "/v1/completions", json={"model": "micro", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 200
