@@ -658,10 +658,9 @@ class LLMEngine:
             self.spec.forget(seq)
 
     def _output(self, seq: Sequence, num_new: int) -> RequestOutput:
-        if seq.params.output_kind is RequestOutputKind.NEW_TOKENS:  # this step's tokens only
-            end = len(seq.token_ids)
-            token_ids = seq.token_ids[end - num_new:] if num_new else []
-            logprobs = None if seq.logprobs is None else seq.logprobs[len(seq.logprobs) - num_new:] if num_new else []
+        if seq.params.output_kind is RequestOutputKind.NEW_TOKENS:  # this step's tokens only ([] for 0)
+            token_ids = seq.token_ids[len(seq.token_ids) - num_new:]
+            logprobs = None if seq.logprobs is None else seq.logprobs[len(seq.logprobs) - num_new:]
         else:
             token_ids = seq.output_token_ids  # a fresh list (a slice)
             logprobs = list(seq.logprobs) if seq.logprobs is not None else None
