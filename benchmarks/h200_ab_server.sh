@@ -14,7 +14,7 @@
 # and B_SERVER_ARGS (default: SERVER_ARGS) go to each side's servers, as SERVER_ARGS does in
 # h200_frontier.sh; e.g. A_SERVER_ARGS= B_SERVER_ARGS=--api-server-count=4.
 #
-# Defaults: arms adaptive:7,none,fixed:7 at 32,256, T = 0, 2 rounds of 1 repeat each, 64 output
+# Defaults: arms adaptive:7,none,fixed:7 at 32,256, T = 0 (TEMPERATURE=1 for sampled), 2 rounds of 1 repeat each, 64 output
 # tokens, WAVES=4 waves of C prompts per point, given to both sides (h200_frontier.sh's own default
 # changed to 16 in 3d1c191: a side's tree from before it would otherwise run shorter points). Each side's sweep gets an equal share of the time left
 # (BUDGET_S, as the other scripts) and is stopped in time. Writes OUT/ab_server.json (per side,
@@ -28,6 +28,7 @@ A_TREE=$(cd "${2:?the baseline tree (a directory holding adaspec/ and benchmarks
 ARMS=${3:-adaptive:7,none,fixed:7}
 CONC=${4:-32,256}
 ROUNDS=${5:-2}
+TEMPERATURE=${TEMPERATURE:-0}
 source benchmarks/h200_common.sh  # PYTHON, say, time_left, ensure_pair, install_server_wheels
 B_TREE=$PWD
 for f in adaspec/__init__.py benchmarks/h200_frontier.sh; do
@@ -61,16 +62,16 @@ for round in $(seq 1 "$ROUNDS"); do
     # the side's own scripts and package (its h200_common.sh puts its tree first on PYTHONPATH)
     (cd "$tree" && PAIR_DIR=${PAIR_DIR:-/tmp/pair} BUDGET_S=$share RESERVE_S=5 RUNS_DIR="$RUNS/${side}_$round" MODE=server \
       SERVER_ARGS="$side_args" WAVES=${WAVES:-4} \
-      bash benchmarks/h200_frontier.sh "$RUNS/${side}_${round}_out" "$ARMS" "$CONC" 0 1) >>"$OUT/ab_server_log.txt" 2>&1 \
+      bash benchmarks/h200_frontier.sh "$RUNS/${side}_${round}_out" "$ARMS" "$CONC" "$TEMPERATURE" 1) >>"$OUT/ab_server_log.txt" 2>&1 \
       || { say "round $round, $side failed:"; tail -20 "$OUT/ab_server_log.txt"; }
   done
 done
-"$PYTHON" - "$RUNS" "$OUT" <<'EOF'
+"$PYTHON" - "$RUNS" "$OUT" "$TEMPERATURE" <<'EOF'
 import glob, json, os, statistics as st, sys
-runs, out = sys.argv[1:3]
+runs, out, temperature = sys.argv[1:4]
 keys = ("output_throughput", "median_per_user_tok_s", "median_ttft_ms", "mean_tokens_per_chunk")
 cells = {}
-for path in sorted(glob.glob(f"{runs}/*_*/server_T0/points/*.json")):
+for path in sorted(glob.glob(f"{runs}/*_*/server_T{temperature}/points/*.json")):
     side_round = path[len(runs) + 1:].split("/")[0]
     side = side_round.split("_")[0]
     p = json.load(open(path))
@@ -96,7 +97,7 @@ for name in sorted(cells, key=lambda n: (int(n.split("C=")[1]), n)):
     lines.append(f"{name:<20}{fs('A'):>22}{fs('B'):>22}{'-' if ratio is None else f'{ratio:.2f}':>6}"
                  f"{f('A', 'median_ttft_ms'):>12}{f('B', 'median_ttft_ms'):>12}{f('A', 'median_per_user_tok_s'):>12}"
                  f"{f('B', 'median_per_user_tok_s'):>12}{f('A', 'mean_tokens_per_chunk', 2):>12}{f('B', 'mean_tokens_per_chunk', 2):>12}")
-json.dump({"A_tree": os.environ.get("A_LABEL", "A"), "B_commit": os.environ.get("ADASPEC_COMMIT", ""),
+json.dump({"temperature": float(temperature), "A_tree": os.environ.get("A_LABEL", "A"), "B_commit": os.environ.get("ADASPEC_COMMIT", ""),
            "A_server_args": os.environ.get("A_SERVER_ARGS", os.environ.get("SERVER_ARGS", "")),
            "B_server_args": os.environ.get("B_SERVER_ARGS", os.environ.get("SERVER_ARGS", "")),
            "cells": table}, open(f"{out}/ab_server.json", "w"), indent=1)
