@@ -2,7 +2,7 @@
 
 Target features and distributions are computed online for every batch (no offline cache).
 Each sequence gives --anchors-per-seq random anchors, all blocks in one batched forward.
-AdamW, 4% warmup then cosine to 0, weight decay 0, grad clip 1.0, bf16 autocast on CUDA.
+AdamW (fused on CUDA), 4% warmup then cosine to 0, weight decay 0, grad clip 1.0, bf16 autocast on CUDA.
 OUT/checkpoint.pt makes the run resumable (--resume); the result is a drafter directory
 (config.json + model.safetensors) in OUT.
 
@@ -62,6 +62,14 @@ def add_subparser(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the frozen target's layers (its features are most of a step's time) and the "
                         "loss; falls back to eager if the compiler fails")
+    p.add_argument("--compile-drafter", action="store_true",
+                   help="with --compile: also torch.compile the drafter's training pass (its layers over the context "
+                        "and the blocks, forward and backward), which eager is hundreds of small kernels a step, each "
+                        "launched from Python")
+    p.add_argument("--adamw-impl", choices=["auto", "fused", "foreach"], default="auto",
+                   help="AdamW's kernels: fused (one launch for all parameters) or foreach (multi-tensor, a few "
+                        "launches per group of tensors); auto: fused on CUDA (as the target's training), foreach "
+                        "elsewhere")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="profile this many training steps with torch.profiler (from step 50, or halfway through "
                         "a shorter run) and write OUT/step_profile.json and .txt: where a step's time goes")
@@ -131,6 +139,42 @@ def _compile(target, loss_fn):
         _uncompile_layers(target)
         print(f"torch.compile unavailable ({e}); training eagerly", file=sys.stderr)
         return loss_fn, False
+
+
+def compile_drafter_training(drafter) -> None:
+    """torch.compile the drafter's training pass (``forward_train``; the batch has one shape). Eager
+    it is hundreds of small kernels forward and backward (norms, rope, autocast casts), each launched
+    from Python, and the H200's host is slow enough that the drafter's steps wait on it (H200 runs
+    28-31: 56-70 ms a step for 47-48 ms of kernels). Undone by ``uncompile_drafter_training``."""
+    import torch
+
+    drafter.forward_train = torch.compile(drafter.forward_train)  # an instance attribute over the method
+
+
+def uncompile_drafter_training(drafter) -> None:
+    drafter.__dict__.pop("forward_train", None)
+
+
+def drafter_optimizer(params, lr: float, device, impl: str = "auto"):
+    """AdamW (betas 0.9 / 0.95, no weight decay); impl as --adamw-impl."""
+    import torch
+
+    if impl not in ("auto", "fused", "foreach"):
+        raise AdaspecError(f"unknown AdamW implementation {impl!r}; use auto, fused or foreach")
+    fused = impl == "fused" or (impl == "auto" and device.type == "cuda")
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
+                             **({"fused": True} if fused else {"foreach": impl == "foreach" or None}))
+
+
+def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float):
+    """One batch through the frozen target and the drafter, the loss, its gradients -> (loss, stats)."""
+    from adaspec.train.drafter_loss import block_forward
+
+    with amp:
+        bb = block_forward(target, drafter, ids, anchors)
+    loss, stats = loss_fn(bb, gamma=gamma)
+    loss.backward()
+    return loss, stats
 
 
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
@@ -203,7 +247,7 @@ def run(args) -> int:
     from adaspec.h2d import to_device
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter, save_drafter
     from adaspec.models.loader import load_target, model_dir
-    from adaspec.train.drafter_loss import block_forward, cosine_lr, dspark_loss, float_stats, sample_anchors
+    from adaspec.train.drafter_loss import cosine_lr, dspark_loss, float_stats, sample_anchors
     from adaspec.train.step_profile import StepProfile, format_summary
     from adaspec.train.target import _uncompile_layers
 
@@ -232,7 +276,7 @@ def run(args) -> int:
     drafter.to(device)
     drafter.rope.build_tables(device=device)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = drafter_optimizer(params, args.lr, device, args.adamw_impl)
     sampler = _build_sampler(args, target_dir, out, target, device)
     anchor_gen = torch.Generator().manual_seed(args.seed + 7)
     step = 0
@@ -254,6 +298,8 @@ def run(args) -> int:
     loss_fn, compiled = dspark_loss, False
     if args.compile:  # after the sampler: self-distillation runs the target at other shapes
         loss_fn, compiled = _compile(target, dspark_loss)
+        if compiled and args.compile_drafter:
+            compile_drafter_training(drafter)
     n_train = sum(p.numel() for p in params)
     print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
           f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
@@ -291,21 +337,16 @@ def run(args) -> int:
             gparam["lr"] = lr
         opt.zero_grad(set_to_none=True)
         try:
-            with amp:
-                bb = block_forward(target, drafter, ids, anchors)
-            loss, stats = loss_fn(bb, gamma=args.gamma)
-            loss.backward()
+            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma)
         except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
             if not compiled:
                 raise
             tqdm.write(f"compiled step failed ({type(e).__name__}: {e}); training eagerly")
             loss_fn, compiled = dspark_loss, False
             _uncompile_layers(target)
+            uncompile_drafter_training(drafter)
             opt.zero_grad(set_to_none=True)
-            with amp:
-                bb = block_forward(target, drafter, ids, anchors)
-            loss, stats = loss_fn(bb, gamma=args.gamma)
-            loss.backward()
+            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1

@@ -146,3 +146,17 @@ def test_cost_table_stability_probe_on_the_micro_preset(tmp_path):
         assert (s["rise_from_tokens"], s["rise_to_tokens"]) == (1, 16) and len(s["rise_ms"]) == 2
         assert 0 <= s["median_spread_ms"] <= s["max_spread_ms"]
     assert "rounds: spread over profiles max" in stdout
+
+
+def test_drafter_step_variants_probe_on_the_micro_preset(tmp_path):
+    """benchmarks/probes/drafter_step_variants.py: the loop's own step per variant from the same
+    weights (same first loss, else it stops), timed in the order ABBA."""
+    stdout = run(["benchmarks/probes/drafter_step_variants.py", "--preset", "micro", "--vocab", "512",
+                  "--variants", "recipe,fused", "--steps", "2", "--warmup", "1"], tmp_path, OUT=str(tmp_path / "out"))
+    d = json.loads((tmp_path / "out" / "drafter_step_variants.json").read_text())
+    assert d["order"] == ["recipe", "fused", "fused", "recipe"]
+    rows = {r["variant"]: r for r in d["variants"]}
+    assert (rows["recipe"]["adamw_impl"], rows["fused"]["adamw_impl"]) == ("foreach", "fused")
+    assert rows["recipe"]["first_loss"] == rows["fused"]["first_loss"]  # one batch, the same start
+    assert all(len(r["wall_ms_per_step"]) == 2 and r["steps_in_budget"] > 0 for r in rows.values())
+    assert "variant" in stdout and "wall ms/step" in stdout

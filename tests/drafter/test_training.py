@@ -162,6 +162,10 @@ def test_train_drafter_compile_falls_back_to_eager(trained_target, tmp_path, cap
     assert main(argv(tmp_path / "d1")) == 0
     assert "compiled step failed (RuntimeError: inductor exploded); training eagerly" in capsys.readouterr().out
     load_drafter(tmp_path / "d1", target_cfg=tcfg)
+    # the drafter's training pass compiled too: the retry must run it eagerly as well
+    assert main(argv(tmp_path / "d3") + ["--compile-drafter"]) == 0
+    assert "compiled step failed (RuntimeError: inductor exploded); training eagerly" in capsys.readouterr().out
+    load_drafter(tmp_path / "d3", target_cfg=tcfg)
 
     def no_compiler(self, *a, **kw):
         raise RuntimeError("no compiler here")
@@ -170,3 +174,48 @@ def test_train_drafter_compile_falls_back_to_eager(trained_target, tmp_path, cap
     assert main(argv(tmp_path / "d2")) == 0
     assert "torch.compile unavailable (no compiler here); training eagerly" in capsys.readouterr().err
     load_drafter(tmp_path / "d2", target_cfg=tcfg)
+
+
+@pytest.mark.parametrize("flag, compiled", [([], False), (["--compile-drafter"], True)])
+def test_compile_drafter_compiles_the_training_pass(trained_target, tmp_path, monkeypatch, flag, compiled):
+    """--compile-drafter (with --compile) hands the drafter's forward_train to torch.compile; without
+    it only the target's layers and the loss are compiled."""
+    from adaspec.cli import main
+
+    _, _, tdir = trained_target
+    data = tmp_path / "seqs.npy"
+    np.save(data, chain_sequences(32, 40, seed=7).numpy().astype(np.uint16))
+    names = []
+
+    def recording_compile(fn, *a, **kw):  # compiles nothing: records what it was given
+        names.append(getattr(fn, "__name__", type(fn).__name__))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    assert main(["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(tmp_path / "d"),
+                 "--block-size", "3", "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4",
+                 "--anchors-per-seq", "8", "--steps", "2", "--save-dtype", "float32", "--device", "cpu",
+                 "--compile", *flag]) == 0
+    assert "dspark_loss" in names and ("forward_train" in names) == compiled
+
+
+@pytest.mark.parametrize("impl, fused, foreach", [("fused", True, None), ("foreach", None, True), ("auto", None, None)])
+def test_drafter_optimizer_kernels(impl, fused, foreach):
+    """--adamw-impl: fused or foreach as asked; auto takes the fused kernel on CUDA only (here: the
+    default); every choice steps."""
+    from adaspec.train.drafter import drafter_optimizer
+
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = drafter_optimizer([p], 0.1, torch.device("cpu"), impl)
+    assert (opt.defaults["fused"], opt.defaults["foreach"]) == (fused, foreach)
+    p.grad = torch.ones(4)
+    opt.step()
+    assert torch.all(p < 1)
+
+
+def test_drafter_optimizer_refuses_an_unknown_kernel():
+    from adaspec.errors import AdaspecError
+    from adaspec.train.drafter import drafter_optimizer
+
+    with pytest.raises(AdaspecError, match="unknown AdamW implementation 'fast'"):
+        drafter_optimizer([torch.nn.Parameter(torch.ones(1))], 0.1, torch.device("cpu"), "fast")
