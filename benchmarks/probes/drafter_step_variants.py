@@ -43,20 +43,9 @@ from adaspec.train.drafter import (_compile, compile_drafter_training, drafter_o
                                    init_drafter)
 from adaspec.train.drafter_loss import dspark_loss, sample_anchors  # noqa: E402
 from adaspec.train.pair_presets import PRESETS  # noqa: E402
-from qwen3_shapes import write_shape  # noqa: E402
+from qwen3_shapes import write_preset_shape  # noqa: E402
 
 VARIANTS = {"recipe": ("foreach", False), "fused": ("fused", False), "compiled": ("foreach", True), "both": ("fused", True)}
-
-
-def target_shape(preset: dict, vocab: int) -> Path:
-    t = preset["target"]
-    shape = write_shape("qwen3-0.6b", tempfile.mkdtemp())
-    cfg = json.loads((shape / "config.json").read_text())
-    cfg.update(vocab_size=vocab, num_hidden_layers=t["layers"], hidden_size=t["hidden"],
-               intermediate_size=t["intermediate"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
-               head_dim=t["head_dim"], max_position_embeddings=t["max_position"], bos_token_id=1, eos_token_id=2)
-    (shape / "config.json").write_text(json.dumps(cfg))
-    return shape
 
 
 def main():
@@ -78,7 +67,7 @@ def main():
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    target, tcfg = load_target(target_shape(preset, args.vocab), dtype="bfloat16" if cuda else "float32",
+    target, tcfg = load_target(write_preset_shape(args.preset, args.vocab, tempfile.mkdtemp()), dtype="bfloat16" if cuda else "float32",
                                device=dev, load_format="dummy")
     for p in target.parameters():
         p.requires_grad_(False)
