@@ -241,6 +241,8 @@ def self_distill_rows(target, tokens, args, device, profile=None):
 
 
 def run(args) -> int:
+    if args.compile_drafter and not args.compile:
+        raise AdaspecError("--compile-drafter compiles on top of --compile: give both")
     import torch
     from tqdm import tqdm
 

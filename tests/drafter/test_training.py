@@ -199,6 +199,16 @@ def test_compile_drafter_compiles_the_training_pass(trained_target, tmp_path, mo
     assert "dspark_loss" in names and ("forward_train" in names) == compiled
 
 
+def test_compile_drafter_without_compile_is_refused(trained_target, tmp_path, capsys):
+    from adaspec.cli import main
+
+    _, _, tdir = trained_target
+    rc = main(["train", "drafter", "--target", str(tdir), "--data", str(tmp_path / "none.npy"), "--out",
+               str(tmp_path / "d"), "--device", "cpu", "--compile-drafter"])
+    assert rc != 0 and "--compile-drafter compiles on top of --compile: give both" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("impl, fused, foreach", [("fused", True, None), ("foreach", None, True), ("auto", None, None)])
 def test_drafter_optimizer_kernels(impl, fused, foreach):
     """--adamw-impl: fused or foreach as asked; auto takes the fused kernel on CUDA only (here: the
