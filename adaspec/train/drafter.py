@@ -162,8 +162,8 @@ def drafter_optimizer(params, lr: float, device, impl: str = "auto"):
     if impl not in ("auto", "fused", "foreach"):
         raise AdaspecError(f"unknown AdamW implementation {impl!r}; use auto, fused or foreach")
     fused = impl == "fused" or (impl == "auto" and device.type == "cuda")
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
-                             **({"fused": True} if fused else {"foreach": impl == "foreach" or None}))
+    kernels = {"fused": True} if fused else {"foreach": True} if impl == "foreach" else {}
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **kernels)
 
 
 def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float):

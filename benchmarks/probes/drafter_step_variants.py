@@ -16,7 +16,8 @@ Variants (each on a fresh drafter with the same initial weights):
 Checks first that every variant's loss on one batch from the same weights matches the recipe's
 (bf16 autocast: relative 2e-2), and stops if one does not. Then times them in the order
 ABCD DCBA (the host's speed drifts within a command), --steps steps each after --warmup steps (the
-first visit's warm-up holds the compilation, reported separately), and profiles --profile-steps
+first step of each variant, timed apart, holds its compilation; the compiled graphs are reused by
+a later variant with the same drafter pass, so only the first compiled variant shows it), and profiles --profile-steps
 steps of each for their CUDA kernel time. Prints a table (wall ms per step, kernel ms per step,
 steps that fit in the recipe's 2.5 minutes) and writes $OUT/drafter_step_variants.json.
 
