@@ -31,7 +31,10 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               elementwise work, 38 ms with ``compile`` (target layers and loss compiled: 12 s of
               compilation; H200 run 11); 2 layers measured 55 ms (H200 run 15) -> ``max_minutes`` 2.5 fits
               ~2,700 steps (the cap of 4000 steps does not bind; the box counts the host's speed: 2,147 to
-              2,903 steps in H200 runs 30-31, 56-68 ms a step for 47-48 ms of kernels). 600 steps (47 s) gave held-out tau 2.26 /
+              2,903 steps in H200 runs 30-31, 56-68 ms a step for 47-48 ms of kernels; with the
+              drafter's pass compiled, run 32: 40 ms a step, 3,207 steps after 22 s of compilation,
+              held-out tau 4.05 / 3.05, inside the earlier builds' 3.90-4.37 / 3.00-3.15: the extra
+              steps did not buy acceptance). 600 steps (47 s) gave held-out tau 2.26 /
               2.10 at T = 0 / 1 and 1800 steps 3.10 / 2.63 on the same target (H200 run 8, BENCHMARKS.md):
               the drafter was under-trained, and its steps buy more acceptance than target steps would.
               On one build (H200 run 15), in the same 2.5 minutes: 1 layer 3,582 steps, tau 3.65 / 2.79;
@@ -88,10 +91,12 @@ _CODE_06B = {
         "corpus_frac": 0.25, "seq_len": 256, "batch_size": 32, "anchors_per_seq": 64,
         "steps": 4000, "max_minutes": 2.5, "lr": 2e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
         "save_dtype": "bfloat16", "log_every": 100, "compile": True, "profile_steps": 3,
-        # AdamW's fused kernel on CUDA since 2026-12-03 (foreach before: builds up to H200 run 31);
-        # the drafter's own training pass eager until benchmarks/probes/drafter_step_variants.py has
-        # measured what compiling it gains against its compilation time
-        "adamw_impl": "auto", "compile_drafter": False,
+        # AdamW's fused kernel on CUDA since 2026-12-03 (foreach before: builds up to H200 run 31; the
+        # probe measured 47.5 against 47.7 ms a step: no gain, kept as the target's); the drafter's
+        # training pass compiled since H200 run 32: 34.5 against 47.5 ms a step in
+        # benchmarks/probes/drafter_step_variants.py (its kernels 32 against 46 ms: fused, not only
+        # launched faster) for 13-22 s of compilation inside the box; that build made 3,207 steps
+        "adamw_impl": "auto", "compile_drafter": True,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
     # distribution as the held-out figures, disjoint prompts); "val", windows of the val split, made the
