@@ -1,4 +1,4 @@
-"""`adaspec bench serve | sweep | report` argument parsing; handlers import the heavy parts."""
+"""`adaspec bench serve | sweep | report | merge` argument parsing; handlers import the heavy parts."""
 from __future__ import annotations
 
 import argparse
@@ -123,7 +123,7 @@ def _metric_names(text: str) -> list[str]:
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server (serve, sweep, report)",
+    bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server (serve, sweep, report, merge)",
                                   description="Benchmark any OpenAI-compatible server: one run, a sweep, a report.")
     sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
@@ -197,6 +197,20 @@ def add_parser(subparsers) -> None:
     r.add_argument("dir", help="the sweep's --out directory")
     r.add_argument("--html", action="store_true", help="also write report.html")
     r.set_defaults(func=cmd_report)
+
+    g = sub.add_parser("merge", help="one report from the repeats of several sweeps of the same conditions",
+                       description="Pool the repeats of several sweep directories measured under the same "
+                                   "settings, engine commit, hardware, checkpoints and arm settings (refused "
+                                   "otherwise, naming what differs) into a new directory with its own manifest "
+                                   "and report.")
+    g.add_argument("sources", nargs="+", help="two or more sweep --out directories")
+    g.add_argument("--out", required=True, help="the new directory (must not exist or be empty)")
+    g.add_argument("--assume-same-checkpoints", metavar="REASON", default=None,
+                   help="for sources that recorded no checkpoint sha256: why you know they measured the same "
+                        "weights (written into the manifest and the report)")
+    g.add_argument("--arms", default=None, help="merge only these arms (comma-separated names, e.g. adaptive:7,fixed:3)")
+    g.add_argument("--concurrency", default=None, help="merge only these concurrencies (comma-separated)")
+    g.set_defaults(func=cmd_merge)
 
 
 def cmd_serve(args) -> int:
@@ -327,6 +341,22 @@ def cmd_sweep(args) -> int:
     res = run_sweep(sweep_config_from_args(args))
     if "report" in res:
         print(f"report: {res['report']['report_md']}  plot: {res['report']['frontier_png']}")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from adaspec.bench.merge import merge_sweeps
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    try:
+        conc = [int(c) for c in args.concurrency.split(",")] if args.concurrency else None
+    except ValueError:
+        raise AdaspecError(f"--concurrency {args.concurrency!r}: expected integers, e.g. 64,256") from None
+    res = merge_sweeps(args.sources, args.out, assume_same_checkpoints=args.assume_same_checkpoints, arms=arms,
+                       concurrency=conc)
+    print(res["report"]["markdown"])
+    print(f"\nmerged {res['points']} points into {res['out']}; written: {res['report']['report_md']}, "
+          f"{res['report']['frontier_png']}", file=sys.stderr)
     return 0
 
 

@@ -17,9 +17,11 @@ SHARED = (
     ("ignore_eos", "ignore_eos"), ("temperature", "temperature"),
     ("endpoint", "endpoint"), ("num_warmups", "warm-up requests per point"), ("seed", "seed"),
     ("load_phases", "load phases (concurrency x requests, in order)"),
+    ("checkpoints", "checkpoint sha256 (bench/checkpoint_id.py)"),
 )
-# Shown only when some point has a value (sweeps without a moving load have none).
-OPTIONAL = {"load_phases"}
+# Shown only when some point has a value (sweeps without a moving load have none; points from
+# before checkpoint ids were recorded have none).
+OPTIONAL = {"load_phases", "checkpoints"}
 ARM = (("speculative_config", "speculative_config"), ("server_args", "server args"), ("base_url", "base URL"))
 # What a point written before a setting existed was measured with (read as that value, so old and
 # new points of one sweep do not look mixed).

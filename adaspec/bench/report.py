@@ -10,6 +10,7 @@ from adaspec.bench import phase_report, point_conditions
 from adaspec.bench.aggregate import Cell, aggregate, arms_in_order, load_points
 from adaspec.bench.conditions import describe_hardware
 from adaspec.bench.cost_check_report import cost_check_section
+from adaspec.bench.merge import provenance_lines
 from adaspec.bench.metrics import BURST_MIN_CHUNKS, BURST_S, CLIENT_BUSY_CPU_PER_WALL, client_busy
 from adaspec.bench.pareto import dominance, edge_gap, pareto_edge
 from adaspec.bench.plot import X, Y, cell_points, plot_frontier
@@ -77,7 +78,7 @@ def conditions_lines(manifest: dict | None, points: list[dict] | None = None) ->
             (f"- concurrency: {concs}; " if concs else "- ") + "repeats: up to "
             f"{max(p.get('repeat', 0) for p in points) + 1}",
             f"- started {m.get('start_time')}, ended {m.get('end_time')}",
-        ]
+        ] + provenance_lines(m)
     if not manifest:
         return ["(no manifest.json: conditions unknown)"]
     m = manifest

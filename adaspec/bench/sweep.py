@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaspec.bench import conditions, point_conditions
+from adaspec.bench import checkpoint_id, conditions, point_conditions
 from adaspec.bench.arms import Arm, external_arm
 from adaspec.bench.phases import format_phases
 from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
@@ -148,6 +148,17 @@ def differences(cfg: SweepConfig, old: dict) -> list[str]:
     return diff
 
 
+def checkpoint_differences(old: dict | None, new: dict, log=print) -> list[str]:
+    """The checkpoint ids an earlier sweep recorded that differ from this one's (the same path can
+    hold another build). A sweep from before ids were recorded cannot be checked: it says so."""
+    if old is None:
+        if any(new.values()):
+            log("note: the earlier points recorded no checkpoint sha256, so whether they measured the same "
+                "weights cannot be checked; the report will mark the ids as mixed")
+        return []
+    return [f"{k} (the weights at --{k.split('_')[0]}): {old.get(k)} -> {new[k]}" for k in new if old.get(k) != new[k]]
+
+
 def start_over(out: Path) -> None:
     """Remove what an earlier sweep wrote in `out` (nothing else there)."""
     import shutil
@@ -168,8 +179,9 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
                              "each point sends max(num_prompts, prompts_per_concurrency x concurrency) prompts")
     m["hardware"] = conditions.hardware()
     m["engine_commit"] = conditions.engine_commit()
+    m["checkpoints"] = checkpoint_id.checkpoints(cfg.model, cfg.drafter)
     if old:
-        diff = differences(cfg, old)
+        diff = differences(cfg, old) + checkpoint_differences(old.get("checkpoints"), m["checkpoints"], cfg.log)
         if diff:
             raise BenchError(
                 f"{cfg.out} holds points measured with other settings; a resumed sweep must use the same ones. "
@@ -256,7 +268,7 @@ def _run_sweep(cfg: SweepConfig) -> dict:
         raise BenchError(f"{out / 'points'} holds points but no manifest.json, so their settings are unknown; "
                          "use --force-new or a new --out directory")
     manifest = build_manifest(cfg, old)
-    machine = {"hardware": manifest["hardware"], "engine_commit": manifest["engine_commit"]}
+    machine = {k: manifest[k] for k in ("hardware", "engine_commit", "checkpoints")}
     run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0,
            "host_speed": conditions.host_speed()}  # per run: a resumed sweep may run on another host
     manifest["runs"].append(run)
