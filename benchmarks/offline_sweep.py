@@ -457,6 +457,10 @@ def main() -> None:
         shape_prompts = [ptok.encode(t)[-args.max_prompt_tokens:] for t in texts]
     rows, label = [], None
     host_speed_start = host_speed()  # before the engines load: a slower host CPU, not a slower engine
+    from adaspec.bench.checkpoint_id import checkpoints
+
+    # which weights: every build on the GPU machine is written to the same path (None for --shape's dummy weights)
+    ckpt = checkpoints(None if args.shape else args.model, args.drafter)
     arms = args.arms.split(",")
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
     # label: "synthetic acceptance: timing only" when set; cost_tables: each adaptive arm's profiled
@@ -511,8 +515,8 @@ def main() -> None:
             label = state["label"]
             with open(args.out, "w") as fh:
                 json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
-                               host_speed={"start": host_speed_start}, rows=rows, cost_tables=state["cost_tables"],
-                               partial=True), fh, indent=1)
+                               host_speed={"start": host_speed_start}, checkpoints=ckpt, rows=rows,
+                               cost_tables=state["cost_tables"], partial=True), fh, indent=1)
         print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
               f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
               flush=True)
@@ -567,7 +571,7 @@ def main() -> None:
         commit = engine_commit()  # $ADASPEC_COMMIT when set: the GPU machine's copied .git is stale
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
-                           torch=torch.__version__, commit=commit,
+                           torch=torch.__version__, commit=commit, checkpoints=ckpt,
                            host_speed={"start": host_speed_start, "end": host_speed()},
                            cost_tables=state["cost_tables"], rows=rows, summary=summary), fh, indent=1)
 

@@ -53,5 +53,10 @@ def _digest(directory: str, stamp: tuple) -> str:
 
 
 def checkpoints(model: str | None, drafter: str | None) -> dict:
-    """What a sweep records: {"model_sha256": ..., "drafter_sha256": ...} (None where unknown)."""
+    """What a sweep records: {"model_sha256": ..., "drafter_sha256": ...} (None where unknown). No
+    drafter given for an embedded target means its embedded drafter, which the engine then uses."""
+    from adaspec.models.registry import DEFAULT_DRAFTERS
+
+    if drafter is None and model is not None:
+        drafter = DEFAULT_DRAFTERS.get(str(model))
     return {"model_sha256": checkpoint_sha256(model), "drafter_sha256": checkpoint_sha256(drafter)}

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from adaspec.bench.checkpoint_id import checkpoint_sha256
+from adaspec.bench.checkpoint_id import checkpoint_sha256, checkpoints
 from adaspec.bench.merge import merge_sweeps
 from adaspec.cli import main
 from adaspec.errors import AdaspecError
@@ -46,6 +46,10 @@ def test_checkpoint_sha256_follows_the_weights_not_the_card(tmp_path):
     (tmp_path / "empty").mkdir()
     assert checkpoint_sha256(tmp_path / "empty") is None
     assert len(checkpoint_sha256("tiny")) == 64  # the embedded target, by name
+    # no drafter given for an embedded target: the embedded drafter the engine then uses
+    assert checkpoints("tiny", None) == {"model_sha256": checkpoint_sha256("tiny"),
+                                         "drafter_sha256": checkpoint_sha256("tiny-dspark")}
+    assert checkpoints(str(d), None)["drafter_sha256"] is None
 
 
 def _sweep(server, out, model, *extra, arms=("none",)):

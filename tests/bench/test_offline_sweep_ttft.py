@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from adaspec.bench.checkpoint_id import checkpoints
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from offline_sweep import closed_loop_arrivals  # noqa: E402
 
@@ -220,6 +222,8 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
             assert frozen == [mode == "freeze"] * 4
             d = json.loads(out.read_text())
             assert d["args"]["gc"] == mode
+            # which weights: the embedded pair's files (the drafter by default for the tiny target)
+            assert d["checkpoints"] == checkpoints("tiny", "tiny-dspark") and all(d["checkpoints"].values())
             assert all(len(r["host"]["gc"]["collections"]) == 3 for r in d["rows"])
     finally:
         torch.set_num_threads(threads)
