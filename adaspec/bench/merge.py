@@ -29,7 +29,10 @@ _REPEAT = re.compile(r"_r(\d+)\.json$")
 def _read_source(src: Path) -> tuple[dict, list[tuple[Path, dict]]]:
     if not (src / "manifest.json").is_file():
         raise BenchError(f"{src} has no manifest.json: not a sweep's --out directory, or its conditions are unknown")
-    manifest = json.loads((src / "manifest.json").read_text())
+    try:
+        manifest = json.loads((src / "manifest.json").read_text())
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{src / 'manifest.json'} is not valid JSON ({e})") from None
     points = []
     for p in sorted((src / "points").glob("*.json")):
         try:
@@ -61,6 +64,12 @@ def _select(read: list, arms: list[str] | None, concurrency: list[int] | None) -
         return ((arms is None or d.get("arm") in arms)
                 and (concurrency is None or d.get("concurrency") is None or int(d["concurrency"]) in concurrency))
 
+    measured_arms = {d.get("arm") for _, _, pts in read for _, d in pts}
+    measured_c = {int(d["concurrency"]) for _, _, pts in read for _, d in pts if d.get("concurrency") is not None}
+    if arms is not None and (unknown := [a for a in arms if a not in measured_arms]):
+        raise BenchError(f"--arms: no source measured {', '.join(unknown)} (they measured {', '.join(sorted(measured_arms))})")
+    if concurrency is not None and (unknown := [c for c in concurrency if c not in measured_c]):
+        raise BenchError(f"--concurrency: no source measured {unknown} (they measured {sorted(measured_c) or 'load phases only'})")
     read = [(src, m, [(p, d) for p, d in pts if keep(d)]) for src, m, pts in read]
     for src, _, pts in read:
         if not pts:

@@ -131,6 +131,8 @@ def test_merge_refusals(tmp_path, capsys):
     (tmp_path / "out" / "x").write_text("")
     assert "not empty" in refused("a", "one_arm", arms=["none"])
     (tmp_path / "out" / "x").unlink()
+    assert "--arms: no source measured fixed:7" in refused("a", "one_arm", arms=["none", "fixed:7"])
+    assert "--concurrency: no source measured [64]" in refused("a", "one_arm", arms=["none"], concurrency=[64])
 
     # what the refusals point to works: a subset of arms, or an assumption stated with its reason
     res = merge_sweeps([tmp_path / "a", tmp_path / "one_arm"], tmp_path / "sub", arms=["none"])
@@ -141,6 +143,11 @@ def test_merge_refusals(tmp_path, capsys):
                        assume_same_checkpoints="one server, not restarted between the sweeps")
     assert res["manifest"]["checkpoints_assumed_same"] == "one server, not restarted between the sweeps"
     assert "assumed the same by whoever merged them:** one server, not restarted" in res["report"]["markdown"]
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{")
+    assert "is not valid JSON" in refused("a", "broken")
+    assert "has no manifest.json" in refused("a", "sub/points")
 
     # points from before points recorded their conditions cannot be checked
     p = tmp_path / "name_b" / "points" / "none_c1_r0.json"
