@@ -12,9 +12,11 @@ import functools
 import hashlib
 from pathlib import Path
 
-# What the engine reads from a checkpoint directory (HF layout; the DSpark drafter's config.json
-# holds its calibration temperatures, so a recalibration changes the id as it changes the drafts).
-PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "config.json", "generation_config.json",
+# What the engine reads from a checkpoint directory (models/loader.py loads safetensors only; the
+# DSpark drafter's config.json holds its calibration temperatures, so a recalibration changes the id
+# as it changes the drafts). Training leaves checkpoint.pt (fp32 weights and optimizer state, ~8x the
+# served weights) beside them: not read by the engine, so not hashed.
+PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _CHUNK = 8 << 20
 

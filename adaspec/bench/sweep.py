@@ -148,6 +148,13 @@ def differences(cfg: SweepConfig, old: dict) -> list[str]:
     return diff
 
 
+def sweep_checkpoints(cfg: SweepConfig) -> dict:
+    """The ids of the weights the sweep's own servers load: the model, and the drafter its speculative
+    configs name (--speculative-config-extra's "model" wins, as in Arm.speculative_config). A server
+    at a --base-url is not covered: the sweep cannot see what it serves (the merge asks about those)."""
+    return checkpoint_id.checkpoints(cfg.model, (cfg.spec_extra or {}).get("model") or cfg.drafter)
+
+
 def checkpoint_differences(old: dict | None, new: dict, log=print) -> list[str]:
     """The checkpoint ids an earlier sweep recorded that differ from this one's (the same path can
     hold another build). A sweep from before ids were recorded cannot be checked: it says so."""
@@ -179,7 +186,7 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
                              "each point sends max(num_prompts, prompts_per_concurrency x concurrency) prompts")
     m["hardware"] = conditions.hardware()
     m["engine_commit"] = conditions.engine_commit()
-    m["checkpoints"] = checkpoint_id.checkpoints(cfg.model, cfg.drafter)
+    m["checkpoints"] = sweep_checkpoints(cfg)
     if old:
         diff = differences(cfg, old) + checkpoint_differences(old.get("checkpoints"), m["checkpoints"], cfg.log)
         if diff:
@@ -285,6 +292,10 @@ def _run_sweep(cfg: SweepConfig) -> dict:
         if arm.name in cfg.base_urls:
             url = cfg.base_urls[arm.name]
         else:
+            if changed := checkpoint_differences(manifest["checkpoints"], sweep_checkpoints(cfg)):
+                # a rebuild during the sweep: this arm's points would measure other weights than the earlier arms'
+                raise BenchError(f"the weights changed since the sweep started: {'; '.join(changed)}; "
+                                 f"the points measured so far stay in {out}")
             spec = arm.speculative_config(cfg.drafter, cfg.temperature, cfg.spec_extra)
             server = ServerProcess(cfg.model, spec, out / "logs" / f"{arm.slug}.log", cfg.server_args, cfg.startup_timeout,
                                    cfg.launcher)
