@@ -206,8 +206,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("sources", nargs="+", help="two or more sweep --out directories")
     g.add_argument("--out", required=True, help="the new directory (must not exist or be empty)")
     g.add_argument("--assume-same-checkpoints", metavar="REASON", default=None,
-                   help="for sources that recorded no checkpoint sha256: why you know they measured the same "
-                        "weights (written into the manifest and the report)")
+                   help="for weights the checkpoint ids cannot vouch for (no model or drafter sha256 recorded, "
+                        "servers at a --base-url): why you know the sources measured the same weights (written "
+                        "into the manifest and the report)")
     g.add_argument("--arms", default=None, help="merge only these arms (comma-separated names, e.g. adaptive:7,fixed:3)")
     g.add_argument("--concurrency", default=None, help="merge only these concurrencies (comma-separated)")
     g.set_defaults(func=cmd_merge)
