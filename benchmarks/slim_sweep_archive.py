@@ -1,10 +1,13 @@
 """Slim a sweep's per-point archive (`h200_frontier.sh` MODE=server or `h200_moving_load.sh`) for the
 working tree, which travels to the GPU machine with every call (64 MiB in all, the wheels included):
 every point's per-request arrays `itls` (each inter-chunk gap) and `chunk_tokens` (tokens per chunk)
-are set to null; the rest of the archive (manifest, logs, the report and plot as the run wrote
-them) is kept as it was. The points keep everything else: send offsets, lengths, TTFT, end-to-end
-latency and finish reason of every request, and the summaries computed from the arrays (ITL
-percentiles, chunk counts, bursts).
+are set to null, and the server logs lose their per-request lines (uvicorn's access log and the
+server's request log: a prompt length and SamplingParams per request, which the points record too;
+in H200 run 32 they were 5.4 MB of each 5.4 MB log, the other lines 3 KB), replaced by one line
+that counts them; the rest of the archive (manifest, the logs' other lines, the report and plot as
+the run wrote them) is kept as it was. The points keep everything else: send offsets, lengths,
+TTFT, end-to-end latency and finish reason of every request, and the summaries computed from the
+arrays (ITL percentiles, chunk counts, bursts).
 
 Before writing, the report is built from the folder as it was and as slimmed, by the code of this
 checkout: the archive is written only if both are identical (nothing the report says is lost).
@@ -15,6 +18,7 @@ Commit the unslimmed archive first, so that git history keeps every request's ch
 import argparse
 import json
 import lzma
+import re
 import sys
 import tarfile
 import tempfile
@@ -25,6 +29,8 @@ from adaspec.bench.report import write_report  # noqa: E402
 
 DROPPED_ARRAYS = ("itls", "chunk_tokens")
 REPORT_FILES = ("report.md", "frontier.png", "report.html")  # rewritten by the check, then put back
+PER_REQUEST_LINE = re.compile(r'^INFO:\s+\S+ - "POST /v1/(chat/)?completions HTTP/[\d.]+" \d+|'
+                              r" adaspec\.serve: request (chat)?cmpl-")
 
 
 def sweep_dirs(root: Path) -> list[Path]:
@@ -48,6 +54,20 @@ def slim_points(sweep: Path) -> int:
     return n
 
 
+def slim_logs(sweep: Path) -> int:
+    """Removes the per-request lines of the sweep's server logs; returns how many."""
+    n = 0
+    for f in sorted((sweep / "logs").glob("*.log")):
+        lines = f.read_text(errors="replace").splitlines(keepends=True)
+        kept = [line for line in lines if not PER_REQUEST_LINE.search(line)]
+        removed = len(lines) - len(kept)
+        if removed:
+            f.write_text("".join(kept) + f"[slim_sweep_archive.py: {removed} per-request lines removed "
+                         "(uvicorn's access log and the server's request log)]\n")
+            n += removed
+    return n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("archive", type=Path)
@@ -68,6 +88,7 @@ def main() -> int:
             as_written = {name: (sweep / name).read_bytes() for name in REPORT_FILES if (sweep / name).exists()}
             before = report_of(sweep)
             n = slim_points(sweep)
+            removed = slim_logs(sweep)
             after = report_of(sweep)
             if before != after:
                 raise SystemExit(f"{args.archive}: the report of {sweep.relative_to(root)} changes once slimmed; "
@@ -76,7 +97,8 @@ def main() -> int:
                 (sweep / name).unlink(missing_ok=True)
                 if name in as_written:
                     (sweep / name).write_bytes(as_written[name])
-            print(f"{sweep.relative_to(root)}: {n} points slimmed, report unchanged")
+            print(f"{sweep.relative_to(root)}: {n} points slimmed, {removed} per-request log lines removed, "
+                  "report unchanged")
         with lzma.open(args.out, "wb", preset=9 | lzma.PRESET_EXTREME) as xz, tarfile.open(fileobj=xz, mode="w") as t:
             for name in top:
                 t.add(root / name, arcname=name)
