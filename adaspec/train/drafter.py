@@ -57,6 +57,12 @@ def add_subparser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=500)
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--heldout-rows", type=int, default=0,
+                   help="hold out the last N rows of the sequences (--data or the self-distilled ones) from training "
+                        "and log the loss and soft acceptance per slot on them and on N fixed training rows (a "
+                        "multiple of --batch-size): whether the drafter learns the target or memorizes its rows")
+    p.add_argument("--heldout-every", type=int, default=500,
+                   help="with --heldout-rows: at logged steps that are multiples of this, and at the last step")
     p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--compile", action="store_true",
@@ -178,17 +184,22 @@ def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float):
 
 
 def _build_sampler(args, target_dir: Path, out: Path, target, device):
+    """-> (the training batches' sampler, the held-out row sets or None: see split_heldout)."""
     import numpy as np
 
     from adaspec.train.drafter_data import MixedSampler, RowSampler, StreamSampler, corpus_tokens, load_sequences
 
     if args.data and not (args.corpus and args.corpus_frac > 0):
-        return RowSampler(load_sequences(args.data), args.seq_len, args.batch_size, args.seed)
+        rows, heldout = split_heldout(load_sequences(args.data), args)
+        return RowSampler(rows, args.seq_len, args.batch_size, args.seed), heldout
     if not args.corpus:
         raise AdaspecError("give --corpus DIR (with or without --self-distill) or --data FILE")
     tokens = corpus_tokens(args.corpus, target_dir)
     if not args.self_distill and not args.data:
-        return StreamSampler(tokens, args.seq_len, args.batch_size, args.seed)
+        if args.heldout_rows:
+            raise AdaspecError("--heldout-rows holds out rows of --data or of the self-distilled sequences; "
+                               "this run trains on corpus text only")
+        return StreamSampler(tokens, args.seq_len, args.batch_size, args.seed), None
     if args.data:  # sequences made elsewhere (e.g. `adaspec train pair`'s self-distill stage)
         rows = load_sequences(args.data)
     else:
@@ -196,11 +207,57 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
         if not (args.resume and path.is_file()):
             np.save(path, self_distill_rows(target, tokens, args, device, sd_profile(args, device, out)))
         rows = np.load(path)
+    rows, heldout = split_heldout(rows, args)
     n_corpus = int(round(args.batch_size * args.corpus_frac))
     sd = RowSampler(rows, args.seq_len, args.batch_size - n_corpus, args.seed)
     if n_corpus == 0:
-        return sd
-    return MixedSampler(sd, StreamSampler(tokens, sd.seq_len, n_corpus, args.seed + 1))
+        return sd, heldout
+    return MixedSampler(sd, StreamSampler(tokens, sd.seq_len, n_corpus, args.seed + 1)), heldout
+
+
+def split_heldout(rows, args):
+    """--heldout-rows N: the last N rows leave training -> (training rows, {"heldout": the N rows,
+    "train_rows": the first N training rows}, each cropped to its first --seq-len tokens), else
+    (rows, None). The two sets are measured alike, so their gap is memorization, not the mix of
+    a training batch (greedy and sampled rows, corpus text) or another domain."""
+    import torch
+
+    n = args.heldout_rows
+    if not n:
+        return rows, None
+    if n < 0 or n % args.batch_size:
+        raise AdaspecError(f"--heldout-rows {n}: give a positive multiple of --batch-size {args.batch_size} (the "
+                           "held-out pass runs the training batch's shape, so nothing is compiled again)")
+    if rows.shape[0] < 2 * n + 1:
+        raise AdaspecError(f"--heldout-rows {n}: the sequences hold {rows.shape[0]} rows; holding out {n} needs "
+                           f"more than {2 * n} (as many again are measured as training rows)")
+    if rows.shape[1] < args.seq_len:
+        raise AdaspecError(f"--heldout-rows: the sequences' rows hold {rows.shape[1]} tokens, fewer than --seq-len "
+                           f"{args.seq_len}")
+    as_tensor = lambda a: torch.from_numpy(a[:, :args.seq_len].astype("int64"))  # noqa: E731
+    return rows[:-n], {"heldout": as_tensor(rows[-n:]), "train_rows": as_tensor(rows[:n])}
+
+
+def heldout_stats(target, drafter, loss_fn, amp, sets: dict, anchors: dict, gamma: float, batch: int, device) -> dict:
+    """Loss and soft acceptance per slot (1 - TV, as the training log's) on each fixed row set, in
+    chunks of the training batch's shape and with gradients enabled as in training, so that no
+    compiled graph is traced again (a guard on either would recompile); nothing is updated."""
+    from adaspec.h2d import to_device
+    from adaspec.train.drafter_loss import block_forward, float_stats
+
+    out = {}
+    for name, rows in sets.items():
+        losses, accepts = [], []
+        for i in range(0, rows.shape[0], batch):
+            ids, anc = to_device(rows[i:i + batch], device), to_device(anchors[name][i:i + batch], device)
+            with amp:
+                bb = block_forward(target, drafter, ids, anc)
+            loss, stats = loss_fn(bb, gamma=gamma)
+            losses.append(loss.item())
+            accepts.append(float_stats(stats)["accept"])
+        out[name] = {"loss": round(sum(losses) / len(losses), 4),
+                     "accept": [round(sum(a[j] for a in accepts) / len(accepts), 4) for j in range(len(accepts[0]))]}
+    return out
 
 
 def sd_profile(args, device, out_dir: Path):
@@ -279,8 +336,12 @@ def run(args) -> int:
     drafter.rope.build_tables(device=device)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = drafter_optimizer(params, args.lr, device, args.adamw_impl)
-    sampler = _build_sampler(args, target_dir, out, target, device)
+    sampler, heldout = _build_sampler(args, target_dir, out, target, device)
     anchor_gen = torch.Generator().manual_seed(args.seed + 7)
+    if heldout:  # the same anchors at every measurement
+        g = torch.Generator().manual_seed(args.seed + 11)
+        heldout_anchors = {k: sample_anchors(v.shape[0], v.shape[1], cfg.block_size, args.anchors_per_seq, g)
+                           for k, v in heldout.items()}
     step = 0
     if ckpt is not None:
         drafter.load_state_dict(ckpt["model"], strict=False)
@@ -358,6 +419,9 @@ def run(args) -> int:
         if step % args.log_every == 0 or step == args.steps:
             stats = float_stats(stats)
             rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}
+            if heldout and (step % args.heldout_every == 0 or step == args.steps):
+                rec.update(heldout_stats(target, drafter, loss_fn, amp, heldout, heldout_anchors, args.gamma,
+                                         args.batch_size, device))
             history.append(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{stats['ce']:.2f}", acc1=f"{stats['accept'][0]:.2f}")
             tqdm.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]

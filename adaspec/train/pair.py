@@ -353,6 +353,8 @@ def _drafter(ctx: Context) -> dict:
     last = log[-1] if log else {}
     out = {"steps": last.get("step"), "train_seconds": last.get("time_s"), "final_loss": last.get("loss"),
            "train_accept": last.get("accept")}
+    if "heldout" in last:  # --heldout-rows: the same measure on held-out and on training self-distilled rows
+        out["rows_heldout"], out["rows_train"] = last["heldout"], last["train_rows"]
     profile = ctx.drafter / "step_profile.json"
     if d.get("profile_steps") and profile.is_file():  # where a training step's time went (train/step_profile.py)
         out["step_profile"] = json.loads(profile.read_text())
@@ -519,6 +521,12 @@ def format_summary(s: dict) -> str:
         t = s["target"]
         lines.append(f"target: {t['params'] / 1e6:.1f}M params, {t['steps']} steps, {t['tokens_seen'] / 1e6:.1f}M "
                      f"tokens, val loss {t['val_loss']:.4f} (ppl {t['val_ppl']:.2f}), {t['achieved_tflops']} TFLOP/s")
+    if (s.get("drafter") or {}).get("rows_heldout"):
+        d = s["drafter"]
+        lines.append("drafter soft acceptance per slot, held-out self-distilled rows "
+                     + " ".join(f"{a:.2f}" for a in d["rows_heldout"]["accept"]) + " against training rows "
+                     + " ".join(f"{a:.2f}" for a in d["rows_train"]["accept"])
+                     + f" (loss {d['rows_heldout']['loss']:.3f} against {d['rows_train']['loss']:.3f})")
     if s.get("heldout"):
         h = s["heldout"]
         for key, r in h.items():

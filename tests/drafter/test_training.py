@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from adaspec.errors import AdaspecError
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter
 from adaspec.train.calibrate import fit_and_report
 from adaspec.train.drafter import init_drafter
@@ -229,3 +230,60 @@ def test_drafter_optimizer_refuses_an_unknown_kernel():
 
     with pytest.raises(AdaspecError, match="unknown AdamW implementation 'fast'"):
         drafter_optimizer([torch.nn.Parameter(torch.ones(1))], 0.1, torch.device("cpu"), "fast")
+
+
+def test_heldout_rows_leave_training_and_are_measured_beside_training_rows(trained_target, tmp_path, monkeypatch):
+    """--heldout-rows N: the last N rows never reach a training batch; at logged multiples of
+    --heldout-every (and the last step) the log holds loss and per-slot soft acceptance on them and
+    on the first N training rows."""
+    from adaspec.cli import main
+    from adaspec.train import drafter_data
+
+    _, _, tdir = trained_target
+    rows = chain_sequences(32, 40, seed=7).numpy().astype(np.uint16)
+    data = tmp_path / "seqs.npy"
+    np.save(data, rows)
+    trained_on = []
+    real = drafter_data.RowSampler.__init__
+
+    def spy(self, r, *a, **kw):
+        trained_on.append(np.asarray(r).copy())
+        real(self, r, *a, **kw)
+
+    monkeypatch.setattr(drafter_data.RowSampler, "__init__", spy)
+    out = tmp_path / "d"
+    assert main(["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(out),
+                 "--block-size", "3", "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4",
+                 "--anchors-per-seq", "8", "--steps", "5", "--log-every", "1", "--heldout-rows", "4",
+                 "--heldout-every", "2", "--save-dtype", "float32", "--device", "cpu"]) == 0
+    assert len(trained_on) == 1 and np.array_equal(trained_on[0], rows[:-4])
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    measured = [r["step"] for r in log if "heldout" in r]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5] and measured == [2, 4, 5]
+    for r in log:
+        if "heldout" in r:
+            for name in ("heldout", "train_rows"):
+                assert np.isfinite(r[name]["loss"]) and len(r[name]["accept"]) == 3
+                assert all(0.0 <= a <= 1.0 for a in r[name]["accept"])
+            assert r["heldout"] != r["train_rows"]  # other rows, other figures
+
+
+def test_heldout_rows_refusals():
+    import argparse
+
+    from adaspec.train.drafter import split_heldout
+
+    rows = np.zeros((32, 40), dtype=np.uint16)
+
+    def args(n, batch=4, seq=32):
+        return argparse.Namespace(heldout_rows=n, batch_size=batch, seq_len=seq)
+
+    assert split_heldout(rows, args(0)) == (rows, None)
+    with pytest.raises(AdaspecError, match="positive multiple of --batch-size 4"):
+        split_heldout(rows, args(6))
+    with pytest.raises(AdaspecError, match="the sequences hold 32 rows; holding out 16 needs more than 32"):
+        split_heldout(rows, args(16))
+    with pytest.raises(AdaspecError, match="hold 40 tokens, fewer than --seq-len 64"):
+        split_heldout(rows, args(4, seq=64))
+    train, sets = split_heldout(rows, args(8))
+    assert train.shape == (24, 40) and sets["heldout"].shape == (8, 32) and sets["train_rows"].shape == (8, 32)
