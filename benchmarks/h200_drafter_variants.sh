@@ -99,7 +99,8 @@ out, spec, entries = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 sets = {it.split("=", 1)[0]: it.split("=", 1)[1] for it in spec.split(";") if it}
 rows, lines = [], []
 hdr = (f"{'variant':<12} {'sets':<44} {'steps':>6} {'loss':>6} {'build s':>8} "
-       f"{'tau T0':>7} {'walk T0':>7} {'tau T1':>7} {'walk T1':>7} {'ECE T0/T1':>11}  cond. acceptance T0")
+       f"{'tau T0':>7} {'walk T0':>7} {'tau T1':>7} {'walk T1':>7} {'ECE T0/T1':>11} {'rows s1 h/t':>11}  "
+       "cond. acceptance T0")
 lines.append(hdr)
 for e in entries:
     label, d = e.split("=", 1)
@@ -114,11 +115,15 @@ for e in entries:
     sec = sum(v for k, v in s["stage_seconds"].items()) if label == "base" else \
         sum(v for k, v in s["stage_seconds"].items() if k not in ("corpus", "tokenizer", "target"))
     ece = f"{t0.get('ece_calibrated', float('nan')):.3f}/{t1.get('ece_calibrated', float('nan')):.3f}"
+    # --heldout-rows: slot 1's soft acceptance on held-out against training self-distilled rows
+    rows_s1 = (f"{dr['rows_heldout']['accept'][0]:.2f}/{dr['rows_train']['accept'][0]:.2f}"
+               if dr.get("rows_heldout") else "-")
     lines.append(f"{label:<12} {rec['sets'][:44]:<44} {dr.get('steps', '-'):>6} "
                  f"{dr.get('final_loss', float('nan')):>6.3f} {sec:>8.0f} {f(t0, 'tau'):>7} {f(t0, 'tau_walk'):>7} "
-                 f"{f(t1, 'tau'):>7} {f(t1, 'tau_walk'):>7} {ece:>11}  "
+                 f"{f(t1, 'tau'):>7} {f(t1, 'tau_walk'):>7} {ece:>11} {rows_s1:>11}  "
                  + " ".join(f"{a:.2f}" for a in t0.get("cond_acceptance", []))
                  + ("" if s["complete"] else f"  INCOMPLETE ({(s.get('failed') or {}).get('stage', '?')})"))
+lines.append("rows s1 h/t: slot 1's soft acceptance on held-out / training self-distilled rows (--heldout-rows)")
 lines.append("build s: the whole build for base, the stages rebuilt for a variant; target val loss "
              f"{rows[0]['target_val_loss']}; two builds of one preset differ by ~3% in tau")
 (out / "variants.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -397,6 +397,11 @@ def test_drafter_variants_script_retrains_from_the_right_stage(pair, tmp_path):
     assert lr_sd == json.loads((base / "manifest" / "selfdistill.json").read_text())  # kept: drafter only
     assert rows["sd"]["drafter"]["steps"] == 20
     assert "variant" in r.stdout and "sd" in (tmp_path / "res" / "variants.txt").read_text()
+    # the preset's held-out self-distilled rows against training rows, per variant
+    assert all(len(x["drafter"]["rows_heldout"]["accept"]) == 4 for x in rows.values())
+    base_line = next(x for x in (tmp_path / "res" / "variants.txt").read_text().splitlines() if x.startswith("base "))
+    s1 = rows["base"]["drafter"]
+    assert f" {s1['rows_heldout']['accept'][0]:.2f}/{s1['rows_train']['accept'][0]:.2f} " in base_line
     import tarfile
     names = tarfile.open(tmp_path / "res" / "variants_logs.tar.gz").getnames()
     assert "./sd/drafter/eval.json" in names and "./base/pair.json" in names, names
