@@ -225,6 +225,8 @@ def split_heldout(rows, args):
     n = args.heldout_rows
     if not n:
         return rows, None
+    if args.heldout_every < 1:
+        raise AdaspecError(f"--heldout-every {args.heldout_every}: give a number of steps, at least 1")
     if n < 0 or n % args.batch_size:
         raise AdaspecError(f"--heldout-rows {n}: give a positive multiple of --batch-size {args.batch_size} (the "
                            "held-out pass runs the training batch's shape, so nothing is compiled again)")

@@ -275,14 +275,16 @@ def test_heldout_rows_refusals():
 
     rows = np.zeros((32, 40), dtype=np.uint16)
 
-    def args(n, batch=4, seq=32):
-        return argparse.Namespace(heldout_rows=n, batch_size=batch, seq_len=seq)
+    def args(n, batch=4, seq=32, every=10):
+        return argparse.Namespace(heldout_rows=n, batch_size=batch, seq_len=seq, heldout_every=every)
 
     assert split_heldout(rows, args(0)) == (rows, None)
     with pytest.raises(AdaspecError, match="positive multiple of --batch-size 4"):
         split_heldout(rows, args(6))
     with pytest.raises(AdaspecError, match="the sequences hold 32 rows; holding out 16 needs more than 32"):
         split_heldout(rows, args(16))
+    with pytest.raises(AdaspecError, match="--heldout-every 0: give a number of steps"):
+        split_heldout(rows, args(4, every=0))
     with pytest.raises(AdaspecError, match="hold 40 tokens, fewer than --seq-len 64"):
         split_heldout(rows, args(4, seq=64))
     train, sets = split_heldout(rows, args(8))
