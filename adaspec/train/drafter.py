@@ -217,9 +217,11 @@ def _build_sampler(args, target_dir: Path, out: Path, target, device):
 
 def split_heldout(rows, args):
     """--heldout-rows N: the last N rows leave training -> (training rows, {"heldout": the N rows,
-    "train_rows": the first N training rows}, each cropped to its first --seq-len tokens), else
-    (rows, None). The two sets are measured alike, so their gap is memorization, not the mix of
-    a training batch (greedy and sampled rows, corpus text) or another domain."""
+    "train_rows": the N training rows just before them}, each cropped to its first --seq-len
+    tokens), else (rows, None). The two sets are measured alike and are of one kind (the
+    self-distilled rows run greedy first, sampled last, and the pair's sampled part holds far
+    more than 2N rows; the first rows would be greedy text, easier to draft whether memorized or
+    not), so their gap is memorization, not the mix of a training batch or another domain."""
     import torch
 
     n = args.heldout_rows
@@ -237,7 +239,7 @@ def split_heldout(rows, args):
         raise AdaspecError(f"--heldout-rows: the sequences' rows hold {rows.shape[1]} tokens, fewer than --seq-len "
                            f"{args.seq_len}")
     as_tensor = lambda a: torch.from_numpy(a[:, :args.seq_len].astype("int64"))  # noqa: E731
-    return rows[:-n], {"heldout": as_tensor(rows[-n:]), "train_rows": as_tensor(rows[:n])}
+    return rows[:-n], {"heldout": as_tensor(rows[-n:]), "train_rows": as_tensor(rows[-2 * n:-n])}
 
 
 def heldout_stats(target, drafter, loss_fn, amp, sets: dict, anchors: dict, gamma: float, batch: int, device) -> dict:

@@ -273,7 +273,7 @@ def test_heldout_rows_refusals():
 
     from adaspec.train.drafter import split_heldout
 
-    rows = np.zeros((32, 40), dtype=np.uint16)
+    rows = np.repeat(np.arange(32, dtype=np.uint16)[:, None], 40, axis=1)  # row i holds the token i
 
     def args(n, batch=4, seq=32, every=10):
         return argparse.Namespace(heldout_rows=n, batch_size=batch, seq_len=seq, heldout_every=every)
@@ -289,3 +289,8 @@ def test_heldout_rows_refusals():
         split_heldout(rows, args(4, seq=64))
     train, sets = split_heldout(rows, args(8))
     assert train.shape == (24, 40) and sets["heldout"].shape == (8, 32) and sets["train_rows"].shape == (8, 32)
+    # held out: the last 8 rows; measured as training rows: the 8 trained rows just before them (one
+    # kind with the held-out ones: the self-distilled rows run greedy first, sampled last)
+    assert sets["heldout"][:, 0].tolist() == list(range(24, 32))
+    assert sets["train_rows"][:, 0].tolist() == list(range(16, 24))
+    assert train[:, 0].tolist() == list(range(24))
