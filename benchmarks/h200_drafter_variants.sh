@@ -22,7 +22,9 @@
 # acceptance), OUT/variants.txt (the table, also printed) and OUT/variants_logs.tar.gz (each build's
 # pair.json, log, held-out eval and training log). Two builds of the same preset differ
 # by ~3% in held-out tau (BENCHMARKS.md, run 8): a smaller difference between variants is noise.
-# PRESET / DEVICE (default code-0.6b / cuda) let the script run on a CPU at micro size (its test).
+# REQUIRE_PAIR=1: exit 4 at once when BASE holds no build, rather than building it (a command sized
+# for the variants alone). PRESET / DEVICE (default code-0.6b / cuda) let the script run on a CPU
+# at micro size (its test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: VARIANTS="LABEL=SECTION.KEY=VALUE,...;..." h200_drafter_variants.sh OUT [-- extra train pair args]}
@@ -63,6 +65,14 @@ for item in "${ITEMS[@]}"; do
 done
 
 if [ ! -f "$BASE/pair.json" ] || [ ! -d "$BASE/drafter" ]; then
+  # REQUIRE_PAIR=1 (h200_common.sh): a command sized for variants only landed on a fresh machine
+  # (H200 run 33: a call sent at once after the build still got one, rebuilt the base for 400 s
+  # and was killed at its limit with nothing returned)
+  if [ "${REQUIRE_PAIR:-}" = 1 ]; then
+    echo "h200_drafter_variants: no built pair in $BASE (a fresh machine?): REQUIRE_PAIR=1 stops here" \
+      "instead of spending ~450 s on a base build the command was not sized for" >&2
+    exit 4
+  fi
   say "building the base pair in $BASE"
   PRESET=$PRESET DEVICE=$DEVICE bash benchmarks/build_pair_h200.sh "$BASE" -- "$@" | tail -4
 fi

@@ -406,6 +406,11 @@ def test_drafter_variants_script_retrains_from_the_right_stage(pair, tmp_path):
     names = tarfile.open(tmp_path / "res" / "variants_logs.tar.gz").getnames()
     assert "./sd/drafter/eval.json" in names and "./base/pair.json" in names, names
     assert "./sd/drafter/heldout_blocks.npz" in names, names  # each build's walk blocks, for replay_policy.py
+    # REQUIRE_PAIR=1 on a machine without the base build: exit 4 at once, building nothing
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                       env=dict(env, BASE=str(tmp_path / "nobase"), REQUIRE_PAIR="1"))
+    assert r.returncode == 4 and f"no built pair in {tmp_path / 'nobase'}" in r.stderr, r.stderr
+    assert not (tmp_path / "nobase").exists() and "building" not in r.stdout
     # bad variants fail fast, naming the problem
     for bad, why in (("x=target.layers=3", "not drafter.KEY=VALUE"), ("nolabel", "expected LABEL=")):
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, VARIANTS=bad), timeout=60)
