@@ -80,8 +80,8 @@ def add_subparser(sub) -> None:
                    help="profile this many training steps with torch.profiler (from step 50, or halfway through "
                         "a shorter run) and write OUT/step_profile.json and .txt: where a step's time goes")
     p.add_argument("--max-minutes", type=float, default=None,
-                   help="wall-clock budget for the optimization: after a short probe, --steps is lowered to fit "
-                        "(the cosine schedule follows the new total)")
+                   help="wall-clock budget for the optimization: --steps is lowered to fit after a short probe "
+                        "and fitted again every 100 steps (the cosine schedule follows the total)")
     p.set_defaults(func=run)
 
 
@@ -312,6 +312,7 @@ def run(args) -> int:
     from adaspec.models.loader import load_target, model_dir
     from adaspec.train.drafter_loss import cosine_lr, dspark_loss, float_stats, sample_anchors
     from adaspec.train.step_profile import StepProfile, format_summary
+    from adaspec.train.time_box import StepTimeBox
     from adaspec.train.target import _uncompile_layers
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -374,26 +375,24 @@ def run(args) -> int:
     history = []
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
-    # time box: steps start+10..start+40 are timed (the first ones pay CUDA warmup and would
-    # make the estimate far too pessimistic), then --steps is lowered to fit the budget
-    probe = (step + 10, step + 40) if args.max_minutes else (None, None)
-    probe_t = None
-    # after the time box's probe, so that neither times the other
+    # time box (train/time_box.py): the step count is fitted to --max-minutes after 10 warmup steps
+    # and 30 timed ones, then fitted again every 100 steps from the mean step time so far
+    box = None
+    if args.max_minutes:
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        box = StepTimeBox(args.max_minutes * 60, step, args.steps, sync=sync)
+    shown = None
+    # after the time box's first fit, so that neither times the other
     profile = StepProfile(args.profile_steps, max(step, min(50, args.steps // 2)), device, out)
     drafter.train()
     while step < args.steps:
         profile.maybe_start(step)
-        if step in probe and device.type == "cuda":  # the loop never reads back otherwise: time the GPU's work
-            torch.cuda.synchronize(device)
-        if step == probe[0]:
-            probe_t = time.time()
-        if step == probe[1]:
-            per_step = (time.time() - probe_t) / (probe[1] - probe[0])
-            fit = step + int((args.max_minutes * 60 - (time.time() - t0)) / per_step)
-            if fit < args.steps:
-                args.steps = max(fit, step + 1)
-                bar.total = args.steps
-                tqdm.write(f"--max-minutes {args.max_minutes}: {per_step * 1000:.0f} ms/step, training {args.steps} steps")
+        if box is not None and box.fit(step) != args.steps:
+            args.steps = bar.total = box.total
+            if shown is None or abs(args.steps - shown) > 0.02 * shown:  # say the first fit and large moves
+                shown = args.steps
+                tqdm.write(f"--max-minutes {args.max_minutes}: {box.fits[-1][1] * 1000:.0f} ms/step at step {step}, "
+                           f"training {args.steps} steps")
         # pinned, asynchronous copies: a pageable one waits for the stream, so the host could never
         # run ahead of the GPU (H200 run 28: 70 ms wall per step against 47.5 ms of kernels)
         ids = to_device(sampler.next(), device)

@@ -235,7 +235,7 @@ def test_drafter_optimizer_refuses_an_unknown_kernel():
 def test_heldout_rows_leave_training_and_are_measured_beside_training_rows(trained_target, tmp_path, monkeypatch):
     """--heldout-rows N: the last N rows never reach a training batch; at logged multiples of
     --heldout-every (and the last step) the log holds loss and per-slot soft acceptance on them and
-    on the first N training rows."""
+    on the N training rows before them."""
     from adaspec.cli import main
     from adaspec.train import drafter_data
 
@@ -294,3 +294,28 @@ def test_heldout_rows_refusals():
     assert sets["heldout"][:, 0].tolist() == list(range(24, 32))
     assert sets["train_rows"][:, 0].tolist() == list(range(16, 24))
     assert train[:, 0].tolist() == list(range(24))
+
+
+def test_max_minutes_fits_the_steps_to_the_box(trained_target, tmp_path, monkeypatch, capsys):
+    """--max-minutes through the loop (train/time_box.py, on a clock that moves 1 s a read): the
+    first fit at step 40 has 1 s per 30 steps and 0.4 s left of 2.4, so 40 + 12 steps are trained
+    (51 in floating point) and the schedule follows that total."""
+    from adaspec.cli import main
+    from adaspec.train import time_box
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(time_box, "_now", lambda: float(next(clock)))
+    _, _, tdir = trained_target
+    data = tmp_path / "seqs.npy"
+    np.save(data, chain_sequences(32, 40, seed=7).numpy().astype(np.uint16))
+    out = tmp_path / "d"
+    assert main(["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(out),
+                 "--block-size", "3", "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4",
+                 "--anchors-per-seq", "8", "--steps", "60", "--log-every", "4", "--max-minutes", "0.04",
+                 "--save-dtype", "float32", "--device", "cpu"]) == 0
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    fitted = 40 + int((0.04 * 60 - 2.0) / (1.0 / 30))
+    assert fitted in (51, 52) and log[-1]["step"] == fitted
+    assert f"--max-minutes 0.04: 33 ms/step at step 40, training {fitted} steps" in capsys.readouterr().out
+    # the cosine schedule ended with the fitted total: the last step's rate is its floor, not mid-way
+    assert log[-1]["lr"] < 0.05 * max(r["lr"] for r in log)
