@@ -99,7 +99,8 @@ _CODE_06B = {
         "adamw_impl": "auto", "compile_drafter": True,
         # 64 of the 1,024 self-distilled rows held out: the loss and soft acceptance on them against 64
         # training rows, every 400 steps (H200 run 32: training batches 0.82-0.85 at slot 1 against 0.75
-        # held out at T = 1, each row seen ~75 times; memorization or the batches' mix?)
+        # held out at T = 1, each row seen ~75 times; memorization or the batches' mix? Run 33, two
+        # builds: memorization; held out 0.789 at slot 1, flat after ~2,400 steps, training 0.85-0.86)
         "heldout_rows": 64, "heldout_every": 400,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
