@@ -9,7 +9,8 @@ by a few steps, and the schedule's learning rate with it by a hair.
 
 Pure arithmetic over a clock passed in (tests give a fake one); `sync` is called right before
 the clock is read at a fit, so that the GPU's queued work is counted (the training loop does
-not otherwise wait for the GPU).
+not otherwise wait for the GPU). The refits fall on multiples of `every`, where the loop has
+just read its logged loss back (a sync of its own), so they add no wait of their own.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class StepTimeBox:
         if step == self.probe_start:
             self.sync()
             self.probe_t = self.clock()
-        elif self.probe_t is not None and step >= self.first_fit and (step - self.first_fit) % self.every == 0:
+        elif self.probe_t is not None and (step == self.first_fit or step > self.first_fit and step % self.every == 0):
             self.sync()
             now = self.clock()
             per_step = (now - self.probe_t) / (step - self.probe_start)

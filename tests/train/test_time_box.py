@@ -27,6 +27,8 @@ def test_steady_steps_fill_the_box():
     box = StepTimeBox(150.0, 0, 4000, clock=clock)
     steps, spent = run_box(box, clock, lambda s: 0.04)
     assert steps == pytest.approx(150 / 0.04, abs=2) and spent == pytest.approx(150, abs=0.1)
+    # after the first fit, on multiples of 100: where the loop has just read its logged loss back
+    assert [f[0] for f in box.fits[:4]] == [40, 100, 200, 300]
 
 
 def test_a_fast_probe_window_does_not_overrun_the_box():
@@ -60,6 +62,6 @@ def test_a_resumed_run_times_from_its_own_start_and_syncs_at_every_read():
     box = StepTimeBox(10.0, 300, 4000, clock=clock, sync=lambda: synced.append(clock.t))
     steps, spent = run_box(box, clock, lambda s: 0.01, start=300)
     assert steps - 300 == pytest.approx(1000, abs=2) and spent == pytest.approx(10, abs=0.02)
-    assert box.fits[0][0] == 340 and len(synced) == 1 + len(box.fits)
+    assert [f[0] for f in box.fits[:3]] == [340, 400, 500] and len(synced) == 1 + len(box.fits)
     with pytest.raises(ValueError, match="positive budget"):
         StepTimeBox(0, 0, 10)
