@@ -24,12 +24,12 @@ def micro_dir(tmp_path_factory):
     return str(testing.make_micro_model_dir(tmp_path_factory.mktemp("engine_process") / "micro"))
 
 
-def _server(micro_dir, **settings):
+def _server(micro_dir, engine_args=None, **settings):
     from adaspec.config import EngineConfig
     from adaspec.serve.cli import build_engine
 
-    return LiveServer(functools.partial(build_engine, EngineConfig(model=micro_dir, **ENGINE_ARGS)), names=("micro",),
-                      engine_process=True, **settings)
+    config = EngineConfig(model=micro_dir, **{**ENGINE_ARGS, **(engine_args or {})})
+    return LiveServer(functools.partial(build_engine, config), names=("micro",), engine_process=True, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +73,17 @@ def test_metrics_come_from_the_engine_process(server):
     assert 'adaspec:request_success_total{finished_reason="length",model_name="micro"}' in text
 
 
-def test_a_killed_engine_process_fails_open_requests_and_ends_the_server(micro_dir):
-    s = _server(micro_dir)
+def test_a_killed_engine_process_fails_open_requests_and_ends_the_server(tmp_path):
+    # the request must still be open when the kill lands: with 200 tokens a loaded CI machine once
+    # let the engine finish them between the first chunk and the kill; 4,000 take it seconds more
+    long_micro = str(testing.make_micro_model_dir(tmp_path / "micro", max_position_embeddings=4096))
+    s = _server(long_micro, {"max_model_len": 4096, "num_kv_blocks": 260})
     died = []
     on_death = s.engine_thread.on_death  # the server's: exit non-zero
     s.engine_thread.on_death = lambda e: (died.append(e), on_death(e))
     try:
         thread, result, first = stream_in_thread(s.url + "/v1/completions",
-                                                 {"model": "micro", "prompt": "x", "max_tokens": 200, "ignore_eos": True})
+                                                 {"model": "micro", "prompt": "x", "max_tokens": 4000, "ignore_eos": True})
         assert first.wait(60)
         os.kill(s.engine_thread._process.pid, signal.SIGKILL)
         thread.join(30)
