@@ -304,6 +304,9 @@ def self_distill_rows(target, tokens, args, device, profile=None):
 def run(args) -> int:
     if args.compile_drafter and not args.compile:
         raise AdaspecError("--compile-drafter compiles on top of --compile: give both")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise AdaspecError(f"--max-minutes {args.max_minutes}: give a positive number of minutes (or leave it out: "
+                           "--steps alone)")
     import torch
     from tqdm import tqdm
 

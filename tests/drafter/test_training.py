@@ -210,6 +210,17 @@ def test_compile_drafter_without_compile_is_refused(trained_target, tmp_path, ca
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("minutes", ["0", "-1", "nan"])
+def test_a_max_minutes_that_is_not_positive_is_refused(trained_target, tmp_path, capsys, minutes):
+    from adaspec.cli import main
+
+    _, _, tdir = trained_target
+    rc = main(["train", "drafter", "--target", str(tdir), "--data", str(tmp_path / "none.npy"), "--out",
+               str(tmp_path / "d"), "--device", "cpu", "--max-minutes", minutes])
+    assert rc != 0 and f"--max-minutes {float(minutes)}: give a positive number of minutes" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("impl, fused, foreach", [("fused", True, None), ("foreach", None, True), ("auto", None, None)])
 def test_drafter_optimizer_kernels(impl, fused, foreach):
     """--adamw-impl: fused or foreach as asked; auto takes the fused kernel on CUDA only (here: the
