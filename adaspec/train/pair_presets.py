@@ -21,9 +21,15 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               guard: on a slower machine it cuts the step count (the cosine schedule follows), on the
               expected one it does not bind, so two builds train the same steps on the same batches.
               ``checkpoint_every`` 0: no 7 GB optimizer checkpoints (the machine keeps nothing anyway).
-  self-distill 1024 rows x (32 prompt + 224 sampled) tokens, two batches (greedy 256, sampled 768)
-              of 224 decode steps; eager decode of this shape is launch-bound at ~40-60 ms/step
-              (GPU.md) -> ~25 s.
+  self-distill 4096 rows x (32 prompt + 224 sampled) tokens, three batches (greedy 1024, sampled
+              2048 + 1024) of 224 decode steps; eager decode of this shape is launch-bound at ~40-60 ms
+              a step (GPU.md), so 4x the rows in 2048-row batches cost what 1024 rows cost in batches of
+              256 / 768: 26 s and 48 s measured (H200 run 34, two machines) against 28 s for 1024 rows
+              (run 33). Why 4096: with 1024 rows each row was seen ~86 times and the drafter memorized
+              them (run 33: held-out rows 0.789 at slot 1, flat after ~2,400 steps, against 0.85-0.86
+              on training rows); with 4096 (~20 times each) held out 0.799 / 0.557 at slots 1 / 7
+              against training rows 0.815 / 0.575 (run 34): the gap at slot 1 fell from 0.07 to 0.016. Held-out tau 4.345 / 3.155,
+              the top of the 1024-row builds' 4.15-4.37 / 3.09-3.15.
   drafter     2 layers (31.5M) + fc 5x1024->1024 (5.2M) trained; per step 32 rows x 256 tokens through
               the frozen target (2 N x 8192 = 7.5 TFLOP) and 32 x 64 anchors x 7 slots = 14.3k block
               tokens through the drafter's layers, LM head and target head (~4.9 TFLOP) -> 12.4 TFLOP = 31 ms
@@ -46,6 +52,10 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               draft. Both inside the ~3% by which builds differ; lr 2e-3 is the preset's since (its
               lower loss is consistent over the run). As a whole build (H200 run 17, 2,754 steps):
               4.17 / 3.07; lr 3e-3 on that build: loss 1.18 against 1.28, tau 4.19 / 3.07 (no gain).
+              With 4,096 self-distilled rows and ``max_minutes`` 3.5 (H200 run 34, one build on a slower
+              machine: 50-53 ms a step, so only 3,623 steps against the 2.5-minute build's 3,366):
+              4.905 / 3.263, T = 0 +13% for +8% steps and a 510 s build; not yet repeated, and the
+              target differs between builds too (val loss 2.894 against 2.901), so the box stays 2.5.
   calibrate   200 eval-code prompts (those after the eval's 250: the distribution the held-out figures and
               the benchmarks use, none of their prompts) x 128 tokens, at T = 1 and at T = 0: ~10 s each.
               Fitted on val-split windows (mostly site-packages), the greedy temperatures made the held-out
@@ -58,7 +68,9 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
               (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
   cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s.
-  total       ~35 + 150 + 25 + 160 + 15 + 25 + 10 = ~410 s (measured 355-432 s; 416 s with 2 layers);
+  total       ~35 + 150 + 25 + 160 + 15 + 25 + 10 = ~410 s (measured 355-444 s; 378 s in H200 run 34,
+              where the refitted box, train/time_box.py, held the drafter stage to 152 s where the
+              single early fit had run it 170-184 s in run 33);
               every stage's seconds land in
               pair.json. Over the issue's ~4-5 minutes by about one: the drafter's acceptance is worth it.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
@@ -86,7 +98,7 @@ _CODE_06B = {
     },
     "drafter": {
         "layers": 2, "block_size": 7, "markov_rank": 64, "init": "target",
-        "sd_num_seqs": 1024, "sd_prompt_len": 32, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 1024,
+        "sd_num_seqs": 4096, "sd_prompt_len": 32, "sd_greedy_frac": 0.25, "sd_temperature": 1.0, "sd_batch": 2048,
         "sd_profile_steps": 3,
         "corpus_frac": 0.25, "seq_len": 256, "batch_size": 32, "anchors_per_seq": 64,
         "steps": 4000, "max_minutes": 2.5, "lr": 2e-3, "warmup": 0.04, "gamma": 4.0, "seed": 0,
@@ -97,10 +109,11 @@ _CODE_06B = {
         # benchmarks/probes/drafter_step_variants.py (its kernels 32 against 46 ms: fused, not only
         # launched faster) for 13-22 s of compilation inside the box; that build made 3,207 steps
         "adamw_impl": "auto", "compile_drafter": True,
-        # 64 of the 1,024 self-distilled rows held out: the loss and soft acceptance on them against 64
+        # 64 of the self-distilled rows held out: the loss and soft acceptance on them against 64
         # training rows, every 400 steps (H200 run 32: training batches 0.82-0.85 at slot 1 against 0.75
-        # held out at T = 1, each row seen ~75 times; memorization or the batches' mix? Run 33, two
-        # builds: memorization; held out 0.789 at slot 1, flat after ~2,400 steps, training 0.85-0.86)
+        # held out at T = 1, each of 1,024 rows seen ~75 times; memorization or the batches' mix? Run 33,
+        # two builds: memorization; held out 0.789 at slot 1, flat after ~2,400 steps, training
+        # 0.85-0.86. Run 34, 4,096 rows: held out 0.799, training rows 0.81)
         "heldout_rows": 64, "heldout_every": 400,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
