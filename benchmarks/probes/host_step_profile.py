@@ -9,11 +9,19 @@ cProfile: the functions by their own time, and the engine's per-step split (stat
 without the profiler (the profiler slows Python ~1.5-2x, so its shares, not its times, are what
 to read). Writes $OUT/host_step_profile.txt (and prints each arm's summary as it goes).
 
+--gc freeze (the default) freezes what start-up built, as `adaspec serve` and offline_sweep.py do;
+--output-kind final_only (the default) reports a request only when it ends, as LLM.generate and
+the offline sweep do. H200 run 34's first run of this probe had neither (the collector as is, an
+output per request per step): a full collection was then charged to whatever Python code
+allocated when it struck (5.5 ms a step to a one-line generator in GraphedForward.pick, no-spec).
+
     python3 benchmarks/probes/host_step_profile.py [--batch 256] [--arms none,fixed:3,adaptive:7]
         [--steps 60] [--temperature 1] [--shape-overrides JSON] [--device cuda]
+        [--gc freeze|as-is] [--output-kind final_only|cumulative]
 """
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -27,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec import LLM, SamplingParams  # noqa: E402
+from adaspec.sampling_params import RequestOutputKind  # noqa: E402
 from offline_sweep import shape_model_dir  # noqa: E402
 
 CURVE = [0.80, 0.71, 0.66, 0.64, 0.62, 0.61, 0.60]  # run 34's build 2, held-out T = 1
@@ -42,7 +51,7 @@ def speculative_config(arm: str):
             "enable_adaptive_verification": kind == "adaptive"}
 
 
-def build(arm: str, n: int, model_dir: str, temperature: float, device: str):
+def build(arm: str, n: int, model_dir: str, temperature: float, device: str, output_kind: RequestOutputKind):
     llm = LLM(model_dir, load_format="dummy", max_num_seqs=n, speculative_config=speculative_config(arm),
               skip_tokenizer_init=True, max_model_len=2048, device=device)
     eng = llm.llm_engine
@@ -50,7 +59,8 @@ def build(arm: str, n: int, model_dir: str, temperature: float, device: str):
     vocab = min(10000, eng.model_config.vocab_size)
     for i in range(n):
         eng.add_request(str(i), torch.randint(1, vocab, (64,), generator=g).tolist(),
-                        SamplingParams(temperature=temperature, max_tokens=1500, ignore_eos=True))
+                        SamplingParams(temperature=temperature, max_tokens=1500, ignore_eos=True,
+                                       output_kind=output_kind))
     for _ in range(20):  # prefill, then steady decoding
         eng.step()
     return eng
@@ -82,13 +92,19 @@ def main():
     ap.add_argument("--shape-overrides", default='{"vocab_size": 16384}')
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--gc", choices=("freeze", "as-is"), default="freeze")
+    ap.add_argument("--output-kind", choices=("final_only", "cumulative"), default="final_only")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = shape_model_dir("qwen3-0.6b", args.shape_overrides)
     report, summary = [], {}
     for arm in args.arms.split(","):
-        eng = build(arm, args.batch, model_dir, args.temperature, args.device)
+        kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final_only" else RequestOutputKind.CUMULATIVE
+        eng = build(arm, args.batch, model_dir, args.temperature, args.device, kind)
+        if args.gc == "freeze":
+            gc.collect()
+            gc.freeze()
         # the same number of steps unprofiled, then profiled
         sync(args.device)
         before, t0 = snapshot(eng), time.perf_counter()
@@ -114,10 +130,13 @@ def main():
         report.append(f"==== {line}\n{buf.getvalue()}")
         (out_dir / "host_step_profile.txt").write_text("\n".join(report))  # kept as it goes
         del eng
+        gc.unfreeze()  # the next arm's start-up frozen afresh; this engine's cycles collectable
+        gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     (out_dir / "host_step_profile.json").write_text(json.dumps(
         {"batch": args.batch, "steps": args.steps, "temperature": args.temperature, "curve": CURVE,
+         "gc": args.gc, "output_kind": args.output_kind,
          "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
          "torch": torch.__version__, "arms": summary}, indent=2))
 
