@@ -28,8 +28,8 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               (run 33). Why 4096: with 1024 rows each row was seen ~86 times and the drafter memorized
               them (run 33: held-out rows 0.789 at slot 1, flat after ~2,400 steps, against 0.85-0.86
               on training rows); with 4096 (~20 times each) held out 0.799 / 0.557 at slots 1 / 7
-              against training rows 0.815 / 0.575 (run 34): the gap at slot 1 fell from 0.07 to 0.016. Held-out tau 4.345 / 3.155,
-              the top of the 1024-row builds' 4.15-4.37 / 3.09-3.15.
+              against training rows 0.815 / 0.575 (run 34): the gap at slot 1 fell from 0.07 to
+              0.016. Held-out tau 4.345 / 3.155, the top of the 1024-row builds' 4.15-4.37 / 3.09-3.15.
   drafter     2 layers (31.5M) + fc 5x1024->1024 (5.2M) trained; per step 32 rows x 256 tokens through
               the frozen target (2 N x 8192 = 7.5 TFLOP) and 32 x 64 anchors x 7 slots = 14.3k block
               tokens through the drafter's layers, LM head and target head (~4.9 TFLOP) -> 12.4 TFLOP = 31 ms
@@ -113,7 +113,7 @@ _CODE_06B = {
         # training rows, every 400 steps (H200 run 32: training batches 0.82-0.85 at slot 1 against 0.75
         # held out at T = 1, each of 1,024 rows seen ~75 times; memorization or the batches' mix? Run 33,
         # two builds: memorization; held out 0.789 at slot 1, flat after ~2,400 steps, training
-        # 0.85-0.86. Run 34, 4,096 rows: held out 0.799, training rows 0.81)
+        # 0.85-0.86. Run 34, 4,096 rows: held out 0.799, training rows 0.815)
         "heldout_rows": 64, "heldout_every": 400,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same

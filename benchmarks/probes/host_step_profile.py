@@ -12,8 +12,9 @@ to read). Writes $OUT/host_step_profile.txt (and prints each arm's summary as it
 --gc freeze (the default) freezes what start-up built, as `adaspec serve` and offline_sweep.py do;
 --output-kind final_only (the default) reports a request only when it ends, as LLM.generate and
 the offline sweep do. H200 run 34's first run of this probe had neither (the collector as is, an
-output per request per step): a full collection was then charged to whatever Python code
-allocated when it struck (5.5 ms a step to a one-line generator in GraphedForward.pick, no-spec).
+output per request per step): 330 ms over 60 steps were charged to a one-line generator in
+GraphedForward.pick (no-spec), most likely one full collection striking there (one costs ~137 ms
+in this state on the development machine's faster CPU: benchmarks/host_step_bench.py --gc as-is).
 
     python3 benchmarks/probes/host_step_profile.py [--batch 256] [--arms none,fixed:3,adaptive:7]
         [--steps 60] [--temperature 1] [--shape-overrides JSON] [--device cuda]
