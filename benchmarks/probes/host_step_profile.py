@@ -45,9 +45,9 @@ CURVE = [0.80, 0.71, 0.66, 0.64, 0.62, 0.61, 0.60]  # run 34's build 2, held-out
 def speculative_config(arm: str):
     if arm == "none":
         return None
-    kind, k = arm.split(":")
-    if kind not in ("fixed", "adaptive"):
-        raise SystemExit(f"--arms: {arm!r} is not none, fixed:K or adaptive:K")
+    kind, _, k = arm.partition(":")
+    if kind not in ("fixed", "adaptive") or not k.isdigit() or int(k) < 1:
+        raise SystemExit(f"--arms: {arm!r} is not none, fixed:K or adaptive:K (K a positive integer)")
     return {"method": "synthetic", "num_speculative_tokens": int(k), "synthetic_acceptance": CURVE[:int(k)],
             "enable_adaptive_verification": kind == "adaptive"}
 
