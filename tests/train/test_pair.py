@@ -265,6 +265,22 @@ def test_gpu_build_script_runs_and_reports(pair, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["micro", "code-0.6b"])
+def test_the_preset_holds_out_rows_its_self_distillation_makes(name):
+    """A preset's --heldout-rows must fit what its selfdistill stage makes, or the drafter stage
+    fails minutes into a GPU build: a multiple of the batch, and both measured sets (the held-out
+    rows and the training rows just before them) among the sampled rows, which come after the
+    greedy ones, so that the two sets are of one kind."""
+    d = preset(name)["drafter"]
+    n = d.get("heldout_rows") or 0
+    if not n:
+        pytest.skip(f"{name} holds out no rows")
+    sampled = d["sd_num_seqs"] - int(round(d["sd_num_seqs"] * d["sd_greedy_frac"]))
+    assert n % d["batch_size"] == 0
+    assert sampled >= 2 * n, (sampled, n)
+    assert d["sd_batch"] >= 1 and d["heldout_every"] >= 1
+
+
+@pytest.mark.parametrize("name", ["micro", "code-0.6b"])
 def test_every_preset_setting_is_a_flag_of_its_command(name, tmp_path):
     """The stages pass target/drafter settings as command flags: each must parse, to the value given."""
     from adaspec.train import drafter, target
