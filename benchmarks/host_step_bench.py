@@ -5,7 +5,10 @@ outputs, and the garbage collector. On the H200 this host work is most of the ga
 decode step and its CUDA graph (benchmarks/decode_bench.py's "host share").
 
     python3 benchmarks/host_step_bench.py [--batch 256] [--steps 200] [--repeats 3]
-        [--output-kind cumulative|final_only] [--gc as-is|freeze|off] [--out FILE]
+        [--output-kind cumulative|final_only] [--gc as-is|freeze|off] [--temperature 0] [--out FILE]
+
+--temperature T > 0 samples (the sampling batch, the keyed hash and the draw on the CPU, where the
+hash runs eagerly: on CUDA it is one compiled kernel, so its share here overstates the GPU host's).
 
 Prints the median over repeats of the mean step time, per phase (each phase timed by wrapping
 the engine's own method), the collector's collections per step, the full collections during the
@@ -33,12 +36,12 @@ PHASES = (("scheduler", "schedule"), ("engine", "_launch_plain_step"), ("engine"
           ("stop_checker", "append"), ("engine", "_output"))
 
 
-def build(batch: int, output_kind: str):
+def build(batch: int, output_kind: str, temperature: float = 0.0):
     eng = LLM("tiny", device="cpu", max_num_seqs=batch, max_model_len=2048).llm_engine
     kind = RequestOutputKind.CUMULATIVE if output_kind == "cumulative" else RequestOutputKind.FINAL_ONLY
     for i in range(batch):
-        eng.add_request(str(i), list(range(5, 37)), SamplingParams(max_tokens=1900, temperature=0, ignore_eos=True,
-                                                                    output_kind=kind))
+        eng.add_request(str(i), list(range(5, 37)), SamplingParams(max_tokens=1900, temperature=temperature,
+                                                                    ignore_eos=True, output_kind=kind))
     eng.step()  # the real prefill
     # a few columns: argmax over a whole vocabulary is device work on a GPU, not host work
     logits = torch.zeros(batch, 16)
@@ -69,7 +72,7 @@ def timed(eng, acc: dict):
 
 
 def one_repeat(args) -> dict:
-    eng = build(args.batch, args.output_kind)
+    eng = build(args.batch, args.output_kind, args.temperature)
     acc: dict[str, float] = {}
     timed(eng, acc)
     for _ in range(5):
@@ -119,11 +122,13 @@ def main() -> int:
                     help="cumulative: an output per request per step, as the server asks for")
     ap.add_argument("--gc", choices=("as-is", "freeze", "off"), default="as-is",
                     help="freeze: gc.freeze() after start-up, as `adaspec serve` does")
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     runs = [one_repeat(args) for _ in range(args.repeats)]
     med = statistics.median(r["step_ms"] for r in runs)
-    print(f"batch {args.batch}, {args.output_kind} outputs, gc {args.gc}: host step {med:.3f} ms "
+    print(f"batch {args.batch}, T={args.temperature:g}, {args.output_kind} outputs, gc {args.gc}: "
+          f"host step {med:.3f} ms "
           f"(runs {', '.join(format(r['step_ms'], '.3f') for r in runs)}), "
           f"{statistics.median(r['gc_collections_per_step'] for r in runs):.2f} collections per step; full "
           f"collections in the timed steps {[r['gc_collections'][2] for r in runs]} costing "

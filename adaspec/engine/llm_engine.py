@@ -28,7 +28,7 @@ from adaspec.models.loader import load_target, model_dir, read_json, resolve_dty
 from adaspec.models.registry import model_display_name, resolve_model_path
 from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
-from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
@@ -160,6 +160,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
+        self._plain_sampling = SamplingBatchCache()  # the plain step's rows, while they stay the same
         self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
@@ -579,8 +580,13 @@ class LLMEngine:
         if self.spec is not None:  # a step of adaptive speculation that does not draft
             self.spec.write_context(scheduled, [s.num_tokens for s in scheduled], res)
         t1 = time.perf_counter()
-        chosen = self._sample_on_device(res.logits, sampling) if sampling else \
-            torch.zeros(0, dtype=torch.int64, device=res.logits.device)
+        if not sampling:
+            chosen = torch.zeros(0, dtype=torch.int64, device=res.logits.device)
+        elif all(s.params.greedy for s in sampling):
+            chosen = res.logits.argmax(-1)
+        else:
+            batch = self._plain_sampling.get(sampling, res.logits.device)
+            chosen = self._sample_on_device(res.logits, sampling, batch)
         want = [s.params.logprobs for s in sampling]
         lp_tensors = ()
         if any(w is not None for w in want):

@@ -1,5 +1,7 @@
-"""SamplingBatch: built once per step; greedy drafting reuses it at temperature 0. processed_probs in
-a batch that mixes filtered and unfiltered rows."""
+"""SamplingBatch: built once per step; greedy drafting reuses it at temperature 0; the plain step
+reuses it while its rows stay the same requests. processed_probs in a batch that mixes filtered
+and unfiltered rows."""
+import pytest
 import torch
 
 from adaspec.sample.batch import SamplingBatch
@@ -33,3 +35,50 @@ def test_an_unfiltered_row_keeps_its_whole_distribution_beside_a_filtered_one():
     for row in (0, 2):
         assert torch.equal(probs[row], torch.softmax(logits[row], -1))
     assert (probs[1] > 0).sum() == 1  # the filtered row keeps the one token that reaches 0.5
+
+
+class _Seq:  # the two fields a SamplingBatch reads from a Sequence
+    def __init__(self, temperature, seed):
+        self.params, self.seed = SamplingParams(temperature=temperature), seed
+
+
+def test_the_cache_hands_out_the_batch_again_only_for_the_same_requests_in_the_same_order():
+    from adaspec.sample.batch import SamplingBatchCache
+
+    cache = SamplingBatchCache()
+    a, b, c = _Seq(0.7, 1), _Seq(1.3, 2), _Seq(0.5, 3)
+    first = cache.get([a, b], "cpu")
+    assert cache.get([a, b], "cpu") is first  # steady decoding: the same rows
+    swapped = cache.get([b, a], "cpu")  # the same requests in another order: rebuilt, rows follow
+    assert swapped is not first and torch.equal(swapped.temperature, torch.tensor([1.3, 0.7]))
+    assert torch.equal(swapped.seeds, torch.tensor([2, 1]))
+    # one request replaced by another of the same count (one finished, one joined): its own params
+    replaced = cache.get([b, c], "cpu")
+    assert torch.equal(replaced.temperature, torch.tensor([1.3, 0.5]))
+    assert torch.equal(replaced.seeds, torch.tensor([2, 3]))
+    # an equal-looking request is still another request (compared by identity, not by value)
+    twin = _Seq(0.5, 3)
+    assert cache.get([b, twin], "cpu") is not replaced
+    assert cache.get([b], "cpu").temperature.tolist() == [pytest.approx(1.3)]  # fewer rows
+
+
+def test_the_plain_step_samples_from_the_cached_batch_as_from_a_fresh_one(monkeypatch):
+    """Seeded requests that join and leave a running batch, with different temperatures: each
+    request's tokens equal its tokens alone (the cache must never hand a request another's
+    parameters or seed), and steady steps really reuse the batch."""
+    from adaspec import LLM
+
+    llm = LLM("tiny", max_num_seqs=3)
+    params = [SamplingParams(temperature=t, max_tokens=n, seed=50 + i, ignore_eos=True)
+              for i, (t, n) in enumerate([(1.0, 6), (0.6, 14), (1.5, 9), (0.9, 12), (1.2, 5)])]
+    prompts = ["def f(x):", "import re\n", "class A:", "x = [", "while "]
+    alone = [llm.generate([p], sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    built = []
+    real = SamplingBatch.build
+    monkeypatch.setattr(SamplingBatch, "build", classmethod(lambda cls, *a, **k: built.append(1) or real(*a, **k)))
+    steps_before = llm.llm_engine.stats.num_steps
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert together == alone
+    steps = llm.llm_engine.stats.num_steps - steps_before
+    # one build per change of the running set (5 requests through 3 places), not one per step
+    assert 0 < len(built) <= 8 < steps, (len(built), steps)
