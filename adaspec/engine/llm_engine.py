@@ -133,6 +133,8 @@ class LLMEngine:
             reserve_all_spec_slots=drafter.spec_cfg.reserve_all_spec_slots if drafter else False,
             draft_lookahead=drafter.drafter_cfg.block_size if drafter else 0,
         )
+        # the plain decode step's sampling graphs (graphed_sampling.py), captured with the decode graphs
+        self._decode_sampler = None
         self.use_cuda_graphs = (self.device.type == "cuda" and backend == "triton" and not config.enforce_eager
                                 and config.cudagraph_mode != "NONE")
         if drafter is not None and tp is None:  # before the graphs, which write the drafter's context
@@ -233,6 +235,9 @@ class LLMEngine:
             self._held_outputs += self._drain_spec()
         n = 0
         graphs = getattr(self.runner, "graphs", None)
+        if getattr(self, "_decode_sampler", None) is not None:  # before the decode graphs whose logits it reads
+            n += self._decode_sampler.release()
+            self._decode_sampler = None
         if graphs is not None:
             n += graphs.release()
             self.runner.graphs = None
@@ -282,6 +287,14 @@ class LLMEngine:
         )
         graphs.capture()
         self.runner.graphs = graphs
+        if self.tp is None:  # (under tensor parallelism rank 0's sampling stays eager: not measured there)
+            from adaspec.engine.graphed_sampling import GraphedDecodeSampler
+
+            t0 = time.perf_counter()
+            self._decode_sampler = GraphedDecodeSampler(graphs)
+            self._decode_sampler.capture()
+            announce(f"captured {len(self._decode_sampler.graphs)} sampling graphs of the decode graphs in "
+                     f"{time.perf_counter() - t0:.1f} s")
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -586,7 +599,11 @@ class LLMEngine:
             chosen = res.logits.argmax(-1)
         else:
             batch = self._plain_sampling.get(sampling, res.logits.device)
-            chosen = self._sample_on_device(res.logits, sampling, batch)
+            chosen = None
+            if self._decode_sampler is not None and len(sampling) == len(scheduled):  # every row a sampling decode
+                chosen = self._decode_sampler.sample(res.graph_key, res.logits, batch)
+            if chosen is None:
+                chosen = self._sample_on_device(res.logits, sampling, batch)
         want = [s.params.logprobs for s in sampling]
         lp_tensors = ()
         if any(w is not None for w in want):

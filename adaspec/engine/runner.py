@@ -47,6 +47,9 @@ class ForwardResult:
     # the forward's graph also wrote the drafter's context for every query row (cuda_graphs.py,
     # GraphedForward's write_context): a speculative engine has nothing left to write for them
     context_written: bool = False
+    # the decode or verify graph (B, Q) the forward replayed, or None (eager, mixed, split): the
+    # engine samples a decode graph's rows in the sampling graph of the same B (graphed_sampling.py)
+    graph_key: tuple[int, int] | None = None
 
 
 class ModelRunner:
@@ -84,7 +87,7 @@ class ModelRunner:
             self.num_graph_steps += 1
             n = len(ids)
             return ForwardResult(logits, hidden, captured, qstart, self.graphs.positions[:n], self.graphs.slot_mapping[:n],
-                                 self.graphs.writes_context)
+                                 self.graphs.writes_context, key)
         self.num_eager_steps += 1
         positions = np.concatenate([np.arange(s, s + q) for s, q in zip(starts, qlens)])
         meta = build_attention_metadata(
