@@ -1,0 +1,93 @@
+"""GPU probe: what the sampler's kernels cost, op by op, on random logits.
+
+H200, 0.6B shape, vocabulary 16384 (plain_sampling_ab.py): a decode step at T = 1 took 1.35 ms
+more GPU time than the greedy step at 256 requests (4.95 against 3.59 ms), for a few passes over
+a [256, 16384] float32 block (16 MiB: microseconds at the memory's bandwidth). This times each
+part of the sampler (processed_probs, keyed_uniforms, sample_categorical and its cumsum and
+searchsorted) with CUDA events at N rows (1, 256, and 2048: 256 requests verifying 8 tokens each),
+the whole sampler eagerly and torch.compile'd, and prints the top kernels of the whole sampler
+under torch.profiler. Writes $OUT/sampling_kernels.json.
+
+    python3 benchmarks/probes/sampling_kernels.py [--rows 1,256,2048] [--vocab 16384]
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from adaspec.engine.graphed_sampling import sample_decode_rows  # noqa: E402
+from adaspec.sample import random as keyed  # noqa: E402
+from adaspec.sample.probs import processed_probs  # noqa: E402
+from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical  # noqa: E402
+
+
+def ms_per_call(fn, iters: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,256,2048")
+    ap.add_argument("--vocab", type=int, default=16384)
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keyed.compile_for_cuda()
+    dev = torch.device("cuda")
+    V = args.vocab
+    compiled = torch.compile(sample_decode_rows, dynamic=False, fullgraph=True)
+    rows = []
+    for n in (int(x) for x in args.rows.split(",")):
+        g = torch.Generator(device=dev).manual_seed(n)
+        logits = 4 * torch.randn(n, V, device=dev, generator=g)
+        temp = torch.full((n,), 1.0, device=dev)
+        seeds = torch.randint(0, 1 << 62, (n,), device=dev, generator=g)
+        pos = torch.randint(0, 4000, (n,), device=dev, generator=g)
+        ones, zeros = torch.ones_like(temp), torch.zeros_like(seeds)
+        probs = processed_probs(logits, temp, ones, zeros, any_filter=False, any_greedy=False)
+        u = keyed_uniforms(seeds, pos + 1, SAMPLE)
+        cum = probs.cumsum(-1)
+        target = (u[:, None] * cum[:, -1:]).contiguous()
+        assert torch.equal(compiled(logits, temp, seeds, pos), sample_decode_rows(logits, temp, seeds, pos)), \
+            "the compiled sampler draws other tokens"
+        parts = {
+            "argmax (greedy)": lambda: logits.argmax(-1),
+            "processed_probs": lambda: processed_probs(logits, temp, ones, zeros, any_filter=False, any_greedy=False),
+            "softmax alone": lambda: torch.softmax(logits, -1),
+            "keyed_uniforms": lambda: keyed_uniforms(seeds, pos + 1, SAMPLE),
+            "sample_categorical": lambda: sample_categorical(probs, u),
+            "cumsum alone": lambda: probs.cumsum(-1),
+            "searchsorted alone": lambda: torch.searchsorted(cum, target, right=True),
+            "whole sampler": lambda: sample_decode_rows(logits, temp, seeds, pos),
+            "whole sampler, compiled": lambda: compiled(logits, temp, seeds, pos),
+        }
+        row = {"rows": n, "vocab": V, "ms": {k: ms_per_call(f) for k, f in parts.items()}}
+        rows.append(row)
+        print(f"rows {n}, vocab {V}: " + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in row["ms"].items()), flush=True)
+        if n == 256:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    sample_decode_rows(logits, temp, seeds, pos)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12)
+            print(table, flush=True)
+            row["kernels"] = table
+    (out_dir / "sampling_kernels.json").write_text(json.dumps(
+        {"commit": os.environ.get("ADASPEC_COMMIT"), "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
