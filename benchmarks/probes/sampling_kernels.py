@@ -25,6 +25,15 @@ from adaspec.sample.probs import processed_probs  # noqa: E402
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical  # noqa: E402
 
 
+def _sampler_for_compile(logits, temperature, seeds, positions):
+    """sample_decode_rows with the keyed hash written out (the engine's keyed_uniforms looks its
+    compiled kernel up in a dict, which torch.compile cannot trace)."""
+    probs = processed_probs(logits, temperature, torch.ones_like(temperature), torch.zeros_like(seeds),
+                            any_filter=False, any_greedy=False)
+    drawn = sample_categorical(probs, keyed._keyed_uniforms(seeds, positions + 1, SAMPLE, None))
+    return torch.where(temperature <= 0, logits.argmax(-1), drawn)
+
+
 def ms_per_call(fn, iters: int = 50) -> float:
     for _ in range(3):
         fn()
@@ -48,7 +57,7 @@ def main():
     keyed.compile_for_cuda()
     dev = torch.device("cuda")
     V = args.vocab
-    compiled = torch.compile(sample_decode_rows, dynamic=False, fullgraph=True)
+    compiled = torch.compile(_sampler_for_compile, dynamic=False, fullgraph=True)
     rows = []
     for n in (int(x) for x in args.rows.split(",")):
         g = torch.Generator(device=dev).manual_seed(n)
@@ -61,8 +70,12 @@ def main():
         u = keyed_uniforms(seeds, pos + 1, SAMPLE)
         cum = probs.cumsum(-1)
         target = (u[:, None] * cum[:, -1:]).contiguous()
-        assert torch.equal(compiled(logits, temp, seeds, pos), sample_decode_rows(logits, temp, seeds, pos)), \
-            "the compiled sampler draws other tokens"
+        try:
+            same = torch.equal(compiled(logits, temp, seeds, pos), sample_decode_rows(logits, temp, seeds, pos))
+        except Exception as e:  # noqa: BLE001 - a probe: report and go on without the compiled variant
+            print(f"compiling the sampler failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            same = None
+        print(f"rows {n}: the compiled sampler draws the same tokens: {same}", flush=True)
         parts = {
             "argmax (greedy)": lambda: logits.argmax(-1),
             "processed_probs": lambda: processed_probs(logits, temp, ones, zeros, any_filter=False, any_greedy=False),
@@ -72,8 +85,9 @@ def main():
             "cumsum alone": lambda: probs.cumsum(-1),
             "searchsorted alone": lambda: torch.searchsorted(cum, target, right=True),
             "whole sampler": lambda: sample_decode_rows(logits, temp, seeds, pos),
-            "whole sampler, compiled": lambda: compiled(logits, temp, seeds, pos),
         }
+        if same is not None:
+            parts["whole sampler, compiled"] = lambda: compiled(logits, temp, seeds, pos)
         row = {"rows": n, "vocab": V, "ms": {k: ms_per_call(f) for k, f in parts.items()}}
         rows.append(row)
         print(f"rows {n}, vocab {V}: " + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in row["ms"].items()), flush=True)
