@@ -6,8 +6,9 @@ code-0.6b pair's vocabulary (16384; random weights: timing only).
 Per batch size: one engine; N seeded T = 1 requests decode; the two samplers alternate (A B A B...,
 REPEATS pairs of STEPS steps each, the same engine and requests, async scheduling as the engine's
 default on CUDA), wall ms per step; then GPU kernel ms per step of each (torch.profiler, 10 steps);
-then the requests are replaced by greedy ones and the greedy step is timed the same way. Prints a
-table, writes $OUT/plain_sampling_ab.json.
+then the requests are replaced by greedy ones that walk the same steps (the same context lengths),
+timed over as many blocks as the two T = 1 arms together. Prints a table, writes
+$OUT/plain_sampling_ab.json.
 
     python3 benchmarks/probes/plain_sampling_ab.py [--batch 1,16,64,256] [--steps 40] [--repeats 3]
 """
@@ -82,9 +83,13 @@ def measure(n: int, model_dir: str, steps: int, repeats: int) -> dict:
         eng.abort_request(f"t1-{i}")
     while eng.has_unfinished_requests():
         eng.step()
+    # the greedy requests walk the same steps as the T = 1 ones did (the same context lengths: a
+    # decode step's attention grows with them; H200 run 35's first run timed half as many greedy
+    # steps, at shorter contexts, so its greedy column was not comparable)
     add_requests(eng, n, 0.0, "t0-")
-    greedy = [timed(eng, steps) for _ in range(repeats)]
+    greedy = [timed(eng, steps) for _ in range(2 * repeats)]  # over the contexts both T = 1 arms spanned
     greedy_gpu = gpu_ms(eng)
+    gpu_ms(eng)
     eng.shutdown()
     row = {"batch": n, "steps": steps, "repeats": repeats,
            "t1_graph_ms": wall["graph"], "t1_eager_ms": wall["eager"], "greedy_ms": greedy,
