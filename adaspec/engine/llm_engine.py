@@ -554,8 +554,12 @@ class LLMEngine:
         self.stats.num_steps += 1
         if self._slow_steps is not None:
             self._last_shape = step_shape(scheduled)
-        for s in scheduled:  # before the step moves num_computed_tokens
-            self.stats.num_prompt_tokens += max(0, min(s.num_tokens, s.seq.num_prompt_tokens - s.seq.num_computed_tokens))
+        prompt_tokens = 0
+        for s in scheduled:  # before the step moves num_computed_tokens; a decoding row adds 0
+            left = len(s.seq.prompt_token_ids) - s.seq.num_computed_tokens
+            if left > 0:
+                prompt_tokens += min(s.num_tokens, left)
+        self.stats.num_prompt_tokens += prompt_tokens
 
     # ---- the plain step: launch, then read back (engine/async_step.py) ----------------------
     # Synchronous: step() reads back the step it just launched. Async: it launches step t and
@@ -574,6 +578,7 @@ class LLMEngine:
         prev = self._in_flight
         prev_rows = prev.rows if prev is not None else {}
         items, sampling = [], []
+        needs_prev = False  # some item reads the previous step's tokens (under TP they are broadcast)
         for s in scheduled:
             seq, nc = s.seq, s.seq.num_computed_tokens
             ids = seq.token_ids[nc:nc + s.num_tokens]
@@ -583,11 +588,11 @@ class LLMEngine:
                 if prev_row < 0 or PENDING in ids[:-1]:
                     raise RuntimeError(f"request {seq.request_id}: a placeholder token that no step in flight "
                                        "will fill (async scheduling bookkeeping is broken)")
-            if s.samples:
+                needs_prev = True
+            samples = nc + s.num_tokens == len(seq.token_ids)  # ScheduledSeq.samples, inlined: a hot loop
+            if samples:
                 sampling.append(seq)
-            items.append(ForwardItem(ids, nc, seq.block_table, int(s.samples), prev_row))
-        # only when an item reads it: under tensor parallelism it is broadcast to the workers
-        needs_prev = any(it.prev_row >= 0 for it in items)
+            items.append(ForwardItem(ids, nc, seq.block_table, int(samples), prev_row))
         capture = self.spec.capture_layers if self.spec is not None else None
         res = self.runner.execute(items, capture, prev_tokens=prev.tokens if needs_prev else None)
         if self.spec is not None:  # a step of adaptive speculation that does not draft

@@ -160,6 +160,19 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def _grow(self, seq: Sequence, total: int, pipelined: bool) -> bool:
+        """Blocks for seq's positions up to total, preempting running requests from the back while
+        the free ones do not suffice. -> False when seq itself was preempted. Pipelined: DrainFirst
+        instead of a preemption."""
+        while not self.bm.try_grow(seq, total):
+            if pipelined:
+                raise DrainFirst()
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
     def schedule(self, drafts: bool = True, pipelined: bool = False) -> list[ScheduledSeq]:
         """drafts=False: a step the engine runs without drafting (adaptive speculation under async
         scheduling) reserves no draft slots, so its prefill chunks get the whole budget.
@@ -169,6 +182,7 @@ class Scheduler:
         if self.reserve_all_spec_slots and self.num_spec_tokens and drafts:
             budget = max(1, budget - self.max_num_seqs * self.num_spec_tokens)
         out: list[ScheduledSeq] = []
+        block_size = self.bm.block_size
         i = 0
         # reserve_all_spec_slots keeps the pre-v0.28 budget whole: nothing is verified apart there
         apart_left = 0 if self.reserve_all_spec_slots else self.verify_apart_rows
@@ -180,21 +194,17 @@ class Scheduler:
                 i += 1
                 continue
             n, spec, total, remaining = need
-            while not self.bm.try_grow(seq, total):
-                if pipelined:
-                    raise DrainFirst()
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
+            # most steps a request's blocks already hold its positions (checked here: this loop
+            # runs for every request every step)
+            if total > len(seq.block_table) * block_size and not self._grow(seq, total, pipelined):
+                continue  # it preempted itself: it was the last running request
+            out.append(ScheduledSeq(seq, n, spec, remaining))
+            if apart and n == 1:  # a decoding row: its graphs verify the slots apart
+                apart_left -= 1
+                budget -= 1
             else:
-                out.append(ScheduledSeq(seq, n, spec, remaining))
-                if apart and n == 1:  # a decoding row: its graphs verify the slots apart
-                    apart_left -= 1
-                    budget -= 1
-                else:
-                    budget -= n + spec
-                i += 1
+                budget -= n + spec
+            i += 1
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             n = min(self._prefill_left(seq), budget)

@@ -36,6 +36,8 @@ class Sequence:
         self.output_text = ""  # stable text exposed to clients
         self.text_stream = None  # incremental detokenizer (StopChecker), made at the first append
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # StopChecker: whether appends take its fast path (no text until the end); None: not yet decided
+        self.appends_without_text: bool | None = None
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0
         self.num_preemptions = 0

@@ -30,7 +30,11 @@ class StopChecker:
 
     def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
         """Append tokens until one ends the request. Returns how many were appended."""
-        if not seq.params.stop and seq.logprobs is None and self._stream(seq) is None:
+        plain = seq.appends_without_text
+        if plain is None:  # decided once: it depends on the request's parameters and this engine only
+            plain = seq.appends_without_text = (not seq.params.stop and seq.logprobs is None
+                                                and self._stream(seq) is None)
+        if plain:
             return self._append_without_text(seq, tokens)
         return self._append_each(seq, tokens, logprobs)
 
@@ -86,10 +90,12 @@ class StopChecker:
                 ends_at, reason, stop_tok = i, "stop", tok
                 break
         seq.token_ids.extend(tokens[: ends_at + 1])
+        # such a request has no text stream and no stop strings: its text, if kept at all, is only
+        # read once it ends (final-only outputs), so it is decoded once, then
         if reason is not None:
             self._finish(seq, reason, stop_tok)
-        if self._wants_text(seq) and not self._text_at_finish_only(seq):
-            self._update_text(seq)  # a finished request's text, decoded once
+            if self._wants_text(seq):
+                self._update_text(seq)
         return ends_at + 1
 
     def _wants_text(self, seq: Sequence) -> bool:
