@@ -291,9 +291,17 @@ class LLMEngine:
             from adaspec.engine.graphed_sampling import GraphedDecodeSampler
 
             t0 = time.perf_counter()
-            self._decode_sampler = GraphedDecodeSampler(graphs)
-            self._decode_sampler.capture()
-            announce(f"captured {len(self._decode_sampler.graphs)} sampling graphs of the decode graphs in "
+            sampler = GraphedDecodeSampler(graphs)
+            try:
+                sampler.capture()
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # an optimization: sample eagerly instead
+                sampler.release()
+                torch.cuda.synchronize(self.device)
+                announce(f"WARNING: capturing the sampling graphs failed ({type(e).__name__}: {str(e)[:200]}); "
+                         "plain decode steps sample eagerly after their graph")
+                return
+            self._decode_sampler = sampler
+            announce(f"captured {len(sampler.graphs)} sampling graphs of the decode graphs in "
                      f"{time.perf_counter() - t0:.1f} s")
 
     # ---- requests -------------------------------------------------------------------------
