@@ -19,10 +19,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adaspec.engine.graphed_sampling import sample_decode_rows  # noqa: E402
 from adaspec.sample import random as keyed  # noqa: E402
 from adaspec.sample.probs import processed_probs  # noqa: E402
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical  # noqa: E402
+from spec_step_profile import time_replays  # noqa: E402  (CUDA-event ms per call)
 
 
 def _sampler_for_compile(logits, temperature, seeds, positions):
@@ -32,19 +35,6 @@ def _sampler_for_compile(logits, temperature, seeds, positions):
                             any_filter=False, any_greedy=False)
     drawn = sample_categorical(probs, keyed._keyed_uniforms(seeds, positions + 1, SAMPLE, None))
     return torch.where(temperature <= 0, logits.argmax(-1), drawn)
-
-
-def ms_per_call(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
 
 
 def main():
@@ -88,7 +78,7 @@ def main():
         }
         if same is not None:
             parts["whole sampler, compiled"] = lambda: compiled(logits, temp, seeds, pos)
-        row = {"rows": n, "vocab": V, "ms": {k: ms_per_call(f) for k, f in parts.items()}}
+        row = {"rows": n, "vocab": V, "ms": {k: time_replays(f, 50) for k, f in parts.items()}}
         rows.append(row)
         print(f"rows {n}, vocab {V}: " + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in row["ms"].items()), flush=True)
         if n == 256:
