@@ -1,8 +1,9 @@
 """GPU probe: what the sampler's kernels cost, op by op, on random logits.
 
-H200, 0.6B shape, vocabulary 16384 (plain_sampling_ab.py): a decode step at T = 1 took 1.35 ms
+H200 run 35's first plain_sampling_ab.py run seemed to show a decode step at T = 1 taking 1.35 ms
 more GPU time than the greedy step at 256 requests (4.95 against 3.59 ms), for a few passes over
-a [256, 16384] float32 block (16 MiB: microseconds at the memory's bandwidth). This times each
+a [256, 16384] float32 block; its greedy steps ran at shorter contexts, and this probe found the
+sampler's kernels at 141 us a call there (BENCHMARKS.md, run 35). This times each
 part of the sampler (processed_probs, keyed_uniforms, sample_categorical and its cumsum and
 searchsorted) with CUDA events at N rows (1, 256, and 2048: 256 requests verifying 8 tokens each),
 the whole sampler eagerly and torch.compile'd, and prints the top kernels of the whole sampler
