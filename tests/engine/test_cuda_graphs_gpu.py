@@ -285,3 +285,21 @@ def test_logprobs_and_filters_stay_in_the_graphs_on_gpu(spec, tmp_path):
                 assert abs(g[tok] - w[tok]) < 1e-3
     st = llm.llm_engine.stats
     assert st.num_graphed_steps > 5 and st.num_pipelined_steps > 5 and st.num_pipeline_drains == 0
+
+
+def test_a_failed_sampling_graph_capture_leaves_the_eager_sampler(monkeypatch):
+    """The sampling graphs are an optimization: when their capture fails the engine still starts,
+    warns, and its plain steps sample eagerly after the decode graph, giving the same seeded tokens."""
+    from adaspec.engine.graphed_sampling import GraphedDecodeSampler
+
+    def broken(self, eager=False):
+        raise RuntimeError("capture failed on purpose")
+
+    prompts = _prompts(5)
+    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=i) for i in range(5)]
+    want = [o.outputs[0].token_ids for o in _llm(False, False).generate(prompts, params)]
+    monkeypatch.setattr(GraphedDecodeSampler, "capture", broken)
+    llm = _llm(False, False)
+    assert llm.llm_engine._decode_sampler is None and llm.llm_engine.runner.graphs is not None
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert llm.llm_engine.runner.num_graph_steps > 5
