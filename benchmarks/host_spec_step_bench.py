@@ -8,14 +8,18 @@ graphs of every step (the speculative step has no async scheduling), ~2.9 ms of 
 at 256 requests of the 0.6B shape (BENCHMARKS.md, run 8).
 
     python3 benchmarks/host_spec_step_bench.py [--batch 256] [--steps 100] [--repeats 3]
-        [--output-kind final_only|cumulative|new_tokens] [--adaptive] [--no-detokenize] [--out FILE]
+        [--output-kind final_only|cumulative|new_tokens] [--adaptive] [--no-detokenize]
+        [--gc as-is|freeze] [--out FILE]
 
 final_only is what LLM.generate and benchmarks/offline_sweep.py ask for; new_tokens, the server's
-engine process (cumulative before it, and the server's engine thread).
+engine process (cumulative before it, and the server's engine thread). --gc freeze freezes the
+collector after each build, as the offline sweep and `adaspec serve` do: unfrozen, full collections
+walk the ~300k objects of a process that imported torch and take about half a profiled step.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -76,19 +80,25 @@ def main() -> int:
     ap.add_argument("--adaptive", action="store_true", help="the adaptive policy (its cost tables are profiled first)")
     ap.add_argument("--detokenize", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-detokenize: the engine makes no text (what `adaspec serve --api-detokenize` asks of it)")
+    ap.add_argument("--gc", choices=("as-is", "freeze"), default="as-is",
+                    help="freeze: gc.freeze() after each build, as the sweep and `adaspec serve` do")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     runs = []
     for _ in range(args.repeats):
         eng = build(args)
+        if args.gc == "freeze":
+            gc.collect()
+            gc.freeze()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             eng.step()
         runs.append((time.perf_counter() - t0) / args.steps * 1e3)
+        gc.unfreeze()
     med = statistics.median(runs)
     print(f"batch {args.batch}, {args.output_kind} outputs{'' if args.detokenize else ' without text'}, "
-          f"{'adaptive' if args.adaptive else 'fixed'}:7: host step {med:.2f} ms (runs {', '.join(f'{r:.2f}' for r in runs)})")
+          f"{'adaptive' if args.adaptive else 'fixed'}:7, gc {args.gc}: host step {med:.2f} ms (runs {', '.join(f'{r:.2f}' for r in runs)})")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), torch=torch.__version__, runs_ms=runs, median_ms=med), fh, indent=1)
