@@ -31,7 +31,7 @@ from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # uncomputed tokens to run this step (prefill chunk, or 1 for a decode)
@@ -107,36 +107,37 @@ class Scheduler:
 
         A request whose speculative step is still in flight (pipelined steps) counts the one token
         that step surely emits, and needs KV positions as if it emitted all it may."""
-        p = seq.params
+        # (min and max, as builtins, cost as much as the rest of a row here: conditionals instead)
         in_flight = seq.in_flight_max
         n_tok = len(seq.token_ids) + (in_flight > 0)
-        n_out = n_tok - len(seq.prompt_token_ids)
-        if (p.max_tokens is not None and n_out >= p.max_tokens) or n_tok >= self.max_model_len:
+        # tokens it may still emit, max_tokens and max_model_len counted
+        limit = seq.max_len if seq.max_len < self.max_model_len else self.max_model_len
+        remaining = limit - n_tok
+        if remaining <= 0:
             return None
+        k = self.num_spec_tokens
         if in_flight:
-            remaining = self.max_model_len - n_tok
-            if p.max_tokens is not None:
-                remaining = min(remaining, p.max_tokens - n_out)
-            room = self.num_spec_tokens if apart else budget - 1
-            spec = max(0, min(self.num_spec_tokens, remaining - 1, room)) if drafts else 0
+            room = k if apart else budget - 1
+            spec = max(0, min(k, remaining - 1, room)) if drafts else 0
             # the last token's position if every draft is accepted, but never past the request's end:
             # the device caps that step's drafts at the tokens left (on the host in_flight is the
             # uncapped count), and the block table must stay within max_model_len + the lookahead
             last = min(seq.num_computed_tokens + in_flight, n_tok + remaining - 1)
             return 1, spec, max(last + 1 + spec, last + self.draft_lookahead if spec else 0), remaining
-        uncomputed = n_tok - seq.num_computed_tokens
-        decoding = uncomputed == 1 and n_out > 0
-        n = min(self._to_compute(uncomputed, n_out), budget)
-        spec = 0
-        if drafts and decoding and self.num_spec_tokens:
-            remaining = self.max_model_len - n_tok
-            if p.max_tokens is not None:
-                remaining = min(remaining, p.max_tokens - n_out)
-            room = self.num_spec_tokens if apart else budget - n
-            spec = max(0, min(self.num_spec_tokens, remaining - 1, room))
-        total = seq.num_computed_tokens + n + spec
-        if spec:  # the draft block writes K/V up to the lookahead
-            total = max(total, seq.num_computed_tokens + self.draft_lookahead)
+        computed = seq.num_computed_tokens
+        uncomputed = n_tok - computed
+        n_out = n_tok - len(seq.prompt_token_ids)
+        if uncomputed == 1 and n_out > 0:  # decoding (most rows, most steps): its one token (budget > 0)
+            n, spec = 1, 0
+            if drafts and k:
+                # the slots the budget leaves (all k when verified apart), at most remaining - 1 (>= 0)
+                cap = k if apart or budget > k else budget - 1
+                spec = cap if remaining > cap else remaining - 1
+        else:
+            n, spec = min(self._to_compute(uncomputed, n_out), budget), 0
+        total = computed + n + spec
+        if spec and total < computed + self.draft_lookahead:  # the draft block writes K/V up to the lookahead
+            total = computed + self.draft_lookahead
         return n, spec, total, 0
 
     def _to_compute(self, uncomputed: int, num_output_tokens: int) -> int:
@@ -186,16 +187,16 @@ class Scheduler:
         i = 0
         # reserve_all_spec_slots keeps the pre-v0.28 budget whole: nothing is verified apart there
         apart_left = 0 if self.reserve_all_spec_slots else self.verify_apart_rows
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        running, running_need = self.running, self._running_need  # (this loop runs for every request every step)
+        while i < len(running) and budget > 0:
+            seq = running[i]
             apart = apart_left > 0
-            need = self._running_need(seq, drafts, budget, apart)
+            need = running_need(seq, drafts, budget, apart)
             if need is None:  # async scheduling: its last token, in flight, ends it
                 i += 1
                 continue
             n, spec, total, remaining = need
-            # most steps a request's blocks already hold its positions (checked here: this loop
-            # runs for every request every step)
+            # most steps a request's blocks already hold its positions
             if total > len(seq.block_table) * block_size and not self._grow(seq, total, pipelined):
                 continue  # it preempted itself: it was the last running request
             out.append(ScheduledSeq(seq, n, spec, remaining))

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
 
 from adaspec.sample.random import seed_to_int64
 from adaspec.sampling_params import SamplingParams
+
+_NO_LIMIT = sys.maxsize  # Sequence.max_len without max_tokens: max_model_len alone limits it
 
 
 class SequenceStatus(enum.Enum):
@@ -22,6 +25,10 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.token_ids = list(prompt_token_ids)  # prompt + generated
         self.params = params
+        # the length (prompt + output) at which max_tokens ends the request, worked out once (the
+        # prompt and the parameters never change): the engine's per-step checks compare against
+        # it and the engine's max_model_len, the smaller of the two (_NO_LIMIT: no max_tokens)
+        self.max_len = len(self.prompt_token_ids) + params.max_tokens if params.max_tokens is not None else _NO_LIMIT
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # leading tokens whose KV is in the cache
         self.block_table: list[int] = []
