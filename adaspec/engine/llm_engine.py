@@ -543,19 +543,21 @@ class LLMEngine:
         """Stop checks and outputs for the rows `indices` of a speculative step."""
         t1 = time.perf_counter()
         now = time.monotonic()
+        append, generated = self.stop_checker.append, 0  # (a loop over every row, every step)
         for i, (tokens, lps) in zip(indices, results):
             seq = scheduled[i].seq
             if not tokens:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            n = self.stop_checker.append(seq, tokens, lps)
-            self.stats.num_generated_tokens += n
+            n = append(seq, tokens, lps)
+            generated += n
             if seq.finish_reason is not None:
                 self._finish(seq)
             elif seq.params.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue
             by_row[i] = self._output(seq, n)
+        self.stats.num_generated_tokens += generated
         self.stats.time_bookkeeping += time.perf_counter() - t1
 
     def _count_step(self, scheduled: list[ScheduledSeq]) -> None:

@@ -45,6 +45,7 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         # StopChecker: whether appends take its fast path (no text until the end); None: not yet decided
         self.appends_without_text: bool | None = None
+        self.stop_ids: frozenset[int] | None = None  # the tokens that end it on that path (decided with it)
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0
         self.num_preemptions = 0
