@@ -80,12 +80,14 @@ class EngineStats:
         self.ensure_positions(k)
         self.num_drafts += r
         self.num_draft_tokens += (k if drafted is None else drafted) * r
-        self.num_verified_tokens += int(verify_lens.sum())
+        verified_total = int(verify_lens.sum())
+        self.num_verified_tokens += verified_total
         self.num_capped_draft_slots += k * r - int(np.asarray(spec_slots, dtype=np.int64).sum())
         self.num_accepted_tokens += int(accepted_raw.sum())
         self.num_bonus_tokens += r
-        lengths, counts = np.unique(verify_lens, return_counts=True)
-        self.verify_len_hist.update(dict(zip(lengths.tolist(), counts.tolist())))
+        counts = np.bincount(verify_lens)  # l_r -> requests (np.unique sorts: 5x the time at 256 rows)
+        lengths = np.flatnonzero(counts)
+        self.verify_len_hist.update(dict(zip(lengths.tolist(), counts[lengths].tolist())))
         pos = np.arange(k)[None, :]
         verified = verify_lens[:, None] > pos  # [R, k]: slot j was verified
         per_pos = zip(verified.sum(0).tolist(), (accepted[:, None] > pos).sum(0).tolist(),
@@ -94,7 +96,7 @@ class EngineStats:
             self.verified_per_pos[j] += n_verified
             self.accepted_per_pos[j] += n_accepted
             self.predicted_accept_per_pos[j] += predicted
-        self.budget_hist[int(verify_lens.sum())] += 1
+        self.budget_hist[verified_total] += 1
 
     def record_step_cost(self, num_requests: int, base_tokens: int, budget: int, priced_ms: float,
                          wall_ms: float) -> None:

@@ -253,22 +253,21 @@ class AdaptiveBudget:
         return {rid: self._conf[i].copy() for rid, i in self._row.items()}
 
     def _rows(self, request_ids: Sequence[Hashable], create: bool) -> np.ndarray:
-        rows = np.empty(len(request_ids), dtype=np.int64)
-        for n, rid in enumerate(request_ids):
-            i = self._row.get(rid)
-            if i is None:
-                if not create:
-                    rows[n] = -1
-                    continue
-                if not self._free:  # grow x2
-                    old = self._conf.shape[0]
-                    self._conf = np.concatenate([self._conf, np.ones((old, self.k))])
-                    self._free = list(range(2 * old - 1, old - 1, -1))
-                i = self._free.pop()
-                self._row[rid] = i
-                self._conf[i] = np.nan  # marks "never observed" for the EMA
-            rows[n] = i
-        return rows
+        get = self._row.get
+        rows = [get(rid, -1) for rid in request_ids]  # a list first: numpy's item assignment is slow
+        if create and -1 in rows:
+            for n, rid in enumerate(request_ids):
+                i = get(rid)  # (an id listed twice gets one row)
+                if i is None:
+                    if not self._free:  # grow x2
+                        old = self._conf.shape[0]
+                        self._conf = np.concatenate([self._conf, np.ones((old, self.k))])
+                        self._free = list(range(2 * old - 1, old - 1, -1))
+                    i = self._free.pop()
+                    self._row[rid] = i
+                    self._conf[i] = np.nan  # marks "never observed" for the EMA
+                rows[n] = i
+        return np.array(rows, dtype=np.int64)
 
     def old_confidences(self, request_ids: Sequence[Hashable]) -> np.ndarray:
         """[R, K] stored confidences; unknown requests (and never-set entries) count as 1.0, or

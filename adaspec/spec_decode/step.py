@@ -259,7 +259,8 @@ class SpeculativeDecoder:
                 # GPU runs the eager forward, and the host works on them meanwhile
                 chosen = set(covered)
                 parts = [(covered, True), ([i for i in every if i not in chosen], False)]
-        launched = [(idx, self._launch([scheduled[i] for i in idx], graphed)) for idx, graphed in parts]
+        launched = [(idx, self._launch(scheduled if len(idx) == len(scheduled) else [scheduled[i] for i in idx],
+                                       graphed)) for idx, graphed in parts]
         for idx, finish in launched:
             report(idx, finish())
 
@@ -332,7 +333,8 @@ class SpeculativeDecoder:
         returns them. graphed: every row is one the graphs serve (_run decided)."""
         stats = self.engine.stats
         t0 = time.perf_counter()
-        samples = [s.samples for s in scheduled]
+        # every row the graphs serve samples (_row_covered): not asked again for each
+        samples = [True] * len(scheduled) if graphed else [s.samples for s in scheduled]
         drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
         if drafted and self._decided is None and not self.policy.should_draft(
                 [scheduled[i].seq.request_id for i in drafted], int(sum(samples)),
@@ -474,7 +476,7 @@ class SpeculativeDecoder:
             if len(rows):
                 conf = rb[rows, k + 3:].astype(np.int32).view(np.float32)
                 self.policy.observe([seqs[i].request_id for i in rows], conf)
-                self._count(scheduled, rows.tolist(), nq[rows] - 1, n_acc[rows], conf, slots, width)
+                self._count(slots[rows], nq[rows] - 1, n_acc[rows], conf, width)
             stats.num_sampled_without_draft += n - len(gone) - len(rows)
             shrink = eng.block_manager.shrink
             if serial is None:
@@ -512,12 +514,11 @@ class SpeculativeDecoder:
                 left = min(left, seq.params.max_tokens - seq.num_output_tokens)
             slots[r] = max(0, min(int(slots[r]), left - 1))
 
-    def _count(self, scheduled, drafted, verify_lens, n_acc, conf, slots=None, width: int | None = None) -> None:
+    def _count(self, spec_slots, verify_lens, n_acc, conf, width: int | None = None) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
-        calibration (predicted against realized acceptance). slots: each step row's draft slots,
-        when not the scheduler's (a pipelined step's, capped on the device, or a narrow draft's,
-        capped at its width). width: slots each request drafted (default k)."""
-        spec_slots = [scheduled[i].spec_slots for i in drafted] if slots is None else [int(slots[i]) for i in drafted]
+        calibration (predicted against realized acceptance). spec_slots: each drafted request's
+        draft slots (a pipelined step's as capped on the device, a narrow draft's capped at its
+        width). width: slots each request drafted (default k)."""
         surv = survival(conf)
         self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, surv, drafted=width)
         self.policy.observe_outcomes(verify_lens, n_acc, surv)
@@ -562,11 +563,10 @@ class SpeculativeDecoder:
                 lps = [{**dict(zip(lp_rows[1][n][j][:w], lp_rows[2][n][j][:w])), emitted[j]: lp_rows[0][n][j]}
                        for j in range(n_accepted + 1)]
             results[i] = (emitted, lps)
-        row_slots = None
+        spec_slots = [scheduled[i].spec_slots for i in drafted]
         if k < self.num_spec_tokens:  # a narrow draft: the slots it capped are the width's
-            row_slots = np.zeros(len(scheduled), dtype=np.int64)
-            row_slots[drafted] = np.minimum([scheduled[i].spec_slots for i in drafted], k)
-        self._count(scheduled, drafted, verify_lens, n_acc, conf, row_slots, k)
+            spec_slots = np.minimum(spec_slots, k)
+        self._count(spec_slots, verify_lens, n_acc, conf, k)
         return results, accepted
 
     def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:

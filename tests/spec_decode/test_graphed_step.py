@@ -68,6 +68,8 @@ def test_graphed_greedy_equals_plain(pair, plain_greedy, tmp_path, k, adaptive):
     assert 0 < st.num_accepted_tokens < st.num_verified_tokens
     assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
     assert eng.kv_blocks_free() == eng.kv_blocks_total()
+    if not adaptive:  # fixed k verifies every slot it may: the rest were capped near max_tokens
+        assert st.num_verified_tokens == st.num_draft_tokens - st.num_capped_draft_slots
 
 
 @pytest.mark.parametrize("k, adaptive, greedy_drafts", [(3, False, False), (7, True, False), (7, False, True)])
