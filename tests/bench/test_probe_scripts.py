@@ -26,7 +26,7 @@ def test_host_spec_step_bench_runs_the_stubbed_graphed_step(tmp_path):
     out = tmp_path / "host.json"
     stdout = run(["benchmarks/host_spec_step_bench.py", "--batch", "8", "--steps", "3", "--repeats", "2",
                   "--out", str(out)], tmp_path)
-    assert "batch 8, final_only outputs, fixed:7: host step" in stdout
+    assert "batch 8, final_only outputs, fixed:7, gc as-is: host step" in stdout
     d = json.loads(out.read_text())
     assert len(d["runs_ms"]) == 2 and all(ms > 0 for ms in d["runs_ms"])
     assert min(d["runs_ms"]) <= d["median_ms"] <= max(d["runs_ms"])
