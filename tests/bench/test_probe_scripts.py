@@ -1,4 +1,5 @@
-"""The CPU paths of measurement scripts that otherwise run only when someone profiles:
+"""The CPU paths of measurement scripts that otherwise run only when someone profiles (or, for
+benchmarks/gpu_bisect.sh, only on a GPU machine):
 benchmarks/host_spec_step_bench.py (the host's work per speculative decode step, graphs stubbed),
 benchmarks/probes/mixed_step_profile.py (where the steps go under arrivals, per arm) and
 benchmarks/probes/first_request_stall.py (the first served steps with and without the startup
@@ -160,3 +161,29 @@ def test_drafter_step_variants_probe_on_the_micro_preset(tmp_path):
     assert rows["recipe"]["first_loss"] == rows["fused"]["first_loss"]  # one batch, the same start
     assert all(len(r["wall_ms_per_step"]) == 2 and r["steps_in_budget"] > 0 for r in rows.values())
     assert "variant" in stdout and "wall ms/step" in stdout
+
+
+def test_gpu_bisect_runs_the_tests_on_each_patched_version(tmp_path):
+    """benchmarks/gpu_bisect.sh run: the test runs on this checkout and on a copy per patch, each
+    importing its own adaspec/ (a patch that adds a module: the test fails on the checkout, passes
+    on the patched copy), and a patch that does not apply is reported, not fatal."""
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "01_adds.patch").write_text(
+        "--- /dev/null\n+++ b/adaspec/_bisect_marker.py\n@@ -0,0 +1 @@\n+VALUE = 41\n")
+    (patches / "02_broken.patch").write_text(
+        "--- a/adaspec/no_such_file.py\n+++ b/adaspec/no_such_file.py\n@@ -1 +1 @@\n-x\n+y\n")
+    test = tmp_path / "t" / "test_marker.py"
+    test.parent.mkdir()
+    test.write_text("def test_marker():\n    from adaspec._bisect_marker import VALUE\n    assert VALUE == 41\n")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", "benchmarks/gpu_bisect.sh", "run", str(patches), str(out), "--", "-q",
+                        "-p", "no:cacheprovider", str(test)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHON": sys.executable,
+                                         "BISECT_WORK": str(tmp_path / "work")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = (out / "bisect.txt").read_text().splitlines()
+    assert lines[0].startswith("HEAD: rc=1") and "failed" in lines[0]
+    assert lines[1].startswith("01_adds: rc=0") and "1 passed" in lines[1]
+    assert lines[2].startswith("02_broken: the patch did not apply")
+    assert not (ROOT / "adaspec" / "_bisect_marker.py").exists()  # the checkout itself is untouched
