@@ -114,7 +114,6 @@ def test_a_running_prefill_chunk_counts_its_tokens():
     assert [s.spec_slots for s in out] == [K, K, 0, 0]
 
 
-
 def test_slots_from_the_budget_shrink_to_what_it_leaves():
     # without graphs: two rows take 1 + k each, the third finds k tokens left (its own and k - 1 slots)
     sch = Scheduler(BlockManager(256, 4), 16, 2 * (1 + K) + K, 400, num_spec_tokens=K, draft_lookahead=K)
@@ -129,6 +128,7 @@ def test_a_drafting_row_holds_blocks_up_to_the_draft_lookahead():
     seq = _decoding(sch, 0)
     (s,) = sch.schedule()
     assert s.spec_slots == K and len(seq.block_table) * 4 >= seq.num_computed_tokens + 4 * K
+
 
 def test_a_row_in_flight_drafts_k_apart_whatever_the_budget():
     # pipelined steps: a row whose step is still in flight counts one certain token
