@@ -138,6 +138,36 @@ def test_stop_tokens_end_requests_with_a_step_in_flight(pair):
     _check_books(llm.llm_engine)
 
 
+def test_seeded_sampling_with_stops_extras_and_arrivals_equals_synchronous(pair):
+    """The GPU test's case on the CPU (tests/engine/test_cuda_graphs_gpu.py, the busy-GPU pipelined
+    test, fixed k): seeded T = 1, stop tokens that end requests with a step in flight, rows with
+    logprobs and with top-p, and arrivals (more requests than the pipelined engine runs at once, so
+    prefill rows ride along): token for token the synchronous engine's, which runs them all at once."""
+    prompts = _prompts(13, seed=5)
+
+    def extra(i):
+        return dict(logprobs=1) if i % 5 == 1 else dict(top_p=0.9) if i % 5 == 2 else {}
+
+    params = [SamplingParams(temperature=1.0, max_tokens=8 + 5 * (i % 7), seed=i, ignore_eos=True,
+                             stop_token_ids=list(range(10 + i, 300, 37)), **extra(i)) for i in range(13)]
+    sync_llm = _llm(pair, 5, pipelined=False)
+    sync = _tokens(sync_llm.generate(prompts, params))
+    assert sum(len(t) < p.max_tokens for t, p in zip(sync, params)) >= 3, "stop tokens were meant to end some"
+    llm = _llm(pair, 5)
+    llm.llm_engine.scheduler.max_num_seqs = 4  # arrivals while others decode
+    assert _tokens(llm.generate(prompts, params)) == sync
+    eng, a, b = llm.llm_engine, sync_llm.llm_engine.stats, llm.llm_engine.stats
+    assert b.num_pipelined_steps > 10 and b.num_discarded_rows > 0
+    # the same drafts verified and accepted per request, whatever ran beside them (the rows of a
+    # request that ended with a step in flight are not counted); a stop token inside an accepted
+    # block leaves drafts counted as accepted that were never emitted, in both engines alike
+    keys = ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens", "num_capped_draft_slots",
+            "num_bonus_tokens", "num_sampled_without_draft", "num_generated_tokens")
+    assert [getattr(b, x) for x in keys] == [getattr(a, x) for x in keys]
+    assert eng.kv_blocks_free() == eng.kv_blocks_total()
+    assert eng._spec_in_flight is None and not eng.has_unfinished_requests()
+
+
 def test_kv_pressure_drains_instead_of_preempting_in_flight(pair, plain_greedy):
     """Too few KV blocks for every request's worst case: the engine reads the step in flight back
     and schedules again (preempting when it must), never preempting a request with a step in flight."""
