@@ -39,6 +39,19 @@ def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None, async_
                async_scheduling=async_scheduling)
 
 
+def _divergence(got: list[list[int]], want: list[list[int]], params) -> str:
+    """Where two runs' tokens part, for the failure message: how many requests differ and, for the
+    first, its parameters and the index of its first differing token (a near-tie flip shows as one
+    request diverging mid-way; a bookkeeping error as many, often from their first tokens)."""
+    rows = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    if not rows:
+        return "equal"
+    i = rows[0]
+    j = next((n for n, (a, b) in enumerate(zip(got[i], want[i])) if a != b), min(len(got[i]), len(want[i])))
+    return (f"{len(rows)} of {len(want)} requests differ {rows}; request {i} ({params[i]}) first at token {j} "
+            f"of {len(want[i])}: got {got[i][max(0, j - 2):j + 3]}, want {want[i][max(0, j - 2):j + 3]}")
+
+
 def _graph_steps(llm) -> int:
     """Steps that replayed a graph: the speculative step's own, plus (adaptive speculation's plain
     steps, and any engine's plain steps) the runner's decode and mixed graphs."""
@@ -147,7 +160,8 @@ def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_pa
     monkeypatch.setattr(GraphedSpecStep, "launch", slow_launch)
     llm = _llm(False, spec, tmp=tmp_path)
     llm.llm_engine.scheduler.max_num_seqs = 8  # arrivals while others decode
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want, _divergence(got, want, params)
     st = llm.llm_engine.stats
     assert st.num_pipelined_steps > 10 and st.num_discarded_rows > 0
 
