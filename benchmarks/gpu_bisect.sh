@@ -28,6 +28,9 @@ case "$MODE" in
   prepare)
     shift 2
     [ $# -gt 0 ] || { echo "gpu_bisect.sh prepare: name at least one commit" >&2; exit 2; }
+    # the patches turn HEAD's adaspec/ into each commit's, and the run applies them to the working
+    # tree that travels: uncommitted changes there would make them fail or mix versions
+    git diff --quiet HEAD -- adaspec || { echo "gpu_bisect.sh prepare: adaspec/ has uncommitted changes; commit them first" >&2; exit 2; }
     mkdir -p "$DIR"
     n=0
     for c in "$@"; do
@@ -43,6 +46,7 @@ case "$MODE" in
     shift 3
     [ "${1:-}" = "--" ] && shift
     [ $# -gt 0 ] || { echo "gpu_bisect.sh run: give the pytest arguments after --" >&2; exit 2; }
+    compgen -G "$DIR/*.patch" > /dev/null || { echo "gpu_bisect.sh run: no patches in $DIR" >&2; exit 2; }
     mkdir -p "$OUT"
     WORK=${BISECT_WORK:-/tmp/gpu_bisect}
     rm -rf "$WORK"
@@ -58,10 +62,7 @@ case "$MODE" in
     }
     : > "$OUT/bisect_HEAD.log"
     test_tree HEAD "$PWD" "$@"
-    found=0
     for patch in "$DIR"/*.patch; do
-      [ -e "$patch" ] || break
-      found=1
       name=$(basename "$patch" .patch)
       abs=$(cd "$(dirname "$patch")" && pwd)/$name.patch
       v="$WORK/$name"
@@ -73,7 +74,6 @@ case "$MODE" in
       fi
       test_tree "$name" "$v" "$@"
     done
-    [ "$found" = 1 ] || { echo "gpu_bisect.sh run: no patches in $DIR" >&2; exit 2; }
     ;;
   *)
     echo "gpu_bisect.sh: the first argument is prepare or run, not $MODE" >&2

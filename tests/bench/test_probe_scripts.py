@@ -187,3 +187,12 @@ def test_gpu_bisect_runs_the_tests_on_each_patched_version(tmp_path):
     assert lines[1].startswith("01_adds: rc=0") and "1 passed" in lines[1]
     assert lines[2].startswith("02_broken: the patch did not apply")
     assert not (ROOT / "adaspec" / "_bisect_marker.py").exists()  # the checkout itself is untouched
+
+
+def test_gpu_bisect_without_patches_stops_before_any_test(tmp_path):
+    (tmp_path / "patches").mkdir()
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", "benchmarks/gpu_bisect.sh", "run", str(tmp_path / "patches"), str(out), "--", "-q"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no patches in" in r.stderr
+    assert not out.exists()  # nothing ran, not even the checkout's own tests
