@@ -28,7 +28,7 @@ engine/scheduler.py), or their prefill chunks differ and so do their steps.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -222,3 +222,31 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
         tap.remove()
         graphed.spec.__dict__.pop("_launch_graphed", None)
     return found, len(requests)
+
+
+def first_draw_margin(eager, prompt: list[int], params) -> tuple[int | None, float]:
+    """One request alone on an eager speculative engine (LLMEngine), its first token only: that
+    token (the prefill's plain draw; None if it was a stop token) and the draw's margin. Engines
+    that batch a prefill differently (a pipelined engine prefills arrivals beside speculative rows,
+    a synchronous one all at once) compute its probabilities only to within rounding, so a first
+    token on which they differ is explained when this margin is a near-tie."""
+    tap = _EagerTap(eager)
+    rid = "first-draw"
+    token = None
+    try:
+        eager.add_request(rid, prompt, replace(params, max_tokens=1, stop_token_ids=[], ignore_eos=True))
+        while eager.has_unfinished_requests():
+            for o in eager.step():
+                if o.finished and o.outputs[0].token_ids:
+                    token = int(o.outputs[0].token_ids[0])
+    finally:
+        tap.remove()
+    s = tap.plain.get(rid)
+    if s is None:
+        return token, float("inf")
+    u = _u(s["seed"], s["pos"], SAMPLE)
+    cum = s["probs"].double().cumsum(-1)
+    drawn = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True)[0])
+    # the margin speaks for this draw only if the recorded probabilities and uniform give the
+    # engine's token again (a wrong position or stream would judge some other draw)
+    return token, draw_margin(s["probs"], u) if drawn == token else float("inf")

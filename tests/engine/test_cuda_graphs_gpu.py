@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec_decode.lockstep import run_lockstep
+from adaspec.spec_decode.lockstep import NEAR_TIE, first_draw_margin, run_lockstep
 from adaspec.testing import device_sync_sites
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -134,7 +134,8 @@ def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_pa
     """Pipelined speculative steps on the GPU, kept busy (a spin kernel queued before every graphed
     launch, so step t's input copies are still queued when the host fills step t + 1's): seeded
     T = 1 with stop tokens (requests end while their next step is in flight), arrivals (prefill
-    rows ride along and sit the next step out). Fixed k: token for token the synchronous engine's;
+    rows ride along and sit the next step out). Fixed k: token for token the synchronous engine's
+    (but for a first token drawn at a near-tie, below);
     adaptive (its budgets come from confidences a step older): greedy tokens equal no-spec's."""
     from adaspec.spec_decode.graphed_step import GraphedSpecStep
 
@@ -161,9 +162,21 @@ def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_pa
     llm = _llm(False, spec, tmp=tmp_path)
     llm.llm_engine.scheduler.max_num_seqs = 8  # arrivals while others decode
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert got == want, _divergence(got, want, params)
     st = llm.llm_engine.stats
     assert st.num_pipelined_steps > 10 and st.num_discarded_rows > 0
+    # The pipelined engine prefills its arrivals beside speculative rows, the synchronous one all 19
+    # at once: the prefill's float32 probabilities then differ by rounding, and a first token drawn
+    # within rounding of a CDF boundary can flip (seen on one H200 in runs 36-37: request 12, every
+    # engine version since 2812717). So a request may part at its first token, at a near-tie of the
+    # eager engine's draw; every token the speculative steps drew must agree.
+    eager = _llm(True, spec).llm_engine if got != want else None
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            assert g[:1] != w[:1], "parted after the first token: " + _divergence(got, want, params)
+            token, margin = first_draw_margin(eager, prompts[i], params[i])
+            print(f"request {i}: first token {g[:1]} against {w[:1]}; eager draws {token}, margin {margin:.2e}")
+            assert margin < NEAR_TIE, f"request {i}'s first draw parted at a margin of {margin:.2e}: " \
+                                      "not rounding; " + _divergence(got, want, params)
 
 
 def test_async_inputs_survive_a_busy_gpu(monkeypatch):

@@ -3,13 +3,15 @@ relies on: on the tiny pair with the graphed functions run eagerly (CPU), diverg
 graphed and the eager step are near-ties only; a graphed step that draws with the wrong seed is
 caught as logic differences; the margins themselves are exact on hand-made cases."""
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from adaspec.spec_decode import graphed_step
-from adaspec.spec_decode.lockstep import NEAR_TIE, accept_margin, draw_margin, run_lockstep
+from adaspec.spec_decode import lockstep
+from adaspec.spec_decode.lockstep import NEAR_TIE, accept_margin, draw_margin, first_draw_margin, run_lockstep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from graph_divergence_check import engine, requests  # noqa: E402
@@ -40,3 +42,26 @@ def test_a_graphed_step_with_the_wrong_seed_is_caught(monkeypatch):
     found, n = run_lockstep(engine(False, "cpu", 5), engine(True, "cpu", 5), requests(12, 20))
     assert len(found) > n // 2
     assert sum(not d.explained(NEAR_TIE) for d in found) > n // 2
+
+
+def test_first_draw_margin_judges_the_draw_the_engine_made(monkeypatch):
+    """The first token of one request alone, with its draw's margin: the token is the one a whole
+    run gives (top-p rows included), and the margin is judged only when the recorded probabilities
+    and uniform give that token again: a uniform for the wrong position judges nothing (inf)."""
+    eng = engine(False, "cpu", 5)
+    reqs = [(rid, prompt, replace(params, top_p=0.9) if n % 2 else params)
+            for n, (rid, prompt, params) in enumerate(requests(6, 21))]
+    for rid, prompt, params in reqs:
+        eng.add_request(rid, prompt, params)
+    first = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.outputs[0].token_ids:
+                first.setdefault(o.request_id, o.outputs[0].token_ids[0])
+    judged = [first_draw_margin(eng, prompt, params) for _, prompt, params in reqs]
+    assert [t for t, _ in judged] == [first[rid] for rid, _, _ in reqs]
+    assert all(0 <= m < 1 for _, m in judged), judged
+    real = lockstep._u
+    monkeypatch.setattr(lockstep, "_u", lambda seed, pos, stream, anchor=None: real(seed, pos + 1, stream, anchor))
+    wrong = [first_draw_margin(eng, prompt, params)[1] for _, prompt, params in reqs]
+    assert sum(m == float("inf") for m in wrong) >= len(reqs) // 2, wrong
