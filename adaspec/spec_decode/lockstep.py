@@ -38,14 +38,19 @@ from adaspec.spec_decode import step as step_module
 NEAR_TIE = 1e-6  # default tol: rounding flips measured at 1e-8..3e-8 (module docstring)
 
 
+def _inverse_cdf(weights: torch.Tensor, u: float) -> tuple[int, torch.Tensor, float]:
+    """The inverse-CDF draw in float64 (the margin must not be rounding noise): (index, cum, u * total)."""
+    cum = weights.double().cumsum(-1)
+    t = u * float(cum[-1])
+    return int(torch.searchsorted(cum, torch.tensor([t], dtype=torch.float64), right=True)[0]), cum, t
+
+
 def draw_margin(weights: torch.Tensor, u: float) -> float:
     """How far u * total lies from the nearest CDF boundary of the inverse-CDF draw, / total."""
-    cum = weights.double().cumsum(-1)  # float64: the margin itself must not be rounding noise
+    idx, cum, t = _inverse_cdf(weights, u)
     total = float(cum[-1])
     if total <= 0:
         return float("inf")
-    t = u * total
-    idx = int(torch.searchsorted(cum, torch.tensor([t], dtype=torch.float64), right=True)[0])
     lo = float(cum[idx - 1]) if idx > 0 else 0.0
     hi = float(cum[min(idx, cum.shape[0] - 1)])
     return min(t - lo, hi - t) / total
@@ -245,8 +250,7 @@ def first_draw_margin(eager, prompt: list[int], params) -> tuple[int | None, flo
     if s is None:
         return token, float("inf")
     u = _u(s["seed"], s["pos"], SAMPLE)
-    cum = s["probs"].double().cumsum(-1)
-    drawn = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True)[0])
+    drawn = _inverse_cdf(s["probs"], u)[0]
     # the margin speaks for this draw only if the recorded probabilities and uniform give the
     # engine's token again (a wrong position or stream would judge some other draw)
     return token, draw_margin(s["probs"], u) if drawn == token else float("inf")
