@@ -174,6 +174,30 @@ class CostModel:
         return "\n".join(lines)
 
 
+class WrappedCost:
+    """A cost model seen through another (graphed_step.GraphPaddedCost, step_overhead.OverheadCost):
+    drafts priced as the wrapped model prices them, its narrow-draft tables included; subclasses
+    change how a verify forward is priced."""
+
+    def __init__(self, cost: Any):
+        self.cost = cost
+
+    def draft_ms(self, n_requests):
+        return self.cost.draft_ms(n_requests)
+
+    @property
+    def prices_widths(self) -> bool:
+        return bool(getattr(self.cost, "prices_widths", False))
+
+    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
+        from adaspec.spec_decode.policy import step_draft_ms  # policy imports this module
+
+        return step_draft_ms(self.cost, n_requests, need)
+
+    def verify_ms(self, n_tokens):
+        return self.cost.verify_ms(n_tokens)
+
+
 # -- grids ----------------------------------------------------------------------------------
 def _geometric(max_n: int) -> list[int]:
     """1, 2, 3, 4, 6, 8, 12, 16, ... (x1.5 / x2 alternation) up to and including max_n."""

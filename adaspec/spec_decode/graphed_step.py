@@ -47,6 +47,7 @@ from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode import graphed_extras
+from adaspec.spec_decode.cost_model import WrappedCost
 from adaspec.spec_decode.policy import allocate_torch, survival_torch
 
 
@@ -456,28 +457,14 @@ class _SpecMirrors:
         self.copied, self.read = _Mark(device.type == "cuda"), _Mark(device.type == "cuda")
 
 
-class GraphPaddedCost:
+class GraphPaddedCost(WrappedCost):
     """The cost tables as the graphed step pays them: a step of T query tokens over R requests
     runs the graph (B, Q) that pick() chooses, i.e. B*Q token rows, so it costs verify_ms(B*Q).
     Steps the graphs do not cover (more requests than captured) cost verify_ms(T)."""
 
     def __init__(self, cost, graphed: "GraphedSpecStep"):
-        self.cost, self.graphed = cost, graphed
-
-    def draft_ms(self, n_requests):
-        return self.cost.draft_ms(n_requests)
-
-    @property
-    def prices_widths(self) -> bool:
-        return bool(getattr(self.cost, "prices_widths", False))
-
-    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
-        from adaspec.spec_decode.policy import step_draft_ms
-
-        return step_draft_ms(self.cost, n_requests, need)
-
-    def verify_ms(self, n_tokens):
-        return self.cost.verify_ms(n_tokens)
+        super().__init__(cost)
+        self.graphed = graphed
 
     def verify_ms_for(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
         """verify_ms of the padded row counts, vectorized (the policy asks for every B at once)."""

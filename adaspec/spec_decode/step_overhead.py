@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from adaspec.spec_decode.cost_model import WrappedCost
+
 MEASURED = "measured"
 
 
@@ -43,24 +45,13 @@ class StepOverhead:
         self.samples += 1
 
 
-class OverheadCost:
+class OverheadCost(WrappedCost):
     """A cost model (plain, or graphed_step.GraphPaddedCost) with the step overhead added to every
     verify forward's price; draft_ms unchanged."""
 
     def __init__(self, cost: Any, overhead: StepOverhead):
-        self.cost, self.overhead = cost, overhead
-
-    def draft_ms(self, n_requests):
-        return self.cost.draft_ms(n_requests)
-
-    @property
-    def prices_widths(self) -> bool:
-        return bool(getattr(self.cost, "prices_widths", False))
-
-    def draft_ms_width(self, n_requests: int, need) -> np.ndarray:
-        from adaspec.spec_decode.policy import step_draft_ms
-
-        return step_draft_ms(self.cost, n_requests, need)
+        super().__init__(cost)
+        self.overhead = overhead
 
     def verify_ms(self, n_tokens):
         return np.asarray(self.cost.verify_ms(n_tokens), dtype=np.float64) + self.overhead.value
