@@ -137,6 +137,14 @@ class SpeculativeConfig:
     # raw confidences already predicted the served acceptance there); built after H200 run 24, where at T = 1
     # the served drafts were accepted 0.80-0.87x as often as the held-out calibration promised)
     adaptive_verification_online_calibration: bool = False
+    # what the budget takes for the confidences of a request no step has drafted for yet (a new
+    # one, or one only plain steps ran): 1.0 per slot ("one", vLLM's optimism), or the running
+    # average of the confidences observed so far ("population"). null: "population" with measured
+    # step costs, else "one". Why it matters: under steady arrivals a few rows per step are new, and
+    # at 1.0 each one promises k accepted drafts, which can tip a high-load step into drafting where
+    # plain steps make more (H200 run 37, T = 1 at 256 requests: adaptive drafted in 119 of 124 steps
+    # where the replay over real confidences prices a plain step higher)
+    adaptive_verification_unobserved_confidence: str | None = None
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -179,6 +187,9 @@ class SpeculativeConfig:
                               f"{c.adaptive_verification_online_calibration!r}")
         if c.adaptive_draft_width not in ("full", "budget"):
             raise ConfigError(f"adaptive_draft_width must be \"full\" or \"budget\", got {c.adaptive_draft_width!r}")
+        if c.adaptive_verification_unobserved_confidence not in (None, "one", "population"):
+            raise ConfigError("adaptive_verification_unobserved_confidence must be \"one\", \"population\" or null, "
+                              f"got {c.adaptive_verification_unobserved_confidence!r}")
         if c.adaptive_verification_step_costs not in ("measured", "tables"):
             raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\", got "
                               f"{c.adaptive_verification_step_costs!r}")

@@ -5,7 +5,9 @@ draft-or-not choice uses the step costs measured on the running engine, spec_dec
 candidate step with the host's measured per-step overhead added:
 "adaptive_verification_step_overhead_ms": "measured"), `adaptive-tracked:K` (adaptive verification
 whose budget scales the confidences by what the target accepted lately, per position:
-"adaptive_verification_online_calibration": true), and the --speculative-config each one gets."""
+"adaptive_verification_online_calibration": true), `adaptive-population:K` (adaptive verification
+counting a request no step drafted for yet at the running average of the observed confidences
+instead of 1.0: "adaptive_verification_unobserved_confidence": "population"), and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked")
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
+                 "adaptive-population")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
@@ -49,6 +52,8 @@ class Arm:
             cfg["adaptive_verification_step_overhead_ms"] = "measured"
         if self.kind == "adaptive-tracked":
             cfg["adaptive_verification_online_calibration"] = True
+        if self.kind == "adaptive-population":
+            cfg["adaptive_verification_unobserved_confidence"] = "population"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -60,7 +65,7 @@ def parse_arm(text: str) -> Arm:
     m = _ARM.match(t)
     if not m:
         raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                       "adaptive-overhead:K or adaptive-tracked:K (K >= 1)")
+                       "adaptive-overhead:K, adaptive-tracked:K or adaptive-population:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

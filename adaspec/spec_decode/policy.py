@@ -390,7 +390,7 @@ class AdaptivePolicy:
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
                  overhead=None, step_costs=None, probe_max: int | None = None, correction=None,
-                 on_step_cost=None):
+                 on_step_cost=None, unobserved: str | None = None):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
@@ -403,9 +403,12 @@ class AdaptivePolicy:
         self._price_memo: dict[tuple, float] = {}  # planned step shape -> _priced_ms
         self.cost = OverheadCost(cost_model, self.overhead)
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
-        self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha,
-                                     unknown="population" if step_costs is not None else "one",
-                                     correction=correction)
+        # unobserved (config adaptive_verification_unobserved_confidence): what a request no step
+        # drafted for counts as; None: the population's with measured step costs (whose plain steps
+        # leave new requests unobserved for long), else 1.0 as vLLM
+        if unobserved is None:
+            unobserved = "population" if step_costs is not None else "one"
+        self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha, unknown=unobserved, correction=correction)
         self.probe_every = probe_every
         self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
         self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)

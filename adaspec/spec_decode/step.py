@@ -152,6 +152,7 @@ class SpeculativeDecoder:
                               step_costs=MeasuredStepCosts() if self.measures_step_costs() else None,
                               correction=SurvivalCorrection(self.num_spec_tokens)
                               if self.cfg.adaptive_verification_online_calibration else None,
+                              unobserved=self.cfg.adaptive_verification_unobserved_confidence,
                               # engine.stats is replaced after the warm-up: look it up at each call
                               on_step_cost=lambda *a: self.engine.stats.record_step_cost(*a))
 

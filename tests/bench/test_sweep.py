@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.bench.arms import parse_arms
+from adaspec.bench.arms import parse_arm, parse_arms
 from adaspec.bench.cli import sweep_config_from_args
 from adaspec.bench.server import ServerProcess, ServerStartError
 from adaspec.bench.sweep import run_sweep
@@ -184,6 +184,12 @@ def test_arm_parsing_and_configs():
     assert arms[1].speculative_config(None, 1.0) == {"method": "dspark", "num_speculative_tokens": 1,
                                                      "draft_sample_method": "probabilistic"}
     assert "adaptive_verification_step_costs" not in arms[2].speculative_config(None, 0.0)
+    population = parse_arm("adaptive-population:7")
+    assert population.kind == "adaptive-population" and population.slug == "adaptive-population-7"
+    assert population.speculative_config("d", 1.0) == {
+        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+        "adaptive_verification_unobserved_confidence": "population", "draft_sample_method": "probabilistic"}
+    assert all("adaptive_verification_unobserved_confidence" not in a.speculative_config("d", 1.0) for a in arms[1:])
     assert arms[3].speculative_config("d", 0.0) == {
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}
@@ -192,7 +198,7 @@ def test_arm_parsing_and_configs():
     except ImportError:
         SpeculativeConfig = None
     if SpeculativeConfig is not None and hasattr(SpeculativeConfig, "from_dict"):
-        for a in arms[1:]:
+        for a in arms[1:] + [population]:
             for t in (0.0, 1.0):
                 SpeculativeConfig.from_dict(a.speculative_config("d", t))
     for bad in ("fixed", "fixed:0", "adaptive:x", "none,none", "adaptive-measured", "measured:3"):

@@ -166,6 +166,12 @@ def test_step_costs_setting(pair, tmp_path):
     assert isinstance(measured.llm_engine.spec.policy.step_costs, MeasuredStepCosts)
     with pytest.raises(ConfigError, match="adaptive_verification_step_costs"):
         LLM(pair[0], speculative_config={**cfg, "adaptive_verification_step_costs": "wall"})
+    # what a request no step drafted for counts as: 1.0 with the tables, the population's with measured costs
+    assert default.budget.unknown == "one" and measured.llm_engine.spec.policy.budget.unknown == "population"
+    population = LLM(pair[0], speculative_config={**cfg, "adaptive_verification_unobserved_confidence": "population"})
+    assert population.llm_engine.spec.policy.budget.unknown == "population"
+    with pytest.raises(ConfigError, match="adaptive_verification_unobserved_confidence"):
+        LLM(pair[0], speculative_config={**cfg, "adaptive_verification_unobserved_confidence": "zero"})
 
 
 def test_context_warm_up_writes_only_the_scratch_block(pair, tmp_path):

@@ -325,3 +325,24 @@ def test_draft_width_leaves_out_worthless_slots_and_drafts_everything_now_and_th
     widths = [pol.draft_width(ids, 14, limits, [2, 4, 7]) for _ in range(2 * AdaptivePolicy.FULL_WIDTH_EVERY)]
     full = [i for i, w in enumerate(widths) if w == 7]
     assert set(widths) == {2, 7} and full == [AdaptivePolicy.FULL_WIDTH_EVERY - 1, 2 * AdaptivePolicy.FULL_WIDTH_EVERY - 1]
+
+
+def test_new_requests_at_the_population_average_do_not_tip_a_loaded_step_into_drafting():
+    """Steady arrivals: 240 requests whose drafts pay less than a plain step, and 16 new ones. At
+    1.0 per slot (unobserved "one", vLLM's) the new rows promise 7 tokens each and the step drafts;
+    at the population's average ("population") it stays plain, as it does without the new rows."""
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    verify = CostTable([1, 64, 256, 512, 2048], [1.0, 1.2, 2.0, 2.6, 8.0])
+    cost = CostModel(verify, CostTable([1, 256], [0.1, 0.3]))
+    old = [f"r{i}" for i in range(240)]
+    new = [f"n{i}" for i in range(16)]
+    conf = np.tile([0.4, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1], (240, 1))
+    decisions = {}
+    for unobserved in ("one", "population"):
+        pol = AdaptivePolicy(cost, 7, unobserved=unobserved)
+        pol.observe(old, conf)
+        assert not pol.should_draft(old, 240, 240, np.full(240, 7))  # the old rows alone: plain
+        decisions[unobserved] = pol.should_draft(old + new, 256, 256, np.full(256, 7))
+    assert decisions == {"one": True, "population": False}
+    assert AdaptivePolicy(cost, 7).budget.unknown == "one"  # the default without measured step costs
