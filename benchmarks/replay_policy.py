@@ -21,6 +21,8 @@ are the ones those blocks really accept; fixed k and plain steps run over the sa
 what the confidences can buy over the best fixed k at each C under the tables. The budget is taken
 from the drawn blocks' own confidences (the engine takes it from each request's previous step, and
 allocates with the current ones as here), so the adaptive figure is an upper bound of the policy's.
+Beside each adaptive row, the rate its confidences expected (the survivals of the slots it verified):
+the gap to the realized rate is the calibration's error on the slots the policy chose.
 
 The tables price the GPU work only. A served step also pays the host (scheduling, bookkeeping, the
 prefill chunks that ride along): H200 run 30's no-spec server took 5.3 / 7.0 ms per step at 128 /
@@ -143,16 +145,19 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
         if extra:
             policies[f"adaptive:{k} priced overhead"] = OverheadCost(priced, StepOverhead(extra))
         for name, policy_cost in policies.items():
-            tokens = ms = slots = 0.0
+            tokens = ms = slots = predicted = 0.0
             for s in range(steps):
                 surv = survival(conf[draws[s]])
                 b = choose_budget(surv, c, c, c, policy_cost)
                 lengths = allocate(surv, b)
                 tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
+                # what the objective expected of them: the survivals of the slots it verifies
+                predicted += c + float(np.sum(np.where(np.arange(k)[None, :] < lengths[:, None], surv, 0.0)))
                 # what the step costs: the tables' price of what it ran, plus the host's share
                 ms += step_ms(priced, c, c + b, need=int(lengths.max()) if b else 0) + extra
                 slots += b / c
-            row[name] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms)
+            row[name] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms,
+                             predicted_tokens=predicted / steps, predicted_rate=predicted / ms)
         best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)
         row["adaptive_over_best_fixed"] = row[f"adaptive:{k}"]["rate"] / row[best]["rate"] if best else None
         if extra:
@@ -303,7 +308,8 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
               + (f"; priced overhead: {priced:.3f}" if priced is not None else "") + ")")
         for n in names:
             v = r[n]
-            print(f"  {n:<28} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{'  <- best' if n == best else ''}")
+            expected = f" (the confidences expected {v['predicted_rate']:.2f})" if "predicted_rate" in v else ""
+            print(f"  {n:<28} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{expected}{'  <- best' if n == best else ''}")
     if a.json:
         Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "blocks": a.blocks,
                                             "temperature": a.temperature, "step_overhead_ms": overhead,

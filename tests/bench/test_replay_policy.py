@@ -108,6 +108,25 @@ def test_replay_over_blocks_that_tell_requests_apart(replay, tmp_path):
     assert json.loads(out.read_text())["rows"][0]["adaptive_over_best_fixed"] == pytest.approx(1.0, abs=0.03)
 
 
+def test_the_replay_says_what_the_confidences_expected_of_the_slots_it_verified(replay, tmp_path):
+    """Half the blocks are sure (.97, accept all 7), half doubtful (.3, accept none): the objective
+    verifies the sure half's drafts only, so what it expected is the sure half's survivals alone,
+    not the doubtful half's unverified ones; the doubtful blocks' confidences overrate them, and the
+    expectation stays above what the target accepted."""
+    n = 2000
+    sure = np.arange(n) % 2 == 0
+    conf = np.where(sure[:, None], 0.97, 0.3) * np.ones((n, 7))
+    out = tmp_path / "rows.json"
+    p = _blocks(tmp_path, conf, np.where(sure, 7, 0))
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "64", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]["adaptive:7"]
+    assert row["slots"] == pytest.approx(3.5, rel=0.05)
+    sure_tokens = 32 * float(np.sum(0.97 ** np.arange(1, 8)))  # survivals .97 ** j, j = 1..7
+    assert row["predicted_tokens"] == pytest.approx(64 + sure_tokens, rel=0.02)
+    assert row["predicted_rate"] == pytest.approx(row["predicted_tokens"] / row["ms"])
+    assert row["tokens"] == pytest.approx(64 + 32 * 7, rel=0.05) and row["tokens"] > row["predicted_tokens"]
+
+
 def test_replay_over_blocks_refuses_a_missing_temperature(replay, tmp_path):
     p = _blocks(tmp_path, np.ones((4, 7)) * 0.5, [1, 2, 3, 4])
     with pytest.raises(SystemExit, match="no blocks at temperature 1"):
