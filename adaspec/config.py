@@ -143,7 +143,10 @@ class SpeculativeConfig:
     # step costs, else "one". Why it matters: under steady arrivals a few rows per step are new, and
     # at 1.0 each one promises k accepted drafts, which can tip a high-load step into drafting where
     # plain steps make more (H200 run 37, T = 1 at 256 requests: adaptive drafted in 119 of 124 steps
-    # where the replay over real confidences prices a plain step higher)
+    # where the replay over real confidences prices a plain step higher). Left at "one": measured on
+    # one build (H200 run 38, offline frontier, 3 repeats) "population" changed nothing beyond the
+    # spreads at T = 0 and at 1-64 requests at T = 1, and at 256 requests, T = 1 it skipped drafting
+    # in 22-30 steps instead of 10-13 and made 1.1% less (44,309 +- 79 against 44,792 +- 129 tok/s)
     adaptive_verification_unobserved_confidence: str | None = None
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
