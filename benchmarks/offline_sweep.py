@@ -16,6 +16,12 @@ of ~100 ms or more could fall inside a point).
     python benchmarks/offline_sweep.py --model tiny --arms none,fixed:1,fixed:3,fixed:7,adaptive:7 \
         --concurrency 1,4,16,64 --num-prompts 64 --output-len 64 --temperature 0 --repeats 3 --out out.json
 
+Where a point's time goes on the device: `--profile adaptive:7@256,none@256` runs each listed point
+once more after the sweep, under torch.profiler (not one of the sweep's points, so the profiler's
+cost touches no figure), and records under `profiles` its steps, wall ms per step, the kernels'
+busy ms per step (the CPU ops' own time without CUDA), the busy share and the top kernels: whether
+a point's steps wait on the GPU or on the host, and on which kernels.
+
 Synthetic acceptance (timing only, no trained drafter): `--synthetic-acceptance P0,P1,...` runs the
 speculative arms with `"method": "synthetic"` (spec_decode/synthetic.py): a DSpark drafter on random
 weights proposes, acceptance per position is drawn from the curve. `--shape qwen3-8b` times a
@@ -307,6 +313,41 @@ def step_split(d, wall: float) -> dict:
                 bookkeeping_ms=ms("time_bookkeeping"))
 
 
+def parse_profile_points(text: str | None, arms: list[str], concs: list[int]) -> list[tuple[str, int]]:
+    """--profile ARM@C,...: the points to profile, each one the sweep measures; a clear exit otherwise."""
+    points = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        arm, sep, c = item.strip().rpartition("@")
+        if not sep or not c.isdigit():
+            raise SystemExit(f"--profile {item.strip()!r}: write ARM@CONCURRENCY, e.g. adaptive:7@256")
+        if arm not in arms or int(c) not in concs:
+            raise SystemExit(f"--profile {item.strip()!r}: not a point of this sweep (arms {','.join(arms)}; "
+                             f"concurrency {','.join(map(str, concs))})")
+        points.append((arm, int(c)))
+    return points
+
+
+def profiled_point(llm, prompts, params, on_device: bool, top: int = 15) -> dict:
+    """run_point once more under torch.profiler: where the point's time went. -> step_profile's
+    summary (steps, wall and kernel-busy ms per step, top kernels) with the busy share of the wall
+    time and what the profiled run made (the profiler slows the host: not a measurement to compare)."""
+    from adaspec.train.step_profile import summarize
+
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_device else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        res = run_point(llm, prompts, params)
+        if on_device:
+            torch.cuda.synchronize()
+    steps = res["step_split"]["steps"] or 1
+    out = summarize(prof.key_averages(), steps, res["duration"], on_device=on_device, top=top)
+    out["busy_share"] = round(out["timed_ms_per_step"] / out["wall_ms_per_step"], 3) if out["wall_ms_per_step"] else None
+    out["profiled_output_throughput"] = res["output_throughput"]
+    out["step_kinds"] = res["step_kinds"]
+    return out
+
+
 def forward_kinds(runner) -> dict:
     return {k: getattr(runner, f"num_{k}_steps", 0) for k in ("graph", "mixed_graph", "split", "eager")}
 
@@ -421,6 +462,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", metavar="ARM@C,...", default=None,
+                    help="after the sweep, run each listed point once more under torch.profiler (not "
+                         "counted among the points) and record where its time went under `profiles`")
     ap.add_argument("--gc", choices=("freeze", "as-is"), default="freeze",
                     help="freeze: after the engines load, move what start-up built out of the garbage collector's "
                          "reach (as `adaspec serve` does), so that a full collection inside a point walks only what "
@@ -469,7 +513,8 @@ def main() -> None:
     # measured step costs, when configured, are not saved), so its choices can be checked after the run
     # (H200 run 16: on the 8B shape at C = 64 adaptive verified more than paid, and the tables had
     # stayed on the machine)
-    state = {"label": None, "cost_tables": {}}
+    state = {"label": None, "cost_tables": {}, "profiles": {}}
+    to_profile = parse_profile_points(args.profile, arms, concs)
 
     def load(arm):
         cfg = arm_config(arm, args.drafter, args.temperature, synthetic)
@@ -521,6 +566,20 @@ def main() -> None:
               f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
               flush=True)
 
+    def profile(arm, llm, arm_label, prompts):
+        for c in [c for a, c in to_profile if a == arm]:
+            llm.llm_engine.scheduler.max_num_seqs = c
+            n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
+            # repeat 0's prompts and lengths: the profile explains the points measured with them
+            params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
+                      for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=c)]
+            torch.manual_seed(0)
+            on_device = torch.cuda.is_available() and args.device != "cpu"
+            got = profiled_point(llm, [prompts[i % len(prompts)] for i in range(n)], params, on_device)
+            state["profiles"][f"{arm}@{c}"] = got
+            print(f"profile {arm}@{c}: {got['steps']} steps, {got['wall_ms_per_step']:.2f} ms wall and "
+                  f"{got['timed_ms_per_step']:.2f} ms of {got['timer']} per step (busy {got['busy_share']})", flush=True)
+
     if args.interleave:
         # every arm's engine stays loaded; each repeat visits the arms in a rotated order, so no arm
         # is always the first to run a concurrency (the order effects a one-arm-at-a-time sweep has)
@@ -532,6 +591,8 @@ def main() -> None:
                 for c in concs:
                     for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
                         measure(arm, *loaded[arm], c, r)
+            for arm in arms:
+                profile(arm, *loaded[arm])
         finally:
             gc.unfreeze()
         del loaded
@@ -540,6 +601,7 @@ def main() -> None:
             for c in concs:
                 for r in range(args.repeats):
                     measure(arm, llm, arm_label, prompts, c, r)
+            profile(arm, llm, arm_label, prompts)
 
         sweep_arms_one_at_a_time(arms, load, measure_arm, freeze=args.gc == "freeze")
     label = state["label"]
@@ -573,7 +635,8 @@ def main() -> None:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
                            torch=torch.__version__, commit=commit, checkpoints=ckpt,
                            host_speed={"start": host_speed_start, "end": host_speed()},
-                           cost_tables=state["cost_tables"], rows=rows, summary=summary), fh, indent=1)
+                           cost_tables=state["cost_tables"], rows=rows, summary=summary,
+                           **({"profiles": state["profiles"]} if to_profile else {})), fh, indent=1)
 
 
 if __name__ == "__main__":
