@@ -2,11 +2,21 @@
 also plot the frontier: output throughput against median per-user speed, one line per arm, each
 point a concurrency (error bars: ± one standard deviation over the repeats).
 
+After the tables: the share of each point's wall time spent in steps that carry a prefill chunk
+(where a point records its step kinds; H200 run 38: 84% for the speculative arms at 256 requests,
+where those steps cost 14 ms against 5.7 for a decode step), and the verdict per concurrency that
+`adaspec bench report` gives a server sweep (bench/report.verdict_lines: the arms dominated beyond
+the repeat spreads, and each arm's distance to the Pareto edge).
+
     python3 benchmarks/summarize_sweep.py SWEEP.json [--png frontier.png]
 """
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def plot(doc: dict, path: str) -> None:
@@ -44,6 +54,29 @@ def plot(doc: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def prefill_share(row: dict) -> float | None:
+    """The share of a point's wall time in steps that ran prompt tokens (offline_sweep's step_kinds)."""
+    kinds, wall = row.get("step_kinds"), row.get("duration")
+    if not kinds or not wall:
+        return None
+    p = kinds.get("prefill") or {}
+    return p.get("steps", 0) * p.get("ms_per_step", 0.0) / (1e3 * wall)
+
+
+def frontier_cells(rows: list[dict]) -> dict:
+    """(arm, concurrency) -> bench.aggregate.Cell of the offline points, with the keys the server
+    report's verdict reads (per-user speed median as X, output throughput as Y)."""
+    from adaspec.bench.aggregate import Cell, mean_std
+    from adaspec.bench.plot import X, Y
+
+    cells = {}
+    for arm, c in dict.fromkeys((r["arm"], r["concurrency"]) for r in rows):
+        sel = [r for r in rows if r["arm"] == arm and r["concurrency"] == c]
+        (xm, xs), (ym, ys) = (mean_std([r.get(k) for r in sel]) for k in ("median_user_speed", "output_throughput"))
+        cells[(arm, c)] = Cell(arm, c, n=len(sel), mean={X: xm, Y: ym}, std={X: xs, Y: ys})
+    return cells
+
+
 def main(path: str, png: str | None = None) -> None:
     doc = json.load(open(path))
     if png:
@@ -67,6 +100,19 @@ def main(path: str, png: str | None = None) -> None:
         print("|---" * (len(arms) + 1) + "|")
         for c in concs:
             print(f"| {c} | " + " | ".join(cell(a, c, key, fmt) for a in arms) + " |")
+    for r in rows:
+        r["_prefill_share"] = prefill_share(r)
+    if any(r["_prefill_share"] is not None for r in rows):
+        print("\nshare of the point's wall time in steps with a prefill chunk\n")
+        print("| C | " + " | ".join(arms) + " |")
+        print("|---" * (len(arms) + 1) + "|")
+        for c in concs:
+            print(f"| {c} | " + " | ".join(cell(a, c, "_prefill_share", "{:.2f}") for a in arms) + " |")
+    from adaspec.bench.report import verdict_lines
+
+    print("\nverdict per concurrency (dominated: worse on both axes beyond the repeat spreads)\n")
+    for line in verdict_lines(frontier_cells(rows), arms):
+        print(line)
 
 
 if __name__ == "__main__":

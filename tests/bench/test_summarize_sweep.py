@@ -1,0 +1,36 @@
+"""benchmarks/summarize_sweep.py: the offline frontier's tables, the share of time in steps with a
+prefill chunk, and the server report's verdict per concurrency."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import summarize_sweep  # noqa: E402
+
+
+def _row(arm, c, r, thr, user, prefill_steps=10, prefill_ms=5.0, duration=0.1):
+    return {"arm": arm, "concurrency": c, "repeat": r, "output_throughput": thr, "median_user_speed": user,
+            "mean_accepted_length": None, "duration": duration,
+            "step_kinds": {"prefill": {"steps": prefill_steps, "ms_per_step": prefill_ms},
+                           "decode": {"steps": 20, "ms_per_step": 2.5}}}
+
+
+def test_prefill_share_and_the_verdict(tmp_path, capsys):
+    # at C = 64: fixed:3 beats adaptive:7 on both axes beyond the spreads; at C = 256 they tie
+    rows = [_row("fixed:3", 64, r, 1000 + 10 * r, 500 + r) for r in range(2)]
+    rows += [_row("adaptive:7", 64, r, 900 + 10 * r, 480 + r, prefill_steps=16) for r in range(2)]
+    rows += [_row("fixed:3", 256, r, 2000 + 100 * r, 200 + 5 * r) for r in range(2)]
+    rows += [_row("adaptive:7", 256, r, 2010 + 100 * r, 199 + 5 * r) for r in range(2)]
+    rows.append({"arm": "none", "concurrency": 64, "repeat": 0, "output_throughput": 800,
+                 "median_user_speed": 400, "mean_accepted_length": None})  # no step kinds recorded
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {}, "rows": rows}))
+    summarize_sweep.main(str(p))
+    out = capsys.readouterr().out
+    # 10 steps of 5 ms in 0.1 s: half the point; 16 steps: 0.8
+    assert "| 64 | 0.50 ± 0.00 | 0.80 ± 0.00 | – |" in out
+    assert summarize_sweep.prefill_share(rows[0]) == 0.5 and summarize_sweep.prefill_share(rows[-1]) is None
+    verdict = {line.split("**")[1]: line for line in out.splitlines() if line.startswith("- **C=")}
+    assert "dominated beyond spread: `adaptive:7` (by `fixed:3`), `none`" in verdict["C=64"]
+    assert "dominated beyond spread: none." in verdict["C=256"]
