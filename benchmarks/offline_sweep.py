@@ -537,12 +537,17 @@ def main() -> None:
 
     warmed = set()
 
-    def measure(arm, llm, arm_label, prompts, c, r):
-        llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
+    def point_inputs(prompts, c, r):
+        """The prompts and sampling parameters of point (C, repeat): the same for every arm."""
         n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
         # the point's lengths depend on (C, repeat) only: every arm gets the same ones
         params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
                   for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=100_003 * r + c)]
+        return [prompts[(r * n + i) % len(prompts)] for i in range(n)], params
+
+    def measure(arm, llm, arm_label, prompts, c, r):
+        llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
+        sel, params = point_inputs(prompts, c, r)
         if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
             # batch shape compile kernels (Triton tiles, torch.compile guards), which must not be timed
@@ -551,10 +556,9 @@ def main() -> None:
             warmed.add((arm, c))
             if args.gc == "freeze":  # what the warm-up built (compiled kernels' caches, guards) too
                 gc.freeze()
-        sel = [prompts[(r * n + i) % len(prompts)] for i in range(n)]
         torch.manual_seed(r)
         res = run_point(llm, sel, params)
-        rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=n, **res,
+        rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=len(sel), **res,
                          **({"synthetic_acceptance": arm_label} if arm_label else {})))
         if args.out:  # after every point: a run cut short keeps what it measured
             label = state["label"]
@@ -569,13 +573,10 @@ def main() -> None:
     def profile(arm, llm, arm_label, prompts):
         for c in [c for a, c in to_profile if a == arm]:
             llm.llm_engine.scheduler.max_num_seqs = c
-            n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
-            # repeat 0's prompts and lengths: the profile explains the points measured with them
-            params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
-                      for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=c)]
+            sel, params = point_inputs(prompts, c, 0)  # repeat 0's: the profile explains the points measured with them
             torch.manual_seed(0)
             on_device = torch.cuda.is_available() and args.device != "cpu"
-            got = profiled_point(llm, [prompts[i % len(prompts)] for i in range(n)], params, on_device)
+            got = profiled_point(llm, sel, params, on_device)
             state["profiles"][f"{arm}@{c}"] = got
             print(f"profile {arm}@{c}: {got['steps']} steps, {got['wall_ms_per_step']:.2f} ms wall and "
                   f"{got['timed_ms_per_step']:.2f} ms of {got['timer']} per step (busy {got['busy_share']})", flush=True)

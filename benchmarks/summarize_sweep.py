@@ -3,8 +3,8 @@ also plot the frontier: output throughput against median per-user speed, one lin
 point a concurrency (error bars: ± one standard deviation over the repeats).
 
 After the tables: the share of each point's wall time spent in steps that carry a prefill chunk
-(where a point records its step kinds; H200 run 38: 84% for the speculative arms at 256 requests,
-where those steps cost 14 ms against 5.7 for a decode step), and the verdict per concurrency that
+(where a point records its step kinds; H200 run 38: 80-88% for the speculative arms at 256 requests,
+where those steps cost ~14 ms against ~5.7 for a decode step), and the verdict per concurrency that
 `adaspec bench report` gives a server sweep (bench/report.verdict_lines: the arms dominated beyond
 the repeat spreads, and each arm's distance to the Pareto edge).
 
@@ -92,22 +92,19 @@ def main(path: str, png: str | None = None) -> None:
         sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
         return (fmt + " ± " + fmt).format(statistics.mean(xs), sd)
 
-    for key, title, fmt in (("output_throughput", "output tok/s", "{:.0f}"),
-                            ("median_user_speed", "per-user tok/s (median over requests)", "{:.1f}"),
-                            ("mean_accepted_length", "mean accepted length (bonus included)", "{:.2f}")):
+    tables = [("output_throughput", "output tok/s", "{:.0f}"),
+              ("median_user_speed", "per-user tok/s (median over requests)", "{:.1f}"),
+              ("mean_accepted_length", "mean accepted length (bonus included)", "{:.2f}")]
+    for r in rows:
+        r["prefill_share"] = prefill_share(r)
+    if any(r["prefill_share"] is not None for r in rows):
+        tables.append(("prefill_share", "share of the point's wall time in steps with a prefill chunk", "{:.2f}"))
+    for key, title, fmt in tables:
         print(f"\n{title}\n")
         print("| C | " + " | ".join(arms) + " |")
         print("|---" * (len(arms) + 1) + "|")
         for c in concs:
             print(f"| {c} | " + " | ".join(cell(a, c, key, fmt) for a in arms) + " |")
-    for r in rows:
-        r["_prefill_share"] = prefill_share(r)
-    if any(r["_prefill_share"] is not None for r in rows):
-        print("\nshare of the point's wall time in steps with a prefill chunk\n")
-        print("| C | " + " | ".join(arms) + " |")
-        print("|---" * (len(arms) + 1) + "|")
-        for c in concs:
-            print(f"| {c} | " + " | ".join(cell(a, c, "_prefill_share", "{:.2f}") for a in arms) + " |")
     from adaspec.bench.report import verdict_lines
 
     print("\nverdict per concurrency (dominated: worse on both axes beyond the repeat spreads)\n")
