@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from adaspec.errors import AdaspecError
 
 ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
-                 "adaptive-population")
+                  "adaptive-population")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 

@@ -111,8 +111,8 @@ def test_replay_over_blocks_that_tell_requests_apart(replay, tmp_path):
 def test_the_replay_says_what_the_confidences_expected_of_the_slots_it_verified(replay, tmp_path):
     """Half the blocks are sure (.97, accept all 7), half doubtful (.3, accept none): the objective
     verifies the sure half's drafts only, so what it expected is the sure half's survivals alone,
-    not the doubtful half's unverified ones; the doubtful blocks' confidences overrate them, and the
-    expectation stays above what the target accepted."""
+    not the doubtful half's unverified ones; the sure blocks' .97 underrates their all-accepted
+    drafts, so the target accepted more than the expectation."""
     n = 2000
     sure = np.arange(n) % 2 == 0
     conf = np.where(sure[:, None], 0.97, 0.3) * np.ones((n, 7))
