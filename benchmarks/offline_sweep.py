@@ -612,9 +612,12 @@ def main() -> None:
     if label:
         print(f"*** {label}: speculative arms drew acceptance from {args.synthetic_acceptance} ***")
     spread = f" random_range_ratio={args.random_range_ratio:g}" if args.random_range_ratio else ""
+    from adaspec.sample import kernels
+
+    sampler = kernels.in_use(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
-          f"repeats={args.repeats}")
+          f"repeats={args.repeats} sampler={sampler}")
     w = max(12, *(len(a) + 1 for a in arms))  # the arm column, as wide as the longest name
     print(f"{'arm':<{w}}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
@@ -634,7 +637,7 @@ def main() -> None:
         commit = engine_commit()  # $ADASPEC_COMMIT when set: the GPU machine's copied .git is stale
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
-                           torch=torch.__version__, commit=commit, checkpoints=ckpt,
+                           torch=torch.__version__, commit=commit, checkpoints=ckpt, sampler=sampler,
                            host_speed={"start": host_speed_start, "end": host_speed()},
                            cost_tables=state["cost_tables"], rows=rows, summary=summary,
                            **({"profiles": state["profiles"]} if to_profile else {})), fh, indent=1)

@@ -59,7 +59,7 @@ from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one imp
 from adaspec.models.layers import RMSNorm, RotaryEmbedding, embedding
 from adaspec.models.target import DecoderLayer
 from adaspec.sample.batch import SamplingBatch
-from adaspec.sample.random import DRAFT, keyed_uniforms, sample_categorical
+from adaspec.sample.random import DRAFT, keyed_uniforms
 
 @dataclass
 class DraftProposal:
@@ -259,29 +259,37 @@ class DSparkDrafter(nn.Module):
         return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width)
 
     def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False,
-                    width: int | None = None) -> DraftProposal:
+                    width: int | None = None, probs_out: torch.Tensor | None = None) -> DraftProposal:
         """The Markov loop and the confidences over backbone states h [R, k, d]; device work only.
-        sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, probs).
+        sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, draw).
         width: the heads run for the first `width` slots only (an engine verifying at most k <
         block_size drafts): slot j's draft and confidence depend on h[:, j] and the drafts before
         it, never on later slots, so they are the full block's, for none of the later slots'
         vocabulary projections and Markov steps (the backbone still runs on the whole block,
-        whose positions attend to each other)."""
+        whose positions attend to each other).
+        probs_out: optional float32 [R, width, V] (rows contiguous) that receives the sampled
+        slots' draft distributions q (the graphed step's static buffer: no stack, no copy)."""
         if width is not None:
             h = h[:, :width]
+        R, w = h.shape[0], h.shape[1]
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
-        toks, probs, logits, confs = [], [], [], []
+        toks, logits, confs = [], [], []
         prev = anchor_ids
         base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
-        for j in range(h.shape[1]):  # k small rank-r matmuls: the semi-autoregressive part
+        q = None
+        if not all_greedy:  # greedy rows get a one-hot q, so the draw returns their argmax
+            q = probs_out if probs_out is not None else base.new_empty(R, w, base.shape[-1])
+            # every slot's DRAFT uniform in one call (the hash is elementwise: the same values as
+            # one call per slot)
+            slots = torch.arange(w, device=anchors.device)
+            u = keyed_uniforms(sampling.seeds, anchors[:, None] + 1 + slots, DRAFT, anchors[:, None])
+        for j in range(w):  # k small rank-r matmuls: the semi-autoregressive part
             lg, cl = self.heads(h[:, j], prev, base[:, j])
             if all_greedy:
                 tok = lg.argmax(-1)
-            else:  # greedy rows get a one-hot q, so the draw returns their argmax
-                pj = sampling.probs(lg)
-                tok = sample_categorical(pj, keyed_uniforms(sampling.seeds, anchors + 1 + j, DRAFT, anchors))
-                probs.append(pj)
+            else:
+                tok, _ = sampling.draw(lg, u[:, j], out=q[:, j])
             toks.append(tok)
             if return_logits:
                 logits.append(lg)
@@ -290,7 +298,8 @@ class DSparkDrafter(nn.Module):
         tokens = torch.stack(toks, 1)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
         # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
-        q = torch.stack(probs, 1) if probs else torch.zeros_like(base).scatter_(-1, tokens.unsqueeze(-1), 1.0)
+        if q is None:
+            q = torch.zeros_like(base).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         conf_logits = torch.stack(confs, 1)
         return DraftProposal(tokens, q, torch.stack(logits, 1) if return_logits else None,
                              self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)

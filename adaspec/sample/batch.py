@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from adaspec.h2d import to_device
-from adaspec.sample.probs import processed_probs
+from adaspec.sample.probs import processed_probs, sample_from_logits
 
 # top_k only matters below the vocabulary size; a larger value means "off" and is clamped so
 # that any int the API let through fits the int64 tensor
@@ -50,6 +50,13 @@ class SamplingBatch:
         rep = (lambda x: x.repeat_interleave(repeat)) if repeat > 1 else (lambda x: x)
         return processed_probs(logits, rep(self.temperature), rep(self.top_p), rep(self.top_k),
                                any_filter=self.any_filter, any_greedy=any(self.greedy))
+
+    def draw(self, logits: torch.Tensor, uniforms: torch.Tensor, out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [N], probs [N, V]) of logits [N, V]: `probs`, then one inverse-CDF draw per row
+        with uniforms [N] (sample/probs.py, sample_from_logits; out: where the probs go)."""
+        return sample_from_logits(logits, self.temperature, self.top_p, self.top_k, uniforms,
+                                  any_filter=self.any_filter, any_greedy=any(self.greedy), out=out)
 
     def want_logprobs(self) -> bool:
         return any(w is not None for w in self.logprobs)

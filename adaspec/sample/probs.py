@@ -4,11 +4,16 @@
 then top-k, then top-p). Speculative decoding applies the very same function to the target's
 and the drafter's logits, which is what makes rejection sampling lossless for these params.
 Greedy rows (temperature 0) get a one-hot distribution on the argmax. Drawing from the
-distribution is sample/random.py's job (keyed uniforms, inverse CDF).
+distribution is sample/random.py's job (keyed uniforms, inverse CDF). On CUDA, rows without
+top-k / top-p run as one Triton kernel (sample/triton_sampling.py, dispatched by
+sample/kernels.py), the same function up to float rounding.
 """
 from __future__ import annotations
 
 import torch
+
+from adaspec.sample import kernels
+from adaspec.sample.random import sample_categorical
 
 
 def processed_probs(
@@ -18,12 +23,20 @@ def processed_probs(
     top_k: torch.Tensor,
     any_filter: bool | None = None,
     any_greedy: bool | None = None,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits [N, V] (float32), temperature/top_p [N] float, top_k [N] long (0 = off) -> probs [N, V].
 
     any_filter / any_greedy: host-side knowledge of whether any row uses top-k/top-p or is
     greedy; passing them avoids a device->host sync on CUDA.
+    index: optional [n] long, the rows of logits to process (output row i is logits row
+    index[i]; temperature, top_p and top_k are then per output row): a gather the Triton kernel
+    does without copying the logits.
     """
+    if any_filter is False and kernels.use_triton(logits):
+        return kernels.triton_sampling().probs(logits, temperature, greedy_rows=any_greedy is not False, index=index)
+    if index is not None:
+        logits = logits[index]
     logits = logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
@@ -33,6 +46,8 @@ def processed_probs(
     needs_p = top_p < 1.0
     if any_filter is None:
         any_filter = bool(needs_k.any()) or bool(needs_p.any())
+        if not any_filter and kernels.use_triton(logits):
+            return kernels.triton_sampling().probs(logits, temperature, greedy_rows=any_greedy is not False)
     if any_filter:
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         ranks = torch.arange(V, device=logits.device).unsqueeze(0)
@@ -54,6 +69,29 @@ def processed_probs(
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
     return probs
+
+
+def sample_from_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    uniforms: torch.Tensor,
+    any_filter: bool,
+    any_greedy: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [N], probs [N, V]): processed_probs, then one inverse-CDF draw per row with
+    uniforms [N] (sample_categorical). out: an optional float32 [N, V] (rows contiguous) to hold
+    the probabilities, e.g. a slice of a static buffer (no copy on CUDA). Without filters on CUDA
+    one Triton kernel does both, drawing what sample_categorical would draw from its probs."""
+    if not any_filter and kernels.use_triton(logits):
+        return kernels.triton_sampling().draw_from_logits(logits, temperature, uniforms,
+                                                          greedy_rows=any_greedy is not False, out=out)
+    probs = processed_probs(logits, temperature, top_p, top_k, any_filter=any_filter, any_greedy=any_greedy)
+    if out is not None:
+        probs = out.copy_(probs)
+    return sample_categorical(probs, uniforms), probs
 
 
 def logprobs_of(logits: torch.Tensor, chosen: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

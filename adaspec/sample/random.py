@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from adaspec.sample import kernels
+
 SAMPLE, ACCEPT, DRAFT = 1, 2, 3
 
 _M32 = 0xFFFFFFFF
@@ -141,7 +143,9 @@ def _give_up(err: Exception) -> None:
 def sample_categorical(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One index per row of ``weights`` [M, V] (unnormalized, non-negative) by inverse CDF:
     the first index whose cumulative weight exceeds u * total. Zero-weight entries are never
-    chosen; an all-zero row gives 0."""
+    chosen; an all-zero row gives 0. On CUDA one Triton kernel (sample/triton_sampling.py)."""
+    if kernels.use_triton(weights):
+        return kernels.triton_sampling().draw(weights, uniforms)
     cum = weights.float().cumsum(-1)
     total = cum[:, -1:]
     # strictly below the total, so the last positive entry is the largest index reachable

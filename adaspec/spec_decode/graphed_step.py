@@ -43,7 +43,7 @@ from adaspec.engine.cuda_graphs import (
     _Graph, _ranges, capture_sizes, capture_time_split, device_memory_held, release_graphs,
 )
 from adaspec.models.attention import AttentionMetadata
-from adaspec.sample.probs import processed_probs
+from adaspec.sample.probs import processed_probs, sample_from_logits
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode import graphed_extras
@@ -67,10 +67,17 @@ class StaticSampling:
     def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, all_greedy: bool = False):
         self.temperature, self.seeds, self.all_greedy = temperature, seeds, all_greedy
 
-    def probs(self, logits: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, temperature: torch.Tensor | None = None,
+              index: torch.Tensor | None = None) -> torch.Tensor:
+        """index: the rows of logits to process (processed_probs); temperature is then per output row."""
         t = self.temperature if temperature is None else temperature
         return processed_probs(logits, t, torch.ones_like(t), torch.zeros_like(t, dtype=torch.long),
-                               any_filter=False, any_greedy=True)
+                               any_filter=False, any_greedy=True, index=index)
+
+    def draw(self, logits: torch.Tensor, uniforms: torch.Tensor, out: torch.Tensor | None = None):
+        t = self.temperature
+        return sample_from_logits(logits, t, torch.ones_like(t), torch.zeros_like(t, dtype=torch.long), uniforms,
+                                  any_filter=False, any_greedy=True, out=out)
 
 
 def packed_layout(nq, start, last_tok, drafts, block_tables, block_size: int, scratch_slot: int, num_tokens: int):
@@ -172,13 +179,15 @@ class GraphedSpecStep:
         h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
         temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
         sampling = StaticSampling(temps, self.seeds[:b], all_greedy=self.greedy_drafts)
-        prop = self.drafter.draft_block(h, ids, anchors, sampling, width=w)  # heads for the w slots only
+        # heads for the w slots only; the draft distributions go straight into the static buffer
+        q_out = None if self.draft_q is None else self.draft_q[:b, :w]
+        prop = self.drafter.draft_block(h, ids, anchors, sampling, width=w, probs_out=q_out)
         self.drafts[:b, :w].copy_(prop.tokens)
         self.conf[:b, :w].copy_(prop.confidences)
         if w < k:
             self.conf[:b, w:].fill_(float("nan"))
-        if self.draft_q is not None:
-            self.draft_q[:b, :w].copy_(prop.probs)
+        if q_out is not None and prop.probs.data_ptr() != q_out.data_ptr():
+            q_out.copy_(prop.probs)  # a drafter that did not write into probs_out
         limits = self.slots[:b].clamp(max=w)  # the host capped them already; this keeps the graph safe
         verified = allocate_torch(survival_torch(prop.confidences), self.budget, limits) if self.adaptive \
             else limits
@@ -216,8 +225,10 @@ class GraphedSpecStep:
             first = query_start[:-1].long()
             rows = (first[:, None] + torch.minimum(torch.arange(K + 1, device=self.device)[None, :],
                                                    (nq - 1).clamp_min(0)[:, None])).clamp(0, b * q - 1)
-            p_rows = sampling.probs(logits, temps[req])  # each row with its request's temperature
-            p = p_rows[rows.reshape(-1)].view(b, K + 1, -1)
+            # the verify rows' distributions, each with its request's temperature, gathered by the
+            # sampler (no copy of the [B*Q, V] logits or probabilities)
+            flat = rows.reshape(-1)
+            p = sampling.probs(logits, temps[req[flat]], index=flat).view(b, K + 1, -1)
             argmax = logits.argmax(-1)[rows]
             accept = getattr(self.drafter, "accept", rejection_sample)  # synthetic: the curve decides
             out = accept(self.drafts[:b], (nq - 1).clamp_min(0), p, None if self.draft_q is None else self.draft_q[:b],

@@ -5,10 +5,14 @@ only). After a few real steps (so the static buffers hold a real step's inputs) 
 replayed alone: ms per replay (CUDA events, 200 replays) and its kernels (torch.profiler, 20
 replays: count and the top ones by time). --all-levels times the verify graph at every query
 level (not only Q = k + 1) and --tables builds the adaptive engine instead, so each graph's time
-stands beside what the policy's cost tables price it at (draft_ms(B), verify_ms(B * Q)). Writes
+stands beside what the policy's cost tables price it at (draft_ms(B), verify_ms(B * Q)).
+--temperature 1 runs the requests at T = 1 with probabilistic drafts (the drafter samples each
+slot), and --samplers torch,triton builds each engine twice, with the sampler's torch ops and with
+its Triton kernels (sample/kernels.py), so their graphs stand side by side. Writes
 $OUT/spec_step_profile.txt.
 
     python3 benchmarks/probes/spec_step_profile.py [--batch 1,16] [--all-levels] [--tables]
+    python3 benchmarks/probes/spec_step_profile.py --batch 1,64,256 --temperature 1 --samplers torch,triton
 """
 import argparse
 import os
@@ -20,21 +24,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec import LLM, SamplingParams  # noqa: E402
+from adaspec.sample import kernels  # noqa: E402
 from offline_sweep import shape_model_dir  # noqa: E402
 
 CURVE = [0.72, 0.68, 0.68, 0.71, 0.73, 0.78, 0.83]
 
 
-def engine(n, spec, model_dir, adaptive=False):
+def engine(n, spec, model_dir, adaptive=False, temperature=0.0):
     cfg = {"method": "synthetic", "num_speculative_tokens": 7, "synthetic_acceptance": CURVE,
-           "draft_sample_method": "greedy", "enable_adaptive_verification": adaptive} if spec else None
+           "draft_sample_method": "probabilistic" if temperature > 0 else "greedy",
+           "enable_adaptive_verification": adaptive} if spec else None
     llm = LLM(model_dir, load_format="dummy", max_num_seqs=n, speculative_config=cfg, skip_tokenizer_init=True,
               max_model_len=2048)
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
     for i in range(n):
         eng.add_request(str(i), torch.randint(1, 10000, (64,), generator=g).tolist(),
-                        SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True))
+                        SamplingParams(temperature=temperature, max_tokens=1500, ignore_eos=True, seed=i))
     for _ in range(20):
         eng.step()
     torch.cuda.synchronize()
@@ -53,7 +59,7 @@ def time_replays(replay, n=200):
     return start.elapsed_time(end) / n
 
 
-def kernels(replay, n=20):
+def kernels_of(replay, n=20):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             replay()
@@ -72,41 +78,49 @@ def main():
     ap.add_argument("--all-levels", action="store_true", help="every verify query level, not only k + 1")
     ap.add_argument("--tables", action="store_true", help="the adaptive engine, with its cost tables' prices")
     ap.add_argument("--no-kernels", action="store_true", help="times only (no torch.profiler pass)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--samplers", default="default", help="comma list of torch, triton (default: the engine's)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = shape_model_dir("qwen3-0.6b", '{"vocab_size": 16384}')
     report = []
+    T = args.temperature
     for n in (int(x) for x in args.batch.split(",")):
-        plain = engine(n, False, model_dir)
-        g = plain.runner.graphs
-        key = g.pick(n, 1)
-        graphs = {"none: decode graph": g.graphs[key].replay}
-        spec = engine(n, True, model_dir, adaptive=args.tables)
-        s = spec.spec.graphed
-        b = next(x for x in s.batch_sizes if x >= n)
-        cost = spec.spec.cost_model if args.tables else None
-        priced = {"none: decode graph": float(cost.verify_ms(b)) if cost is not None else None}
-        name = "adaptive:7" if args.tables else "fixed:7"
-        graphs[f"{name}: propose graph"] = s.propose_graphs[b].replay
-        priced[f"{name}: propose graph"] = float(cost.draft_ms(b)) if cost is not None else None
-        for q in (s.levels[1:] if args.all_levels else s.levels[-1:]):
-            graphs[f"{name}: verify graph (Q={q})"] = s.verify_graphs[(b, q)].replay
-            priced[f"{name}: verify graph (Q={q})"] = float(cost.verify_ms(b * q)) if cost is not None else None
-        for name, replay in graphs.items():
-            ms = time_replays(replay)
-            price = f"; the tables price it at {priced[name]:.3f} ms" if priced.get(name) is not None else ""
-            if args.no_kernels:
-                line = f"batch {n}: {name}: {ms:.3f} ms per replay{price}"
-                top = ""
-            else:
-                count, total, top = kernels(replay)
-                line = (f"batch {n}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels ({total:.3f} ms of "
-                        f"kernel time){price}")
-            print(line, flush=True)
-            report.append(f"==== {line}\n{top}\n")
-        del plain, spec
-        torch.cuda.empty_cache()
+        for sampler in args.samplers.split(","):
+            if sampler != "default":
+                kernels.set_enabled(sampler == "triton")
+            tag = "" if sampler == "default" else f" [{sampler} sampler]"
+            plain = engine(n, False, model_dir, temperature=T)
+            g = plain.runner.graphs
+            key = g.pick(n, 1)
+            graphs = {"none: decode graph": g.graphs[key].replay}
+            spec = engine(n, True, model_dir, adaptive=args.tables, temperature=T)
+            s = spec.spec.graphed
+            b = next(x for x in s.batch_sizes if x >= n)
+            cost = spec.spec.cost_model if args.tables else None
+            priced = {"none: decode graph": float(cost.verify_ms(b)) if cost is not None else None}
+            name = "adaptive:7" if args.tables else "fixed:7"
+            k = spec.spec.num_spec_tokens
+            graphs[f"{name}: propose graph"] = s.propose_graphs[(b, k)].replay
+            priced[f"{name}: propose graph"] = float(cost.draft_ms(b)) if cost is not None else None
+            for q in (s.levels[1:] if args.all_levels else s.levels[-1:]):
+                graphs[f"{name}: verify graph (Q={q})"] = s.verify_graphs[(b, q)].replay
+                priced[f"{name}: verify graph (Q={q})"] = float(cost.verify_ms(b * q)) if cost is not None else None
+            for name, replay in graphs.items():
+                ms = time_replays(replay)
+                price = f"; the tables price it at {priced[name]:.3f} ms" if priced.get(name) is not None else ""
+                if args.no_kernels:
+                    line = f"batch {n}, T = {T:g}{tag}: {name}: {ms:.3f} ms per replay{price}"
+                    top = ""
+                else:
+                    count, total, top = kernels_of(replay)
+                    line = (f"batch {n}, T = {T:g}{tag}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels "
+                            f"({total:.3f} ms of kernel time){price}")
+                print(line, flush=True)
+                report.append(f"==== {line}\n{top}\n")
+            del plain, spec
+            torch.cuda.empty_cache()
     (out_dir / "spec_step_profile.txt").write_text("\n".join(report))
 
 

@@ -1,0 +1,56 @@
+"""Which implementation of the sampler a tensor gets: the Triton kernels of
+sample/triton_sampling.py for CUDA tensors, the torch ops of sample/probs.py and sample/random.py
+for the rest (CPU, or CUDA with them switched off).
+
+The switch exists for A/B measurements (benchmarks/probes/sampling_kernels.py) and as a way out:
+ADASPEC_TRITON_SAMPLING=0 in the environment, or `set_enabled(False)`. The Triton module is
+imported at the first CUDA call, never on a CPU-only run (its kernels are then only built by the
+tests, under Triton's interpreter)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_enabled = os.environ.get("ADASPEC_TRITON_SAMPLING", "1") != "0"
+_module = None
+
+
+def set_enabled(flag: bool) -> bool:
+    """Use the Triton kernels for CUDA tensors from now on (or not); returns the previous setting."""
+    global _enabled
+    old, _enabled = _enabled, bool(flag)
+    return old
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """t goes through the Triton kernels: a CUDA tensor that needs no gradient (the kernels have
+    no backward), with the kernels enabled and triton importable."""
+    if not (_enabled and t.is_cuda) or (t.requires_grad and torch.is_grad_enabled()):
+        return False
+    try:
+        triton_sampling()
+    except ImportError:
+        return False
+    return True
+
+
+def triton_sampling():
+    """The kernels' module, imported once."""
+    global _module
+    if _module is None:
+        from adaspec.sample import triton_sampling as m
+
+        _module = m
+    return _module
+
+
+def in_use(device) -> str:
+    """What a run on `device` samples with, for result files: "triton" or "torch"."""
+    if torch.device(device).type != "cuda" or not _enabled:
+        return "torch"
+    try:
+        triton_sampling()
+    except ImportError:
+        return "torch"
+    return "triton"

@@ -1,0 +1,183 @@
+"""Triton kernels for the sampler on CUDA: a row's distribution in one kernel, and its inverse-CDF
+draw in the same kernel or in one of its own.
+
+Why: written as torch ops, `processed_probs` without filters (divide, softmax, greedy one-hot)
+and `sample_categorical` (cumsum, clamp, searchsorted, guards) are ~15 kernels a call, each a full
+pass over a [rows, vocabulary] float32 block. The drafter samples its k slots one after another at
+T > 0 (slot j's Markov head reads slot j - 1's token), so a speculative step paid that ~k times: on
+the H200 the T = 1 graphed step took 2.06 ms against 1.80 at T = 0 at one request (BENCHMARKS.md,
+run 37), and the float cumsum alone was 5% of the adaptive step's kernel time at 256 requests
+(run 38's profile). Here one program owns one row and walks it in BLOCK-wide chunks: pass 1 finds
+the row's max (online softmax sum, and the raw argmax for greedy rows), pass 2 writes the
+probabilities, pass 3 (draws only) scans them for the sampled index.
+
+Semantics are the torch functions' (sample/probs.py, sample/random.py), up to float rounding:
+- probabilities: softmax(logits / T) per row; a row with T <= 0 is the one-hot of the raw logits'
+  first argmax when `greedy_rows` is set, else softmax(logits) (processed_probs's any_greedy).
+- draw: the first index whose running sum of the weights exceeds u * total, where total is the
+  running sum at the row's end; when u * total is the total (u = 1, which keyed uniforms never
+  are), the first index that reaches it (as the eager clamp to just below the total); an all-zero
+  row gives 0. Zero weights are never drawn.
+The running sum is summed chunk by chunk (tl.cumsum within a chunk, carried across chunks), so
+its last bits differ from torch's cumsum: a draw can differ from the eager one only when its
+uniform lies within rounding of a CDF boundary (spec_decode/lockstep.py measures such flips).
+A draw fused with its probabilities (`draw_from_logits`) equals `draw` over the probabilities it
+wrote, bit for bit: both scan the same float32 values with the same chunking.
+
+Everything is device work (no host sync), so CUDA graphs capture the kernels.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_MAX_BLOCK = 4096  # a chunk: 16 KB of float32 per pass, 4 iterations over a 16k vocabulary
+_NUM_WARPS = 8
+
+
+def _block(V: int) -> int:
+    return min(_MAX_BLOCK, triton.next_power_of_2(max(V, 16)))
+
+
+@triton.jit
+def _scan_total(p, carry):
+    """The running sum after this chunk (p >= 0, so the largest running value is the last)."""
+    return tl.max(tl.cumsum(p, 0) + carry, 0)
+
+
+@triton.jit
+def _find(row_ptr, u, total, V, BLOCK: tl.constexpr):
+    """The inverse-CDF index over weights row_ptr[0:V] whose running sum ends at `total`."""
+    offs = tl.arange(0, BLOCK)
+    target = u * total
+    carry = total * 0.0
+    found = V
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        p = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        cs = tl.cumsum(p, 0) + carry
+        # past the target; or reaching the total when the target is the total (u = 1)
+        hit = ((cs > target) | (cs >= total)) & mask
+        found = tl.minimum(found, tl.min(tl.where(hit, cols, V), 0))
+        carry = tl.max(cs, 0)
+    return tl.where(total > 0, tl.minimum(found, V - 1), 0)
+
+
+@triton.jit
+def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr, out_stride, token_ptr, V,
+                  HAS_INDEX: tl.constexpr, GREEDY_ROWS: tl.constexpr, DRAW: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row).to(tl.int64)
+    else:
+        src = row
+    in_row = logits_ptr + src * logits_stride
+    out_row = out_ptr + row * out_stride
+    t = tl.load(temp_ptr + row).to(tl.float32)
+    greedy = t <= 0
+    t = tl.where(greedy, 1.0, t)
+    offs = tl.arange(0, BLOCK)
+    # pass 1: max and sum of exp(x / t) (online), and the first argmax of the raw logits
+    m = -float("inf")
+    s = 0.0
+    best = -float("inf")
+    best_i = V * 0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        if GREEDY_ROWS:
+            cmax = tl.max(x, 0)
+            cidx = tl.min(tl.where((x == cmax) & mask, cols, V), 0)
+            take = cmax > best
+            best_i = tl.where(take, cidx, best_i)
+            best = tl.where(take, cmax, best)
+        y = x / t
+        m_new = tl.maximum(m, tl.max(y, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(y - m_new), 0)
+        m = m_new
+    # pass 2: the probabilities (and, for a draw, their running total)
+    total = s * 0.0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        p = tl.exp(x / t - m) / s
+        if GREEDY_ROWS:
+            p = tl.where(greedy, tl.where(cols == best_i, 1.0, 0.0), p)
+        p = tl.where(mask, p, 0.0)
+        tl.store(out_row + cols, p, mask=mask)
+        if DRAW:
+            total = _scan_total(p, total)
+    if DRAW:
+        tl.debug_barrier()  # pass 3 reads what other threads of this program stored in pass 2
+        tok = _find(out_row, tl.load(u_ptr + row), total, V, BLOCK)
+        tl.store(token_ptr + row, tok.to(tl.int64))
+
+
+@triton.jit
+def _draw_kernel(w_ptr, w_stride, u_ptr, token_ptr, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    w_row = w_ptr + row * w_stride
+    offs = tl.arange(0, BLOCK)
+    total = tl.load(u_ptr + row) * 0.0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        p = tl.load(w_row + cols, mask=cols < V, other=0.0).to(tl.float32)
+        total = _scan_total(p, total)
+    tok = _find(w_row, tl.load(u_ptr + row), total, V, BLOCK)
+    tl.store(token_ptr + row, tok.to(tl.int64))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a 2-D tensor whose rows are contiguous (what the kernels index)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _launch_probs(logits, temperature, greedy_rows, index, out, uniforms):
+    logits = _rows(logits)
+    V = logits.shape[-1]
+    n = logits.shape[0] if index is None else index.shape[0]
+    if out is None:
+        out = torch.empty(n, V, dtype=torch.float32, device=logits.device)
+    elif out.dtype != torch.float32 or out.stride(-1) != 1 or tuple(out.shape) != (n, V):
+        raise ValueError(f"out must be a float32 [{n}, {V}] tensor with contiguous rows, got "
+                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")
+    draw = uniforms is not None
+    tokens = torch.empty(n if draw else 0, dtype=torch.int64, device=logits.device)
+    temperature = temperature.to(torch.float32).contiguous()
+    if n:
+        _probs_kernel[(n,)](
+            logits, logits.stride(0), index if index is not None else temperature, temperature,
+            uniforms.to(torch.float32).contiguous() if draw else temperature, out, out.stride(0), tokens, V,
+            HAS_INDEX=index is not None, GREEDY_ROWS=bool(greedy_rows), DRAW=draw, BLOCK=_block(V),
+            num_warps=_NUM_WARPS,
+        )
+    return out, tokens
+
+
+def probs(logits: torch.Tensor, temperature: torch.Tensor, greedy_rows: bool = True,
+          index: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(logits / T) per row [n, V] float32 (module docstring). index: output row i is logits
+    row index[i] (a gather without copying the logits); temperature is per output row."""
+    return _launch_probs(logits, temperature, greedy_rows, index, out, None)[0]
+
+
+def draw_from_logits(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor,
+                     greedy_rows: bool = True, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [n] int64, probs [n, V]): `probs` and then `draw` over them, in one kernel."""
+    p, tokens = _launch_probs(logits, temperature, greedy_rows, None, out, uniforms)
+    return tokens, p
+
+
+def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index per row of weights [n, V] (non-negative, unnormalized) by inverse CDF."""
+    weights = _rows(weights)
+    n, V = weights.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=weights.device)
+    if n:
+        _draw_kernel[(n,)](weights, weights.stride(0), uniforms.to(torch.float32).contiguous(), tokens, V,
+                           BLOCK=_block(V), num_warps=_NUM_WARPS)
+    return tokens
