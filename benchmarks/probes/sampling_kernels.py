@@ -15,6 +15,11 @@ what the propose graph runs at T > 0), torch against Triton. Prints a table and 
 $OUT/sampling_kernels.json.
 
     python3 benchmarks/probes/sampling_kernels.py [--rows 1,256,2048] [--vocab 16384] [--slots 7]
+    python3 benchmarks/probes/sampling_kernels.py --tune 4096x8,8192x16,16384x16,16384x32  # chunk x warps
+
+--tune times the fused draw (probabilities and draw, one kernel) at each rows count for each chunk
+width and warp count given (the kernels' _MAX_BLOCK and _NUM_WARPS), checking that every setting
+draws the same tokens, and writes $OUT/sampling_kernels_tune.json instead.
 """
 import argparse
 import json
@@ -45,14 +50,44 @@ def graphed(fn):
     return g.replay
 
 
+def tune(args, out_dir):
+    from adaspec.sample import triton_sampling as ts
+
+    dev, V = torch.device("cuda"), args.vocab
+    settings = [tuple(int(x) for x in s.split("x")) for s in args.tune.split(",")]
+    result = []
+    for n in (int(x) for x in args.rows.split(",")):
+        g = torch.Generator(device=dev).manual_seed(n)
+        logits = 4 * torch.randn(n, V, device=dev, generator=g)
+        temp = torch.ones(n, device=dev)
+        u = torch.rand(n, device=dev, generator=g)
+        out = torch.empty(n, V, device=dev)
+        ref = None
+        for block, warps in settings:
+            ts._MAX_BLOCK, ts._NUM_WARPS = block, warps
+            tokens, _ = ts.draw_from_logits(logits, temp, u, out=out)
+            same = None if ref is None else bool(torch.equal(tokens, ref))
+            ref = tokens if ref is None else ref
+            ms = time_replays(graphed(lambda: ts.draw_from_logits(logits, temp, u, out=out)), 200)
+            result.append({"rows": n, "block": block, "warps": warps, "us": ms * 1e3, "same_tokens": same})
+            print(f"rows {n}: block {block} x {warps} warps: {ms * 1e3:.1f} us (same tokens as the first: {same})",
+                  flush=True)
+    (out_dir / "sampling_kernels_tune.json").write_text(json.dumps(
+        {"commit": os.environ.get("ADASPEC_COMMIT"), "device": torch.cuda.get_device_name(), "vocab": V,
+         "results": result}, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,256,2048")
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--slots", type=int, default=7, help="the drafter's sequential draws per step")
+    ap.add_argument("--tune", default=None, help="comma list of BLOCKxWARPS settings of the fused draw to time")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.tune:
+        return tune(args, out_dir)
     keyed.compile_for_cuda()
     dev = torch.device("cuda")
     V = args.vocab
