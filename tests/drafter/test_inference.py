@@ -104,6 +104,33 @@ def test_sampled_rows_use_processed_probs_and_keyed_draws(micro_qwen3):
     assert int((p1.probs[2] > 0).sum(-1).max()) <= 5  # top-k applied
 
 
+def test_each_slot_draws_its_keyed_draft_uniform_and_q_goes_into_probs_out(micro_qwen3):
+    """Slot j of a sampled row is the inverse-CDF draw from q_j with DRAFT(seed, anchor + 1 + j,
+    anchor) (the uniforms of all slots come from one call: the same values as one per slot), and a
+    given probs_out buffer receives q itself (the graphed step's static buffer: no copy after)."""
+    from adaspec.sample.random import DRAFT, keyed_uniforms, sample_categorical
+
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
+    anchors = [10, 14, 20]
+    for r, a in enumerate(anchors):
+        cache.write(drafter, r, feats[r], list(range(a)))
+    a = torch.tensor(anchors)
+    params = [SamplingParams(temperature=t) for t in (1.0, 0.0, 0.7)]
+    sampling = SamplingBatch.build(params, [11, 12, 13], "cpu")
+    V = drafter.config.base.vocab_size
+    buf = torch.full((3, cfg.block_size + 2, V), -1.0)
+    out = buf[:, 1: cfg.block_size + 1]  # rows not contiguous with each other, each row contiguous
+    with torch.no_grad():
+        h = drafter.backbone_step(ids[torch.arange(3), a], a, cache.tables, BS, cache.caches)
+        prop = drafter.draft_block(h, ids[torch.arange(3), a], a, sampling, probs_out=out)
+    assert prop.probs.data_ptr() == out.data_ptr()
+    assert (buf[:, 0] == -1).all() and (buf[:, -1] == -1).all()
+    for j in range(cfg.block_size):
+        u = torch.cat([keyed_uniforms(sampling.seeds[r:r + 1], a[r:r + 1] + 1 + j, DRAFT, a[r:r + 1]) for r in range(3)])
+        assert torch.equal(prop.tokens[:, j], sample_categorical(out[:, j], u))
+    assert torch.equal(out[1].argmax(-1), prop.tokens[1]) and bool((out[1].max(-1).values == 1).all())  # greedy row
+
+
 def test_a_narrower_draft_is_the_full_blocks_first_slots(micro_qwen3):
     """width=w (an engine verifying at most w < block_size drafts): the heads run for w slots, and
     their drafts, q and confidences are the full block's first w, greedy and sampled rows alike."""

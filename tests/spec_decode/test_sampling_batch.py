@@ -82,3 +82,17 @@ def test_the_plain_step_samples_from_the_cached_batch_as_from_a_fresh_one(monkey
     steps = llm.llm_engine.stats.num_steps - steps_before
     # one build per change of the running set (5 requests through 3 places), not one per step
     assert 0 < len(built) <= 8 < steps, (len(built), steps)
+
+
+def test_the_triton_sampler_is_for_cuda_tensors_only():
+    """CPU tensors always take the torch ops (the kernels run on CPU only under Triton's
+    interpreter, in their own tests); switched off, CUDA takes them too, and results say which."""
+    from adaspec.sample import kernels
+
+    assert not kernels.use_triton(torch.zeros(2, 3))
+    assert kernels.in_use("cpu") == "torch"
+    old = kernels.set_enabled(False)
+    try:
+        assert kernels.in_use("cuda") == "torch"
+    finally:
+        assert kernels.set_enabled(old) is False
