@@ -202,3 +202,31 @@ def assert_same_proposals(want: list, got: list, atol: float = 1e-5) -> None:
     for (tok0, conf0), (tok1, conf1) in zip(want, got):
         assert tok0 == tok1
         torch.testing.assert_close(torch.tensor(conf0), torch.tensor(conf1), atol=atol, rtol=atol)
+
+
+def triton_kernels_or_skip():
+    """For a test module of Triton kernels, called at its top before the kernels are imported:
+    without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, numpy underneath;
+    read when a kernel is decorated, at import, and again at launch, so it stays set for the
+    session: harmless on a CPU-only machine, where nothing else runs Triton). Skips the module
+    when triton is missing, or when its interpreter cannot run with this numpy. Returns triton."""
+    import os
+
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    triton = pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        import numpy as np
+
+        def version(v):
+            return tuple(int(x) for x in v.split("+")[0].split(".")[:2])
+
+        # triton <= 3.6's interpreter turns loop bounds into ints with int(1-element array), which
+        # numpy 2.4 refuses (triton-lang/triton#9171, fixed in 3.7)
+        if version(triton.__version__) < (3, 7) and version(np.__version__) >= (2, 4):
+            pytest.skip(f"triton {triton.__version__}'s interpreter fails with numpy {np.__version__}: "
+                        "needs triton>=3.7 for the CPU tests", allow_module_level=True)
+    return triton

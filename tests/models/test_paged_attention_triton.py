@@ -3,27 +3,13 @@
 Without CUDA the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, numpy underneath),
 in float32 on small shapes; with CUDA the same cases run compiled, plus a bf16 case.
 """
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # read when the kernels are decorated (at import) and again at launch, so it stays set for the
-    # session: harmless on a CPU-only machine, where nothing else runs Triton
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") == "1":
-    import numpy as np
+from adaspec.testing import triton_kernels_or_skip
 
-    def _version(v):
-        return tuple(int(x) for x in v.split("+")[0].split(".")[:2])
-
-    # triton <= 3.6's interpreter turns loop bounds into ints with int(1-element array), which
-    # numpy 2.4 refuses (triton-lang/triton#9171, fixed in 3.7)
-    if _version(triton.__version__) < (3, 7) and _version(np.__version__) >= (2, 4):
-        pytest.skip(f"triton {triton.__version__}'s interpreter fails with numpy {np.__version__}: "
-                    "needs triton>=3.7 for the CPU tests", allow_module_level=True)
+triton = triton_kernels_or_skip()
 
 from adaspec.models.attention import build_attention_metadata, paged_attention  # noqa: E402
 from adaspec.models.paged_attention_triton import paged_attention_triton  # noqa: E402

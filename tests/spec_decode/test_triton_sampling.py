@@ -5,25 +5,13 @@ Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, numpy 
 small shapes; with CUDA the same cases run compiled. Several vocabulary sizes, so that rows span
 one chunk, several chunks and a ragged last chunk (the kernels walk a row BLOCK entries at a time).
 """
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # read when the kernels are decorated (at import) and again at launch (see
-    # tests/models/test_paged_attention_triton.py); the module is imported below, after this
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") == "1":
-    import numpy as np
+from adaspec.testing import triton_kernels_or_skip
 
-    def _version(v):
-        return tuple(int(x) for x in v.split("+")[0].split(".")[:2])
-
-    if _version(triton.__version__) < (3, 7) and _version(np.__version__) >= (2, 4):
-        pytest.skip(f"triton {triton.__version__}'s interpreter fails with numpy {np.__version__}",
-                    allow_module_level=True)
+triton = triton_kernels_or_skip()
 
 from adaspec.sample import kernels  # noqa: E402
 from adaspec.sample import triton_sampling as ts  # noqa: E402
