@@ -36,7 +36,7 @@ def build(args):
     k = 7
     cfg = {"method": "dspark", "num_speculative_tokens": k, "enable_adaptive_verification": args.adaptive}
     eng = LLM("tiny", device="cpu", max_num_seqs=args.batch, max_model_len=2048, speculative_config=cfg,
-              num_kv_blocks=64 * args.batch).llm_engine
+              num_kv_blocks=max(64 * args.batch, 160)).llm_engine  # 160: one max_model_len request
     g = GraphedSpecStep(eng.spec, eng, batch_sizes=sorted({1, 8, 64, args.batch}))
     g.capture(eager=True)
     eng.spec.use_graphs(g)
