@@ -6,7 +6,7 @@ and `sample_categorical` (cumsum, clamp, searchsorted, guards) are ~15 kernels a
 pass over a [rows, vocabulary] float32 block. The drafter samples its k slots one after another at
 T > 0 (slot j's Markov head reads slot j - 1's token), so a speculative step paid that ~k times: on
 the H200 the T = 1 graphed step took 2.06 ms against 1.80 at T = 0 at one request (BENCHMARKS.md,
-run 37), and the float cumsum alone was 5% of the adaptive step's kernel time at 256 requests
+run 36), and the float cumsum alone was 5% of the adaptive step's kernel time at 256 requests
 (run 38's profile). Here one program owns one row and walks it in BLOCK-wide chunks: pass 1 finds
 the row's max (online softmax sum, and the raw argmax for greedy rows), pass 2 writes the
 probabilities, pass 3 (draws only) scans them for the sampled index.
