@@ -14,6 +14,7 @@ import torch
 
 _enabled = os.environ.get("ADASPEC_TRITON_SAMPLING", "1") != "0"
 _module = None
+_missing = False  # triton did not import: remembered, since a failed import is retried (slowly) each time
 
 
 def set_enabled(flag: bool) -> bool:
@@ -28,11 +29,17 @@ def use_triton(t: torch.Tensor) -> bool:
     no backward), with the kernels enabled and triton importable."""
     if not (_enabled and t.is_cuda) or (t.requires_grad and torch.is_grad_enabled()):
         return False
-    try:
-        triton_sampling()
-    except ImportError:
-        return False
-    return True
+    return _available()
+
+
+def _available() -> bool:
+    global _missing
+    if not _missing:
+        try:
+            triton_sampling()
+        except ImportError:
+            _missing = True
+    return not _missing
 
 
 def triton_sampling():
@@ -47,10 +54,4 @@ def triton_sampling():
 
 def in_use(device) -> str:
     """What a run on `device` samples with, for result files: "triton" or "torch"."""
-    if torch.device(device).type != "cuda" or not _enabled:
-        return "torch"
-    try:
-        triton_sampling()
-    except ImportError:
-        return "torch"
-    return "triton"
+    return "triton" if torch.device(device).type == "cuda" and _enabled and _available() else "torch"

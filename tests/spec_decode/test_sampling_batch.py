@@ -96,3 +96,17 @@ def test_the_triton_sampler_is_for_cuda_tensors_only():
         assert kernels.in_use("cuda") == "torch"
     finally:
         assert kernels.set_enabled(old) is False
+
+
+def test_a_missing_triton_leaves_the_torch_sampler_and_is_not_imported_again(monkeypatch):
+    import sys
+
+    from adaspec.sample import kernels
+
+    monkeypatch.setitem(sys.modules, "adaspec.sample.triton_sampling", None)  # the import raises ImportError
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_missing", False)
+    assert kernels.in_use("cuda") == "torch"
+    assert kernels._missing
+    monkeypatch.setattr(kernels, "triton_sampling", lambda: pytest.fail("imported again"))
+    assert kernels.in_use("cuda") == "torch"
