@@ -8,6 +8,7 @@ imported at the first CUDA call, never on a CPU-only run (its kernels are then o
 tests, under Triton's interpreter)."""
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -46,9 +47,7 @@ def triton_sampling():
     """The kernels' module, imported once."""
     global _module
     if _module is None:
-        from adaspec.sample import triton_sampling as m
-
-        _module = m
+        _module = importlib.import_module("adaspec.sample.triton_sampling")
     return _module
 
 
