@@ -614,7 +614,7 @@ def main() -> None:
     spread = f" random_range_ratio={args.random_range_ratio:g}" if args.random_range_ratio else ""
     from adaspec.sample import kernels
 
-    sampler = kernels.in_use(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    sampler = kernels.in_use("cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")  # as `dev`
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
           f"repeats={args.repeats} sampler={sampler}")

@@ -33,7 +33,11 @@ def processed_probs(
     index[i]; temperature, top_p and top_k are then per output row): a gather the Triton kernel
     does without copying the logits.
     """
-    if any_filter is False and kernels.use_triton(logits):
+    V = logits.shape[-1]
+    if any_filter is None:
+        needs_k, needs_p = _filtering_rows(top_k, top_p, V)
+        any_filter = bool(needs_k.any()) or bool(needs_p.any())
+    if not any_filter and kernels.use_triton(logits):
         return kernels.triton_sampling().probs(logits, temperature, greedy_rows=any_greedy is not False, index=index)
     if index is not None:
         logits = logits[index]
@@ -41,14 +45,8 @@ def processed_probs(
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / t.unsqueeze(-1)
-    V = logits.shape[-1]
-    needs_k = (top_k > 0) & (top_k < V)
-    needs_p = top_p < 1.0
-    if any_filter is None:
-        any_filter = bool(needs_k.any()) or bool(needs_p.any())
-        if not any_filter and kernels.use_triton(logits):
-            return kernels.triton_sampling().probs(logits, temperature, greedy_rows=any_greedy is not False)
     if any_filter:
+        needs_k, needs_p = _filtering_rows(top_k, top_p, V)
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         ranks = torch.arange(V, device=logits.device).unsqueeze(0)
         k = torch.where(needs_k, top_k, torch.full_like(top_k, V)).unsqueeze(-1)
@@ -69,6 +67,11 @@ def processed_probs(
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
     return probs
+
+
+def _filtering_rows(top_k: torch.Tensor, top_p: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows whose top-k cuts the vocabulary, and those whose top-p is below 1 ([N] bool each)."""
+    return (top_k > 0) & (top_k < V), top_p < 1.0
 
 
 def sample_from_logits(
