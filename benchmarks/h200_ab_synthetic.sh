@@ -9,7 +9,8 @@
 #   bash benchmarks/h200_ab_synthetic.sh OUT_DIR A_TREE [SHAPE] [ARMS] [CONCURRENCY] [ROUNDS]
 #
 # Defaults: qwen3-0.6b, fixed:7,adaptive:7 at 64,256, T = 0, 2 rounds (A, B, A, B; 2 repeats per
-# sweep), 64 output tokens. Writes OUT/ab_A_<round>.json, OUT/ab_B_<round>.json and OUT/ab.json
+# sweep), 64 output tokens. TEMP=1 runs the requests at T = 1, with the pair's T = 1 curve (the
+# drafter then samples its drafts). Writes OUT/ab_A_<round>.json, OUT/ab_B_<round>.json and OUT/ab.json
 # (per arm and concurrency: A and B's mean output throughput and median per-user speed over every
 # repeat, with their standard deviations, and B / A), and prints that table; the sweeps' output in
 # OUT/ab_log.txt.
@@ -38,8 +39,8 @@ mkdir -p "$OUT"
 CURVE=$("$PYTHON" -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(','.join('%.4f' % x for x in d['heldout']['T=0']['cond_acceptance']))" "$CURVE_FROM")
-say "A = $A_TREE (${A_LABEL:-A}), B = $B_TREE (${B_LABEL:-B}); synthetic acceptance (timing only) $CURVE"
+print(','.join('%.4f' % x for x in d['heldout']['T=' + sys.argv[2]]['cond_acceptance']))" "$CURVE_FROM" "${TEMP:-0}")
+say "A = $A_TREE (${A_LABEL:-A}), B = $B_TREE (${B_LABEL:-B}); T = ${TEMP:-0}, synthetic acceptance (timing only) $CURVE"
 for round in $(seq 1 "$ROUNDS"); do
   for side in A B; do
     tree=$A_TREE commit="${A_COMMIT:-unrecorded (tree $A_TREE)}"
@@ -47,13 +48,13 @@ for round in $(seq 1 "$ROUNDS"); do
     say "round $round, $side"
     # the sweep script of this checkout, the engine of the side's tree (first on the path)
     ADASPEC_COMMIT="$commit" PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
-      --arms "$ARMS" --concurrency "$CONC" --temperature 0 --repeats 2 --output-len 64 \
+      --arms "$ARMS" --concurrency "$CONC" --temperature "${TEMP:-0}" --repeats 2 --output-len 64 \
       ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} ${OFFLINE_ARGS:-} \
       --out "$OUT/ab_${side}_${round}.json" >>"$OUT/ab_log.txt" 2>&1 \
       || { tail -20 "$OUT/ab_log.txt"; exit 1; }
   done
 done
-"$PYTHON" - "$OUT" "${A_LABEL:-A}" "${B_LABEL:-B}" <<'EOF'
+"$PYTHON" - "$OUT" "${A_LABEL:-A}" "${B_LABEL:-B}" "${TEMP:-0}" <<'EOF'
 import glob, json, statistics as st, sys
 out, a_label, b_label = sys.argv[1:4]
 vals = {}
@@ -74,5 +75,5 @@ for (arm, c), v in sorted(vals.items(), key=lambda kv: (kv[0][0], kv[0][1])):
     table.append(dict(arm=arm, concurrency=c, n=[len(v["A"][0]), len(v["B"][0])], A_output_throughput=a,
                       B_output_throughput=b, ratio=b[0] / a[0], A_median_user_speed=au, B_median_user_speed=bu))
     print(f"{arm:12s} {c:5d} {a[0]:10.0f} ± {a[1]:5.0f} {b[0]:10.0f} ± {b[1]:5.0f} {b[0] / a[0]:6.3f} {au[0]:8.1f} {bu[0]:8.1f}")
-json.dump(dict(A=a_label, B=b_label, synthetic_acceptance="timing only", rows=table), open(f"{out}/ab.json", "w"), indent=1)
+json.dump(dict(A=a_label, B=b_label, temperature=float(sys.argv[4]), synthetic_acceptance="timing only", rows=table), open(f"{out}/ab.json", "w"), indent=1)
 EOF

@@ -145,15 +145,22 @@ class DSparkDrafter(nn.Module):
     def heads(self, h: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor | None = None):
         """h [..., d] final-normed, prev [...] previous token -> (draft logits U + B [..., V] float32,
         confidence logits [...] float32). base_logits: U = lm_head(h) when already computed."""
-        e = self.markov_head.markov_w1(prev)
         base = self.lm_head(h).float() if base_logits is None else base_logits
-        logits = base + self.markov_head.markov_w2(e).float()
+        return self.markov_logits(base, prev), self.confidence_logits(h, prev)
+
+    def markov_logits(self, base: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """U + B(prev): base U [..., V] float32, prev [...] -> [..., V] float32. The bias is added
+        in its own dtype: the sum is float32 by promotion, one kernel (an explicit .float() of
+        the bias first was a second one, the same values)."""
+        return base + self.markov_head.markov_w2(self.markov_head.markov_w1(prev))
+
+    def confidence_logits(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """h [..., d] final-normed, prev [...] the previous tokens -> [...] float32."""
         if self.confidence_head is None:
-            conf = torch.full(prev.shape, 20.0, device=h.device)  # no head: always confident
-        else:
-            x = torch.cat([h, e.to(h.dtype)], dim=-1) if self.config.confidence_head_with_markov else h
-            conf = self.confidence_head.proj(x).squeeze(-1).float()
-        return logits, conf
+            return torch.full(prev.shape, 20.0, device=h.device)  # no head: always confident
+        if self.config.confidence_head_with_markov:
+            h = torch.cat([h, self.markov_head.markov_w1(prev).to(h.dtype)], dim=-1)
+        return self.confidence_head.proj(h).squeeze(-1).float()
 
     def confidences(self, conf_logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
         """sigmoid(logit_j / T_j); rows flagged in `greedy` [R] use the greedy set when there is one."""
@@ -274,33 +281,34 @@ class DSparkDrafter(nn.Module):
         R, w = h.shape[0], h.shape[1]
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
-        toks, logits, confs = [], [], []
+        toks, logits = [], []
         prev = anchor_ids
         base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
         q = None
         if not all_greedy:  # greedy rows get a one-hot q, so the draw returns their argmax
             q = probs_out if probs_out is not None else base.new_empty(R, w, base.shape[-1])
             # every slot's DRAFT uniform in one call (the hash is elementwise: the same values as
-            # one call per slot)
+            # one call per slot), slot-major so that each slot's column is contiguous for the draw
             slots = torch.arange(w, device=anchors.device)
-            u = keyed_uniforms(sampling.seeds, anchors[:, None] + 1 + slots, DRAFT, anchors[:, None])
+            u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
         for j in range(w):  # k small rank-r matmuls: the semi-autoregressive part
-            lg, cl = self.heads(h[:, j], prev, base[:, j])
+            lg = self.markov_logits(base[:, j], prev)
             if all_greedy:
                 tok = lg.argmax(-1)
             else:
-                tok, _ = sampling.draw(lg, u[:, j], out=q[:, j])
+                tok, _ = sampling.draw(lg, u[j], out=q[:, j])
             toks.append(tok)
             if return_logits:
                 logits.append(lg)
-            confs.append(cl)
             prev = tok
         tokens = torch.stack(toks, 1)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
         # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
         if q is None:
             q = torch.zeros_like(base).scatter_(-1, tokens.unsqueeze(-1), 1.0)
-        conf_logits = torch.stack(confs, 1)
+        # the confidences of every slot at once, after the loop: slot j's reads h_j and x_{j-1} only
+        # (per slot, inside the loop, they were 3-4 small kernels each)
+        conf_logits = self.confidence_logits(h, torch.cat([anchor_ids[:, None], tokens[:, :-1]], dim=1))
         return DraftProposal(tokens, q, torch.stack(logits, 1) if return_logits else None,
                              self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)
 

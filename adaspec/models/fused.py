@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from adaspec.cuda_compiled import cuda_compiled
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -50,48 +52,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class _Ops:
-    """The implementations in use: eager functions, or, for CUDA tensors once use_compiled() ran,
-    their compiled versions (CPU tensors always take the eager ones: no C++ toolchain needed)."""
+    """The implementations in use: each op is cuda_compiled (adaspec/cuda_compiled.py): the eager
+    function for CPU tensors, its compiled version for CUDA tensors once use_compiled() ran."""
 
     _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul")
 
     def __init__(self):
-        self.compiled = False
-        self._eager = {n: globals()[n] for n in self._NAMES}
-        self._fast = dict(self._eager)
         for n in self._NAMES:
-            setattr(self, n, self._dispatcher(n))
-
-    def _dispatcher(self, name):
-        eager, fast = self._eager[name], self._fast
-
-        def call(x, *args):
-            return fast[name](x, *args) if x.is_cuda else eager(x, *args)
-
-        call.__name__ = name
-        return call
-
-    def compile(self) -> None:
-        if self.compiled:
-            return
-        # one process may run several dtypes and head sizes (tests, benchmarks): each is a
-        # recompile of these small functions, beyond dynamo's default limit of 8
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        for n in self._NAMES:
-            self._fast[n] = torch.compile(self._eager[n], dynamic=True, fullgraph=True)
-        self.compiled = True
+            setattr(self, n, cuda_compiled(globals()[n]))
 
 
 ops = _Ops()
 
 
 def use_compiled() -> None:
-    """Compile the pointwise ops for CUDA tensors (idempotent), and the samplers' keyed random
-    numbers (sample/random.py). Called by the engine before it captures CUDA graphs; compilation
-    happens at the first call of each op (the graphs' warm-up)."""
+    """Compile the pointwise ops and the speculative step's bookkeeping for CUDA tensors
+    (idempotent), and the samplers' keyed random numbers (sample/random.py). Called by the engine
+    before it captures CUDA graphs; compilation happens at the first call of each function (the
+    graphs' warm-up)."""
+    from adaspec import cuda_compiled as compiled
     from adaspec.sample.random import compile_for_cuda
 
-    ops.compile()
+    compiled.enable()
     compile_for_cuda()

@@ -81,10 +81,14 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
             return fast(seeds, positions, anchors)
         except Exception as e:  # noqa: BLE001 - a compiler failure: the eager hash gives the same values
             _give_up(e)
-    return _keyed_uniforms(seeds, positions, stream, anchors)
+    return keyed_uniforms_eager(seeds, positions, stream, anchors)
 
 
-def _keyed_uniforms(seeds, positions, stream, anchors):
+def keyed_uniforms_eager(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
+                         anchors: torch.Tensor | None = None) -> torch.Tensor:
+    """keyed_uniforms as plain torch ops, always (the same values): for code that is itself
+    compiled (adaspec/cuda_compiled.py), where the hash fuses with the ops around it. stream must
+    be a constant there (one of SAMPLE, ACCEPT, DRAFT; see _compiling below)."""
     return _hash(seeds, positions, stream * 0x9E3779B9 & _M32, anchors)
 
 

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from adaspec.sample.random import ACCEPT, SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.cuda_compiled import cuda_compiled
+from adaspec.sample.random import ACCEPT, SAMPLE, keyed_uniforms_eager, sample_categorical
 
 
 class RejectionOutput(NamedTuple):
@@ -55,20 +56,39 @@ def rejection_sample(
     Returns:
         RejectionOutput(output_tokens [N, K+1] padded with -1, num_accepted [N], num_emitted [N]).
     """
-    N, K = draft_tokens.shape
     dev = target_probs.device
     draft_tokens = draft_tokens.to(dev, non_blocking=True).long()
-    num_verify = num_verify.to(dev, non_blocking=True).long().clamp(0, K)
+    num_verify = num_verify.to(dev, non_blocking=True).long()
     is_greedy = is_greedy.to(dev, non_blocking=True).bool()
     seeds = seeds.to(dev, non_blocking=True)
     anchors = anchor_positions.to(dev, non_blocking=True).long()
+    if target_argmax is not None:
+        target_argmax = target_argmax.to(dev, non_blocking=True).long()
+    if uniforms is not None:
+        uniforms = uniforms.to(dev, non_blocking=True).float()
+    num_accepted, dist, greedy_tok, u_stop = _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs,
+                                                            is_greedy, seeds, anchors, target_argmax, uniforms)
+    sampled = sample_categorical(dist, u_stop)
+    out, num_emitted = _emitted(draft_tokens, num_accepted, is_greedy, greedy_tok, sampled)
+    return RejectionOutput(out, num_accepted, num_emitted)
+
+
+# The two halves around the one categorical draw (a Triton kernel on CUDA) are cuda_compiled: as
+# torch ops they were ~45 kernels of a few microseconds each per speculative step.
+@cuda_compiled
+def _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs, is_greedy, seeds, anchors, target_argmax,
+                   uniforms):
+    """-> (accepted drafts [N] long, the distribution the stop position samples from [N, V]
+    float32 (unnormalized), the greedy rows' token there [N], the draw's uniform [N])."""
+    N, K = draft_tokens.shape
+    dev = target_probs.device
+    num_verify = num_verify.clamp(0, K)
     pos = torch.arange(K, device=dev)
     verified = pos[None, :] < num_verify[:, None]  # [N, K]
     safe_x = torch.where(verified, draft_tokens, torch.zeros_like(draft_tokens))
 
     if target_argmax is None:
         target_argmax = target_probs.argmax(dim=-1)  # [N, K+1]
-    target_argmax = target_argmax.to(dev, non_blocking=True).long()
     greedy_ok = safe_x == target_argmax[:, :K]
 
     # probabilistic accept test: u * q(x) < p(x)  <=>  u < p/q  (p(x) = 0 never accepted)
@@ -77,9 +97,9 @@ def rejection_sample(
         q_x = torch.ones_like(p_x)
     else:
         q_x = draft_probs.gather(-1, safe_x[..., None]).squeeze(-1).float()
-    if uniforms is None:
-        uniforms = keyed_uniforms(seeds, anchors[:, None] + 1 + pos[None, :], ACCEPT, anchors[:, None])
-    prob_ok = uniforms.to(dev, non_blocking=True).float() * q_x < p_x
+    if uniforms is None:  # the eager hash: inside a compiled function it is fused like any other op
+        uniforms = keyed_uniforms_eager(seeds, anchors[:, None] + 1 + pos[None, :], ACCEPT, anchors[:, None])
+    prob_ok = uniforms * q_x < p_x
 
     ok = torch.where(is_greedy[:, None], greedy_ok, prob_ok) & verified
     num_accepted = ok.long().cumprod(dim=1).sum(dim=1)  # length of the accepted prefix
@@ -100,13 +120,18 @@ def rejection_sample(
     # all-zero residual (p <= q everywhere, only possible up to rounding): fall back to p
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_stop)
     dist = torch.where(rejected[:, None], residual, p_stop)
-
-    sampled = sample_categorical(dist, keyed_uniforms(seeds, anchors + 1 + num_accepted, SAMPLE))
     greedy_tok = target_argmax.gather(1, num_accepted.view(N, 1)).squeeze(1)
-    final = torch.where(is_greedy, greedy_tok, sampled)
+    return num_accepted, dist, greedy_tok, keyed_uniforms_eager(seeds, anchors + 1 + num_accepted, SAMPLE)
 
-    out_pos = torch.arange(K + 1, device=dev)
-    drafts_pad = torch.cat([draft_tokens, torch.full((N, 1), -1, dtype=torch.long, device=dev)], dim=1)
+
+@cuda_compiled
+def _emitted(draft_tokens, num_accepted, is_greedy, greedy_tok, sampled):
+    """-> (output tokens [N, K+1]: the accepted drafts, then the stop position's token, -1 after;
+    tokens emitted [N])."""
+    N, K = draft_tokens.shape
+    final = torch.where(is_greedy, greedy_tok, sampled)
+    out_pos = torch.arange(K + 1, device=draft_tokens.device)
+    drafts_pad = torch.cat([draft_tokens, torch.full((N, 1), -1, dtype=torch.long, device=draft_tokens.device)], dim=1)
     out = torch.where(out_pos[None, :] < num_accepted[:, None], drafts_pad, torch.full_like(drafts_pad, -1))
     out = torch.where(out_pos[None, :] == num_accepted[:, None], final[:, None], out)
-    return RejectionOutput(out, num_accepted, num_accepted + 1)
+    return out, num_accepted + 1

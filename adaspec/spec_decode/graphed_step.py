@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
+from adaspec.cuda_compiled import cuda_compiled
 from adaspec.engine.cuda_graphs import (
     _Graph, _ranges, capture_sizes, capture_time_split, device_memory_held, release_graphs,
 )
@@ -66,20 +67,29 @@ class StaticSampling:
 
     def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, all_greedy: bool = False):
         self.temperature, self.seeds, self.all_greedy = temperature, seeds, all_greedy
+        self._no_filter: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _filters_off(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(top_p = 1, top_k = 0) per row, made once per row count: the drafter draws k times per
+        step, and two fills per draw were 2k kernels of the propose graph."""
+        n = t.shape[0]
+        if n not in self._no_filter:
+            self._no_filter[n] = (torch.ones_like(t), torch.zeros_like(t, dtype=torch.long))
+        return self._no_filter[n]
 
     def probs(self, logits: torch.Tensor, temperature: torch.Tensor | None = None,
               index: torch.Tensor | None = None) -> torch.Tensor:
         """index: the rows of logits to process (processed_probs); temperature is then per output row."""
         t = self.temperature if temperature is None else temperature
-        return processed_probs(logits, t, torch.ones_like(t), torch.zeros_like(t, dtype=torch.long),
-                               any_filter=False, any_greedy=True, index=index)
+        return processed_probs(logits, t, *self._filters_off(t), any_filter=False, any_greedy=True, index=index)
 
     def draw(self, logits: torch.Tensor, uniforms: torch.Tensor, out: torch.Tensor | None = None):
         t = self.temperature
-        return sample_from_logits(logits, t, torch.ones_like(t), torch.zeros_like(t, dtype=torch.long), uniforms,
-                                  any_filter=False, any_greedy=True, out=out)
+        return sample_from_logits(logits, t, *self._filters_off(t), uniforms, any_filter=False, any_greedy=True,
+                                  out=out)
 
 
+@cuda_compiled  # ~35 small kernels as torch ops (adaspec/cuda_compiled.py)
 def packed_layout(nq, start, last_tok, drafts, block_tables, block_size: int, scratch_slot: int, num_tokens: int):
     """Token rows of a step whose request r runs nq[r] query tokens (its last token, then nq[r] - 1
     drafts) from position start[r]; rows past the real total are padding (token 0, position 0,
@@ -103,6 +113,48 @@ def packed_layout(nq, start, last_tok, drafts, block_tables, block_size: int, sc
     query_start = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), cu.int()])
     kv_lens = torch.where(nq > 0, start + nq, torch.zeros_like(nq)).int()
     return ids, pos, slots, req, query_start, kv_lens
+
+
+@cuda_compiled
+def draft_block_slots(anchors: torch.Tensor, block_tables: torch.Tensor, block: int, block_size: int):
+    """-> (the cache slot of every draft block position, flat [B * block]; int32 [B] keys each
+    block query sees: its anchor position + block)."""
+    pos = anchors[:, None] + torch.arange(block, device=anchors.device)
+    slots = block_tables.gather(1, pos // block_size).long() * block_size + pos % block_size
+    return slots.reshape(-1), (anchors + block).int()
+
+
+@cuda_compiled  # ~20 small kernels as torch ops
+def query_counts(nq: torch.Tensor, limits: torch.Tensor, conf: torch.Tensor, budget: torch.Tensor,
+                 adaptive: bool) -> torch.Tensor:
+    """Each request's query tokens for the verify graph: 1 + its drafts to verify, which are its
+    limit (fixed k) or the adaptive budget's best slots by survival probability
+    (policy.allocate_torch, capped at the limits); padding requests (nq = 0) keep none, since a
+    token more would push the packed rows past the B*Q the verify graph was captured for."""
+    verified = allocate_torch(survival_torch(conf), budget, limits) if adaptive else limits
+    return torch.where(nq > 0, 1 + verified, torch.zeros_like(verified))
+
+
+@cuda_compiled
+def verify_rows(query_start: torch.Tensor, nq: torch.Tensor, K: int, total: int):
+    """-> ([B, K + 1] the packed row of each request's K + 1 verify positions (its last row
+    repeated past its query count), [B] its drafts to verify)."""
+    n_verify = (nq - 1).clamp_min(0)
+    first = query_start[:-1].long()
+    rows = first[:, None] + torch.minimum(torch.arange(K + 1, device=nq.device)[None, :], n_verify[:, None])
+    return rows.clamp(0, total - 1), n_verify
+
+
+@cuda_compiled
+def readback_rows(tokens: torch.Tensor, n_acc: torch.Tensor, nq: torch.Tensor, start: torch.Tensor, k: int):
+    """-> (the read back's first k + 3 columns per request: k + 1 output tokens (-1 padding),
+    accepted drafts, query count; the carry: last emitted token, its position, accepted drafts).
+    tokens: [B, K + 1] with K = k, or K = 0 for a step without drafts."""
+    B, width = tokens.shape
+    padded = torch.cat([tokens, torch.full((B, k + 1 - width), -1, dtype=tokens.dtype, device=tokens.device)], 1)
+    packed = torch.cat([padded, n_acc[:, None], nq[:, None]], 1)
+    last = tokens.gather(1, n_acc[:, None]).squeeze(1)
+    return packed, torch.stack([last, start + 1 + n_acc, n_acc], 1)
 
 
 class GraphedSpecStep:
@@ -169,12 +221,10 @@ class GraphedSpecStep:
         blk, bs, k = self.block, self.block_size, self.k
         w = k if w is None else w
         anchors, ids, bt = self.start[:b], self.last_tok[:b], self.block_tables[:b]
-        pos = anchors[:, None] + torch.arange(blk, device=self.device)
-        slots = (bt.gather(1, pos // bs).long() * bs + pos % bs).reshape(-1)
+        slots, kv_lens = draft_block_slots(anchors, bt, blk, bs)
         meta = AttentionMetadata(
             backend=self.backend, slot_mapping=slots, num_seqs=b, max_q=blk, max_k=self.max_k,
-            cu_q=self.arange_block[: b + 1], block_tables=bt, kv_lens=(anchors + blk).int(), causal=False,
-            block_size=bs,
+            cu_q=self.arange_block[: b + 1], block_tables=bt, kv_lens=kv_lens, causal=False, block_size=bs,
         )
         h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
         temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
@@ -189,11 +239,7 @@ class GraphedSpecStep:
         if q_out is not None and prop.probs.data_ptr() != q_out.data_ptr():
             q_out.copy_(prop.probs)  # a drafter that did not write into probs_out
         limits = self.slots[:b].clamp(max=w)  # the host capped them already; this keeps the graph safe
-        verified = allocate_torch(survival_torch(prop.confidences), self.budget, limits) if self.adaptive \
-            else limits
-        # padding requests (the host gave them nq = 0) keep no query tokens: a token more would
-        # push the packed rows past the B*Q the verify graph was captured for
-        self.nq[:b].copy_(torch.where(self.nq[:b] > 0, 1 + verified, torch.zeros_like(verified)))
+        self.nq[:b].copy_(query_counts(self.nq[:b], limits, prop.confidences, self.budget, self.adaptive))
 
     def _verify(self, b: int, q: int) -> None:
         K = self.k if q > 1 else 0
@@ -216,31 +262,23 @@ class GraphedSpecStep:
             last = (torch.cumsum(nq, 0) - 1).clamp_min(0)
             logits = self.model.compute_logits(hidden[last])
             drawn = sample_categorical(sampling.probs(logits), keyed_uniforms(seeds, start + 1, SAMPLE))
-            rb[:, 0] = torch.where(greedy, logits.argmax(-1), drawn)
-            rb[:, 1: self.k + 1] = -1
-            rb[:, self.k + 1] = 0
+            tokens = torch.where(greedy, logits.argmax(-1), drawn)[:, None]
             n_acc = torch.zeros_like(start)
         else:
             logits = self.model.compute_logits(hidden)  # [B*Q, V]: every row, then the verify rows
-            first = query_start[:-1].long()
-            rows = (first[:, None] + torch.minimum(torch.arange(K + 1, device=self.device)[None, :],
-                                                   (nq - 1).clamp_min(0)[:, None])).clamp(0, b * q - 1)
+            rows, n_verify = verify_rows(query_start, nq, K, b * q)
             # the verify rows' distributions, each with its request's temperature, gathered by the
             # sampler (no copy of the [B*Q, V] logits or probabilities)
             flat = rows.reshape(-1)
             p = sampling.probs(logits, temps[req[flat]], index=flat).view(b, K + 1, -1)
             argmax = logits.argmax(-1)[rows]
             accept = getattr(self.drafter, "accept", rejection_sample)  # synthetic: the curve decides
-            out = accept(self.drafts[:b], (nq - 1).clamp_min(0), p, None if self.draft_q is None else self.draft_q[:b],
+            out = accept(self.drafts[:b], n_verify, p, None if self.draft_q is None else self.draft_q[:b],
                          greedy, seeds, start, target_argmax=argmax)
-            rb[:, : K + 1] = out.output_tokens
-            rb[:, K + 1] = out.num_accepted
-            n_acc = out.num_accepted.long()
-        rb[:, self.k + 2] = nq
-        carry = self.carry[:b]
-        carry[:, 0] = rb[:, : K + 1].gather(1, n_acc[:, None]).squeeze(1)
-        carry[:, 1] = start + 1 + n_acc
-        carry[:, 2] = n_acc
+            tokens, n_acc = out.output_tokens, out.num_accepted.long()
+        packed, carry = readback_rows(tokens, n_acc, nq, start, self.k)
+        rb[:, : self.k + 3].copy_(packed)
+        self.carry[:b].copy_(carry)
         rb[:, self.k + 3:] = self.conf[:b].view(torch.int32).long()
 
     # -- capture -------------------------------------------------------------------------------

@@ -19,6 +19,9 @@ def test_no_device_to_host_sync():
     greedy_host = torch.arange(N) % 3 == 0  # host copy: the engine knows it from the params
     seeds, anchors = torch.arange(N, device=dev) * 31, torch.full((N,), 100, device=dev)
     budget = torch.tensor(40, device=dev)  # a host scalar copied to the device: made before the check
+    # once before the check: compiled functions (adaspec/cuda_compiled.py, enabled by any engine
+    # built earlier in this process) compile at their first call, as in an engine's warm-up
+    rejection_sample(x, allocate_torch(survival_torch(conf), budget), p, q, greedy_host, seeds, anchors)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -75,9 +78,12 @@ def test_compiled_keyed_uniforms_equal_the_eager_ones_bit_for_bit():
     for stream in (rnd.SAMPLE, rnd.ACCEPT, rnd.DRAFT):
         for pos, anc in cases:
             s = seeds[: pos.shape[0]]
-            want = rnd._keyed_uniforms(s, pos, stream, anc)
+            want = rnd.keyed_uniforms_eager(s, pos, stream, anc)
             got = rnd.keyed_uniforms(s.to(dev), pos.to(dev), stream, None if anc is None else anc.to(dev))
             assert torch.equal(got.cpu(), want), (stream, tuple(pos.shape), anc is None)
+    # slot-major, as the drafter draws its slots: seeds [1, R] against positions [k, R]
+    got = rnd.keyed_uniforms(seeds[None, :64].to(dev), pos2.T.to(dev), rnd.DRAFT, anchors.T.to(dev))
+    assert torch.equal(got.cpu(), rnd.keyed_uniforms_eager(seeds[:64], pos2, rnd.DRAFT, anchors).T)
     assert rnd._compiling and set(rnd._compiled) == {rnd.SAMPLE, rnd.ACCEPT, rnd.DRAFT}  # no fallback to eager
 
 
@@ -94,5 +100,5 @@ def test_a_hash_that_does_not_compile_falls_back_to_the_eager_one(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     seeds, pos = torch.arange(4, device="cuda"), torch.arange(4, device="cuda") * 7
     assert torch.equal(rnd.keyed_uniforms(seeds, pos, rnd.SAMPLE).cpu(),
-                       rnd._keyed_uniforms(seeds.cpu(), pos.cpu(), rnd.SAMPLE, None))
+                       rnd.keyed_uniforms_eager(seeds.cpu(), pos.cpu(), rnd.SAMPLE, None))
     assert not rnd._compiling and rnd._compiled == {}

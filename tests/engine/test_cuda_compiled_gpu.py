@@ -1,0 +1,101 @@
+"""Each function the engine compiles for CUDA (adaspec/cuda_compiled.py) against its eager
+definition on the same CUDA tensors: the speculative step's draft block slots, packed layout,
+query counts (fixed and adaptive), verify rows and read back, and rejection sampling's two
+halves; integer results equal, float ones within rounding; and none of them fell back to eager
+(a compiler failure would hide here otherwise)."""
+import pytest
+import torch
+
+from adaspec import cuda_compiled as cc
+from adaspec.sample import rejection
+from adaspec.spec_decode import graphed_step
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def enabled():
+    cc.enable()
+
+
+def _both(f, *args):
+    return f(*args), f.eager(*args)
+
+
+@pytest.mark.parametrize("B, K", [(1, 7), (5, 3), (64, 7), (3, 0)])
+def test_packed_layout(B, K):
+    g = torch.Generator(device=DEV).manual_seed(B + K)
+    bs, width = 16, 12
+    nq = torch.randint(0, K + 2, (B,), device=DEV, generator=g)
+    start = torch.randint(0, bs * (width - 1) - K - 1, (B,), device=DEV, generator=g)
+    last = torch.randint(0, 1000, (B,), device=DEV, generator=g)
+    drafts = torch.randint(0, 1000, (B, K), device=DEV, generator=g)
+    tables = torch.randint(0, 500, (B, width), device=DEV, generator=g, dtype=torch.int32)
+    got, want = _both(graphed_step.packed_layout, nq, start, last, drafts, tables, bs, 7 * bs, B * (K + 1))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert graphed_step.packed_layout.failed is None
+
+
+def test_draft_block_slots():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    anchors = torch.randint(0, 16 * 11 - 8, (37,), device=DEV, generator=g)
+    tables = torch.randint(0, 900, (37, 12), device=DEV, generator=g, dtype=torch.int32)
+    for b in (1, 37):
+        got, want = _both(graphed_step.draft_block_slots, anchors[:b], tables[:b], 8, 16)
+        assert all(a.dtype == w.dtype and torch.equal(a, w) for a, w in zip(got, want))
+    assert graphed_step.draft_block_slots.failed is None
+
+
+@pytest.mark.parametrize("R, K, budget", [(1, 7, 7), (16, 7, 40), (256, 3, 300)])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_query_counts(R, K, budget, adaptive):
+    g = torch.Generator(device=DEV).manual_seed(R)
+    conf = torch.rand(R, K, device=DEV, generator=g)
+    conf[0, -1] = float("nan")  # a slot the step did not draft
+    limits = torch.randint(0, K + 1, (R,), device=DEV, generator=g)
+    nq = torch.randint(0, 2, (R,), device=DEV, generator=g)  # 0: a padding request
+    args = (nq, limits, conf, torch.tensor(budget, device=DEV), adaptive)
+    got, want = _both(graphed_step.query_counts, *args)
+    assert torch.equal(got, want) and bool((got <= 1 + limits).all()) and bool((got[nq == 0] == 0).all())
+    assert graphed_step.query_counts.failed is None
+
+
+@pytest.mark.parametrize("B, K", [(1, 7), (9, 3), (64, 7)])
+def test_verify_rows_and_readback_rows(B, K):
+    g = torch.Generator(device=DEV).manual_seed(B)
+    nq = torch.randint(0, K + 2, (B,), device=DEV, generator=g)
+    query_start = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEV), torch.cumsum(nq, 0).int()])
+    got, want = _both(graphed_step.verify_rows, query_start, nq, K, B * (K + 1))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for width in (K + 1, 1):  # a step with drafts, and one without (K = 0)
+        tokens = torch.randint(0, 1000, (B, width), device=DEV, generator=g)
+        n_acc = torch.minimum(got[1], torch.tensor(width - 1, device=DEV))
+        start = torch.randint(0, 900, (B,), device=DEV, generator=g)
+        got_rb, want_rb = _both(graphed_step.readback_rows, tokens, n_acc, nq, start, K)
+        assert all(torch.equal(a, b) for a, b in zip(got_rb, want_rb))
+    assert graphed_step.verify_rows.failed is None and graphed_step.readback_rows.failed is None
+
+
+@pytest.mark.parametrize("N, K, with_q", [(1, 7, True), (33, 7, True), (8, 4, False), (4, 0, True)])
+def test_rejection_sampling_halves(N, K, with_q):
+    g = torch.Generator(device=DEV).manual_seed(N * 10 + K)
+    V = 4096
+    p = torch.softmax(3 * torch.randn(N, K + 1, V, device=DEV, generator=g), -1)
+    q = torch.softmax(3 * torch.randn(N, K, V, device=DEV, generator=g), -1) if with_q else None
+    x = torch.randint(0, V, (N, K), device=DEV, generator=g)
+    if K:
+        x[:, 0] = p[:, 0].argmax(-1)  # some accepted drafts
+    nv = torch.randint(0, K + 1, (N,), device=DEV, generator=g)
+    greedy = torch.arange(N, device=DEV) % 3 == 0
+    seeds, anchors = torch.arange(N, device=DEV) * 7919, torch.randint(5, 500, (N,), device=DEV, generator=g)
+    got = rejection._accept_prefix(x, nv, p, q, greedy, seeds, anchors, None, None)
+    want = rejection._accept_prefix.eager(x, nv, p, q, greedy, seeds, anchors, None, None)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    sampled = torch.randint(0, V, (N,), device=DEV, generator=g)
+    out, emitted = rejection._emitted(x, got[0], greedy, got[2], sampled)
+    out_e, emitted_e = rejection._emitted.eager(x, got[0], greedy, got[2], sampled)
+    assert torch.equal(out, out_e) and torch.equal(emitted, emitted_e)
+    assert rejection._accept_prefix.failed is None and rejection._emitted.failed is None
