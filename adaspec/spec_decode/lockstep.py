@@ -20,7 +20,9 @@ the nearest CDF boundary over the total; for an accept test u < p(x)/q(x): |p/q 
 A divergence is explained when that decision's margin is below `tol` (a near-tie); one with a wide
 margin is a logic difference. Rounding flips measured 9e-9 (CPU) and 1e-8 to 3e-8 (H200); a wrong
 seed, temperature or residual gives margins from 1e-5 up on the tiny pair's 8,000-token vocabulary,
-hence the default of 1e-6.
+hence the default of 1e-6. A plain draw of a top-k / top-p row is also judged by its filter: when
+the cutoff itself lies within rounding (filter_margin), the two sides may keep different tokens
+and their draws part at any margin (the verification's rows are judged by their draws only).
 
 The two engines must schedule alike: keep the token budget wide enough that it never binds (the
 graphed engine's draft slots are verified apart and take nothing from it, the eager engine's do:
@@ -54,6 +56,35 @@ def draw_margin(weights: torch.Tensor, u: float) -> float:
     lo = float(cum[idx - 1]) if idx > 0 else 0.0
     hi = float(cum[min(idx, cum.shape[0] - 1)])
     return min(t - lo, hi - t) / total
+
+
+def filter_margin(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> float:
+    """How near processed_probs' top-k / top-p filter came to keeping a different set of tokens
+    (inf for a row without a filter), from the row's logits in float64: for top-k, the gap between
+    the k-th and the next scaled logit over their magnitude; for top-p, the least distance of a
+    token's preceding sorted mass to top_p (the probabilities' own scale). Two engines whose
+    float32 probabilities differ by rounding keep different tokens when this is a near-tie, and
+    their draws may then part at any margin (the renormalized distribution moves by the mass of
+    the token kept or dropped): H200 run 40 saw a first token part at a draw margin of 4.5e-5
+    whose top-p cutoff was 3.2e-7 from 0.9."""
+    V = logits.shape[-1]
+    if temperature <= 0 or (top_p >= 1.0 and not 0 < top_k < V):
+        return float("inf")
+    s = (logits.double() / temperature).sort(descending=True).values
+    k = top_k if 0 < top_k < V else V
+    margins = [float("inf")]
+    if k < V:
+        margins.append(abs(float(s[k - 1] - s[k])) / max(abs(float(s[k - 1])), abs(float(s[k])), 1e-30))
+    if top_p < 1.0:
+        p = torch.softmax(s[:k], 0)
+        margins.append(float(((p.cumsum(0) - p) - top_p).abs().min()))
+    return min(margins)
+
+
+def _plain_margin(s: dict) -> float:
+    """A recorded plain draw's margin: its draw's, or its filter's where that is nearer a tie."""
+    return min(draw_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE)),
+               filter_margin(s["logits"], *s["filters"]))
 
 
 def accept_margin(p_x: float, q_x: float, u: float) -> float:
@@ -110,7 +141,10 @@ class _EagerTap:
             probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
                                                     logits.device).probs(logits)
             for n, s in enumerate(seqs):
-                self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids))
+                sp = s.params
+                self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids),
+                                                logits=logits[n].float().cpu(),
+                                                filters=(sp.temperature, sp.top_p, sp.top_k))
             return out
 
         spec.propose, spec._accept, engine.sample = tap_propose, tap_accept, tap_sample
@@ -172,7 +206,7 @@ def _parting_decision(tap: _EagerTap, graphed_row: dict | None, rid: str) -> tup
         return "draw", draw_margin(dist, _u(seed, a + 1 + n_e, SAMPLE))
     s = tap.plain.get(rid)
     if s is not None and graphed_row is None:
-        return "plain draw", draw_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE))
+        return "plain draw", _plain_margin(s)
     return "unrecorded", float("inf")
 
 
@@ -231,7 +265,8 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
 
 def first_draw_margin(eager, prompt: list[int], params) -> tuple[int | None, float]:
     """One request alone on an eager speculative engine (LLMEngine), its first token only: that
-    token (the prefill's plain draw; None if it was a stop token) and the draw's margin. Engines
+    token (the prefill's plain draw; None if it was a stop token) and the draw's margin (or its
+    top-k / top-p filter's, where that is nearer a tie). Engines
     that batch a prefill differently (a pipelined engine prefills arrivals beside speculative rows,
     a synchronous one all at once) compute its probabilities only to within rounding, so a first
     token on which they differ is explained when this margin is a near-tie."""
@@ -249,8 +284,8 @@ def first_draw_margin(eager, prompt: list[int], params) -> tuple[int | None, flo
     s = tap.plain.get(rid)
     if s is None:
         return token, float("inf")
-    u = _u(s["seed"], s["pos"], SAMPLE)
-    drawn = _inverse_cdf(s["probs"], u)[0]
+    drawn = _inverse_cdf(s["probs"], _u(s["seed"], s["pos"], SAMPLE))[0]
     # the margin speaks for this draw only if the recorded probabilities and uniform give the
-    # engine's token again (a wrong position or stream would judge some other draw)
-    return token, draw_margin(s["probs"], u) if drawn == token else float("inf")
+    # engine's token again (a wrong position or stream would judge some other draw); a top-k /
+    # top-p row's filter is judged too (filter_margin)
+    return token, _plain_margin(s) if drawn == token else float("inf")

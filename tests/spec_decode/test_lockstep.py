@@ -11,7 +11,8 @@ import torch
 
 from adaspec.spec_decode import graphed_step
 from adaspec.spec_decode import lockstep
-from adaspec.spec_decode.lockstep import NEAR_TIE, accept_margin, draw_margin, first_draw_margin, run_lockstep
+from adaspec.spec_decode.lockstep import (NEAR_TIE, _u, accept_margin, draw_margin, filter_margin, first_draw_margin,
+                                         run_lockstep)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from graph_divergence_check import engine, requests  # noqa: E402
@@ -24,6 +25,45 @@ def test_draw_margin_is_the_distance_to_the_nearest_boundary():
     assert draw_margin(w * 4, 0.9) == pytest.approx(0.1)  # unnormalized weights: a fraction of the total
     assert accept_margin(0.5, 1.0, 0.25) == pytest.approx(0.5)
     assert accept_margin(0.2, 0.4, 0.5) == pytest.approx(0.0)
+
+
+def test_filter_margin_is_the_cutoffs_distance_to_a_tie():
+    logits = torch.tensor([0.5, 0.3, 0.2]).log()  # preceding sorted masses 0, 0.5, 0.8
+    assert filter_margin(logits, 1.0, 0.75, 0) == pytest.approx(0.05)
+    assert filter_margin(logits, 1.0, 0.8, 0) == pytest.approx(0.0, abs=1e-7)  # float32 logits
+    assert filter_margin(torch.tensor([3.0, 2.0, 1.9]), 1.0, 1.0, 2) == pytest.approx(0.1 / 2.0)  # k-th vs next logit
+    assert filter_margin(logits, 1.0, 1.0, 0) == float("inf")  # no filter: nothing to judge
+    assert filter_margin(logits, 0.0, 0.5, 0) == float("inf")  # greedy: the argmax decides
+    # the temperature scales before the cut: at T = 2 the masses are those of sqrt-weights
+    half = torch.softmax(logits.double() / 2, 0)
+    assert filter_margin(logits, 2.0, 0.5, 0) == pytest.approx(abs(float(half[0]) - 0.5))
+
+
+def test_a_first_token_parted_at_a_top_p_cutoff_is_a_near_tie():
+    """H200 run 40 (and runs 36-37): the busy-GPU pipelined test's request 12, a top-p 0.9 row,
+    drew 2732 on one engine and 2739 on the other, at a draw margin of 4.5e-5, far above rounding;
+    its top-p cutoff lies ~2e-7 from 0.9, so the token set itself is decided by rounding. The
+    margin first_draw_margin reports is that near-tie, not the draw's."""
+    from adaspec import LLM, SamplingParams
+
+    g = torch.Generator().manual_seed(19)  # test_cuda_graphs_gpu._prompts(19)
+    prompts = [torch.randint(1, 8000, (int(n),), generator=g).tolist() for n in torch.randint(5, 60, (19,), generator=g)]
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=4, seed=12, ignore_eos=True)
+    llm = LLM("tiny", speculative_config={"method": "dspark", "num_speculative_tokens": 5}, enforce_eager=True,
+              dtype="float32")
+    eng = llm.llm_engine
+    token, margin = first_draw_margin(eng, prompts[12], params)
+    assert token is not None and margin < NEAR_TIE
+    # the draw alone is far from a tie: the filter explains the parting, nothing else does
+    tap = lockstep._EagerTap(eng)
+    try:
+        eng.add_request("again", prompts[12], replace(params, max_tokens=1))
+        while eng.has_unfinished_requests():
+            eng.step()
+    finally:
+        tap.remove()
+    s = tap.plain["again"]
+    assert draw_margin(s["probs"], _u(s["seed"], s["pos"], lockstep.SAMPLE)) > 10 * NEAR_TIE
 
 
 def test_graphed_step_parts_from_eager_only_at_near_ties():
