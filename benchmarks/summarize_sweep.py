@@ -46,12 +46,26 @@ def plot(doc: dict, path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("output throughput (tok/s)")
     ax.set_ylabel("median per-user speed (tok/s)")
-    ax.set_title(f"T={a.get('temperature')}, {a.get('output_len')} output tokens, {a.get('repeats')} repeats"
+    ax.set_title(f"T={a.get('temperature')}, {a.get('output_len')} output tokens, {repeats_note(doc)}"
                  + (f"\n{label}" if label else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def repeats_note(doc: dict) -> str:
+    """"3 repeats", or for a sweep stopped in time ("partial") or with uneven cells, how many each
+    point has: "partial run: 1-2 of 3 repeats per point"."""
+    rows, asked = doc["rows"], doc.get("args", {}).get("repeats")
+    counts = {}
+    for r in rows:
+        counts[(r["arm"], r["concurrency"])] = counts.get((r["arm"], r["concurrency"]), 0) + 1
+    lo, hi = min(counts.values(), default=0), max(counts.values(), default=0)
+    if lo == hi == asked and not doc.get("partial"):
+        return f"{asked} repeats"
+    span = str(lo) if lo == hi else f"{lo}-{hi}"
+    return f"{'partial run: ' if doc.get('partial') else ''}{span} of {asked} repeats per point"
 
 
 def prefill_share(row: dict) -> float | None:
@@ -99,6 +113,7 @@ def main(path: str, png: str | None = None) -> None:
         r["prefill_share"] = prefill_share(r)
     if any(r["prefill_share"] is not None for r in rows):
         tables.append(("prefill_share", "share of the point's wall time in steps with a prefill chunk", "{:.2f}"))
+    print(f"\n{repeats_note(doc)}; ± is one standard deviation over a point's repeats (0 with one)")
     for key, title, fmt in tables:
         print(f"\n{title}\n")
         print("| C | " + " | ".join(arms) + " |")

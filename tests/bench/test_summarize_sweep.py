@@ -34,3 +34,14 @@ def test_prefill_share_and_the_verdict(tmp_path, capsys):
     verdict = {line.split("**")[1]: line for line in out.splitlines() if line.startswith("- **C=")}
     assert "dominated beyond spread: `adaptive:7` (by `fixed:3`), `none`" in verdict["C=64"]
     assert "dominated beyond spread: none." in verdict["C=256"]
+
+
+def test_the_repeats_note_says_when_a_sweep_was_cut_short():
+    """A sweep stopped in time ("partial") must not be labelled with the repeats it asked for."""
+    full = [_row(a, c, r, 1, 1) for a in ("none", "fixed:3") for c in (1, 256) for r in range(3)]
+    assert summarize_sweep.repeats_note({"args": {"repeats": 3}, "rows": full}) == "3 repeats"
+    cut = [r for r in full if not (r["concurrency"] == 256 and r["repeat"] > 0)]
+    doc = {"args": {"repeats": 3}, "rows": cut, "partial": True}
+    assert summarize_sweep.repeats_note(doc) == "partial run: 1-3 of 3 repeats per point"
+    uneven = {"args": {"repeats": 3}, "rows": cut}  # not flagged, but the cells still differ
+    assert summarize_sweep.repeats_note(uneven) == "1-3 of 3 repeats per point"
