@@ -137,6 +137,10 @@ def test_backend_hook_through_metadata():
         ref_meta = build_attention_metadata("reference", tables, q_lens, kv_lens, limits, 16, DEVICE)
         tri_meta = build_attention_metadata("triton", tables, q_lens, kv_lens, limits, 16, DEVICE)
         assert torch.equal(tri_meta.slot_mapping, ref_meta.slot_mapping)
+        # ... which is where the reference backend gathers each query's own key from
+        q_seq = torch.repeat_interleave(torch.arange(3), torch.tensor(q_lens))
+        q_pos = torch.cat([torch.arange(k - n, k) for n, k in zip(q_lens, kv_lens)])
+        assert torch.equal(tri_meta.slot_mapping.cpu(), ref_meta.kv_gather.cpu()[q_seq, q_pos])
         assert tri_meta.causal == (limits is None)
         assert_close(paged_attention(q, kc, vc, tri_meta, 0.125), paged_attention(q, kc, vc, ref_meta, 0.125))
 
