@@ -79,6 +79,12 @@ def add_subparser(sub) -> None:
     p.add_argument("--profile-steps", type=int, default=0,
                    help="profile this many training steps with torch.profiler (from step 50, or halfway through "
                         "a shorter run) and write OUT/step_profile.json and .txt: where a step's time goes")
+    p.add_argument("--cache-target-features", action="store_true",
+                   help="compute the frozen target's features of the --data / self-distilled rows once and keep them "
+                        "on the device, instead of running the target over those rows at every step (they repeat "
+                        "every epoch; corpus rows of a mixed batch still run it). Needs rows one --seq-len long; "
+                        "costs rows x seq_len x (target layers + 1) x hidden x 2 bytes (bf16): without that much "
+                        "free device memory training goes on without the cache, with a note")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="wall-clock budget for the optimization: --steps is lowered to fit after a short probe "
                         "and fitted again every 100 steps (the cosine schedule follows the total)")
@@ -172,12 +178,13 @@ def drafter_optimizer(params, lr: float, device, impl: str = "auto"):
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **kernels)
 
 
-def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float):
-    """One batch through the frozen target and the drafter, the loss, its gradients -> (loss, stats)."""
+def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float, features=None):
+    """One batch through the frozen target (unless its features are given) and the drafter, the
+    loss, its gradients -> (loss, stats)."""
     from adaspec.train.drafter_loss import block_forward
 
     with amp:
-        bb = block_forward(target, drafter, ids, anchors)
+        bb = block_forward(target, drafter, ids, anchors, features)
     loss, stats = loss_fn(bb, gamma=gamma)
     loss.backward()
     return loss, stats
@@ -262,6 +269,54 @@ def heldout_stats(target, drafter, loss_fn, amp, sets: dict, anchors: dict, gamm
         out[name] = {"loss": round(sum(losses) / len(losses), 4),
                      "accept": [round(sum(a[j] for a in accepts) / len(accepts), 4) for j in range(len(accepts[0]))]}
     return out
+
+
+def build_feature_cache(args, target, sampler, layer_ids: list[int], amp, device):
+    """--cache-target-features: the cache of the sampler's rows (train/feature_cache.py), or None
+    (with a note) when the device lacks the memory for it."""
+    import torch
+
+    from adaspec.train.drafter_data import MixedSampler, RowSampler
+    from adaspec.train.feature_cache import TargetFeatureCache, cache_bytes
+
+    rows = sampler.parts[0] if isinstance(sampler, MixedSampler) else sampler
+    if not isinstance(rows, RowSampler):
+        raise AdaspecError("--cache-target-features caches the rows of --data or --self-distill; this run trains "
+                           "on corpus windows only")
+    N, L = rows.rows.shape
+    if L != rows.seq_len:
+        raise AdaspecError(f"--cache-target-features: the rows hold {L} tokens, more than --seq-len {rows.seq_len}: "
+                           "training windows start inside them and would not match the cached rows' features")
+    need = cache_bytes(N, L, target.config.hidden_size, len(layer_ids), next(target.parameters()).dtype)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+        if need > 0.6 * free:  # the training step's own tensors need the rest
+            print(f"--cache-target-features: {need / 2**30:.1f} GiB for {N} rows against {free / 2**30:.1f} GiB "
+                  "free on the device; training without the cache", flush=True)
+            return None
+    t0 = time.time()
+    cache = TargetFeatureCache.build(target, rows.rows, layer_ids, amp, args.batch_size)
+    print(f"cached the target's features of {N} rows x {L} tokens ({need / 2**30:.2f} GiB) in "
+          f"{time.time() - t0:.1f} s", flush=True)
+    return cache
+
+
+def batch_features(cache, target, sampler, ids, layer_ids: list[int], amp):
+    """The batch's target features: the cached rows' gathered, the rest (a mixed batch's corpus
+    windows, after them in the batch) computed."""
+    import torch
+
+    from adaspec.train.drafter_data import MixedSampler
+    from adaspec.train.drafter_loss import target_features
+
+    rows = sampler.parts[0] if isinstance(sampler, MixedSampler) else sampler
+    hidden, feats = cache.gather(*rows.last_draw, ids.shape[1])
+    n = hidden.shape[0]
+    if ids.shape[0] > n:
+        with torch.no_grad(), amp:
+            h, f = target_features(target, ids[n:], layer_ids)
+        hidden, feats = torch.cat([hidden, h.to(hidden.dtype)]), torch.cat([feats, f.to(feats.dtype)])
+    return hidden, feats
 
 
 def sd_profile(args, device, out_dir: Path):
@@ -375,6 +430,9 @@ def run(args) -> int:
     print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
           f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    # after the compile: the cache is built in training-batch chunks, the compiled target's shape
+    cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device) \
+        if args.cache_target_features else None
     history = []
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
@@ -405,8 +463,9 @@ def run(args) -> int:
         for gparam in opt.param_groups:
             gparam["lr"] = lr
         opt.zero_grad(set_to_none=True)
+        features = batch_features(cache, target, sampler, ids, cfg.target_layer_ids, amp) if cache else None
         try:
-            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma)
+            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
         except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
             if not compiled:
                 raise
@@ -415,7 +474,7 @@ def run(args) -> int:
             _uncompile_layers(target)
             uncompile_drafter_training(drafter)
             opt.zero_grad(set_to_none=True)
-            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma)
+            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1

@@ -35,6 +35,7 @@ class RowSampler(_Resumable):
         N, L = self.rows.shape
         r = torch.randint(0, N, (self.batch_size,), generator=self.gen)
         s = torch.randint(0, L - self.seq_len + 1, (self.batch_size,), generator=self.gen)
+        self.last_draw = (r, s)  # which rows and windows (train/feature_cache.py reads their features)
         idx = s[:, None] + torch.arange(self.seq_len)[None, :]
         return self.rows[r[:, None], idx]
 

@@ -39,11 +39,16 @@ def target_features(target, input_ids: torch.Tensor, layer_ids: list[int]):
     return hidden, torch.cat([captured[i] for i in layer_ids], dim=-1)
 
 
-def block_forward(target, drafter, input_ids: torch.Tensor, anchors: torch.Tensor) -> BlockBatch:
-    """Target (no grad) + drafter over all anchors of the batch."""
+def block_forward(target, drafter, input_ids: torch.Tensor, anchors: torch.Tensor,
+                  features: tuple[torch.Tensor, torch.Tensor] | None = None) -> BlockBatch:
+    """Target (no grad) + drafter over all anchors of the batch. features: the target's
+    (final-normed hidden, captured layers) of input_ids when already at hand (train/feature_cache.py)."""
     k = drafter.block_size
-    with torch.no_grad():
-        hidden_t, feats = target_features(target, input_ids, drafter.config.target_layer_ids)
+    if features is not None:
+        hidden_t, feats = features
+    else:
+        with torch.no_grad():
+            hidden_t, feats = target_features(target, input_ids, drafter.config.target_layer_ids)
     B, A = anchors.shape
     pos = anchors.unsqueeze(-1) + torch.arange(k, device=anchors.device)  # [B, A, k]: a+j-1
     flat = pos.reshape(B, A * k)

@@ -117,6 +117,10 @@ _CODE_06B = {
         # two builds: memorization; held out 0.789 at slot 1, flat after ~2,400 steps, training
         # 0.85-0.86. Run 34, 4,096 rows: held out 0.799, training rows 0.815)
         "heldout_rows": 64, "heldout_every": 400,
+        # the frozen target's features of the self-distilled rows computed once instead of every step
+        # (train/feature_cache.py: ~1/3 of a step's kernels repeat ~23 times per row); CPU-tested, not
+        # yet measured on a build, so off until one measures its step time and acceptance
+        "cache_target_features": False,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
     # distribution as the held-out figures, disjoint prompts); "val", windows of the val split, made the
