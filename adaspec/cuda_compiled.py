@@ -67,7 +67,9 @@ class CudaCompiled:
 
     def __call__(self, *args, **kwargs):
         first = _first_tensor(args)
-        if _enabled and self.failed is None and first is not None and _compiles_for(first):
+        # inside another function being compiled, the outer compiler traces fn itself
+        if _enabled and self.failed is None and first is not None and _compiles_for(first) \
+                and not torch.compiler.is_compiling():
             if self._compiled is None:
                 self._compiled = torch.compile(self.eager, dynamic=True, fullgraph=True)
             try:

@@ -39,7 +39,7 @@ mkdir -p "$OUT"
 CURVE=$("$PYTHON" -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(','.join('%.4f' % x for x in d['heldout']['T=' + sys.argv[2]]['cond_acceptance']))" "$CURVE_FROM" "${TEMP:-0}")
+print(','.join('%.4f' % x for x in d['heldout']['T=%g' % float(sys.argv[2])]['cond_acceptance']))" "$CURVE_FROM" "${TEMP:-0}")
 say "A = $A_TREE (${A_LABEL:-A}), B = $B_TREE (${B_LABEL:-B}); T = ${TEMP:-0}, synthetic acceptance (timing only) $CURVE"
 for round in $(seq 1 "$ROUNDS"); do
   for side in A B; do

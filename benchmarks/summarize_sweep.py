@@ -65,7 +65,8 @@ def repeats_note(doc: dict) -> str:
     if lo == hi == asked and not doc.get("partial"):
         return f"{asked} repeats"
     span = str(lo) if lo == hi else f"{lo}-{hi}"
-    return f"{'partial run: ' if doc.get('partial') else ''}{span} of {asked} repeats per point"
+    of = f" of {asked}" if asked else ""
+    return f"{'partial run: ' if doc.get('partial') else ''}{span}{of} repeats per point"
 
 
 def prefill_share(row: dict) -> float | None:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from adaspec.cuda_compiled import cuda_compiled
-from adaspec.sample.random import ACCEPT, SAMPLE, keyed_uniforms_eager, sample_categorical
+from adaspec.sample.random import ACCEPT, SAMPLE, keyed_uniforms, keyed_uniforms_eager, sample_categorical
 
 
 class RejectionOutput(NamedTuple):
@@ -33,6 +33,7 @@ def rejection_sample(
     anchor_positions: torch.Tensor,
     target_argmax: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
+    fused: bool = False,
 ) -> RejectionOutput:
     """Accept drafts left to right so the emitted tokens follow the target exactly.
 
@@ -53,6 +54,10 @@ def rejection_sample(
         target_argmax: optional [N, K+1] argmax to use for greedy rows (e.g. from the logits,
                       so ties break exactly as the non-speculative path breaks them).
         uniforms:     optional U[0,1) [N, K] for the accept tests instead of the keyed ones.
+        fused:        the halves around the one draw as cuda_compiled functions, the keyed hash
+                      fused inside them (the graphed verify step, whose capture's warm-up compiles
+                      them); else plain ops and keyed_uniforms (the eager paths: a first compile
+                      there would stall a request mid-serving). The same values either way.
     Returns:
         RejectionOutput(output_tokens [N, K+1] padded with -1, num_accepted [N], num_emitted [N]).
     """
@@ -66,20 +71,41 @@ def rejection_sample(
         target_argmax = target_argmax.to(dev, non_blocking=True).long()
     if uniforms is not None:
         uniforms = uniforms.to(dev, non_blocking=True).float()
-    num_accepted, dist, greedy_tok, u_stop = _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs,
-                                                            is_greedy, seeds, anchors, target_argmax, uniforms)
-    sampled = sample_categorical(dist, u_stop)
-    out, num_emitted = _emitted(draft_tokens, num_accepted, is_greedy, greedy_tok, sampled)
+    if fused:
+        num_accepted, dist, greedy_tok, u_stop = _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs,
+                                                                is_greedy, seeds, anchors, target_argmax, uniforms)
+        sampled = sample_categorical(dist, u_stop)
+        out, num_emitted = _emitted(draft_tokens, num_accepted, is_greedy, greedy_tok, sampled)
+    else:
+        if uniforms is None:
+            K = draft_tokens.shape[1]
+            pos = torch.arange(K, device=dev)
+            uniforms = keyed_uniforms(seeds, anchors[:, None] + 1 + pos[None, :], ACCEPT, anchors[:, None])
+        num_accepted, dist, greedy_tok = _accept_core(draft_tokens, num_verify, target_probs, draft_probs, is_greedy,
+                                                      target_argmax, uniforms)
+        sampled = sample_categorical(dist, keyed_uniforms(seeds, anchors + 1 + num_accepted, SAMPLE))
+        out, num_emitted = _emitted.eager(draft_tokens, num_accepted, is_greedy, greedy_tok, sampled)
     return RejectionOutput(out, num_accepted, num_emitted)
 
 
-# The two halves around the one categorical draw (a Triton kernel on CUDA) are cuda_compiled: as
-# torch ops they were ~45 kernels of a few microseconds each per speculative step.
+# The two halves around the one categorical draw (a Triton kernel on CUDA) are cuda_compiled for
+# the graphed step: as torch ops they were ~45 kernels of a few microseconds each per step.
 @cuda_compiled
 def _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs, is_greedy, seeds, anchors, target_argmax,
                    uniforms):
+    """_accept_core with its keyed uniforms computed inside -> (... its three results, the
+    stop position's draw uniform [N])."""
+    if uniforms is None:  # the eager hash: inside a compiled function it fuses like any other op
+        pos = torch.arange(draft_tokens.shape[1], device=target_probs.device)
+        uniforms = keyed_uniforms_eager(seeds, anchors[:, None] + 1 + pos[None, :], ACCEPT, anchors[:, None])
+    num_accepted, dist, greedy_tok = _accept_core(draft_tokens, num_verify, target_probs, draft_probs, is_greedy,
+                                                  target_argmax, uniforms)
+    return num_accepted, dist, greedy_tok, keyed_uniforms_eager(seeds, anchors + 1 + num_accepted, SAMPLE)
+
+
+def _accept_core(draft_tokens, num_verify, target_probs, draft_probs, is_greedy, target_argmax, uniforms):
     """-> (accepted drafts [N] long, the distribution the stop position samples from [N, V]
-    float32 (unnormalized), the greedy rows' token there [N], the draw's uniform [N])."""
+    float32 (unnormalized), the greedy rows' token there [N]). uniforms: [N, K] accept tests."""
     N, K = draft_tokens.shape
     dev = target_probs.device
     num_verify = num_verify.clamp(0, K)
@@ -97,8 +123,6 @@ def _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs, is_greed
         q_x = torch.ones_like(p_x)
     else:
         q_x = draft_probs.gather(-1, safe_x[..., None]).squeeze(-1).float()
-    if uniforms is None:  # the eager hash: inside a compiled function it is fused like any other op
-        uniforms = keyed_uniforms_eager(seeds, anchors[:, None] + 1 + pos[None, :], ACCEPT, anchors[:, None])
     prob_ok = uniforms * q_x < p_x
 
     ok = torch.where(is_greedy[:, None], greedy_ok, prob_ok) & verified
@@ -121,7 +145,7 @@ def _accept_prefix(draft_tokens, num_verify, target_probs, draft_probs, is_greed
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_stop)
     dist = torch.where(rejected[:, None], residual, p_stop)
     greedy_tok = target_argmax.gather(1, num_accepted.view(N, 1)).squeeze(1)
-    return num_accepted, dist, greedy_tok, keyed_uniforms_eager(seeds, anchors + 1 + num_accepted, SAMPLE)
+    return num_accepted, dist, greedy_tok
 
 
 @cuda_compiled

@@ -272,9 +272,11 @@ class GraphedSpecStep:
             flat = rows.reshape(-1)
             p = sampling.probs(logits, temps[req[flat]], index=flat).view(b, K + 1, -1)
             argmax = logits.argmax(-1)[rows]
-            accept = getattr(self.drafter, "accept", rejection_sample)  # synthetic: the curve decides
-            out = accept(self.drafts[:b], n_verify, p, None if self.draft_q is None else self.draft_q[:b],
-                         greedy, seeds, start, target_argmax=argmax)
+            accept = getattr(self.drafter, "accept", None)  # synthetic: the curve decides
+            fused = {} if accept else {"fused": True}  # compiled halves: this capture's warm-up compiles them
+            out = (accept or rejection_sample)(self.drafts[:b], n_verify, p,
+                                               None if self.draft_q is None else self.draft_q[:b], greedy, seeds,
+                                               start, target_argmax=argmax, **fused)
             tokens, n_acc = out.output_tokens, out.num_accepted.long()
         packed, carry = readback_rows(tokens, n_acc, nq, start, self.k)
         rb[:, : self.k + 3].copy_(packed)

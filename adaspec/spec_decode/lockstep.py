@@ -73,11 +73,11 @@ def filter_margin(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     s = (logits.double() / temperature).sort(descending=True).values
     k = top_k if 0 < top_k < V else V
     margins = [float("inf")]
-    if k < V:
-        margins.append(abs(float(s[k - 1] - s[k])) / max(abs(float(s[k - 1])), abs(float(s[k])), 1e-30))
-    if top_p < 1.0:
+    if k < V:  # the logits' rounding is relative to their size, and at least ~1e-7 of 1 near 0
+        margins.append(abs(float(s[k - 1] - s[k])) / max(abs(float(s[k - 1])), abs(float(s[k])), 1.0))
+    if top_p < 1.0 and k > 1:  # the first token is always kept: its preceding mass (0) decides nothing
         p = torch.softmax(s[:k], 0)
-        margins.append(float(((p.cumsum(0) - p) - top_p).abs().min()))
+        margins.append(float(((p.cumsum(0) - p)[1:] - top_p).abs().min()))
     return min(margins)
 
 

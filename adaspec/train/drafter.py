@@ -145,7 +145,9 @@ def _compile(target, loss_fn):
 
     try:
         for layer in target.model.layers:
-            layer.compile()
+            # static shapes: with --cache-target-features the target runs at two batch shapes (the
+            # cache's chunks, a mixed batch's corpus rows), each its own graph, not a dynamic one
+            layer.compile(dynamic=False)
         return torch.compile(loss_fn), True
     except Exception as e:  # noqa: BLE001 - any backend problem: train eagerly instead
         _uncompile_layers(target)
@@ -430,9 +432,25 @@ def run(args) -> int:
     print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
           f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    # after the compile: the cache is built in training-batch chunks, the compiled target's shape
-    cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device) \
-        if args.cache_target_features else None
+    def train_eagerly(e: Exception) -> None:
+        """A compiler failure: the target, the loss and the drafter's pass run eagerly from now on."""
+        nonlocal loss_fn, compiled
+        tqdm.write(f"compiled step failed ({type(e).__name__}: {e}); training eagerly")
+        loss_fn, compiled = dspark_loss, False
+        _uncompile_layers(target)
+        uncompile_drafter_training(drafter)
+
+    cache = None
+    if args.cache_target_features:  # after the compile: built in training-batch chunks, the target's shape
+        try:
+            cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device)
+        except AdaspecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a compiler failure in the target's first compiled forward
+            if not compiled:
+                raise
+            train_eagerly(e)
+            cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device)
     history = []
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
@@ -463,18 +481,19 @@ def run(args) -> int:
         for gparam in opt.param_groups:
             gparam["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        features = batch_features(cache, target, sampler, ids, cfg.target_layer_ids, amp) if cache else None
+
+        def step_loss():
+            features = batch_features(cache, target, sampler, ids, cfg.target_layer_ids, amp) if cache else None
+            return forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
+
         try:
-            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
+            loss, stats = step_loss()
         except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
             if not compiled:
                 raise
-            tqdm.write(f"compiled step failed ({type(e).__name__}: {e}); training eagerly")
-            loss_fn, compiled = dspark_loss, False
-            _uncompile_layers(target)
-            uncompile_drafter_training(drafter)
+            train_eagerly(e)
             opt.zero_grad(set_to_none=True)
-            loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
+            loss, stats = step_loss()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.errors import AdaspecError
+from adaspec.h2d import to_device
 
 
 def cache_bytes(num_rows: int, length: int, hidden: int, num_layers: int, dtype: torch.dtype) -> int:
@@ -60,5 +61,5 @@ class TargetFeatureCache:
         if bool((starts != 0).any()) or seq_len != self.hidden.shape[1]:
             raise AdaspecError("--cache-target-features: the cached rows are one window long; a window that "
                                "starts inside a row (rows longer than --seq-len) cannot use them")
-        r = rows.to(self.hidden.device)
+        r = to_device(rows, self.hidden.device)  # pinned: a pageable copy would wait for the GPU's queue
         return self.hidden[r], self.features[r]

@@ -45,3 +45,4 @@ def test_the_repeats_note_says_when_a_sweep_was_cut_short():
     assert summarize_sweep.repeats_note(doc) == "partial run: 1-3 of 3 repeats per point"
     uneven = {"args": {"repeats": 3}, "rows": cut}  # not flagged, but the cells still differ
     assert summarize_sweep.repeats_note(uneven) == "1-3 of 3 repeats per point"
+    assert summarize_sweep.repeats_note({"args": {}, "rows": cut}) == "1-3 repeats per point"  # asked for: unrecorded

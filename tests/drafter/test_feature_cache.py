@@ -72,3 +72,32 @@ def test_training_with_the_cache_follows_the_same_losses(trained_target, tmp_pat
         logs[name] = [json.loads(x)["loss"] for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert len(logs["live"]) == 6
     assert logs["cached"] == pytest.approx(logs["live"], rel=1e-5)
+
+
+def test_a_compiler_that_fails_while_caching_leaves_an_eager_run_with_the_cache(trained_target, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """--compile: the target's first compiled forward is now the cache's build (and a mixed batch's
+    corpus rows run it at a new shape); a compiler failure there must fall back to eager training
+    as one in a step does, not end the run."""
+    import torch.nn as nn
+
+    from adaspec.cli import main
+
+    _, _, tdir = trained_target
+    data = tmp_path / "seqs.npy"
+    np.save(data, chain_sequences(16, 32, seed=7).numpy().astype(np.uint16))
+    real = nn.Module.compile
+
+    def exploding_compile(self, *a, **kw):  # the compiled forward fails when it runs
+        real(self, *a, **kw)
+        self._compiled_call_impl = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("inductor exploded"))
+
+    monkeypatch.setattr(nn.Module, "compile", exploding_compile)
+    out = tmp_path / "d"
+    assert main(["train", "drafter", "--target", str(tdir), "--data", str(data), "--out", str(out),
+                 "--block-size", "3", "--markov-rank", "4", "--seq-len", "32", "--batch-size", "4",
+                 "--anchors-per-seq", "8", "--steps", "3", "--log-every", "1", "--save-dtype", "float32",
+                 "--device", "cpu", "--compile", "--cache-target-features"]) == 0
+    text = capsys.readouterr().out
+    assert "compiled step failed (RuntimeError: inductor exploded); training eagerly" in text
+    assert "cached the target's features of 16 rows" in text

@@ -91,3 +91,19 @@ def test_bad_inputs_raise_and_do_not_disable_the_compiled_version(fake_compile):
 def test_a_call_without_tensors_runs_eagerly(fake_compile):
     f = cc.cuda_compiled(lambda n: n + 1)
     assert f(1) == 2 and fake_compile["built"] == 0
+
+
+def test_inside_an_outer_compile_the_function_is_traced_not_compiled_again(monkeypatch):
+    """Called while another function is being compiled, the wrapper must hand fn to that trace:
+    a torch.compile made then would be traced through and kept as fn itself for good."""
+    real_compile = torch.compile
+    built = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or fn)
+    monkeypatch.setattr(cc, "_compiles_for", lambda t: True)
+    monkeypatch.setattr(cc, "_enabled", True)
+    f = cc.cuda_compiled(_double)
+    outer = real_compile(lambda x: f(x) + 1, backend="eager", fullgraph=True)
+    assert torch.equal(outer(torch.arange(3)), torch.tensor([1, 3, 5]))
+    assert built == []
+    f(torch.arange(3))  # outside the trace it compiles as usual
+    assert len(built) == 1

@@ -99,3 +99,22 @@ def test_rejection_sampling_halves(N, K, with_q):
     out_e, emitted_e = rejection._emitted.eager(x, got[0], greedy, got[2], sampled)
     assert torch.equal(out, out_e) and torch.equal(emitted, emitted_e)
     assert rejection._accept_prefix.failed is None and rejection._emitted.failed is None
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_fused_rejection_sampling_equals_the_plain_one_on_cuda(with_q):
+    """fused=True (the graphed step's compiled halves with the hash inside) against the plain
+    assembly (eager paths: keyed_uniforms' own compiled hash, the Triton draw): every output equal."""
+    g = torch.Generator(device=DEV).manual_seed(3)
+    N, K, V = 48, 7, 16384
+    p = torch.softmax(3 * torch.randn(N, K + 1, V, device=DEV, generator=g), -1)
+    q = torch.softmax(3 * torch.randn(N, K, V, device=DEV, generator=g), -1) if with_q else None
+    x = torch.randint(0, V, (N, K), device=DEV, generator=g)
+    x[:, :2] = p[:, :2].argmax(-1)
+    nv = torch.randint(0, K + 1, (N,), device=DEV, generator=g)
+    greedy = torch.arange(N, device=DEV) % 5 == 0
+    seeds, anchors = torch.arange(N, device=DEV) * 31 + 7, torch.randint(5, 900, (N,), device=DEV, generator=g)
+    plain = rejection.rejection_sample(x, nv, p, q, greedy, seeds, anchors)
+    fused = rejection.rejection_sample(x, nv, p, q, greedy, seeds, anchors, fused=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, fused))
+    assert rejection._accept_prefix.failed is None

@@ -32,6 +32,9 @@ def test_filter_margin_is_the_cutoffs_distance_to_a_tie():
     assert filter_margin(logits, 1.0, 0.75, 0) == pytest.approx(0.05)
     assert filter_margin(logits, 1.0, 0.8, 0) == pytest.approx(0.0, abs=1e-7)  # float32 logits
     assert filter_margin(torch.tensor([3.0, 2.0, 1.9]), 1.0, 1.0, 2) == pytest.approx(0.1 / 2.0)  # k-th vs next logit
+    assert filter_margin(torch.tensor([0.5, 0.02, 0.01]), 1.0, 1.0, 2) == pytest.approx(0.01)  # near 0: absolute
+    # the first token is kept whatever top_p is: a tiny top_p is no near-tie of its (empty) preceding mass
+    assert filter_margin(logits, 1.0, 1e-9, 0) == pytest.approx(0.5)
     assert filter_margin(logits, 1.0, 1.0, 0) == float("inf")  # no filter: nothing to judge
     assert filter_margin(logits, 0.0, 0.5, 0) == float("inf")  # greedy: the argmax decides
     # the temperature scales before the cut: at T = 2 the masses are those of sqrt-weights

@@ -172,3 +172,27 @@ def test_sample_categorical_edges():
     w = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
     assert sample_categorical(w, torch.tensor([1.0 - 2 ** -24])).tolist() == [1]
     assert sample_categorical(w, torch.tensor([0.0])).tolist() == [1]
+
+
+@pytest.mark.parametrize("K, with_q, given_argmax", [(7, True, True), (3, False, False), (0, True, True), (4, True, False)])
+def test_the_fused_and_the_plain_assembly_agree(K, with_q, given_argmax):
+    """fused=True (the graphed step: its halves compiled on CUDA, the keyed hash inside them) and
+    the plain assembly (eager paths) are two arrangements of one computation: every output equal,
+    greedy and sampled rows, padding rows verifying nothing, with and without q and an argmax."""
+    g = torch.Generator().manual_seed(K * 10 + with_q)
+    N, V = 12, 50
+    p = torch.softmax(2 * torch.randn(N, K + 1, V, generator=g), -1)
+    q = torch.softmax(2 * torch.randn(N, K, V, generator=g), -1) if with_q else None
+    x = torch.randint(0, V, (N, K), generator=g)
+    if K:
+        x[:, 0] = p[:, 0].argmax(-1)
+    nv = torch.randint(0, K + 1, (N,), generator=g)
+    nv[0] = 0
+    greedy = torch.arange(N) % 4 == 1
+    seeds, anchors = torch.arange(N) * 977 + 5, torch.randint(3, 300, (N,), generator=g)
+    argmax = p.argmax(-1) if given_argmax else None
+    plain = rejection_sample(x, nv, p, q, greedy, seeds, anchors, target_argmax=argmax)
+    fused = rejection_sample(x, nv, p, q, greedy, seeds, anchors, target_argmax=argmax, fused=True)
+    for a, b in zip(plain, fused):
+        assert torch.equal(a, b)
+    assert bool((plain.num_emitted == plain.num_accepted + 1).all()) and bool((plain.num_accepted <= nv).all())
