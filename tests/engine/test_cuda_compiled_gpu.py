@@ -118,3 +118,45 @@ def test_fused_rejection_sampling_equals_the_plain_one_on_cuda(with_q):
     fused = rejection.rejection_sample(x, nv, p, q, greedy, seeds, anchors, fused=True)
     assert all(torch.equal(a, b) for a, b in zip(plain, fused))
     assert rejection._accept_prefix.failed is None
+
+
+def test_compiled_functions_replay_inside_a_cuda_graph():
+    """As the speculative step uses them: warmed up, captured into a CUDA graph over static
+    buffers, then replayed after the inputs changed in place: the replay must compute the new
+    inputs' values (the eager definition's), not the captured ones."""
+    B, K, bs, width = 8, 7, 16, 12
+    g = torch.Generator(device=DEV).manual_seed(11)
+    nq = torch.zeros(B, dtype=torch.long, device=DEV)
+    start, last = torch.zeros_like(nq), torch.zeros_like(nq)
+    drafts = torch.zeros(B, K, dtype=torch.long, device=DEV)
+    tables = torch.zeros(B, width, dtype=torch.int32, device=DEV)
+    conf, limits, budget = torch.rand(B, K, device=DEV), torch.full((B,), K, device=DEV), torch.tensor(20, device=DEV)
+
+    def fill():
+        nq.copy_(torch.randint(1, K + 2, (B,), device=DEV, generator=g))
+        start.copy_(torch.randint(0, bs * (width - 1) - K - 1, (B,), device=DEV, generator=g))
+        last.copy_(torch.randint(0, 1000, (B,), device=DEV, generator=g))
+        drafts.copy_(torch.randint(0, 1000, (B, K), device=DEV, generator=g))
+        tables.copy_(torch.randint(0, 500, (B, width), device=DEV, generator=g, dtype=torch.int32))
+        conf.copy_(torch.rand(B, K, device=DEV, generator=g))
+
+    def step():
+        layout = graphed_step.packed_layout(nq, start, last, drafts, tables, bs, 7 * bs, B * (K + 1))
+        counts = graphed_step.query_counts(nq, limits, conf, budget, True)
+        return layout, counts
+
+    fill()
+    step()  # warm-up: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        fill()
+        graph.replay()
+        want = (graphed_step.packed_layout.eager(nq, start, last, drafts, tables, bs, 7 * bs, B * (K + 1)),
+                graphed_step.query_counts.eager(nq, limits, conf, budget, True))
+        for a, b in zip(out[0], want[0]):
+            assert torch.equal(a, b)
+        assert torch.equal(out[1], want[1])
+    assert graphed_step.packed_layout.failed is None and graphed_step.query_counts.failed is None
