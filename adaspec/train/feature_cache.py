@@ -42,15 +42,18 @@ class TargetFeatureCache:
         device = next(target.parameters()).device
         hidden = features = None
         for i in range(0, rows.shape[0], batch_size):
-            ids = rows[i:i + batch_size].to(device)
+            chunk = rows[i:i + batch_size]
+            n = chunk.shape[0]
+            if n < batch_size:  # padded with the first rows: every chunk the compiled target's one shape
+                chunk = torch.cat([chunk, rows[torch.arange(batch_size - n) % rows.shape[0]]])
             with amp:
-                h, f = target_features(target, ids, layer_ids)
+                h, f = target_features(target, chunk.to(device), layer_ids)
             if hidden is None:
                 N, L = rows.shape
                 hidden = torch.empty(N, L, h.shape[-1], dtype=h.dtype, device=device)
                 features = torch.empty(N, L, f.shape[-1], dtype=f.dtype, device=device)
-            hidden[i:i + ids.shape[0]] = h
-            features[i:i + ids.shape[0]] = f
+            hidden[i:i + n] = h[:n]
+            features[i:i + n] = f[:n]
         if hidden is None:
             raise AdaspecError("--cache-target-features: no rows to cache")
         return cls(hidden, features)

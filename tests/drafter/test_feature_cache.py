@@ -43,6 +43,25 @@ def test_a_mixed_batch_gathers_its_cached_rows_and_computes_the_rest(trained_tar
         cache.hidden.numel() * 4 + cache.features.numel() * 4
 
 
+@pytest.mark.parametrize("num_rows", [10, 3])
+def test_every_row_is_cached_in_chunks_of_the_training_shape(trained_target, num_rows, monkeypatch):
+    """The last chunk (and a set smaller than one batch) is padded to the batch's shape, so the
+    compiled target sees one shape; every row's features are its own."""
+    from adaspec.train import drafter_loss
+
+    target, _, _ = trained_target
+    rows = chain_sequences(num_rows, 24, seed=9)
+    shapes, real = [], drafter_loss.target_features
+    monkeypatch.setattr(drafter_loss, "target_features",
+                        lambda t, ids, layers: shapes.append(tuple(ids.shape)) or real(t, ids, layers))
+    cache = TargetFeatureCache.build(target, rows, [0, 1], AMP, 4)
+    assert set(shapes) == {(4, 24)}
+    with torch.no_grad():
+        want = real(target, rows, [0, 1])
+    torch.testing.assert_close(cache.hidden, want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.features, want[1], rtol=1e-5, atol=1e-5)
+
+
 def test_rows_longer_than_a_window_and_corpus_only_runs_are_refused(trained_target):
     target, _, _ = trained_target
     long_rows = RowSampler(chain_sequences(6, 40, seed=5).numpy(), 24, 2)
