@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import torch
 
+from adaspec.h2d import to_device
 from adaspec.models.attention import build_attention_metadata
 
 
@@ -102,7 +103,9 @@ def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p,
             probs = processed_probs(logits, temp, tp, tk, any_filter=top_p < 1.0, any_greedy=False)
             nxt = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
         new[:, t] = nxt
-        ids, positions = nxt, torch.from_numpy(kv_lens).to(device)
+        # pinned and asynchronous: a pageable copy waits for the stream, so the host (its metadata,
+        # its launches) could never run ahead of the GPU and every step paid both
+        ids, positions = nxt, to_device(kv_lens, device)
         q_lens, kv_lens = [1] * B, kv_lens + 1
         last = torch.arange(B, device=device)
         if profile is not None:

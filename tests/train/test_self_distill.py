@@ -83,6 +83,30 @@ def test_the_triton_backend_gives_the_reference_backends_greedy_rows_on_gpu(micr
     assert same >= 0.9 * len(prompts), f"{same} of {len(prompts)} rows equal"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_decode_loop_does_not_sync_per_step_on_gpu(micro_qwen3):
+    """The loop's syncs (the prompts' upload, the tokens read back at the end) must not grow with
+    the number of decode steps: a per-step sync keeps the host from running ahead of the GPU."""
+    import warnings
+
+    m, _ = load_target(micro_qwen3, dtype="bfloat16", device="cuda")
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(3 + i % 5)] for i in range(16)]
+    sample_ragged(m, prompts, 4, temperature=1.0, batch_size=16)  # warm-up: kernels compile outside the count
+
+    def syncs(gen_len):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                sample_ragged(m, prompts, gen_len, temperature=1.0, batch_size=16)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(12) == syncs(4)
+
+
 def test_auto_falls_back_to_the_reference_attention_when_its_kernel_fails(model, monkeypatch, capsys):
     """The pair build runs minutes on a machine that keeps nothing: a kernel failure of the backend
     "auto" chose must cost a slower decode, not the build. An explicit backend still raises."""
