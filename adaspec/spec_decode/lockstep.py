@@ -61,12 +61,13 @@ def draw_margin(weights: torch.Tensor, u: float) -> float:
 def filter_margin(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> float:
     """How near processed_probs' top-k / top-p filter came to keeping a different set of tokens
     (inf for a row without a filter), from the row's logits in float64: for top-k, the gap between
-    the k-th and the next scaled logit over their magnitude; for top-p, the least distance of a
-    token's preceding sorted mass to top_p (the probabilities' own scale). Two engines whose
-    float32 probabilities differ by rounding keep different tokens when this is a near-tie, and
-    their draws may then part at any margin (the renormalized distribution moves by the mass of
-    the token kept or dropped): H200 run 40 saw a first token part at a draw margin of 4.5e-5
-    whose top-p cutoff was 3.2e-7 from 0.9."""
+    the k-th and the next scaled logit over their magnitude (at least 1); for top-p, the least
+    distance of a kept-or-dropped token's preceding sorted mass to top_p (the probabilities' own
+    scale; the first token is always kept). Two engines whose float32 probabilities differ by
+    rounding keep different tokens when this is a near-tie, and their draws may then part at any
+    margin (the renormalized distribution moves by the mass of the token kept or dropped): H200
+    run 40 saw a first token part at a draw margin of 4.5e-5; that request's cutoff lies 2.2e-7
+    from 0.9 (tests/spec_decode/test_lockstep.py, on the CPU)."""
     V = logits.shape[-1]
     if temperature <= 0 or (top_p >= 1.0 and not 0 < top_k < V):
         return float("inf")

@@ -273,15 +273,22 @@ def heldout_stats(target, drafter, loss_fn, amp, sets: dict, anchors: dict, gamm
     return out
 
 
+def _row_sampler(sampler):
+    """The sampler of the rows a feature cache holds: the first part of a mixed batch, or the whole."""
+    from adaspec.train.drafter_data import MixedSampler
+
+    return sampler.parts[0] if isinstance(sampler, MixedSampler) else sampler
+
+
 def build_feature_cache(args, target, sampler, layer_ids: list[int], amp, device):
     """--cache-target-features: the cache of the sampler's rows (train/feature_cache.py), or None
     (with a note) when the device lacks the memory for it."""
     import torch
 
-    from adaspec.train.drafter_data import MixedSampler, RowSampler
+    from adaspec.train.drafter_data import RowSampler
     from adaspec.train.feature_cache import TargetFeatureCache, cache_bytes
 
-    rows = sampler.parts[0] if isinstance(sampler, MixedSampler) else sampler
+    rows = _row_sampler(sampler)
     if not isinstance(rows, RowSampler):
         raise AdaspecError("--cache-target-features caches the rows of --data or --self-distill; this run trains "
                            "on corpus windows only")
@@ -308,11 +315,9 @@ def batch_features(cache, target, sampler, ids, layer_ids: list[int], amp):
     windows, after them in the batch) computed."""
     import torch
 
-    from adaspec.train.drafter_data import MixedSampler
     from adaspec.train.drafter_loss import target_features
 
-    rows = sampler.parts[0] if isinstance(sampler, MixedSampler) else sampler
-    hidden, feats = cache.gather(*rows.last_draw, ids.shape[1])
+    hidden, feats = cache.gather(*_row_sampler(sampler).last_draw, ids.shape[1])
     n = hidden.shape[0]
     if ids.shape[0] > n:
         with torch.no_grad(), amp:
