@@ -72,7 +72,8 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
   cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s.
   total       ~35 + 150 + 25 + 160 + 15 + 25 + 10 = ~410 s (measured 355-444 s; 378 s in H200 run 34,
               where the refitted box, train/time_box.py, held the drafter stage to 152 s where the
-              single early fit had run it 170-184 s in run 33);
+              single early fit had run it 170-184 s in run 33; 425 s in run 40; 382 s in run 41 with
+              the target's features cached, the drafter stage 156 s for its 4,000 steps);
               every stage's seconds land in
               pair.json. Over the issue's ~4-5 minutes by about one: the drafter's acceptance is worth it.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
@@ -118,9 +119,12 @@ _CODE_06B = {
         # 0.85-0.86. Run 34, 4,096 rows: held out 0.799, training rows 0.815)
         "heldout_rows": 64, "heldout_every": 400,
         # the frozen target's features of the self-distilled rows computed once instead of every step
-        # (train/feature_cache.py: ~1/3 of a step's kernels repeat ~23 times per row); CPU-tested, not
-        # yet measured on a build, so off until one measures its step time and acceptance
-        "cache_target_features": False,
+        # (train/feature_cache.py: ~1/3 of a step's kernels repeat ~23 times per row). H200 run 41, one
+        # build: 11.8 GiB cached in 6.5 s, kernels 22.7 against 32.8 ms a step (run 40), 4,000 steps in
+        # 148 s against 167-182 s in runs 36-40 (the step is now host-bound: 36 ms wall), the stage 156
+        # against 169-185 s; held-out tau 4.698 / 3.244, inside the 4.57-4.91 / 3.20-3.33 that this
+        # recipe's builds gave without it (runs 34-40)
+        "cache_target_features": True,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
     # distribution as the held-out figures, disjoint prompts); "val", windows of the val split, made the
