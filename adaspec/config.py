@@ -148,6 +148,15 @@ class SpeculativeConfig:
     # spreads at T = 0 and at 1-64 requests at T = 1, and at 256 requests, T = 1 it skipped drafting
     # in 22-30 steps instead of 10-13 and made 1.1% less (44,309 +- 79 against 44,792 +- 129 tok/s)
     adaptive_verification_unobserved_confidence: str | None = None
+    # a step that carries prompt chunks beside decoding rows: "separate" prices the rows' drafting
+    # by the decode tables alone and runs them, drafting or not, beside the chunks' own forward (the
+    # graphed pipelined step); "fused" judges drafting there at the margin (policy.mixed_step_drafts:
+    # its expected extra tokens against what its extra time makes in decode-only steps) and runs a
+    # step it does not draft as ONE forward with the chunks (the plain engine's mixed graphs), as
+    # no-spec does. Why: on the Qwen3-8B shape at 256 requests the speculative arms lost their point
+    # in such steps, 30 of ~100 ms each against no-spec's 24 of 94 (H200 run 41). Opt-in until
+    # measured on the GPU
+    adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
     cost_model_cache_dir: str | None = None  # default ~/.cache/adaspec/cost_models
@@ -193,6 +202,9 @@ class SpeculativeConfig:
         if c.adaptive_verification_unobserved_confidence not in (None, "one", "population"):
             raise ConfigError("adaptive_verification_unobserved_confidence must be \"one\", \"population\" or null, "
                               f"got {c.adaptive_verification_unobserved_confidence!r}")
+        if c.adaptive_verification_mixed_steps not in ("separate", "fused"):
+            raise ConfigError("adaptive_verification_mixed_steps must be \"separate\" or \"fused\", got "
+                              f"{c.adaptive_verification_mixed_steps!r}")
         if c.adaptive_verification_step_costs not in ("measured", "tables"):
             raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\", got "
                               f"{c.adaptive_verification_step_costs!r}")

@@ -7,7 +7,10 @@ candidate step with the host's measured per-step overhead added:
 whose budget scales the confidences by what the target accepted lately, per position:
 "adaptive_verification_online_calibration": true), `adaptive-population:K` (adaptive verification
 counting a request no step drafted for yet at the running average of the observed confidences
-instead of 1.0: "adaptive_verification_unobserved_confidence": "population"), and the --speculative-config each one gets."""
+instead of 1.0: "adaptive_verification_unobserved_confidence": "population"), `adaptive-fused:K`
+(adaptive verification judging a step with prompt chunks at the margin and running one it does not
+draft as one forward with the chunks: "adaptive_verification_mixed_steps": "fused"), and the
+--speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from adaspec.errors import AdaspecError
 
 ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
-                  "adaptive-population")
+                  "adaptive-population", "adaptive-fused")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
@@ -54,6 +57,8 @@ class Arm:
             cfg["adaptive_verification_online_calibration"] = True
         if self.kind == "adaptive-population":
             cfg["adaptive_verification_unobserved_confidence"] = "population"
+        if self.kind == "adaptive-fused":
+            cfg["adaptive_verification_mixed_steps"] = "fused"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
         cfg.update(extra or {})  # same extra keys for every speculative arm (e.g. profiling settings)
@@ -65,7 +70,7 @@ def parse_arm(text: str) -> Arm:
     m = _ARM.match(t)
     if not m:
         raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                       "adaptive-overhead:K, adaptive-tracked:K or adaptive-population:K (K >= 1)")
+                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K or adaptive-fused:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

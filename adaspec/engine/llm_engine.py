@@ -448,7 +448,23 @@ class LLMEngine:
         self.stats.num_preemptions = self.scheduler.num_preemptions
         if prev is not None:  # the policy's step time (launch to launch), before it plans the next step
             self.spec.policy.observe_step(1e3 * (time.perf_counter() - prev.launched_at))
-        if scheduled:
+        if scheduled and self.spec.decide_mixed(scheduled) is False:
+            # a step with prompt chunks that the fused policy runs without drafts: one forward with
+            # the chunks, as no-spec runs it (the pipelined step would run the rows beside them).
+            # Its tokens are read back before the next step, so the step in flight is read back
+            # first, and the rows are scheduled afresh knowing every token, without draft slots:
+            # the chunks get the whole budget
+            if prev is not None:
+                self.stats.num_pipeline_drains += 1
+                outputs += self._drain_spec()
+                prev = None
+            scheduled = self.scheduler.schedule(drafts=False)
+            self._spec_in_flight = None
+            if scheduled:
+                self._count_step(scheduled)
+                self.spec.hold_plain()
+                outputs += self._spec_step(scheduled)
+        elif scheduled:
             self._count_step(scheduled)
             if self.spec.can_pipeline(scheduled):
                 self._spec_serial += 1

@@ -32,6 +32,8 @@ class EngineStats:
     num_bonus_tokens: int = 0  # tokens sampled from the target (one per verifying request per step)
     num_sampled_without_draft: int = 0  # tokens sampled in steps where the request had no draft
     num_steps_draft_skipped: int = 0  # adaptive: steps where drafting was predicted not to pay
+    # adaptive_verification_mixed_steps "fused": steps with prompt chunks that ran as one forward
+    num_mixed_steps_fused: int = 0
     num_capped_draft_slots: int = 0  # proposed slots that could never be verified (near max_tokens)
     accepted_per_pos: list[int] = field(default_factory=list)
     verified_per_pos: list[int] = field(default_factory=list)

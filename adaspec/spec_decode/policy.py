@@ -166,6 +166,39 @@ def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_
     return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
 
 
+def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int, prefill_tokens: int,
+                      num_requests: int, cost: Any, prefill_apart: bool) -> tuple[bool, int]:
+    """Whether the decoding rows of a step that also carries prefill_tokens of prompt chunks should
+    draft, and B* if they do (adaptive_verification_mixed_steps "fused").
+
+    The chunks cost the step their forward whichever way it goes, so the rate of the whole step
+    (what the decode-only objective maximizes) is the wrong yardstick: diluted by the chunks' time,
+    any drafting looks cheap. Judged at the margin instead: drafting's expected extra tokens, the B*
+    best survivals' sum S(B*), must beat what its extra time would make in decode-only steps at the
+    best rate the tables offer there, r_ref = max(decode-only objective at B*, plain n / verify(T)).
+    Without drafts the decoding rows ride in the chunks' forward: verify_ms(T + P). With drafts:
+    draft_ms(R) + verify(T + B*) + verify(P) when the chunks run as their own forward (prefill_apart:
+    the graphed pipelined step), draft_ms(R) + verify(T + B* + P) when one forward carries both (the
+    eager step). Drafts iff S(B*) > r_ref * (t_draft - t_plain). B* is the decode-only objective's
+    (survivals of no current draft: the decision, like B*, is lossless). Prompt tokens past the
+    tables' largest size are priced by their linear extrapolation (cost_model.py)."""
+    objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
+    b = int(np.argmax(objective))
+    if b == 0:  # the drafts would all be thrown away
+        return False, 0
+    gain = float(np.sort(np.asarray(survivals, dtype=np.float64).ravel())[::-1][:b].sum())
+    verify_b = float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens + b))[0])
+    draft = (n_sampling + gain) / float(objective[b]) - verify_b  # the draft as the objective priced it
+    plain_rate = n_sampling / max(float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens))[0]), 1e-12)
+    ref = max(float(objective[b]), plain_rate)
+    t_plain = float(np.ravel(cost.verify_ms(decode_tokens + prefill_tokens))[0])
+    if prefill_apart:
+        t_draft = draft + verify_b + float(np.ravel(cost.verify_ms(prefill_tokens))[0])
+    else:
+        t_draft = draft + float(np.ravel(cost.verify_ms(decode_tokens + b + prefill_tokens))[0])
+    return gain > ref * (t_draft - t_plain), b
+
+
 def draft_widths(k: int, narrow: bool) -> list[int]:
     """The draft widths (slots per request) the adaptive step may draft: k, or with
     adaptive_draft_width "budget" also about k/4 and k/2 (the fewest that hold the step's budget
@@ -329,7 +362,8 @@ class AdaptiveBudget:
 
 # -- the policies the speculative step calls: verify every reserved slot, or the adaptive budget
 class FixedPolicy:
-    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
+    def should_draft(self, request_ids, n_sampling, base_tokens, limits, prefill_tokens: int = 0,
+                     prefill_apart: bool = False) -> bool:
         return True
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
@@ -390,7 +424,7 @@ class AdaptivePolicy:
 
     def __init__(self, cost_model, k: int, ema_alpha: float | None = None, probe_every: int = 16,
                  overhead=None, step_costs=None, probe_max: int | None = None, correction=None,
-                 on_step_cost=None, unobserved: str | None = None):
+                 on_step_cost=None, unobserved: str | None = None, mixed_steps: str = "separate"):
         from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 
         # overhead (step_overhead.StepOverhead): what a step costs beyond the tables, added to
@@ -409,6 +443,11 @@ class AdaptivePolicy:
         if unobserved is None:
             unobserved = "population" if step_costs is not None else "one"
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha, unknown=unobserved, correction=correction)
+        # config adaptive_verification_mixed_steps: "fused" judges a step that carries prompt chunks
+        # at the margin (mixed_step_drafts), and the engine runs its plain choice as one forward
+        if mixed_steps not in ("separate", "fused"):
+            raise ValueError(f"mixed_steps must be 'separate' or 'fused', got {mixed_steps!r}")
+        self.mixed_steps = mixed_steps
         self.probe_every = probe_every
         self.probe_max = max(probe_every, probe_max if probe_max is not None else 16 * probe_every)
         self.probe_interval = probe_every  # steps between probes now (probe_every .. probe_max)
@@ -489,12 +528,18 @@ class AdaptivePolicy:
             return
         self.overhead.observe(wall_ms, self._priced_ms(*planned) if priced is None else priced)
 
-    def _draft_pays(self, request_ids, n_sampling, base_tokens, limits) -> tuple[bool, int]:
+    def _draft_pays(self, request_ids, n_sampling, base_tokens, limits, prefill_tokens: int = 0,
+                    prefill_apart: bool = False) -> tuple[bool, int]:
         """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or
-        from the measured rates of both kinds where there are some."""
+        from the measured rates of both kinds where there are some (decode-only steps: a step
+        with prompt chunks under mixed_steps "fused" is judged by mixed_step_drafts)."""
         r = len(request_ids)
         a = survival(self.budget.old_confidences(request_ids))
         a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
+        if self.mixed_steps == "fused" and prefill_tokens > 0:
+            self._decided_by_rates = False
+            decode_tokens = base_tokens if prefill_apart else base_tokens - prefill_tokens
+            return mixed_step_drafts(a, n_sampling, decode_tokens, prefill_tokens, r, self.cost, prefill_apart)
         objective = budget_objective(a, n_sampling, base_tokens, r, self.cost)
         # the same objective choose_budget maximizes (same old survivals, limits, step shape):
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
@@ -517,8 +562,12 @@ class AdaptivePolicy:
         self._after_probe = True
         return True
 
-    def should_draft(self, request_ids, n_sampling, base_tokens, limits) -> bool:
-        """Whether the step about to run drafts (when not, it is planned as a plain step)."""
+    def should_draft(self, request_ids, n_sampling, base_tokens, limits, prefill_tokens: int = 0,
+                     prefill_apart: bool = False) -> bool:
+        """Whether the step about to run drafts (when not, it is planned as a plain step).
+        base_tokens: the query tokens of the forward the drafts would be verified in;
+        prefill_tokens: the step's prompt-chunk tokens, counted in base_tokens unless prefill_apart
+        (they run as a forward of their own)."""
         self._budget_now = None
         if self._plain_probe_left > 0:  # a plain probe's steps, where the engine asks every step
             self._plain_probe_left -= 1
@@ -528,7 +577,7 @@ class AdaptivePolicy:
         self._decided_requests = len(request_ids)
         after_probe, self._after_probe = self._after_probe, False
         after_plain_probe, self._after_plain_probe = self._after_plain_probe, False
-        pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits)
+        pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
         if pays:
             self._budget_now = b
             self.skipped_in_a_row = 0

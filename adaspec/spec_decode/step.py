@@ -153,6 +153,7 @@ class SpeculativeDecoder:
                               correction=SurvivalCorrection(self.num_spec_tokens)
                               if self.cfg.adaptive_verification_online_calibration else None,
                               unobserved=self.cfg.adaptive_verification_unobserved_confidence,
+                              mixed_steps=self.cfg.adaptive_verification_mixed_steps,
                               # engine.stats is replaced after the warm-up: look it up at each call
                               on_step_cost=lambda *a: self.engine.stats.record_step_cost(*a))
 
@@ -246,7 +247,11 @@ class SpeculativeDecoder:
     def _run(self, scheduled: list[ScheduledSeq], report) -> None:
         g = self.graphed
         every = list(range(len(scheduled)))
-        if g is None:
+        if g is not None and self._decided is None:
+            self.decide_mixed(scheduled)
+        if g is None or self._decided is False and self.fuses_mixed_steps():
+            # no graphs, or a step with prompt chunks that does not draft (mixed_steps "fused"): one
+            # forward for every row (the runner's mixed graph where one holds it), as no-spec runs it
             parts = [(every, False)]
         else:
             covered = [i for i, s in enumerate(scheduled) if self._row_covered(s)][: g.batch_sizes[-1]]
@@ -264,6 +269,44 @@ class SpeculativeDecoder:
                                        graphed)) for idx, graphed in parts]
         for idx, finish in launched:
             report(idx, finish())
+
+    def fuses_mixed_steps(self) -> bool:
+        """adaptive_verification_mixed_steps "fused" (config.py says why)."""
+        return self.cfg.enable_adaptive_verification and self.cfg.adaptive_verification_mixed_steps == "fused"
+
+    def _prefill_tokens(self, scheduled: list[ScheduledSeq]) -> int:
+        """The step's query tokens outside its decoding rows (prompt chunks, recomputation): what
+        the fused policy prices at the margin; 0 (decode tables alone) unless the mode is fused."""
+        if not self.fuses_mixed_steps():
+            return 0
+        return sum(s.num_tokens for s in scheduled if not self._row_covered(s))
+
+    def decide_mixed(self, scheduled: list[ScheduledSeq]) -> bool | None:
+        """Under mixed_steps "fused", with graphs: a step with decoding rows the graphs serve and
+        prompt chunks asks the policy once whether those rows draft, pricing the chunks' forward in
+        (policy.mixed_step_drafts; drafting would run the rows graphed beside the chunks' forward).
+        The answer holds for this step (self._decided); a False one runs it as one forward. None:
+        not such a step, or another mode."""
+        g = self.graphed
+        if g is None or not self.fuses_mixed_steps():
+            return None
+        covered = [s for s in scheduled if self._row_covered(s)][: g.batch_sizes[-1]]
+        drafted = [s for s in covered if s.spec_slots > 0]
+        if not drafted or len(covered) == len(scheduled):
+            return None
+        self._decided = self.policy.should_draft(
+            [s.seq.request_id for s in drafted], len(covered), len(covered),
+            np.array([s.spec_slots for s in drafted], dtype=np.int64),
+            prefill_tokens=sum(s.num_tokens for s in scheduled if not self._row_covered(s)), prefill_apart=True)
+        if self._decided is False:
+            self.engine.stats.num_steps_draft_skipped += 1
+            self.engine.stats.num_mixed_steps_fused += 1
+        return self._decided
+
+    def hold_plain(self) -> None:
+        """The next step() runs without drafts as one forward (the engine scheduled it without draft
+        slots after decide_mixed said so; without this _run would split it again)."""
+        self._decided = False
 
     # -- pipelined steps (pipelined.py) --------------------------------------------------------
     def can_pipeline(self, scheduled: list[ScheduledSeq]) -> bool:
@@ -289,10 +332,13 @@ class SpeculativeDecoder:
             if prev is not None:
                 carried, first_tokens = carried_rows(rows, prev)
             drafted = [r for r, s in enumerate(rows) if s.spec_slots > 0]
-            if drafted and not self.policy.should_draft(
+            decided, self._decided = self._decided, None  # decide_mixed's answer, for this step only
+            if drafted and decided is None:
+                decided = self.policy.should_draft(
                     [rows[r].seq.request_id for r in drafted], len(rows), len(rows),
-                    np.array([rows[r].spec_slots for r in drafted], dtype=np.int64)):
-                self.engine.stats.num_steps_draft_skipped += 1
+                    np.array([rows[r].spec_slots for r in drafted], dtype=np.int64))
+                self.engine.stats.num_steps_draft_skipped += not decided
+            if decided is False:
                 drafted = []
             finish = self._launch_graphed(rows, drafted, [True] * len(rows), t0, carried=carried, serial=serial,
                                           first_tokens=first_tokens)
@@ -300,6 +346,7 @@ class SpeculativeDecoder:
             for s in rows:
                 s.seq.in_flight_max = 1 + (s.spec_slots if drafting else 0)
                 s.seq.in_flight_step = serial
+        self._decided = None
         pending, sampling_rows = None, []
         if prefill:
             pending, sampling_rows = self._launch_prefill([scheduled[i] for i in prefill])
@@ -337,10 +384,14 @@ class SpeculativeDecoder:
         # every row the graphs serve samples (_row_covered): not asked again for each
         samples = [True] * len(scheduled) if graphed else [s.samples for s in scheduled]
         drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
-        if drafted and self._decided is None and not self.policy.should_draft(
+        decided = self._decided  # decide_drafting's or decide_mixed's answer for this step, if asked
+        if drafted and decided is None:
+            decided = self.policy.should_draft(
                 [scheduled[i].seq.request_id for i in drafted], int(sum(samples)),
-                sum(s.num_tokens for s in scheduled), np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)):
-            stats.num_steps_draft_skipped += 1
+                sum(s.num_tokens for s in scheduled), np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64),
+                prefill_tokens=self._prefill_tokens(scheduled))
+            stats.num_steps_draft_skipped += not decided
+        if decided is False:
             drafted = []
         if graphed:
             return self._launch_graphed(scheduled, drafted, samples, t0)
@@ -633,5 +684,7 @@ class SpeculativeDecoder:
             return None
         self._decided = self.policy.should_draft(
             [s.seq.request_id for s in drafted], int(sum(s.samples for s in scheduled)),
-            sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64))
+            sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64),
+            # fused: a step it skips runs as the plain async step, one forward with the chunks
+            prefill_tokens=self._prefill_tokens(scheduled))
         return self._decided

@@ -41,7 +41,7 @@ def engine(mode, n, model_dir):
               skip_tokenizer_init=True, max_model_len=4096)
     eng = llm.llm_engine
     if mode == "plain":  # plain steps only: the policy never lets a step draft
-        eng.spec.policy.should_draft = lambda *a: False
+        eng.spec.policy.should_draft = lambda *a, **kw: False
         eng.spec.policy.plain_step_done = lambda *a: False
     g = torch.Generator().manual_seed(0)
     for i in range(n):

@@ -190,6 +190,12 @@ def test_arm_parsing_and_configs():
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_unobserved_confidence": "population", "draft_sample_method": "probabilistic"}
     assert all("adaptive_verification_unobserved_confidence" not in a.speculative_config("d", 1.0) for a in arms[1:])
+    fused = parse_arm("adaptive-fused:7")
+    assert fused.kind == "adaptive-fused" and fused.slug == "adaptive-fused-7"
+    assert fused.speculative_config("d", 0.0) == {
+        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+        "adaptive_verification_mixed_steps": "fused", "draft_sample_method": "greedy"}
+    assert all("adaptive_verification_mixed_steps" not in a.speculative_config("d", 1.0) for a in arms[1:])
     assert arms[3].speculative_config("d", 0.0) == {
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}

@@ -50,10 +50,10 @@ def _script(llm, drafts_at, async_mode: bool):
     eng = llm.llm_engine
     policy = eng.spec.policy
     if async_mode:  # asked before the step is counted (a drafting step), or after it (a plain one)
-        policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps + 1)
+        policy.should_draft = lambda *a, **kw: drafts_at(eng.stats.num_steps + 1)
         policy.plain_step_done = lambda *a: drafts_at(eng.stats.num_steps + 1)
     else:  # the synchronous engine decides inside the step (counted before it runs)
-        policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
+        policy.should_draft = lambda *a, **kw: drafts_at(eng.stats.num_steps)
 
 
 def _same(want, got):

@@ -114,6 +114,35 @@ def test_mixed_graphs_match_eager_with_arrivals(spec):
         assert abs(b.num_accepted_tokens - a.num_accepted_tokens) <= 0.02 * a.num_accepted_tokens
 
 
+def test_fused_mixed_steps_run_as_one_forward_and_keep_the_targets_outputs(tmp_path):
+    """adaptive_verification_mixed_steps "fused" on the pipelined graphed engine, with a cost
+    table shaped like a GPU's (flat to 64 tokens, then linear) so that steps carrying prompt chunks
+    do not draft while decode-only steps do: those steps run as one mixed-graph forward after the
+    step in flight is read back, and greedy float32 outputs equal the plain engine's."""
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
+    from adaspec.spec_decode.policy import AdaptivePolicy
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    knee = CostModel(CostTable(sizes, [10 + 0.5 * max(0, n - 64) for n in sizes]), CostTable(sizes, [1.0] * len(sizes)))
+    prompts = _prompts(19)
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
+    cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
+           "enable_adaptive_verification": True, "adaptive_verification_mixed_steps": "fused",
+           "cost_model_cache_dir": str(tmp_path)}
+    kw = dict(max_num_seqs=8, device="cuda", dtype="float32", max_num_batched_tokens=256)
+    want = [o.outputs[0].token_ids for o in LLM("tiny", enforce_eager=True, **kw).generate(prompts, params)]
+    llm = LLM("tiny", cudagraph_mode="FULL", speculative_config=cfg, **kw)
+    eng = llm.llm_engine
+    assert eng.async_scheduling and eng._pipelines_spec()
+    eng.spec.policy = AdaptivePolicy(knee, k=5, probe_every=1000, mixed_steps="fused")
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want, _divergence(got, want, params)
+    st = eng.stats
+    assert st.num_mixed_steps_fused > 0 and st.num_draft_tokens > 0 and st.num_pipelined_steps > 0
+    assert eng.runner.num_mixed_graph_steps >= st.num_mixed_steps_fused and eng.runner.num_split_steps == 0
+    assert eng.kv_blocks_free() == eng.kv_blocks_total() and not eng.has_unfinished_requests()
+
+
 def test_async_scheduling_equals_sync_on_gpu():
     """Seeded T = 1 with stop tokens (requests stop while their next step is in flight): the
     graphed engine with and without async scheduling, token for token."""
@@ -276,10 +305,10 @@ def test_adaptive_plain_async_steps_on_gpu():
         eng = llm.llm_engine
         drafts_at = lambda n: n % 5 == 0  # noqa: E731
         if async_mode:
-            eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps + 1)
+            eng.spec.policy.should_draft = lambda *a, **kw: drafts_at(eng.stats.num_steps + 1)
             eng.spec.policy.plain_step_done = lambda *a: drafts_at(eng.stats.num_steps + 1)
         else:
-            eng.spec.policy.should_draft = lambda *a: drafts_at(eng.stats.num_steps)
+            eng.spec.policy.should_draft = lambda *a, **kw: drafts_at(eng.stats.num_steps)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert got == want
         assert eng.async_scheduling == async_mode and eng.stats.num_steps_draft_skipped > 10

@@ -101,7 +101,7 @@ def test_adaptive_plain_steps_replay_graphs_that_write_the_drafters_context(pair
         # step n (1-based) drafts iff n % 4 == 0, in both engines (the async one asks before a drafting
         # step is counted, or after a plain one; the synchronous one inside the counted step)
         ahead = 1 if graphed else 0
-        spec.policy.should_draft = lambda *a, e=eng, d=ahead: (e.stats.num_steps + d) % 4 == 0
+        spec.policy.should_draft = lambda *a, e=eng, d=ahead, **kw: (e.stats.num_steps + d) % 4 == 0
         spec.policy.plain_step_done = lambda *a, e=eng: (e.stats.num_steps + 1) % 4 == 0
         proposals = record_proposals(spec.drafter)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * len(prompts))]

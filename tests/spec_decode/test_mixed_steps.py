@@ -1,0 +1,153 @@
+"""adaptive_verification_mixed_steps "fused": a step that carries prompt chunks is judged at the
+margin (policy.mixed_step_drafts) and, when it does not draft, runs as one forward with the chunks.
+The decision against a brute force from first principles, its agreement with the decode-only rule
+when there is nothing to fuse, the policy's use of it, and the engine's outputs (the target's)."""
+import numpy as np
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.config import SpeculativeConfig
+from adaspec.errors import ConfigError
+from adaspec.spec_decode.cost_model import CostModel, CostTable
+from adaspec.spec_decode.policy import (AdaptivePolicy, allocate, budget_objective, mixed_step_drafts, survival)
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def _knee_cost(flat_ms=10.0, knee=64, slope=0.5, draft_ms=1.0):
+    """A GPU-like verify cost: flat (memory-bound) up to `knee` tokens, then linear (compute-bound)."""
+    return CostModel(CostTable(SIZES, [flat_ms + slope * max(0, s - knee) for s in SIZES]),
+                     CostTable(SIZES, [draft_ms] * len(SIZES)))
+
+
+def _brute(surv, n, decode_tokens, prefill, cost, apart):
+    """From first principles: every budget B's expected tokens by an explicit allocation, the
+    decode-only step's best B and rate, the two ways to run the step, and the margin."""
+    R, K = surv.shape
+    draft = float(cost.draft_ms(R))
+    best_b, best_rate = 0, -1.0
+    for b in range(R * K + 1):
+        lens = allocate(surv, b)
+        tokens = n + sum(float(surv[r, :lens[r]].sum()) for r in range(R))
+        rate = tokens / (draft + float(cost.verify_ms(decode_tokens + b)))
+        if rate > best_rate + 1e-12:
+            best_b, best_rate = b, rate
+    if best_b == 0:
+        return False, 0
+    lens = allocate(surv, best_b)
+    gain = sum(float(surv[r, :lens[r]].sum()) for r in range(R))
+    ref = max(best_rate, n / float(cost.verify_ms(decode_tokens)))
+    t_plain = float(cost.verify_ms(decode_tokens + prefill))
+    if apart:
+        t_draft = draft + float(cost.verify_ms(decode_tokens + best_b)) + float(cost.verify_ms(prefill))
+    else:
+        t_draft = draft + float(cost.verify_ms(decode_tokens + best_b + prefill))
+    return gain > ref * (t_draft - t_plain), best_b
+
+
+def _random_case(rng):
+    R, K = int(rng.integers(1, 6)), int(rng.integers(1, 8))
+    surv = survival(rng.uniform(0.05, 1.0, size=(R, K)))
+    cost = _knee_cost(flat_ms=float(rng.uniform(2, 20)), knee=int(rng.choice([8, 32, 64, 256])),
+                      slope=float(rng.uniform(0.01, 1.0)), draft_ms=float(rng.uniform(0.1, 8)))
+    return surv, R, cost
+
+
+def test_the_margin_decision_matches_a_brute_force():
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(300):
+        surv, R, cost = _random_case(rng)
+        prefill = int(rng.choice([1, 17, 200, 1500, 3000]))
+        apart = bool(rng.integers(2))
+        want = _brute(surv, R, R, prefill, cost, apart)
+        got = mixed_step_drafts(surv, R, R, prefill, R, cost, apart)
+        assert got == want, (surv, prefill, apart)
+        seen.add(got[0])
+    assert seen == {True, False}  # both answers occur among the cases
+
+
+def test_with_no_prompt_tokens_in_one_forward_it_is_the_decode_only_rule():
+    """Nothing to fuse (P = 0, one forward): drafting at the margin pays exactly when the best
+    drafting rate beats a plain step's, the rule AdaptivePolicy applies to decode-only steps."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        surv, R, cost = _random_case(rng)
+        objective = budget_objective(surv, R, R, R, cost)
+        b = int(np.argmax(objective))
+        rule = b > 0 and float(objective[b]) > R / float(cost.verify_ms(R))
+        assert mixed_step_drafts(surv, R, R, 0, R, cost, prefill_apart=False)[0] == rule
+
+
+def test_the_margin_follows_the_step_shape():
+    """Four rows whose decode-only steps draft (28 slots under the knee: nearly free). In one
+    forward with the chunk, a 20-token chunk leaves drafting worth it, a 1,000-token one makes
+    every verified slot cost its compute: plain. With the chunk in a forward of its own (the
+    graphed step), drafting also pays a second forward: plain beside either chunk at confidence
+    0.7; at 0.9 it pays beside the big chunk, whose own forward costs what the fused one would."""
+    cost = _knee_cost()
+    surv = survival(np.full((4, 7), 0.7))
+    objective = budget_objective(surv, 4, 4, 4, cost)
+    assert int(np.argmax(objective)) == 28 and float(objective.max()) > 4 / float(cost.verify_ms(4))
+    assert mixed_step_drafts(surv, 4, 4, 20, 4, cost, prefill_apart=False) == (True, 28)
+    assert mixed_step_drafts(surv, 4, 4, 1000, 4, cost, prefill_apart=False)[0] is False
+    assert mixed_step_drafts(surv, 4, 4, 20, 4, cost, prefill_apart=True)[0] is False
+    assert mixed_step_drafts(surv, 4, 4, 1000, 4, cost, prefill_apart=True)[0] is False
+    assert mixed_step_drafts(survival(np.full((4, 7), 0.9)), 4, 4, 1000, 4, cost, prefill_apart=True)[0] is True
+
+
+def test_the_policy_uses_it_only_in_fused_mode():
+    cost = _knee_cost()
+    ids = ["a", "b", "c", "d"]
+    limits = np.full(4, 7)
+    for mode, beside_a_chunk in (("separate", True), ("fused", False)):
+        p = AdaptivePolicy(cost, k=7, mixed_steps=mode)
+        for r in ids:
+            p.observe([r], np.full((1, 7), 0.7))
+        assert p.should_draft(ids, 4, 4, limits)  # a decode-only step drafts either way
+        assert p.should_draft(ids, 4, 4, limits, prefill_tokens=1000, prefill_apart=True) is beside_a_chunk
+        # the eager step's one forward: base_tokens count the chunk
+        assert p.should_draft(ids, 4, 1004, limits, prefill_tokens=1000) is beside_a_chunk
+    with pytest.raises(ValueError, match="mixed_steps"):
+        AdaptivePolicy(cost, k=7, mixed_steps="fuse")
+
+
+def test_the_config_key_is_checked():
+    assert SpeculativeConfig.from_dict({"adaptive_verification_mixed_steps": "fused"}).adaptive_verification_mixed_steps \
+        == "fused"
+    assert SpeculativeConfig.from_dict({}).adaptive_verification_mixed_steps == "separate"
+    with pytest.raises(ConfigError, match="adaptive_verification_mixed_steps"):
+        SpeculativeConfig.from_dict({"adaptive_verification_mixed_steps": "one forward"})
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixed_steps")
+    target = make_micro_model_dir(root / "target", mixing=0.02, init_std=0.3, seed=3, max_position_embeddings=256)
+    return str(target), str(make_bigram_drafter_dir(root / "drafter", target, block_size=7))
+
+
+def test_fused_engine_skips_drafting_beside_chunks_and_keeps_the_targets_outputs(pair, tmp_path):
+    """The CPU engine (one forward per step) with a knee-shaped cost: in fused mode the steps that
+    carry prompt chunks do not draft while decode-only steps do; in separate mode every step drafts;
+    greedy outputs are the target's in both."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 300, (int(n),), generator=g).tolist() for n in torch.randint(70, 120, (10,), generator=g)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(max_num_seqs=4, max_num_batched_tokens=96, block_size=4)
+    want = [o.outputs[0].token_ids for o in LLM(pair[0], **kw).generate(prompts, params)]
+    skipped = {}
+    for mode in ("separate", "fused"):
+        cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
+               "cost_model_cache_dir": str(tmp_path), "adaptive_verification_mixed_steps": mode}
+        llm = LLM(pair[0], speculative_config=cfg, async_scheduling=False, **kw)
+        eng = llm.llm_engine
+        eng.spec.policy = AdaptivePolicy(_knee_cost(), k=7, probe_every=1000, mixed_steps=mode)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert got == want, mode
+        st = eng.stats
+        assert st.num_draft_tokens > 0, mode  # decode-only steps drafted
+        skipped[mode] = st.num_steps_draft_skipped
+    assert skipped["separate"] == 0 and skipped["fused"] > 0
