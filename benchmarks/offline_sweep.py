@@ -308,6 +308,8 @@ def step_split(d, wall: float) -> dict:
     n = d("num_steps")
     ms = lambda k: round(1e3 * d(k) / n, 3) if n else None
     return dict(steps=n, draft_skipped=d("num_steps_draft_skipped"), graphed=d("num_graphed_steps"),
+                # steps with prompt chunks run as one forward (adaptive_verification_mixed_steps "fused")
+                mixed_fused=d("num_mixed_steps_fused"),
                 wall_ms=round(1e3 * wall / n, 3) if n else None, graphed_ms=ms("time_graphed"),
                 draft_ms=ms("time_draft"), verify_ms=ms("time_verify"), sample_ms=ms("time_sample"),
                 bookkeeping_ms=ms("time_bookkeeping"))

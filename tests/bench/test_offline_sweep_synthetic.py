@@ -40,7 +40,7 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
         assert row["total_output_tokens"] == row["num_prompts"] * 6
         split = row["step_split"]  # where the steps went: counts and ms per step, wall beside the timers
         assert split["steps"] > 0 and split["wall_ms"] > 0 and split["bookkeeping_ms"] >= 0
-        assert split["draft_skipped"] <= split["steps"]
+        assert split["draft_skipped"] <= split["steps"] and split["mixed_fused"] == 0  # the default mode
         kinds = row["step_kinds"]  # every step call is a prefill or a decode-only one, with its tokens
         assert kinds["prefill"]["steps"] + kinds["decode"]["steps"] >= split["steps"] and kinds["prefill"]["steps"] > 0
         assert kinds["prefill"]["tokens"] + kinds["decode"]["tokens"] == row["total_output_tokens"]
