@@ -40,6 +40,9 @@ _STAT_COUNTERS = {
     "num_verified_tokens": ("spec_decode_num_verified_tokens", "Tokens scored by the target in verification."),
     "num_steps_draft_skipped": ("spec_decode_draft_skipped_steps",
                                 "Steps where the adaptive policy predicted drafting would not pay."),
+    "num_mixed_steps_fused": ("spec_decode_mixed_steps_fused",
+                              "Steps with prompt chunks run without drafts as one forward "
+                              "(adaptive_verification_mixed_steps \"fused\")."),
 }
 # per draft position (label "position", 0 = first): the calibration view, predicted vs realized
 _POS_COUNTERS = {

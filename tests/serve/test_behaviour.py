@@ -93,6 +93,7 @@ def test_metrics_parse_and_move():
         assert m[("adaspec:kv_cache_usage_perc", ())] == 0
         # speculation: 5 decode steps with k=2 drafts accepted fully
         assert m[("adaspec:spec_decode_num_drafts_total", ())] == 5
+        assert m[("adaspec:spec_decode_mixed_steps_fused_total", ())] == 0  # not the fused mode
         assert m[("adaspec:spec_decode_num_draft_tokens_total", ())] == 10
         assert m[("adaspec:spec_decode_num_accepted_tokens_total", ())] == 10
         assert m[("adaspec:spec_decode_num_verified_tokens_total", ())] == 15
