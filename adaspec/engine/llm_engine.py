@@ -432,6 +432,7 @@ class LLMEngine:
             outputs += self._resolve(self._in_flight)
             self._in_flight = None
         prev, scheduled = self._spec_in_flight, None
+        preempted = self.scheduler.num_preemptions
         if prev is not None:
             try:
                 scheduled = self.scheduler.schedule(pipelined=True)
@@ -448,7 +449,9 @@ class LLMEngine:
         self.stats.num_preemptions = self.scheduler.num_preemptions
         if prev is not None:  # the policy's step time (launch to launch), before it plans the next step
             self.spec.policy.observe_step(1e3 * (time.perf_counter() - prev.launched_at))
-        if scheduled and self.spec.decide_mixed(scheduled) is False:
+        # the fused mode re-schedules a step it runs plain: not one whose schedule preempted (a
+        # preemption for draft slots that the step then does not use would recompute for nothing)
+        if scheduled and self.scheduler.num_preemptions == preempted and self.spec.decide_mixed(scheduled) is False:
             # a step with prompt chunks that the fused policy runs without drafts: one forward with
             # the chunks, as no-spec runs it (the pipelined step would run the rows beside them).
             # Its tokens are read back before the next step, so the step in flight is read back
@@ -460,9 +463,9 @@ class LLMEngine:
                 prev = None
             scheduled = self.scheduler.schedule(drafts=False)
             self._spec_in_flight = None
+            self.spec.hold_plain(bool(scheduled))
             if scheduled:
                 self._count_step(scheduled)
-                self.spec.hold_plain()
                 outputs += self._spec_step(scheduled)
         elif scheduled:
             self._count_step(scheduled)
@@ -529,6 +532,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule(drafts=was_drafting)
         self.stats.num_preemptions = self.scheduler.num_preemptions
         decision = self.spec.decide_drafting(scheduled) if was_drafting and scheduled else None
+        # a skip for the step's prompt chunks (the fused mode's margin) holds for that step only;
+        # judged before the step runs (it moves the rows' computed tokens)
+        chunked = decision is False and self.spec.chunks_decided(scheduled)
         if decision:
             self._count_step(scheduled)
             outputs += self._spec_step(scheduled)
@@ -549,7 +555,7 @@ class LLMEngine:
             policy.idle()
             self._draft_next = True
         elif was_drafting:  # drafted: keep drafting; skipped: plain from now on; nothing to draft: ask again
-            self._draft_next = decision is not False
+            self._draft_next = decision is not False or chunked
         else:
             self._draft_next = policy.plain_step_done(len(scheduled))
         return outputs

@@ -192,8 +192,9 @@ def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int
     plain_rate = n_sampling / max(float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens))[0]), 1e-12)
     ref = max(float(objective[b]), plain_rate)
     t_plain = float(np.ravel(cost.verify_ms(decode_tokens + prefill_tokens))[0])
-    if prefill_apart:
-        t_draft = draft + verify_b + float(np.ravel(cost.verify_ms(prefill_tokens))[0])
+    if prefill_apart:  # two forwards, one step: a per-step overhead in the prices (OverheadCost) counts once
+        overhead = float(getattr(getattr(cost, "overhead", None), "value", 0.0))
+        t_draft = draft + verify_b + float(np.ravel(cost.verify_ms(prefill_tokens))[0]) - overhead
     else:
         t_draft = draft + float(np.ravel(cost.verify_ms(decode_tokens + b + prefill_tokens))[0])
     return gain > ref * (t_draft - t_plain), b
@@ -569,6 +570,14 @@ class AdaptivePolicy:
         prefill_tokens: the step's prompt-chunk tokens, counted in base_tokens unless prefill_apart
         (they run as a forward of their own)."""
         self._budget_now = None
+        if self.mixed_steps == "fused" and prefill_tokens > 0 and self._plain_probe_left == 0:
+            # a step with prompt chunks, judged at the margin (mixed_step_drafts): the probes'
+            # schedule, kept for runs of steps the decode tables skip, neither counts nor forces it
+            pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
+            if pays:
+                self._budget_now = b
+                return True
+            return self._skip(request_ids, base_tokens, n_sampling, probe=True)
         if self._plain_probe_left > 0:  # a plain probe's steps, where the engine asks every step
             self._plain_probe_left -= 1
             return self._skip(request_ids, base_tokens, n_sampling, probe=True)

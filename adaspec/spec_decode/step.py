@@ -281,6 +281,14 @@ class SpeculativeDecoder:
             return 0
         return sum(s.num_tokens for s in scheduled if not self._row_covered(s))
 
+    def _sampling_rows(self, scheduled: list[ScheduledSeq], samples, prefill_tokens: int) -> int:
+        """n_sampling for the policy: the rows that sample; where the fused policy prices prompt
+        chunks at the margin, the decoding rows only (a chunk that ends its prompt samples in
+        either kind of step, and its token is no yield of drafting)."""
+        if prefill_tokens:
+            return sum(1 for s in scheduled if self._row_covered(s))
+        return int(sum(samples))
+
     def decide_mixed(self, scheduled: list[ScheduledSeq]) -> bool | None:
         """Under mixed_steps "fused", with graphs: a step with decoding rows the graphs serve and
         prompt chunks asks the policy once whether those rows draft, pricing the chunks' forward in
@@ -290,23 +298,26 @@ class SpeculativeDecoder:
         g = self.graphed
         if g is None or not self.fuses_mixed_steps():
             return None
+        prefill = self._prefill_tokens(scheduled)
+        if not prefill:  # a decode-only step (rows past the largest graph included): asked as before
+            return None
         covered = [s for s in scheduled if self._row_covered(s)][: g.batch_sizes[-1]]
         drafted = [s for s in covered if s.spec_slots > 0]
-        if not drafted or len(covered) == len(scheduled):
+        if not drafted:
             return None
         self._decided = self.policy.should_draft(
             [s.seq.request_id for s in drafted], len(covered), len(covered),
-            np.array([s.spec_slots for s in drafted], dtype=np.int64),
-            prefill_tokens=sum(s.num_tokens for s in scheduled if not self._row_covered(s)), prefill_apart=True)
+            np.array([s.spec_slots for s in drafted], dtype=np.int64), prefill_tokens=prefill, prefill_apart=True)
         if self._decided is False:
             self.engine.stats.num_steps_draft_skipped += 1
             self.engine.stats.num_mixed_steps_fused += 1
         return self._decided
 
-    def hold_plain(self) -> None:
+    def hold_plain(self, hold: bool = True) -> None:
         """The next step() runs without drafts as one forward (the engine scheduled it without draft
-        slots after decide_mixed said so; without this _run would split it again)."""
-        self._decided = False
+        slots after decide_mixed said so; without this _run would split it again). hold=False:
+        no step follows (nothing was scheduled), the decision is dropped."""
+        self._decided = False if hold else None
 
     # -- pipelined steps (pipelined.py) --------------------------------------------------------
     def can_pipeline(self, scheduled: list[ScheduledSeq]) -> bool:
@@ -386,10 +397,11 @@ class SpeculativeDecoder:
         drafted = [i for i, s in enumerate(scheduled) if s.spec_slots > 0]
         decided = self._decided  # decide_drafting's or decide_mixed's answer for this step, if asked
         if drafted and decided is None:
+            prefill = self._prefill_tokens(scheduled)
             decided = self.policy.should_draft(
-                [scheduled[i].seq.request_id for i in drafted], int(sum(samples)),
+                [scheduled[i].seq.request_id for i in drafted], self._sampling_rows(scheduled, samples, prefill),
                 sum(s.num_tokens for s in scheduled), np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64),
-                prefill_tokens=self._prefill_tokens(scheduled))
+                prefill_tokens=prefill)
             stats.num_steps_draft_skipped += not decided
         if decided is False:
             drafted = []
@@ -682,9 +694,16 @@ class SpeculativeDecoder:
         drafted = [s for s in scheduled if s.spec_slots > 0]
         if not drafted:
             return None
+        # fused: a step it skips runs as the plain async step, one forward with the chunks; one it
+        # drafts runs them apart where the graphs take the decoding rows (_run)
+        prefill = self._prefill_tokens(scheduled)
         self._decided = self.policy.should_draft(
-            [s.seq.request_id for s in drafted], int(sum(s.samples for s in scheduled)),
+            [s.seq.request_id for s in drafted], self._sampling_rows(scheduled, [s.samples for s in scheduled], prefill),
             sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64),
-            # fused: a step it skips runs as the plain async step, one forward with the chunks
-            prefill_tokens=self._prefill_tokens(scheduled))
+            prefill_tokens=prefill, prefill_apart=self.graphed is not None)
         return self._decided
+
+    def chunks_decided(self, scheduled: list[ScheduledSeq]) -> bool:
+        """Whether decide_drafting's answer for this step was judged by its prompt chunks (the
+        fused mode's margin): a skip then says nothing about the decode-only steps after it."""
+        return self._prefill_tokens(scheduled) > 0

@@ -10,7 +10,9 @@ from adaspec import LLM, SamplingParams
 from adaspec.config import SpeculativeConfig
 from adaspec.errors import ConfigError
 from adaspec.spec_decode.cost_model import CostModel, CostTable
+from adaspec.spec_decode.graphed_step import GraphedSpecStep
 from adaspec.spec_decode.policy import (AdaptivePolicy, allocate, budget_objective, mixed_step_drafts, survival)
+from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
@@ -22,49 +24,57 @@ def _knee_cost(flat_ms=10.0, knee=64, slope=0.5, draft_ms=1.0):
                      CostTable(SIZES, [draft_ms] * len(SIZES)))
 
 
-def _brute(surv, n, decode_tokens, prefill, cost, apart):
+def _brute(surv, n, decode_tokens, prefill, R, cost, apart):
     """From first principles: every budget B's expected tokens by an explicit allocation, the
-    decode-only step's best B and rate, the two ways to run the step, and the margin."""
-    R, K = surv.shape
+    decode-only step's best B and rate, the two ways to run the step, and the margin (a per-step
+    overhead in the prices counted once for the two forwards of one step)."""
+    K = surv.shape[1]
     draft = float(cost.draft_ms(R))
     best_b, best_rate = 0, -1.0
-    for b in range(R * K + 1):
+    for b in range(surv.shape[0] * K + 1):
         lens = allocate(surv, b)
-        tokens = n + sum(float(surv[r, :lens[r]].sum()) for r in range(R))
+        tokens = n + sum(float(surv[r, :lens[r]].sum()) for r in range(surv.shape[0]))
         rate = tokens / (draft + float(cost.verify_ms(decode_tokens + b)))
         if rate > best_rate + 1e-12:
             best_b, best_rate = b, rate
     if best_b == 0:
         return False, 0
     lens = allocate(surv, best_b)
-    gain = sum(float(surv[r, :lens[r]].sum()) for r in range(R))
+    gain = sum(float(surv[r, :lens[r]].sum()) for r in range(surv.shape[0]))
     ref = max(best_rate, n / float(cost.verify_ms(decode_tokens)))
     t_plain = float(cost.verify_ms(decode_tokens + prefill))
     if apart:
-        t_draft = draft + float(cost.verify_ms(decode_tokens + best_b)) + float(cost.verify_ms(prefill))
+        overhead = cost.overhead.value if isinstance(cost, OverheadCost) else 0.0
+        t_draft = draft + float(cost.verify_ms(decode_tokens + best_b)) + float(cost.verify_ms(prefill)) - overhead
     else:
         t_draft = draft + float(cost.verify_ms(decode_tokens + best_b + prefill))
     return gain > ref * (t_draft - t_plain), best_b
 
 
 def _random_case(rng):
+    """Rows that draft (R), rows that sample (n <= R: some may be out of slots), query tokens
+    (T >= n), each drawn on its own; a knee-shaped table, now and then with a step overhead."""
     R, K = int(rng.integers(1, 6)), int(rng.integers(1, 8))
+    n = int(rng.integers(1, R + 1))
+    T = n + int(rng.integers(0, 4))
     surv = survival(rng.uniform(0.05, 1.0, size=(R, K)))
     cost = _knee_cost(flat_ms=float(rng.uniform(2, 20)), knee=int(rng.choice([8, 32, 64, 256])),
                       slope=float(rng.uniform(0.01, 1.0)), draft_ms=float(rng.uniform(0.1, 8)))
-    return surv, R, cost
+    if rng.integers(3) == 0:
+        cost = OverheadCost(cost, StepOverhead(float(rng.uniform(0.5, 5))))
+    return surv, R, n, T, cost
 
 
 def test_the_margin_decision_matches_a_brute_force():
     rng = np.random.default_rng(0)
     seen = set()
-    for _ in range(300):
-        surv, R, cost = _random_case(rng)
+    for _ in range(400):
+        surv, R, n, T, cost = _random_case(rng)
         prefill = int(rng.choice([1, 17, 200, 1500, 3000]))
         apart = bool(rng.integers(2))
-        want = _brute(surv, R, R, prefill, cost, apart)
-        got = mixed_step_drafts(surv, R, R, prefill, R, cost, apart)
-        assert got == want, (surv, prefill, apart)
+        want = _brute(surv, n, T, prefill, R, cost, apart)
+        got = mixed_step_drafts(surv, n, T, prefill, R, cost, apart)
+        assert got == want, (surv, n, T, prefill, apart)
         seen.add(got[0])
     assert seen == {True, False}  # both answers occur among the cases
 
@@ -74,11 +84,11 @@ def test_with_no_prompt_tokens_in_one_forward_it_is_the_decode_only_rule():
     drafting rate beats a plain step's, the rule AdaptivePolicy applies to decode-only steps."""
     rng = np.random.default_rng(1)
     for _ in range(300):
-        surv, R, cost = _random_case(rng)
-        objective = budget_objective(surv, R, R, R, cost)
+        surv, R, n, T, cost = _random_case(rng)
+        objective = budget_objective(surv, n, T, R, cost)
         b = int(np.argmax(objective))
-        rule = b > 0 and float(objective[b]) > R / float(cost.verify_ms(R))
-        assert mixed_step_drafts(surv, R, R, 0, R, cost, prefill_apart=False)[0] == rule
+        rule = b > 0 and float(objective[b]) > n / float(cost.verify_ms(T))
+        assert mixed_step_drafts(surv, n, T, 0, R, cost, prefill_apart=False)[0] == rule
 
 
 def test_the_margin_follows_the_step_shape():
@@ -112,6 +122,19 @@ def test_the_policy_uses_it_only_in_fused_mode():
         assert p.should_draft(ids, 4, 1004, limits, prefill_tokens=1000) is beside_a_chunk
     with pytest.raises(ValueError, match="mixed_steps"):
         AdaptivePolicy(cost, k=7, mixed_steps="fuse")
+
+
+def test_steps_skipped_for_their_chunks_do_not_count_toward_probes():
+    """Probes (a drafting step after a run of skips) refresh the confidences of requests the decode
+    tables keep skipping; steps skipped for their prompt chunks sit between decode-only steps that
+    draft, so 40 of them in a row never force one to draft, nor lengthen the probe interval."""
+    p = AdaptivePolicy(_knee_cost(), k=7, probe_every=4, mixed_steps="fused")
+    ids, limits = ["a", "b", "c", "d"], np.full(4, 7)
+    for r in ids:
+        p.observe([r], np.full((1, 7), 0.7))
+    assert not any(p.should_draft(ids, 4, 4, limits, prefill_tokens=1000, prefill_apart=True) for _ in range(40))
+    assert p.probe_interval == 4 and p.skipped_in_a_row == 0
+    assert p.should_draft(ids, 4, 4, limits)  # and the decode-only step after them drafts
 
 
 def test_the_config_key_is_checked():
@@ -151,3 +174,83 @@ def test_fused_engine_skips_drafting_beside_chunks_and_keeps_the_targets_outputs
         assert st.num_draft_tokens > 0, mode  # decode-only steps drafted
         skipped[mode] = st.num_steps_draft_skipped
     assert skipped["separate"] == 0 and skipped["fused"] > 0
+
+
+def _recording(policy):
+    """The policy with every should_draft call recorded: (prefill_tokens, prefill_apart, answer)."""
+    calls, inner = [], policy.should_draft
+
+    def should_draft(*a, prefill_tokens=0, prefill_apart=False):
+        calls.append((prefill_tokens, prefill_apart, inner(*a, prefill_tokens=prefill_tokens, prefill_apart=prefill_apart)))
+        return calls[-1][2]
+    policy.should_draft = should_draft
+    return calls
+
+
+def _fused_llm(pair, tmp_path, async_scheduling, graphs=False, **kw):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path), "adaptive_verification_mixed_steps": "fused"}
+    llm = LLM(pair[0], speculative_config=cfg, async_scheduling=async_scheduling, **kw)
+    eng = llm.llm_engine
+    if graphs:  # the pipelined graphed path, its graphs replayed eagerly on the CPU (test_pipelined.py)
+        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
+        steps.capture(eager=True)
+        eng.spec.use_graphs(steps)
+    eng.spec.policy = AdaptivePolicy(_knee_cost(), k=7, probe_every=1000, mixed_steps="fused")
+    return llm, _recording(eng.spec.policy)
+
+
+def _workload(n=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 300, (int(L),), generator=g).tolist() for L in torch.randint(20, 120, (n,), generator=g)]
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True,
+                             stop_token_ids=[7, 11, 19] if i % 3 else [], logprobs=2 if i % 4 == 1 else None)
+              for i in range(n)]
+    return prompts, params
+
+
+def _same_outputs(pair, llm, prompts, params, **kw):
+    want = [o.outputs[0] for o in LLM(pair[0], **kw).generate(prompts, params)]
+    got = [o.outputs[0] for o in llm.generate(prompts, params)]
+    assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
+    eng = llm.llm_engine
+    st = eng.stats
+    assert st.num_generated_tokens == (st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
+                                       - st.num_discarded_rows)
+    assert eng.kv_blocks_free() == eng.kv_blocks_total() and not eng.has_unfinished_requests()
+
+
+def test_async_fused_skips_only_the_steps_with_chunks(pair, tmp_path):
+    """Adaptive speculation under async scheduling without pipelined graphs: a step the fused
+    policy skips for its prompt chunks runs as the plain async step, and the next step asks again
+    (a skip for the decode tables would run plain steps until a probe): every plain step is one
+    the policy skipped, every skip had chunks, and decode-only steps drafted."""
+    kw = dict(max_num_seqs=4, max_num_batched_tokens=96, block_size=4)
+    llm, calls = _fused_llm(pair, tmp_path, True, **kw)
+    prompts, params = _workload()
+    _same_outputs(pair, llm, prompts, params, **kw)
+    st = llm.llm_engine.stats
+    skips = [c for c in calls if c[2] is False]
+    assert skips and all(p > 0 for p, _, _ in skips)
+    assert st.num_steps_draft_skipped == len(skips)
+    assert any(p == 0 and answer for p, _, answer in calls)
+
+
+@pytest.mark.parametrize("kw", [dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8),
+                                dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8, num_kv_blocks=45)],
+                         ids=["roomy", "preempting"])
+def test_pipelined_fused_steps_run_as_one_forward(pair, tmp_path, kw):
+    """The pipelined graphed engine (graphs for up to 4 rows, 6 requests: decode-only steps with rows
+    past the graphs occur): steps with chunks it does not draft read the step in flight back and
+    run as one forward; the policy prices chunks only where a step has some; outputs equal the
+    plain engine's, also when requests are preempted."""
+    llm, calls = _fused_llm(pair, tmp_path, True, graphs=True, **kw)
+    eng = llm.llm_engine
+    assert eng._pipelines_spec()
+    prompts, params = _workload(14, seed=2)
+    _same_outputs(pair, llm, prompts, params, **kw)
+    st = eng.stats
+    assert st.num_mixed_steps_fused > 0 and st.num_pipelined_steps > 0 and st.num_draft_tokens > 0
+    assert all(p > 0 for p, apart, _ in calls if apart)  # decide_mixed asks only for steps with chunks
+    if "num_kv_blocks" in kw:
+        assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
