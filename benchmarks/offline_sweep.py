@@ -91,8 +91,9 @@ def closed_loop_arrivals(t0: float, finish_times: list[float], n: int, c: int) -
     return [t0 if j < c else done[j - c] for j in range(n)]
 
 
-def run_point(llm, prompts, params):
-    """params: one SamplingParams for every prompt, or a list of one per prompt."""
+def run_point(llm, prompts, params, trace: bool = False):
+    """params: one SamplingParams for every prompt, or a list of one per prompt. trace: the point's
+    steps one by one under `step_trace` (StepKinds.TRACE_FIELDS)."""
     eng = llm.llm_engine
     each = params if isinstance(params, list) else [params] * len(prompts)
     s0 = dict(eng.stats.as_dict())
@@ -105,7 +106,7 @@ def run_point(llm, prompts, params):
         eng.add_request(rids[-1], p, each[i])
     t0 = time.monotonic()
     first, done, ntok = {}, {}, {}
-    clock = StepKinds(eng.stats)
+    clock = StepKinds(eng.stats, eng.scheduler if trace else None)
     while eng.has_unfinished_requests():
         clock.start()
         outs = eng.step()
@@ -138,6 +139,7 @@ def run_point(llm, prompts, params):
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
         step_kinds=clock.summary(),
+        **({"step_trace": clock.trace} if trace else {}),
         policy_overhead_ms=policy_overhead_ms(eng),
         policy_step_costs=policy_step_costs(eng),
         host=dict(host_load(h0, h1, wall), python_loop_ms=loop_ms),
@@ -152,20 +154,38 @@ class StepKinds:
     ran 36-39 of them at 256 requests, no-spec 24). Under async scheduling a step call also waits
     for the step before it, so the split is by step call, not by GPU work."""
 
-    def __init__(self, stats):
+    # --step-trace: one row per step call (counters are the stats' deltas over the call)
+    TRACE_FIELDS = ("wall_ms", "prompt_tokens", "generated_tokens", "running", "waiting", "drafted_rows",
+                    "verified_drafts", "draft_skipped", "mixed_fused")
+
+    def __init__(self, stats, scheduler=None):
         self.stats = stats
         self.kinds = {k: [0, 0.0, 0] for k in ("prefill", "decode")}  # steps, seconds, tokens
         self._t = self._prompt = self._gen = None
+        self.scheduler = scheduler  # given: record each step under self.trace
+        self.trace: list[list] = []
+        self._at_start: tuple = ()
+
+    def _counters(self) -> tuple:
+        s = self.stats
+        return (s.num_drafts, s.num_verified_tokens, s.num_steps_draft_skipped, s.num_mixed_steps_fused)
 
     def start(self) -> None:
+        if self.scheduler is not None:  # before the clock starts: not timed
+            self._at_start = (len(self.scheduler.running), len(self.scheduler.waiting), *self._counters())
         self._t, self._prompt, self._gen = time.perf_counter(), self.stats.num_prompt_tokens, self.stats.num_generated_tokens
 
     def stop(self) -> None:
         dt = time.perf_counter() - self._t
-        kind = self.kinds["prefill" if self.stats.num_prompt_tokens > self._prompt else "decode"]
+        prompt, gen = self.stats.num_prompt_tokens - self._prompt, self.stats.num_generated_tokens - self._gen
+        kind = self.kinds["prefill" if prompt > 0 else "decode"]
         kind[0] += 1
         kind[1] += dt
-        kind[2] += self.stats.num_generated_tokens - self._gen
+        kind[2] += gen
+        if self.scheduler is not None:
+            running, waiting, *before = self._at_start
+            deltas = [after - b for after, b in zip(self._counters(), before)]
+            self.trace.append([round(1e3 * dt, 3), prompt, gen, running, waiting, *deltas])
 
     def summary(self) -> dict:
         out = {}
@@ -467,6 +487,11 @@ def main() -> None:
     ap.add_argument("--profile", metavar="ARM@C,...", default=None,
                     help="after the sweep, run each listed point once more under torch.profiler (not "
                          "counted among the points) and record where its time went under `profiles`")
+    ap.add_argument("--step-trace", action="store_true",
+                    help="record every step of every point under the row's step_trace: wall ms, prompt tokens, "
+                         "tokens emitted, running and waiting requests at its start, drafted rows, verified "
+                         "drafts, draft skipped, mixed step fused (step_trace_fields); where a point's steps "
+                         "went, one by one")
     ap.add_argument("--gc", choices=("freeze", "as-is"), default="freeze",
                     help="freeze: after the engines load, move what start-up built out of the garbage collector's "
                          "reach (as `adaspec serve` does), so that a full collection inside a point walks only what "
@@ -559,7 +584,7 @@ def main() -> None:
             if args.gc == "freeze":  # what the warm-up built (compiled kernels' caches, guards) too
                 gc.freeze()
         torch.manual_seed(r)
-        res = run_point(llm, sel, params)
+        res = run_point(llm, sel, params, trace=args.step_trace)
         rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=len(sel), **res,
                          **({"synthetic_acceptance": arm_label} if arm_label else {})))
         if args.out:  # after every point: a run cut short keeps what it measured
@@ -642,7 +667,9 @@ def main() -> None:
                            torch=torch.__version__, commit=commit, checkpoints=ckpt, sampler=sampler,
                            host_speed={"start": host_speed_start, "end": host_speed()},
                            cost_tables=state["cost_tables"], rows=rows, summary=summary,
-                           **({"profiles": state["profiles"]} if to_profile else {})), fh, indent=1)
+                           **({"profiles": state["profiles"]} if to_profile else {}),
+                           **({"step_trace_fields": list(StepKinds.TRACE_FIELDS)} if args.step_trace else {})),
+                      fh, indent=1)
 
 
 if __name__ == "__main__":

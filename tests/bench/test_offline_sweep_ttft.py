@@ -156,6 +156,33 @@ def test_run_point_gives_each_prompt_its_own_length():
     assert res["total_output_tokens"] == sum(lengths)
 
 
+def test_step_trace_records_every_step_and_adds_up_to_the_point():
+    """--step-trace: one row per step call, whose tokens sum to the point's and whose prompt tokens
+    are the prompts' (no recompute here), with the drafted rows of an adaptive arm counted."""
+    from offline_sweep import StepKinds, run_point
+
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM("tiny", device="cpu", max_num_seqs=3, max_num_batched_tokens=64,
+              speculative_config={"method": "dspark", "model": "tiny-dspark", "num_speculative_tokens": 3,
+                                  "enable_adaptive_verification": True})
+    prompts = [list(range(5, 5 + n)) for n in (40, 30, 50, 20)]
+    res = run_point(llm, prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), trace=True)
+    trace, fields = res["step_trace"], StepKinds.TRACE_FIELDS
+    assert trace and all(len(row) == len(fields) for row in trace)
+    col = {name: [row[i] for row in trace] for i, name in enumerate(fields)}
+    assert sum(col["generated_tokens"]) == res["total_output_tokens"] == 24
+    assert sum(col["prompt_tokens"]) == sum(map(len, prompts))  # the 64-token budget split the prompts into chunks
+    assert max(col["prompt_tokens"]) <= 64 and sum(p > 0 for p in col["prompt_tokens"]) >= 3
+    assert col["waiting"][0] == 4 and col["running"][0] == 0  # counted before the first step ran
+    assert all(ms >= 0 for ms in col["wall_ms"])
+    assert len(trace) == res["step_kinds"]["prefill"]["steps"] + res["step_kinds"]["decode"]["steps"]
+    stats = llm.llm_engine.stats
+    assert stats.num_drafts > 0 and sum(col["drafted_rows"]) == stats.num_drafts and sum(col["verified_drafts"]) == stats.num_verified_tokens
+    assert sum(col["draft_skipped"]) == stats.num_steps_draft_skipped
+    assert "step_trace" not in run_point(llm, prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))
+
+
 def test_a_bad_range_ratio_stops_the_sweep_before_any_engine_loads():
     import os
     import subprocess
