@@ -140,13 +140,17 @@ class SpeculativeConfig:
     # what the budget takes for the confidences of a request no step has drafted for yet (a new
     # one, or one only plain steps ran): 1.0 per slot ("one", vLLM's optimism), or the running
     # average of the confidences observed so far ("population"). null: "population" with measured
-    # step costs, else "one". Why it matters: under steady arrivals a few rows per step are new, and
+    # step costs or with adaptive_verification_mixed_steps "fused", else "one". Why it matters: under steady arrivals a few rows per step are new, and
     # at 1.0 each one promises k accepted drafts, which can tip a high-load step into drafting where
     # plain steps make more (H200 run 37, T = 1 at 256 requests: adaptive drafted in 119 of 124 steps
     # where the replay over real confidences prices a plain step higher). Left at "one": measured on
     # one build (H200 run 38, offline frontier, 3 repeats) "population" changed nothing beyond the
     # spreads at T = 0 and at 1-64 requests at T = 1, and at 256 requests, T = 1 it skipped drafting
-    # in 22-30 steps instead of 10-13 and made 1.1% less (44,309 +- 79 against 44,792 +- 129 tok/s)
+    # in 22-30 steps instead of 10-13 and made 1.1% less (44,309 +- 79 against 44,792 +- 129 tok/s).
+    # "fused" takes "population": its plain chunk steps draft for no new request, so a whole wave of
+    # them reaches its first decode-only steps unobserved, and at 1.0 each the Qwen3-8B shape at 256
+    # requests verified all 7 slots of every row in its first two (65 ms each against 11 ms plain,
+    # ~13 tokens per ms against ~23), which also reset the probe interval (H200 run 43, --step-trace)
     adaptive_verification_unobserved_confidence: str | None = None
     # a step that carries prompt chunks beside decoding rows: "separate" prices the rows' drafting
     # by the decode tables alone and runs them, drafting or not, beside the chunks' own forward (the

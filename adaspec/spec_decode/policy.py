@@ -439,10 +439,10 @@ class AdaptivePolicy:
         self.cost = OverheadCost(cost_model, self.overhead)
         self.step_costs = step_costs  # step_costs.MeasuredStepCosts, or None: the tables decide
         # unobserved (config adaptive_verification_unobserved_confidence): what a request no step
-        # drafted for counts as; None: the population's with measured step costs (whose plain steps
-        # leave new requests unobserved for long), else 1.0 as vLLM
+        # drafted for counts as; None: the population's with measured step costs or fused mixed
+        # steps (whose plain steps leave new requests unobserved for long), else 1.0 as vLLM
         if unobserved is None:
-            unobserved = "population" if step_costs is not None else "one"
+            unobserved = "population" if step_costs is not None or mixed_steps == "fused" else "one"
         self.budget = AdaptiveBudget(self.cost, k, ema_alpha=ema_alpha, unknown=unobserved, correction=correction)
         # config adaptive_verification_mixed_steps: "fused" judges a step that carries prompt chunks
         # at the margin (mixed_step_drafts), and the engine runs its plain choice as one forward

@@ -346,3 +346,6 @@ def test_new_requests_at_the_population_average_do_not_tip_a_loaded_step_into_dr
         decisions[unobserved] = pol.should_draft(old + new, 256, 256, np.full(256, 7))
     assert decisions == {"one": True, "population": False}
     assert AdaptivePolicy(cost, 7).budget.unknown == "one"  # the default without measured step costs
+    # fused mixed steps: the chunk steps it runs plain leave a whole wave of requests unobserved
+    assert AdaptivePolicy(cost, 7, mixed_steps="fused").budget.unknown == "population"
+    assert AdaptivePolicy(cost, 7, mixed_steps="fused", unobserved="one").budget.unknown == "one"  # as configured
