@@ -428,8 +428,21 @@ class LLMEngine:
         while the GPU runs this one. A step that cannot be pipelined (a row the graphs do not
         serve, or blocks only a preemption would free) reads the step in flight back first."""
         outputs: list[RequestOutput] = []
-        if self._in_flight is not None:  # a plain async step from before the graphs existed
-            outputs += self._resolve(self._in_flight)
+        if self._in_flight is not None:  # a plain async step: a fused chunk step, or one from before the graphs existed
+            plain = self._in_flight
+            if self.spec.fuses_mixed_steps():
+                # the next step, scheduled behind it: one with prompt chunks that the fused policy
+                # runs plain (or one whose schedule preempted) is launched behind it before it is
+                # read back, as the plain engine's steps are; any other is scheduled afresh below
+                preempted = self.scheduler.num_preemptions
+                scheduled = self.scheduler.schedule(drafts=False)
+                self.stats.num_preemptions = self.scheduler.num_preemptions
+                if scheduled and (self.scheduler.num_preemptions != preempted
+                                  or self.spec.mixed_step_stays_plain(scheduled)):
+                    self._count_step(scheduled)
+                    self._in_flight = self._launch_plain_step(scheduled)
+                    return outputs + self._resolve(plain)
+            outputs += self._resolve(plain)
             self._in_flight = None
         prev, scheduled = self._spec_in_flight, None
         preempted = self.scheduler.num_preemptions
@@ -453,20 +466,20 @@ class LLMEngine:
         # preemption for draft slots that the step then does not use would recompute for nothing)
         if scheduled and self.scheduler.num_preemptions == preempted and self.spec.decide_mixed(scheduled) is False:
             # a step with prompt chunks that the fused policy runs without drafts: one forward with
-            # the chunks, as no-spec runs it (the pipelined step would run the rows beside them).
-            # Its tokens are read back before the next step, so the step in flight is read back
-            # first, and the rows are scheduled afresh knowing every token, without draft slots:
-            # the chunks get the whole budget
+            # the chunks, as no-spec runs it (the pipelined step would run the rows beside them),
+            # launched as the plain async step (read back in the next step, which may be another).
+            # The speculative step in flight is read back first, and the rows are scheduled afresh
+            # knowing every token, without draft slots: the chunks get the whole budget
             if prev is not None:
                 self.stats.num_pipeline_drains += 1
                 outputs += self._drain_spec()
                 prev = None
             scheduled = self.scheduler.schedule(drafts=False)
             self._spec_in_flight = None
-            self.spec.hold_plain(bool(scheduled))
+            self.spec.hold_plain(False)  # decide_mixed's answer is spent: this step does not go through spec.step
             if scheduled:
                 self._count_step(scheduled)
-                outputs += self._spec_step(scheduled)
+                self._in_flight = self._launch_plain_step(scheduled)
         elif scheduled:
             self._count_step(scheduled)
             if self.spec.can_pipeline(scheduled):

@@ -305,13 +305,45 @@ class SpeculativeDecoder:
         drafted = [s for s in covered if s.spec_slots > 0]
         if not drafted:
             return None
-        self._decided = self.policy.should_draft(
-            [s.seq.request_id for s in drafted], len(covered), len(covered),
-            np.array([s.spec_slots for s in drafted], dtype=np.int64), prefill_tokens=prefill, prefill_apart=True)
-        if self._decided is False:
+        self._decided = self._ask_mixed([s.seq.request_id for s in drafted], len(covered),
+                                        [s.spec_slots for s in drafted], prefill)
+        return self._decided
+
+    def _ask_mixed(self, request_ids, num_covered: int, limits, prefill: int) -> bool:
+        """The policy's margin question for a step with prompt chunks (decide_mixed), counted."""
+        decided = self.policy.should_draft(request_ids, num_covered, num_covered, np.array(limits, dtype=np.int64),
+                                           prefill_tokens=prefill, prefill_apart=True)
+        if decided is False:
             self.engine.stats.num_steps_draft_skipped += 1
             self.engine.stats.num_mixed_steps_fused += 1
-        return self._decided
+        return decided
+
+    def mixed_step_stays_plain(self, scheduled: list[ScheduledSeq]) -> bool:
+        """Under mixed_steps "fused", with graphs: a step scheduled without draft slots while a plain
+        step is in flight (its rows' last tokens still on the device, behind placeholders) is one
+        the engine may launch as the async plain step, behind the one in flight, when it carries
+        prompt chunks and the policy would not draft its decoding rows beside them: decide_mixed's
+        question, each row's slots counted as the scheduler would reserve them (k, at most the
+        tokens it may still emit - 1). Chunk steps the policy runs plain then overlap their host
+        work with the GPU as no-spec's do (run synchronously, each cost the 8B shape ~5-8 ms more
+        than no-spec's: H200 run 43, --step-trace). True also when no row could draft."""
+        g = self.graphed
+        if g is None or not self.fuses_mixed_steps():
+            return False
+        prefill = self._prefill_tokens(scheduled)
+        if not prefill:  # a decode-only step: the decode tables decide it, knowing every token
+            return False
+        k, max_model_len = self.num_spec_tokens, self.engine.scheduler.max_model_len
+        covered = [s for s in scheduled if self._row_covered(s)][: g.batch_sizes[-1]]
+        ids, limits = [], []
+        for s in covered:
+            seq = s.seq
+            n_tok = len(seq.token_ids)
+            left = min(seq.max_len, max_model_len) - n_tok  # tokens it may still emit (as _running_need)
+            if n_tok > len(seq.prompt_token_ids) and left > 1:  # a decoding row with a slot to draft
+                ids.append(seq.request_id)
+                limits.append(min(k, left - 1))
+        return not ids or self._ask_mixed(ids, len(covered), limits, prefill) is False
 
     def hold_plain(self, hold: bool = True) -> None:
         """The next step() runs without drafts as one forward (the engine scheduled it without draft

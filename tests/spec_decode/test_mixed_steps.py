@@ -241,16 +241,25 @@ def test_async_fused_skips_only_the_steps_with_chunks(pair, tmp_path):
                          ids=["roomy", "preempting"])
 def test_pipelined_fused_steps_run_as_one_forward(pair, tmp_path, kw):
     """The pipelined graphed engine (graphs for up to 4 rows, 6 requests: decode-only steps with rows
-    past the graphs occur): steps with chunks it does not draft read the step in flight back and
-    run as one forward; the policy prices chunks only where a step has some; outputs equal the
-    plain engine's, also when requests are preempted."""
+    past the graphs occur): steps with chunks it does not draft read the speculative step in flight
+    back and run as one forward, the plain async step, and a chunk step after one of those is
+    launched behind it before it is read back; the policy prices chunks only where a step has some;
+    outputs equal the plain engine's, also when requests are preempted."""
     llm, calls = _fused_llm(pair, tmp_path, True, graphs=True, **kw)
     eng = llm.llm_engine
     assert eng._pipelines_spec()
+    behind = []  # per plain launch: whether another plain step was in flight
+    launch = eng._launch_plain_step
+
+    def spy(scheduled):
+        behind.append(eng._in_flight is not None)
+        return launch(scheduled)
+    eng._launch_plain_step = spy
     prompts, params = _workload(14, seed=2)
     _same_outputs(pair, llm, prompts, params, **kw)
     st = eng.stats
     assert st.num_mixed_steps_fused > 0 and st.num_pipelined_steps > 0 and st.num_draft_tokens > 0
     assert all(p > 0 for p, apart, _ in calls if apart)  # decide_mixed asks only for steps with chunks
+    assert True in behind and False in behind, behind  # chunk steps launched behind a plain one, and after a drain
     if "num_kv_blocks" in kw:
         assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
