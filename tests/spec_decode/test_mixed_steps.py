@@ -263,3 +263,34 @@ def test_pipelined_fused_steps_run_as_one_forward(pair, tmp_path, kw):
     assert True in behind and False in behind, behind  # chunk steps launched behind a plain one, and after a drain
     if "num_kv_blocks" in kw:
         assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
+
+
+def test_abort_with_a_fused_plain_step_in_flight(pair, tmp_path):
+    """A request aborted while a plain chunk step of the fused mode is in flight (its token behind a
+    placeholder): it ends with "abort", its row's token is thrown away, the others' outputs are the
+    plain engine's, and every KV block comes back."""
+    kw = dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    llm, _ = _fused_llm(pair, tmp_path, True, graphs=True, **kw)
+    eng = llm.llm_engine
+    prompts, params = _workload(14, seed=2)
+    want = [o.outputs[0] for o in LLM(pair[0], **kw).generate(prompts, params)]
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    done, victim = {}, None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+        plain = eng._in_flight
+        if victim is None and plain is not None:
+            alive = [seq for seq in plain.seqs if not seq.finished and seq.num_output_tokens > 1]
+            if alive:
+                victim = alive[0].request_id
+                eng.abort_request(victim)
+    assert victim is not None, "no plain step was in flight with a decoding row"
+    assert done[victim].outputs[0].finish_reason == "abort"
+    for i, w in enumerate(want):
+        if str(i) != victim:
+            assert (done[str(i)].outputs[0].token_ids, done[str(i)].outputs[0].finish_reason) == (w.token_ids, w.finish_reason)
+    assert eng.kv_blocks_free() == eng.kv_blocks_total() and eng.stats.num_discarded_rows > 0
+
