@@ -16,7 +16,7 @@ from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, stri
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.runner import ForwardItem, ModelRunner
-from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler
+from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler, check_whole_prompts_fit
 from adaspec.engine.slow_steps import SlowStepLog, step_shape, threshold_from_env
 from adaspec.engine.sequence import Sequence, SequenceStatus
 from adaspec.engine.stats import EngineStats
@@ -112,6 +112,9 @@ class LLMEngine:
             if tp:
                 tp.shard_drafter(drafter.drafter)
             block_bytes += drafter.kv_block_bytes(config.block_size)
+        check_whole_prompts_fit(config.max_num_batched_tokens, self.max_model_len, config.enable_chunked_prefill,
+                                config.max_num_seqs, drafter.spec_cfg.num_speculative_tokens if drafter else 0,
+                                drafter.spec_cfg.reserve_all_spec_slots if drafter else False)
         # a request's draft block may reach block_size positions past its last token
         lookahead = drafter.drafter_cfg.block_size if drafter else 0
         self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len + lookahead, self.device)
@@ -432,12 +435,15 @@ class LLMEngine:
             plain = self._in_flight
             if self.spec.fuses_mixed_steps():
                 # the next step, scheduled behind it: one with prompt chunks that the fused policy
-                # runs plain (or one whose schedule preempted) is launched behind it before it is
-                # read back, as the plain engine's steps are; any other is scheduled afresh below
-                preempted = self.scheduler.num_preemptions
+                # runs plain is launched behind it before it is read back, as the plain engine's
+                # steps are; any other is scheduled afresh below. So is one whose schedule admitted
+                # a request or preempted: scheduled again with draft slots, the newcomer could lose
+                # part of its prompt to them (against enable_chunked_prefill=False) or its blocks
+                # to a preemption, which the policy's choice is not worth
+                preempted, waiting = self.scheduler.num_preemptions, len(self.scheduler.waiting)
                 scheduled = self.scheduler.schedule(drafts=False)
                 self.stats.num_preemptions = self.scheduler.num_preemptions
-                if scheduled and (self.scheduler.num_preemptions != preempted
+                if scheduled and (self.scheduler.num_preemptions != preempted or len(self.scheduler.waiting) < waiting
                                   or self.spec.mixed_step_stays_plain(scheduled)):
                     self._count_step(scheduled)
                     self._in_flight = self._launch_plain_step(scheduled)
@@ -476,7 +482,7 @@ class LLMEngine:
                 prev = None
             scheduled = self.scheduler.schedule(drafts=False)
             self._spec_in_flight = None
-            self.spec.hold_plain(False)  # decide_mixed's answer is spent: this step does not go through spec.step
+            self.spec.drop_mixed_decision()
             if scheduled:
                 self._count_step(scheduled)
                 self._in_flight = self._launch_plain_step(scheduled)
@@ -675,6 +681,9 @@ class LLMEngine:
         for i, (seq, at) in enumerate(zip(step.seqs, step.indices)):
             if seq.finished:  # aborted, or stopped a step earlier: this row was computed for nothing
                 self.stats.num_discarded_rows += 1
+                # counted at launch; the kept tokens only, as a speculative step's read back counts
+                # them (generated = accepted + bonus + sampled without draft, on every path)
+                self.stats.num_sampled_without_draft -= 1
                 continue
             later = seq.token_ids[at + 1:]  # the placeholder of a step launched since
             del seq.token_ids[at:]

@@ -52,6 +52,27 @@ class DrainFirst(Exception):
     flight back first, then schedules again (a request in flight must not lose its blocks)."""
 
 
+def check_whole_prompts_fit(max_num_batched_tokens: int, max_model_len: int, enable_chunked_prefill: bool,
+                            max_num_seqs: int = 0, num_spec_tokens: int = 0, reserve_all_spec_slots: bool = False) -> None:
+    """Without chunked prefill a prompt (or a recomputation after preemption) runs in one step, so
+    the step's token budget must hold max_model_len tokens (vLLM's rule); with
+    reserve_all_spec_slots the budget is what the draft slots leave. Otherwise a longer prompt would
+    wait forever and its engine would never finish: a ConfigError that names the numbers."""
+    if enable_chunked_prefill:
+        return
+    reserved = max_num_seqs * num_spec_tokens if reserve_all_spec_slots else 0
+    budget = max_num_batched_tokens - reserved
+    if budget < max_model_len:
+        from adaspec.errors import ConfigError
+
+        spent = (f" less the {reserved} draft slots reserve_all_spec_slots keeps for max_num_seqs={max_num_seqs} x "
+                 f"k={num_spec_tokens}") if reserved else ""
+        raise ConfigError(
+            f"enable_chunked_prefill=False runs each prompt in one step, so max_num_batched_tokens="
+            f"{max_num_batched_tokens}{spent} must be at least max_model_len={max_model_len}: raise "
+            f"max_num_batched_tokens, lower max_model_len, or enable chunked prefill")
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, enable_chunked_prefill: bool = True, num_spec_tokens: int = 0,

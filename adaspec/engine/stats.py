@@ -30,7 +30,8 @@ class EngineStats:
     num_verified_tokens: int = 0  # drafts the policy sent to verification
     num_accepted_tokens: int = 0
     num_bonus_tokens: int = 0  # tokens sampled from the target (one per verifying request per step)
-    num_sampled_without_draft: int = 0  # tokens sampled in steps where the request had no draft
+    # tokens sampled in steps where the request had no draft, kept (a discarded row's is not counted)
+    num_sampled_without_draft: int = 0
     num_steps_draft_skipped: int = 0  # adaptive: steps where drafting was predicted not to pay
     # adaptive_verification_mixed_steps "fused": steps with prompt chunks that ran as one forward
     num_mixed_steps_fused: int = 0

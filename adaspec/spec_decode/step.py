@@ -345,11 +345,10 @@ class SpeculativeDecoder:
                 limits.append(min(k, left - 1))
         return not ids or self._ask_mixed(ids, len(covered), limits, prefill) is False
 
-    def hold_plain(self, hold: bool = True) -> None:
-        """The next step() runs without drafts as one forward (the engine scheduled it without draft
-        slots after decide_mixed said so; without this _run would split it again). hold=False:
-        no step follows (nothing was scheduled), the decision is dropped."""
-        self._decided = False if hold else None
+    def drop_mixed_decision(self) -> None:
+        """decide_mixed's answer is spent: the engine runs the step it judged as its own async
+        plain step (not through step() or launch_pipelined, which would take the answer)."""
+        self._decided = None
 
     # -- pipelined steps (pipelined.py) --------------------------------------------------------
     def can_pipeline(self, scheduled: list[ScheduledSeq]) -> bool:

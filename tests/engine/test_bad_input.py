@@ -115,6 +115,23 @@ def test_engine_config_errors(micro_qwen3):
     assert LLM(str(micro_qwen3), cudagraph_mode="FULL").llm_engine.runner.graphs is None  # graphs need CUDA
 
 
+def test_a_budget_that_cannot_hold_a_whole_prompt_without_chunking_is_refused(micro_qwen3):
+    """Without chunked prefill a prompt runs in one step: a token budget below max_model_len once
+    left a longer prompt waiting forever (generate never returned); now the engine is refused."""
+    from adaspec.engine.scheduler import check_whole_prompts_fit
+
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens=16 must be at least max_model_len=64"):
+        LLM(str(micro_qwen3), enable_chunked_prefill=False, max_num_batched_tokens=16, max_model_len=64)
+    llm = LLM(str(micro_qwen3), enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=64)
+    out = llm.generate([list(range(5, 55))], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4  # a 50-token prompt in one step
+    check_whole_prompts_fit(16, 64, True)  # chunked prefill: any budget
+    check_whole_prompts_fit(96, 64, False, 4, 7, reserve_all_spec_slots=False)
+    with pytest.raises(ConfigError, match=r"less the 32 draft slots .* max_num_seqs=4 x k=8"):
+        check_whole_prompts_fit(95, 64, False, 4, 8, reserve_all_spec_slots=True)
+    check_whole_prompts_fit(96, 64, False, 4, 8, reserve_all_spec_slots=True)
+
+
 def test_cudagraph_mode_default_depends_on_speculation():
     from adaspec.config import resolve_cudagraph_mode
 

@@ -215,8 +215,8 @@ def _same_outputs(pair, llm, prompts, params, **kw):
     assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
     eng = llm.llm_engine
     st = eng.stats
-    assert st.num_generated_tokens == (st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
-                                       - st.num_discarded_rows)
+    # every path counts the kept tokens only (a discarded row goes to num_discarded_rows)
+    assert st.num_generated_tokens == st.num_accepted_tokens + st.num_bonus_tokens + st.num_sampled_without_draft
     assert eng.kv_blocks_free() == eng.kv_blocks_total() and not eng.has_unfinished_requests()
 
 
@@ -293,4 +293,59 @@ def test_abort_with_a_fused_plain_step_in_flight(pair, tmp_path):
         if str(i) != victim:
             assert (done[str(i)].outputs[0].token_ids, done[str(i)].outputs[0].finish_reason) == (w.token_ids, w.finish_reason)
     assert eng.kv_blocks_free() == eng.kv_blocks_total() and eng.stats.num_discarded_rows > 0
+
+
+def test_a_request_admitted_behind_a_plain_step_keeps_its_whole_prompt(pair, tmp_path):
+    """enable_chunked_prefill=False with a policy that drafts beside every prompt chunk: a step
+    scheduled behind a plain step in flight that admits a request runs as scheduled (plain), not
+    scheduled again with draft slots, which ran only part of the newcomer's prompt (the rows past
+    the graphs' 4 take 1 + k slots each from the budget) or preempted it before it ran."""
+    kw = dict(max_num_seqs=9, max_num_batched_tokens=96, max_model_len=96, block_size=8, enable_chunked_prefill=False)
+    llm, _ = _fused_llm(pair, tmp_path, True, graphs=True, **kw)
+    eng = llm.llm_engine
+    first_chunks = []  # (tokens run, prompt length) of every prompt's first chunk that ran
+
+    def watch(scheduled):
+        first_chunks.extend((s.num_tokens, len(s.seq.prompt_token_ids)) for s in scheduled
+                            if s.seq.num_output_tokens == 0 and s.seq.num_computed_tokens == 0)
+    for owner, name in ((eng, "_launch_plain_step"), (eng.spec, "launch_pipelined"), (eng.spec, "step")):
+        inner = getattr(owner, name)
+        setattr(owner, name, lambda scheduled, *a, _inner=inner: (watch(scheduled), _inner(scheduled, *a))[1])
+    g = torch.Generator().manual_seed(0)
+    prompt = lambda n: torch.randint(1, 300, (n,), generator=g).tolist()
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = {f"d{i}": prompt(8) for i in range(7)}
+    for rid, p in prompts.items():
+        eng.add_request(rid, p, sp)
+    for _ in range(4):
+        eng.step()
+    prompts["y"] = prompt(20)
+    eng.add_request("y", prompts["y"], sp)
+    for _ in range(20):
+        if eng._in_flight is not None:
+            break
+        eng.step()
+    assert eng._in_flight is not None, "no plain step in flight"
+    policy, asked = eng.spec.policy, eng.spec.policy.should_draft
+
+    def drafts_beside_chunks(*a, prefill_tokens=0, prefill_apart=False):  # any answer is lossless
+        answer = asked(*a, prefill_tokens=prefill_tokens, prefill_apart=prefill_apart)
+        if prefill_tokens > 0:
+            policy._budget_now = None
+            return True
+        return answer
+    policy.should_draft = drafts_beside_chunks
+    prompts["x"] = prompt(80)
+    params = {rid: sp for rid in prompts} | {"x": SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)}
+    eng.add_request("x", prompts["x"], params["x"])
+    got = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                got[o.request_id] = o.outputs[0].token_ids
+    ids = sorted(prompts)
+    want = LLM(pair[0], **kw).generate([prompts[i] for i in ids], [params[i] for i in ids])
+    assert [got[i] for i in ids] == [w.outputs[0].token_ids for w in want]
+    assert (80, 80) in first_chunks and all(n == length for n, length in first_chunks), first_chunks
+    assert eng.scheduler.num_preemptions == 0
 
