@@ -45,6 +45,8 @@ class EngineConfig:
     # one mixed graph and 2-13x split: BENCHMARKS.md, run 7; the speculative engine's mixed graphs
     # equal eager with arrivals on the H200 since run 8)
     cudagraph_mode: str | None = None
+    # False: each prompt runs in one step, so max_num_batched_tokens must hold max_model_len tokens
+    # (less max_num_seqs * k with reserve_all_spec_slots): a ConfigError otherwise, as in vLLM
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
