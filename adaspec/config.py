@@ -142,8 +142,9 @@ class SpeculativeConfig:
     # what the budget takes for the confidences of a request no step has drafted for yet (a new
     # one, or one only plain steps ran): 1.0 per slot ("one", vLLM's optimism), or the running
     # average of the confidences observed so far ("population"). null: "population" with measured
-    # step costs or with adaptive_verification_mixed_steps "fused", else "one". Why it matters: under steady arrivals a few rows per step are new, and
-    # at 1.0 each one promises k accepted drafts, which can tip a high-load step into drafting where
+    # step costs or with adaptive_verification_mixed_steps "fused", else "one". Why it matters:
+    # under steady arrivals a few rows per step are new, and at 1.0 each one promises k accepted
+    # drafts, which can tip a high-load step into drafting where
     # plain steps make more (H200 run 37, T = 1 at 256 requests: adaptive drafted in 119 of 124 steps
     # where the replay over real confidences prices a plain step higher). Left at "one": measured on
     # one build (H200 run 38, offline frontier, 3 repeats) "population" changed nothing beyond the
