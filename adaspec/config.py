@@ -10,6 +10,29 @@ from adaspec.errors import ConfigError
 
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL", "NONE")
 
+# a field's annotation -> (the check of its value, what the error says it must be). A flag given
+# as the string "false" would otherwise count as true, and True as the integer 1
+_TYPE_CHECKS = {
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+}
+
+
+def check_field_types(config: Any, what: str) -> None:
+    """Every bool, int and float field of a config dataclass (optional ones may also be None)
+    holds a value of its type: a ConfigError naming the field otherwise."""
+    for f in fields(config):
+        kind = str(f.type)
+        optional = kind.endswith(" | None")
+        check = _TYPE_CHECKS.get(kind[: -len(" | None")] if optional else kind)
+        v = getattr(config, f.name)
+        if check is None or (optional and v is None):
+            continue
+        ok, must = check
+        if not ok(v):
+            raise ConfigError(f"{what} {f.name} must be {must}{' or null' if optional else ''}, got {v!r}")
+
 
 def resolve_cudagraph_mode(asked: str | None, speculative: bool) -> str:
     """cudagraph_mode as the engine runs it: what was asked for, else FULL, with or without
@@ -65,6 +88,7 @@ class EngineConfig:
                 self.speculative_config = json.loads(self.speculative_config)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
+        check_field_types(self, "engine argument")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -184,6 +208,7 @@ class SpeculativeConfig:
                 f"unknown speculative_config key(s): {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
             )
         c = cls(**d)
+        check_field_types(c, "speculative_config key")
         if c.method not in ("dspark", "synthetic"):
             raise ConfigError(f"speculative method {c.method!r} is not supported; use \"method\": \"dspark\" "
                               "(or \"synthetic\" for timing studies)")
@@ -215,8 +240,9 @@ class SpeculativeConfig:
         if c.adaptive_verification_step_costs not in ("measured", "tables"):
             raise ConfigError("adaptive_verification_step_costs must be \"measured\" or \"tables\", got "
                               f"{c.adaptive_verification_step_costs!r}")
-        if not isinstance(c.profile_context_len, int) or c.profile_context_len < 1:
-            raise ConfigError(f"profile_context_len must be a positive integer, got {c.profile_context_len!r}")
+        for name in ("profile_context_len", "profile_repeats"):
+            if getattr(c, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(c, name)!r}")
         if c.method == "synthetic":
             from adaspec.spec_decode.synthetic import validate_config
 

@@ -115,6 +115,42 @@ def test_engine_config_errors(micro_qwen3):
     assert LLM(str(micro_qwen3), cudagraph_mode="FULL").llm_engine.runner.graphs is None  # graphs need CUDA
 
 
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(enable_chunked_prefill="false"), "engine argument enable_chunked_prefill must be true or false, got 'false'"),
+    (dict(enforce_eager="no"), "enforce_eager must be true or false"),
+    (dict(async_scheduling="false"), "async_scheduling must be true or false or null"),
+    (dict(max_model_len=True), "max_model_len must be an integer or null, got True"),
+    (dict(block_size=True), "block_size must be an integer, got True"),
+    (dict(seed=1.5), "seed must be an integer, got 1.5"),
+    (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization must be a number or null"),
+])
+def test_engine_arguments_of_the_wrong_type(micro_qwen3, kwargs, needle):
+    """A flag given as the string "false" once counted as true, and True as the integer 1."""
+    with pytest.raises(ConfigError, match=needle):
+        LLM(str(micro_qwen3), **kwargs)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("enable_adaptive_verification", "false", "enable_adaptive_verification must be true or false, got 'false'"),
+    ("reserve_all_spec_slots", "no", "reserve_all_spec_slots must be true or false"),
+    ("profile_repeats", 0, "profile_repeats must be a positive integer, got 0"),
+    ("profile_repeats", "3", "profile_repeats must be an integer, got '3'"),
+    ("profile_repeats", 2.5, "profile_repeats must be an integer, got 2.5"),
+    ("profile_context_len", True, "profile_context_len must be an integer, got True"),
+    ("adaptive_verification_ema_alpha", True, "adaptive_verification_ema_alpha must be a number or null"),
+    ("num_speculative_tokens", 2.0, "num_speculative_tokens must be an integer or null"),
+])
+def test_speculative_config_keys_of_the_wrong_type(key, value, needle):
+    """Refused when the config is read, before any drafter loads or cost table is profiled (a bad
+    profile_repeats once failed deep inside the profiler with a bare TypeError)."""
+    from adaspec.config import SpeculativeConfig
+
+    with pytest.raises(ConfigError, match=needle):
+        SpeculativeConfig.from_dict({"method": "dspark", key: value})
+    good = {"profile_repeats": 3, "enable_adaptive_verification": True, "adaptive_verification_ema_alpha": 1}
+    assert SpeculativeConfig.from_dict(good).profile_repeats == 3  # an int where a float is asked is fine
+
+
 def test_a_budget_that_cannot_hold_a_whole_prompt_without_chunking_is_refused(micro_qwen3):
     """Without chunked prefill a prompt runs in one step: a token budget below max_model_len once
     left a longer prompt waiting forever (generate never returned); now the engine is refused."""
