@@ -10,7 +10,8 @@
 # real frontier's settings, benchmarks/h200_frontier.sh). The curve is read from $CURVE_FROM
 # (default: the pair.json of the run 16 frontier: the 2-layer preset, eval-code calibration), at the same temperature; pair.json is copied
 # beside the result. Every row of the result says "synthetic acceptance: timing only".
-# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL"). The sweep is
+# Engine options: OFFLINE_ARGS (offline_sweep.py flags, e.g. "--cudagraph-mode FULL"; "--step-trace"
+# records every step of every point: where a point's time went, step by step, H200 runs 43-45). The sweep is
 # stopped after SWEEP_S seconds (default 540; the JSON keeps the points that finished, "partial": true).
 # CPU smoke test of the same path: DEVICE=cpu SHAPE_OVERRIDES='{"num_hidden_layers": 2, ...}'.
 set -euo pipefail
