@@ -20,7 +20,9 @@ Where a point's time goes on the device: `--profile adaptive:7@256,none@256` run
 once more after the sweep, under torch.profiler (not one of the sweep's points, so the profiler's
 cost touches no figure), and records under `profiles` its steps, wall ms per step, the kernels'
 busy ms per step (the CPU ops' own time without CUDA), the busy share and the top kernels: whether
-a point's steps wait on the GPU or on the host, and on which kernels.
+a point's steps wait on the GPU or on the host, and on which kernels. `--step-trace` records every
+step of every point instead (wall ms, prompt tokens, tokens emitted, running and waiting requests,
+drafted rows, verified drafts, skipped, fused: StepKinds.TRACE_FIELDS), with no profiler's cost.
 
 Synthetic acceptance (timing only, no trained drafter): `--synthetic-acceptance P0,P1,...` runs the
 speculative arms with `"method": "synthetic"` (spec_decode/synthetic.py): a DSpark drafter on random
