@@ -333,16 +333,14 @@ class SpeculativeDecoder:
         prefill = self._prefill_tokens(scheduled)
         if not prefill:  # a decode-only step: the decode tables decide it, knowing every token
             return False
-        k, max_model_len = self.num_spec_tokens, self.engine.scheduler.max_model_len
         covered = [s for s in scheduled if self._row_covered(s)][: g.batch_sizes[-1]]
+        need = self.engine.scheduler._running_need  # the slots a schedule with drafts would reserve (apart)
         ids, limits = [], []
         for s in covered:
-            seq = s.seq
-            n_tok = len(seq.token_ids)
-            left = min(seq.max_len, max_model_len) - n_tok  # tokens it may still emit (as _running_need)
-            if n_tok > len(seq.prompt_token_ids) and left > 1:  # a decoding row with a slot to draft
-                ids.append(seq.request_id)
-                limits.append(min(k, left - 1))
+            slots = (need(s.seq, True, self.num_spec_tokens + 1, True) or (0, 0))[1]
+            if slots:  # a decoding row with a slot to draft
+                ids.append(s.seq.request_id)
+                limits.append(slots)
         return not ids or self._ask_mixed(ids, len(covered), limits, prefill) is False
 
     def drop_mixed_decision(self) -> None:
