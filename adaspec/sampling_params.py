@@ -36,7 +36,7 @@ class SamplingParams:
     Field names follow vLLM's ``SamplingParams`` so code can move between the two.
     """
 
-    n: int = 1
+    n: int = 1  # samples of the prompt (engine/parallel_sampling.py: n child requests)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: disabled
@@ -73,8 +73,8 @@ class SamplingParams:
         def bad(msg: str, param: str) -> InvalidRequestError:
             return InvalidRequestError(msg, param=param)
 
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n != 1:
-            raise bad(f"n must be 1 (got {self.n!r}); adaspec returns one completion per request", "n")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise bad(f"n must be an integer >= 1, got {self.n!r}", "n")
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):

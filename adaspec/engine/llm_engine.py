@@ -15,6 +15,7 @@ from adaspec.distributed.context import join_tensor_parallel
 from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, strip_pending
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
+from adaspec.engine.parallel_sampling import ParallelSampling, ParentRequest, child_params, child_request_id
 from adaspec.engine.runner import ForwardItem, ModelRunner
 from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler, check_whole_prompts_fit
 from adaspec.engine.slow_steps import SlowStepLog, step_shape, threshold_from_env
@@ -164,6 +165,7 @@ class LLMEngine:
             self.spec = drafter.build(self, num_slots)
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len, eos_ids)
         self.requests: dict[str, Sequence] = {}
+        self.parallel = ParallelSampling()  # requests of n > 1 samples, run as n children
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
         self._plain_sampling = SamplingBatchCache()  # the plain step's rows, while they stay the same
         self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
@@ -310,11 +312,14 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.parallel.parents:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="sampling_params")
         params.verify()  # fields are mutable: a value the step cannot use must fail here, for this request only
+        if params.n > 1:
+            self._add_parent(request_id, prompt, params, arrival_time)
+            return
         if self.tokenizer is None and isinstance(prompt, str):
             raise InvalidRequestError("a text prompt needs a tokenizer, and this engine runs with "
                                       "skip_tokenizer_init=True: send the prompt as a list of token ids", param="prompt")
@@ -346,7 +351,33 @@ class LLMEngine:
             self._unseeded.append(seq)
         self.scheduler.add(seq)
 
+    def _add_parent(self, request_id: str, prompt, params: SamplingParams, arrival_time: float | None) -> None:
+        """n samples as n child requests (engine/parallel_sampling.py); all of them or none."""
+        parent = ParentRequest(request_id, params)
+        taken = [cid for cid in parent.child_ids() if cid in self.requests or cid in self.parallel.parents]
+        if taken:
+            raise InvalidRequestError(f"request id {request_id!r}: its samples' ids {taken[:3]} are already in use",
+                                      param="request_id")
+        added = []
+        try:
+            for i, cid in enumerate(parent.child_ids()):
+                self.add_request(cid, prompt, child_params(params, i), arrival_time)
+                added.append(cid)
+        except BaseException:
+            for cid in added:  # not yet scheduled: gone without a trace
+                seq = self.requests.pop(cid)
+                self.scheduler.remove(seq)
+                if seq in self._unseeded:
+                    self._unseeded.remove(seq)
+            raise
+        self.parallel.add(parent)
+
     def abort_request(self, request_id: str) -> None:
+        parent = self.parallel.parents.get(request_id)
+        if parent is not None:  # every sample still running
+            for i in sorted(parent.running):
+                self.abort_request(child_request_id(request_id, i))
+            return
         seq = self.requests.get(request_id)
         if seq is None or seq.finished:
             return
@@ -381,7 +412,7 @@ class LLMEngine:
             self._last_shape = "nothing scheduled"
             watch.begin()
         try:
-            return self._step()
+            return self.parallel.gather(self._step())
         finally:
             self.stats.time_in_steps += step_clock() - t0
             if watch is not None:

@@ -74,7 +74,8 @@ class LogprobFormatter:
 class Formatter:
     """Builds the bodies of one request; ``chat`` picks the chat or the text-completion shape.
 
-    A completions request may carry several prompts: each is a choice with its own ``index``.
+    A completions request may carry several prompts, any request n samples of each: each sample is
+    a choice with its own ``index`` (serve/generation.py).
     """
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None):
@@ -109,9 +110,9 @@ class Formatter:
         body.update(choices=choices, usage=use)
         return body
 
-    def role_chunk(self, with_usage: bool, use: dict | None = None) -> dict:
+    def role_chunk(self, index: int, with_usage: bool, use: dict | None = None) -> dict:
         body = self._head("chat.completion.chunk")
-        body["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        body["choices"] = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}]
         if with_usage:
             body["usage"] = use

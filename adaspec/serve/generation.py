@@ -1,7 +1,9 @@
 """One HTTP request's generations: submit, stream or collect, and abort when the client leaves.
 
-A completions request may carry a batch of prompts (as in OpenAI and vLLM): each becomes its
-own engine request and its own choice ``index``. Whatever ends a request early — a client
+A completions request may carry a batch of prompts (as in OpenAI and vLLM), and any request n
+samples of each: each sample of each prompt becomes its own engine request (seeds as the engine's
+own fan-out gives them, engine/parallel_sampling.py) and its own choice, ``index`` = prompt * n +
+sample, as OpenAI numbers them; the usage counts each prompt's tokens once. Whatever ends a request early — a client
 disconnect, a cancelled task, a server drain — goes through ``_Generation.close``, which aborts
 it in the engine (freeing its KV blocks) exactly once.
 """
@@ -16,6 +18,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from adaspec.engine.parallel_sampling import child_params
 from adaspec.serve.engine_thread import Chunk
 from adaspec.serve.errors import APIError, error_body
 from adaspec.serve.formatting import SSE_DONE, Formatter, sse, usage
@@ -31,9 +34,11 @@ class _ClientGone(Exception):
 
 
 class _Generation:
-    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue, index: int, prompt_tokens: int):
+    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue, index: int, prompt_tokens: int,
+                 counts_prompt: bool = True):
         self.state, self.rid, self.q = state, rid, q
         self.index, self.prompt_tokens = index, prompt_tokens
+        self.counts_prompt = counts_prompt  # the usage counts a prompt once, whatever its n
         self.num_tokens = 0
         self.finished = False
         self.closed = False
@@ -114,11 +119,15 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
                  ",".join(str(len(p)) for p in prompts), params)
     arrival = time.monotonic()
     gens: list[_Generation] = []
+    n = params.n
+    samples = [child_params(params, j) for j in range(n)] if n > 1 else [params]
     try:
         for i, ids in enumerate(prompts):
-            sub = rid if len(prompts) == 1 else f"{rid}-{i}"
-            q = await state.engine_thread.add(sub, ids, params, arrival, len(ids))
-            gens.append(_Generation(state, sub, q, i, len(ids)))
+            for j, p in enumerate(samples):
+                index = i * n + j
+                sub = rid if len(prompts) * n == 1 else f"{rid}-{index}"
+                q = await state.engine_thread.add(sub, ids, p, arrival, len(ids))
+                gens.append(_Generation(state, sub, q, index, len(ids), counts_prompt=j == 0))
     except BaseException:  # e.g. the queue filled up half-way through a batch
         _close_all(gens)
         raise
@@ -172,8 +181,9 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
         return usage(g.prompt_tokens, g.num_tokens) if continuous_usage else None
 
     try:
-        if chat:
-            yield sse(fmt.role_chunk(usage_field, so_far(gens[0])))
+        if chat:  # every choice's role first, as vLLM sends them
+            for g in gens:
+                yield sse(fmt.role_chunk(g.index, usage_field, so_far(g)))
         async for g, c in _chunks(gens):
             prev = sent[g.index]
             delta = c.text[len(prev):] if c.text.startswith(prev) else c.text
@@ -190,7 +200,7 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
 
 
 def _usage(gens: list[_Generation]) -> dict:
-    return usage(sum(g.prompt_tokens for g in gens), sum(g.num_tokens for g in gens))
+    return usage(sum(g.prompt_tokens for g in gens if g.counts_prompt), sum(g.num_tokens for g in gens))
 
 
 async def _watch_disconnect(request: Request, gens: list[_Generation]) -> None:

@@ -15,7 +15,7 @@ from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, Completio
 from adaspec.serve.state import ServeState
 
 
-MAX_BATCH = 256  # prompts in one completions request; larger batches belong in several requests
+MAX_BATCH = 256  # choices (prompts x n) in one request; larger batches belong in several requests
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null means this too
 
 # Parameters adaspec does not implement, with the values that ask for nothing: any other value
@@ -150,10 +150,16 @@ def completion_prompts(state: ServeState, prompt) -> list[list[int]]:
     return [completion_prompt_ids(state, prompt)]
 
 
+def _check_choices(num_prompts: int, n: int) -> None:
+    """Every sample of every prompt is an engine request: a request may ask for MAX_BATCH in all."""
+    if num_prompts * n > MAX_BATCH:
+        raise _bad(f"At most {MAX_BATCH} choices per request (prompts x n), got {num_prompts} x {n}.", "n")
+
+
 def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[list[int]], SamplingParams]:
     _reject_unsupported(req, _NEUTRAL)
     if req.best_of not in (None, 1):
-        raise _bad("best_of must be 1: adaspec returns one completion per prompt.", "best_of")
+        raise _bad("best_of is not supported by adaspec (only 1); n gives several samples of a prompt.", "best_of")
     if req.echo:
         raise _bad("echo is not supported by adaspec.", "echo", "unsupported_parameter")
     if req.suffix:
@@ -161,6 +167,7 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     params = _params(req, max_tokens, req.logprobs, state)
     prompts = completion_prompts(state, req.prompt)
+    _check_choices(len(prompts), params.n)
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
     return prompts, params
@@ -200,6 +207,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
             raise InvalidRequestError(str(e).replace("max_tokens", "max_completion_tokens", 1),
                                       "max_completion_tokens") from None
         raise
+    _check_choices(1, params.n)
     ids = chat_prompt_ids(state, req.messages)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")

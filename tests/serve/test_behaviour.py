@@ -77,7 +77,7 @@ def test_metrics_parse_and_move():
         c = openai_client(s)
         c.completions.create(model="fake", prompt="hello", max_tokens=10)
         list(c.completions.create(model="fake", prompt="hello", max_tokens=7, stream=True))
-        httpx.post(s.url + "/v1/completions", json={"prompt": "x", "n": 2})
+        httpx.post(s.url + "/v1/completions", json={"prompt": "x", "n": 0})
         s.wait_idle()
         m = _metrics(s.url)
         assert before.get(("adaspec:request_success_total", (("finished_reason", "length"),)), 0) == 0

@@ -26,7 +26,8 @@ def _assert_openai_error(r: httpx.Response, status: int, param=None):
 
 # (path, body, expected status, expected param)
 ERROR_CASES = [
-    (C, {"prompt": "x", "n": 2}, 400, "n"),
+    (C, {"prompt": "x", "n": 0}, 400, "n"),
+    (C, {"prompt": ["x", "y"], "n": 129}, 400, "n"),
     (C, {"prompt": "x", "temperature": -1}, 400, "temperature"),
     (C, {"prompt": "x", "top_p": 0}, 400, "top_p"),
     (C, {"prompt": "x", "top_k": -5}, 400, "top_k"),
@@ -58,7 +59,8 @@ ERROR_CASES = [
     (CH, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
     (CH, {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     (CH, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
-    (CH, {"messages": MSG, "n": 3}, 400, "n"),
+    (CH, {"messages": MSG, "n": 257}, 400, "n"),
+    (CH, {"messages": MSG, "n": 1.5}, 400, "n"),
     (CH, {"messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages"),
     (CH, {"model": "nope", "messages": MSG}, 404, "model"),
     ("/tokenize", {"prompt": "x", "messages": MSG}, 400, None),
@@ -104,7 +106,7 @@ def test_unknown_route_and_method_are_openai_errors(fake_server):
 def test_openai_client_raises_typed_errors(fake_server):
     c = openai_client(fake_server)
     with pytest.raises(openai.BadRequestError):
-        c.completions.create(model="fake", prompt="x", n=2)
+        c.completions.create(model="fake", prompt="x", n=0)
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="other", prompt="x")
 

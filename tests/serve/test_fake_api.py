@@ -209,3 +209,35 @@ def test_engine_failure_mid_stream_is_reported_in_band():
         assert err["code"] == "engine_error" and err["type"] == "internal_server_error"
     finally:
         s.close()
+
+
+def test_n_samples_are_choices_numbered_prompt_by_prompt(client):
+    """n samples of each prompt: choice index = prompt * n + sample, as OpenAI numbers them; the
+    usage counts each prompt once (the fake's text depends on the prompt only)."""
+    prompts = ["hello", "abc"]
+    tok = FakeTokenizer()
+    r = client.completions.create(model="fake", prompt=prompts, max_tokens=4, n=3)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [expected_text(tok.encode(p), 4) for p in prompts for _ in range(3)]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len("hello") + len("abc"), 24)
+    chunks = list(client.completions.create(model="fake", prompt=prompts, max_tokens=4, n=3, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts: dict[int, str] = {}
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] = texts.get(c.choices[0].index, "") + c.choices[0].text
+    assert [texts[i] for i in range(6)] == [c.text for c in r.choices]
+    assert chunks[-1].usage.model_dump() == r.usage.model_dump()
+
+
+def test_chat_n_streams_a_role_and_content_per_choice(client):
+    messages = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="fake", messages=messages, max_tokens=3, n=2)
+    want = expected_text(_chat_ids(messages), 3)
+    assert [(c.index, c.message.content) for c in r.choices] == [(0, want), (1, want)]
+    assert r.usage.prompt_tokens == len(_chat_ids(messages)) and r.usage.completion_tokens == 6
+    chunks = list(client.chat.completions.create(model="fake", messages=messages, max_tokens=3, n=2, stream=True))
+    roles = [c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"]
+    content: dict[int, str] = {}
+    for c in chunks:
+        content[c.choices[0].index] = content.get(c.choices[0].index, "") + (c.choices[0].delta.content or "")
+    assert roles == [0, 1] and content == {0: want, 1: want}

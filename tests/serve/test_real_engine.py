@@ -235,3 +235,15 @@ def test_params_spoiled_after_construction_fail_that_request_alone(real_server):
     assert e.value.param == "temperature"
     r = httpx.post(real_server.url + "/v1/completions", json={"model": "micro", "prompt": "x", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_n_seeded_samples_equal_single_requests_with_seed_plus_index(client):
+    """The server's n samples (seed s) are what requests of one sample with seeds s, s + 1 give."""
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=12, temperature=1.0, seed=7, n=2)
+    singles = [client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=12, temperature=1.0, seed=7 + j)
+               for j in range(2)]
+    assert [c.index for c in r.choices] == [0, 1]
+    assert [c.text for c in r.choices] == [s.choices[0].text for s in singles]
+    assert r.choices[0].text != r.choices[1].text
+    assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
