@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from adaspec.commands.options import SHARED_OPTIONS, add_option
@@ -73,10 +74,12 @@ def load_pair(args):
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     status(f"loading target {args.target} and drafter {args.drafter} on {device} ({dtype})")
+    t0 = time.perf_counter()
     target, tcfg = load_target(args.target, dtype=dtype, device=device)
     drafter, dcfg = load_drafter(args.drafter, target_cfg=tcfg, dtype=dtype, device=device)
     tok = Tokenizer.from_dir(model_dir(args.target))
     prompts = load_prompts(args.prompts, tok, args.num_prompts, args.max_prompt_len, skip=args.skip_prompts)
+    status(f"loaded in {time.perf_counter() - t0:.1f} s")
     return target, tcfg, drafter, dcfg, prompts
 
 
@@ -94,9 +97,13 @@ def run_drafter(args) -> int:
         # the set propose() would apply to a request at this temperature
         temps = (dcfg.confidence_temperatures_greedy if t <= 0 else None) or dcfg.confidence_temperatures
         status(f"T={t:g}: the target generates {args.gen_len} tokens for each of {len(prompts)} prompts")
+        t0 = time.perf_counter()
         seqs, starts = generate_eval_set(target, prompts, args.gen_len, t, seed=args.seed)
-        status(f"T={t:g}: scoring the drafter's block at every generated position")
+        status(f"T={t:g}: generated in {time.perf_counter() - t0:.1f} s; scoring the drafter's block at every "
+               "generated position")
+        t0 = time.perf_counter()
         res = measure_blocks(target, drafter, seqs, starts, t, k=args.k, batch_size=args.batch_size, seed=args.seed)
+        status(f"T={t:g}: scored in {time.perf_counter() - t0:.1f} s")
         s = summarize(res, temps[: res.alpha.shape[1]] if temps else None)
         print(format_table(s), flush=True)
         results["runs"].append(s)

@@ -23,6 +23,7 @@ in its prompt's half).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from adaspec.commands.eval import add_drafter_eval_args
@@ -158,13 +159,16 @@ def run(args) -> int:
     plot, drafter_dir = output_paths(args)
     target, _, drafter, dcfg, prompts = load_pair(args)
     status(f"the target generates {args.gen_len} tokens for each of {len(prompts)} prompts at T={args.temperature:g}")
+    t0 = time.perf_counter()
     seqs, starts = generate_eval_set(target, prompts, args.gen_len, args.temperature, seed=args.seed)
     half_a, half_b = split_prompts(len(seqs), args.seed)  # same distribution in both halves
-    status("scoring the drafter's block at every generated position")
+    status(f"generated in {time.perf_counter() - t0:.1f} s; scoring the drafter's block at every generated position")
+    t0 = time.perf_counter()
     a = measure_blocks(target, drafter, [seqs[i] for i in half_a], [starts[i] for i in half_a], args.temperature,
                        batch_size=args.batch_size, seed=args.seed)
     b = measure_blocks(target, drafter, [seqs[i] for i in half_b], [starts[i] for i in half_b], args.temperature,
                        batch_size=args.batch_size, seed=args.seed + 1)
+    status(f"scored in {time.perf_counter() - t0:.1f} s; fitting")
     out = fit_and_report(replicate(a, args.samples, args.seed), replicate(b, args.samples, args.seed + 1))
     curves = out.pop("_curves")
     plot_reliability(curves, plot, title=f"drafter survival vs prefix acceptance (T={args.temperature:g})")
