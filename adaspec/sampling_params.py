@@ -27,6 +27,7 @@ MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 2**31 - 1  # the step builds int tensors from top_k; larger means "off" anyway
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's bound (torch.long): a seed fits a tensor
 MAX_TOKEN_ID = 2**63 - 1
+MAX_N = 4096  # samples of one request (each is a request of the engine's: parallel_sampling.py)
 
 
 @dataclass
@@ -73,8 +74,8 @@ class SamplingParams:
         def bad(msg: str, param: str) -> InvalidRequestError:
             return InvalidRequestError(msg, param=param)
 
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {self.n!r}", "n")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise bad(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", "n")
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):

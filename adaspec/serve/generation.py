@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adaspec.engine.parallel_sampling import child_params
 from adaspec.serve.engine_thread import Chunk
-from adaspec.serve.errors import APIError, error_body
+from adaspec.serve.errors import APIError, QueueFullError, error_body
 from adaspec.serve.formatting import SSE_DONE, Formatter, sse, usage
 from adaspec.serve.state import ServeState
 
@@ -117,20 +117,7 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
     if not state.settings.disable_log_requests:
         log.info("request %s: %d prompt(s) of %s tokens, %s", rid, len(prompts),
                  ",".join(str(len(p)) for p in prompts), params)
-    arrival = time.monotonic()
-    gens: list[_Generation] = []
-    n = params.n
-    samples = [child_params(params, j) for j in range(n)] if n > 1 else [params]
-    try:
-        for i, ids in enumerate(prompts):
-            for j, p in enumerate(samples):
-                index = i * n + j
-                sub = rid if len(prompts) * n == 1 else f"{rid}-{index}"
-                q = await state.engine_thread.add(sub, ids, p, arrival, len(ids))
-                gens.append(_Generation(state, sub, q, index, len(ids), counts_prompt=j == 0))
-    except BaseException:  # e.g. the queue filled up half-way through a batch
-        _close_all(gens)
-        raise
+    gens = await _submit(state, rid, prompts, params, time.monotonic())
     fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs)
     if stream:
         return _ClosingStreamingResponse(_events(gens, fmt, chat, include_usage, continuous_usage), gens,
@@ -142,6 +129,45 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
         return Response(status_code=499)
     finally:
         _close_all(gens)
+
+
+async def _submit(state: ServeState, rid: str, prompts: list[list[int]], params, arrival: float) -> list[_Generation]:
+    """Every choice (each sample of each prompt) as an engine request, all submitted before any
+    acceptance is awaited, so that the engine takes them in one pass between two steps (one at a
+    time, a request of n choices waited about n steps for its first token); all of them or none.
+    The queue's room (--max-queue) is judged for the whole request, once."""
+    n = params.n
+    samples = [child_params(params, j) for j in range(n)] if n > 1 else [params]
+    choices = [(i * n + j, ids, p) for i, ids in enumerate(prompts) for j, p in enumerate(samples)]
+    engine = state.engine_thread
+    limit = engine.max_queue
+    if limit is not None and len(choices) > 1:
+        if len(choices) > limit:  # waiting before their first step, they could never all be queued
+            raise APIError(400, f"This request has {len(choices)} choices (prompts x n), more than the server's "
+                                f"waiting queue holds (--max-queue {limit}).", "n" if n > 1 else "prompt",
+                           "invalid_value")
+        if engine.waiting_estimate() + len(choices) > limit:
+            raise QueueFullError(limit)
+    names = [rid if len(choices) == 1 else f"{rid}-{index}" for index, _, _ in choices]
+    tasks = [asyncio.ensure_future(engine.add(name, ids, p, arrival, len(ids)))
+             for name, (_, ids, p) in zip(names, choices)]
+    try:
+        await asyncio.wait(tasks)
+    except BaseException:  # cancelled (the client left): whatever was accepted is aborted
+        for name, t in zip(names, tasks):
+            if t.done() and not t.cancelled() and t.exception() is None:
+                engine.abort(name)
+            else:
+                t.cancel()  # an acceptance still awaited aborts its request when cancelled
+        raise
+    refused = [t.exception() for t in tasks if t.exception() is not None]
+    if refused:  # e.g. the queue filled up meanwhile: the accepted ones go too
+        for name, t in zip(names, tasks):
+            if t.exception() is None:
+                engine.abort(name)
+        raise refused[0]
+    return [_Generation(state, name, t.result(), index, len(ids), counts_prompt=index % n == 0)
+            for name, t, (index, ids, _) in zip(names, tasks, choices)]
 
 
 async def _chunks(gens: list[_Generation]) -> AsyncIterator[tuple[_Generation, Chunk]]:

@@ -166,8 +166,10 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
         raise _bad("suffix is not supported by adaspec.", "suffix", "unsupported_parameter")
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     params = _params(req, max_tokens, req.logprobs, state)
+    batch = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [0]
+    if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
+        _check_choices(len(batch), params.n)
     prompts = completion_prompts(state, req.prompt)
-    _check_choices(len(prompts), params.n)
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
     return prompts, params

@@ -199,3 +199,62 @@ def test_an_engine_fault_outside_the_step_also_exits_instead_of_lingering():
         assert not s._thread.is_alive() and s.server.exit_code == 1
     finally:
         s.close()
+
+
+def test_a_request_of_several_choices_is_queued_whole_or_refused_whole():
+    """--max-queue judges all of a request's choices at once: more than the queue holds is a 400
+    naming n (it could never be queued), more than its free room a 503, and nothing of a refused
+    request reaches the engine."""
+    class Recording(FakeEngine):
+        def __init__(self):
+            super().__init__(max_num_seqs=1, step_delay=0.005)
+            self.added: list[str] = []
+
+        def add_request(self, request_id, *a, **kw):
+            self.added.append(request_id)
+            super().add_request(request_id, *a, **kw)
+
+    s = LiveServer(Recording, names=("fake",), max_queue=4)
+    try:
+        r = httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 2, "n": 5})
+        _assert_openai_error(r, 400, "n")
+        r = httpx.post(s.url + C, json={"prompt": ["x", "y", "z"], "max_tokens": 2, "n": 2})
+        _assert_openai_error(r, 400, "n")
+        r = httpx.post(s.url + C, json={"prompt": ["x"] * 5, "max_tokens": 2})
+        _assert_openai_error(r, 400, "prompt")
+        assert s.engine(lambda e: list(e.added)) == []
+        holder = threading.Thread(target=lambda: httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 200,
+                                                                             "n": 2}, timeout=30))
+        holder.start()  # one running, one waiting: room for 3 more
+        deadline = time.monotonic() + 10
+        while s.engine_thread.waiting_estimate() != 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        r = httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 1, "n": 4})
+        _assert_openai_error(r, 503)
+        assert len(s.engine(lambda e: list(e.added))) == 2  # the holder's two choices only
+        assert httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 1, "n": 3}).status_code == 200
+        holder.join()
+    finally:
+        s.close()
+
+
+def test_a_choice_the_engine_refuses_takes_the_accepted_ones_back():
+    from adaspec.errors import InvalidRequestError
+
+    class RefusesTheSecond(FakeEngine):
+        def add_request(self, request_id, *a, **kw):
+            if request_id.endswith("-1"):
+                raise InvalidRequestError("not this one", param="prompt")
+            super().add_request(request_id, *a, **kw)
+
+    s = LiveServer(lambda: RefusesTheSecond(step_delay=0.05), names=("fake",))
+    try:  # left running, choices 0 and 2 would take 200 steps of 50 ms
+        r = httpx.post(s.url + C, json={"prompt": "x", "max_tokens": 200, "n": 3})
+        _assert_openai_error(r, 400, "prompt")
+        deadline = time.monotonic() + 5
+        while s.engine(lambda e: e.has_unfinished_requests()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not s.engine(lambda e: e.has_unfinished_requests())  # choices 0 and 2 were aborted
+        assert s.state.inflight == 0
+    finally:
+        s.close()

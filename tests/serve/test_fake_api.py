@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -241,3 +243,32 @@ def test_chat_n_streams_a_role_and_content_per_choice(client):
     for c in chunks:
         content[c.choices[0].index] = content.get(c.choices[0].index, "") + (c.choices[0].delta.content or "")
     assert roles == [0, 1] and content == {0: want, 1: want}
+
+
+def test_the_choices_of_a_request_reach_the_engine_together():
+    """All n choices are submitted before any acceptance is awaited, so the engine thread adds
+    them between the same two steps (one at a time, the n-th waited ~n steps)."""
+    class Recording(FakeEngine):
+        def __init__(self):
+            super().__init__(max_num_seqs=16, step_delay=0.005)
+            self.added_at: list[int] = []
+
+        def add_request(self, *a, **kw):
+            self.added_at.append(self.stats.num_steps)
+            super().add_request(*a, **kw)
+
+    s = LiveServer(Recording, names=("fake",))
+    try:
+        busy = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions",
+                                                          json={"prompt": "x", "max_tokens": 200}, timeout=60))
+        busy.start()  # the engine steps all the while
+        deadline = time.monotonic() + 10
+        while s.engine(lambda e: e.stats.num_steps) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        r = openai_client(s).completions.create(model="fake", prompt=["ab", "cd"], max_tokens=3, n=4)
+        assert len(r.choices) == 8
+        at = s.engine(lambda e: list(e.added_at))[1:]  # the busy request's first
+        assert len(at) == 8 and len(set(at)) == 1, at
+        busy.join()
+    finally:
+        s.close()
