@@ -122,6 +122,21 @@ def _metric_names(text: str) -> list[str]:
     return names
 
 
+def _slo(text: str) -> tuple[str, float]:
+    """One --goodput item, METRIC:MS (vLLM's spelling)."""
+    from adaspec.bench.metrics import GOODPUT_METRICS
+
+    name, _, value = text.partition(":")
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if name not in GOODPUT_METRICS or not ms >= 0:
+        raise argparse.ArgumentTypeError(f"expected METRIC:MS with METRIC in {','.join(GOODPUT_METRICS)} and "
+                                         f"MS >= 0, got {text!r}")
+    return name, ms
+
+
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server (serve, sweep, report, merge)",
                                   description="Benchmark any OpenAI-compatible server: one run, a sweep, a report.")
@@ -151,6 +166,9 @@ def add_parser(subparsers) -> None:
                    help="metrics to report percentiles of: ttft,tpot,itl,e2el (default ttft,tpot,itl, as vLLM)")
     s.add_argument("--metric-percentiles", type=_percentiles, default=[99.0],
                    help="percentiles to report, e.g. 25,50,99 (default 99)")
+    s.add_argument("--goodput", type=_slo, nargs="+", default=None, metavar="METRIC:MS",
+                   help="SLOs, e.g. ttft:500 tpot:50 (ms; ttft, tpot, e2el): request_goodput counts the requests "
+                        "per second that meet all of them (vLLM's flag and key; null without it)")
     s.add_argument("--save-result", action="store_true", help="write the result JSON (to --result-dir/--result-filename)")
     s.add_argument("--result-dir", default=None, help="folder for --save-result (default: the current folder)")
     s.add_argument("--result-filename", default=None,
@@ -209,6 +227,9 @@ def add_parser(subparsers) -> None:
                    help="for weights the checkpoint ids cannot vouch for (no model or drafter sha256 recorded, "
                         "servers at a --base-url): why you know the sources measured the same weights (written "
                         "into the manifest and the report)")
+    g.add_argument("--assume-same-code", metavar="REASON", default=None,
+                   help="for points whose engine commit had uncommitted changes (\"-dirty (unverified)\"): why you "
+                        "know the sources ran the same code (written into the manifest and the report)")
     g.add_argument("--arms", default=None, help="merge only these arms (comma-separated names, e.g. adaptive:7,fixed:3)")
     g.add_argument("--concurrency", default=None, help="merge only these concurrencies (comma-separated)")
     g.set_defaults(func=cmd_merge)
@@ -234,17 +255,21 @@ def cmd_serve(args) -> int:
                                f"drop {', '.join(given)}")
         num_prompts = sum(p.num_requests for p in args.load_phases)
     kind, path = resolve_endpoint(args.backend, args.endpoint)
+    # unlike `vllm bench serve`, --dataset random does not imply --ignore-eos: servers that refuse
+    # the field (transformers serve) must stay measurable; the README says to add it
+    ignore_eos = args.ignore_eos
     prompts = load_prompts(args.dataset, num_prompts, args.dataset_path, args.random_input_len, args.seed,
                            args.tokenizer or args.model)
     cfg = BenchConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
-        output_len=args.output_len, random_range_ratio=range_ratio, ignore_eos=args.ignore_eos,
+        output_len=args.output_len, random_range_ratio=range_ratio, ignore_eos=ignore_eos,
         temperature=args.temperature, num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path,
         api_key=args.api_key, seed=args.seed,
         label=args.label, continuous_usage=args.continuous_usage_stats, request_seeds=args.request_seeds,
         progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
         metric_percentiles=args.metric_percentiles, load_phases=args.load_phases,
+        goodput=dict(args.goodput) if args.goodput else None,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)
@@ -354,7 +379,7 @@ def cmd_merge(args) -> int:
     except ValueError:
         raise AdaspecError(f"--concurrency {args.concurrency!r}: expected integers, e.g. 64,256") from None
     res = merge_sweeps(args.sources, args.out, assume_same_checkpoints=args.assume_same_checkpoints, arms=arms,
-                       concurrency=conc)
+                       concurrency=conc, assume_same_code=args.assume_same_code)
     print(res["report"]["markdown"])
     print(f"\nmerged {res['points']} points into {res['out']}; written: {res['report']['report_md']}, "
           f"{res['report']['frontier_png']}", file=sys.stderr)

@@ -103,15 +103,20 @@ def refused_field_hint(status: int, body: str, payload: dict) -> str:
 
 
 def _chunk_text(choice: dict, endpoint: str) -> str | None:
-    """The chunk's text; None for a chat chunk that only announces the role (no token in it)."""
+    """The chunk's text; None for a chat chunk that only announces the role (no token in it).
+    A reasoning model's thinking comes as `delta.reasoning` (vLLM since 2025; `reasoning_content`
+    before): such chunks carry tokens too, and are timed as the answer's are."""
     if endpoint == "chat":
         delta = choice.get("delta") or {}
         content = delta.get("content")
-        if content is None and delta.get("reasoning_content") is None:
+        reasoning = delta.get("reasoning")
+        if reasoning is None:
+            reasoning = delta.get("reasoning_content")
+        if content is None and reasoning is None:
             return None if choice.get("finish_reason") is None else ""
-        if content == "" and "role" in delta and choice.get("finish_reason") is None:
+        if content == "" and not reasoning and "role" in delta and choice.get("finish_reason") is None:
             return None  # vLLM's first chat chunk: {"role": "assistant", "content": ""}
-        return content or delta.get("reasoning_content") or ""
+        return content or reasoning or ""
     return choice.get("text") or ""
 
 
@@ -206,9 +211,14 @@ async def send_request(
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
     """Send offsets (s) of n requests: all at 0 for an infinite rate (closed loop), else
-    gamma-distributed gaps with mean 1/rate; shape = burstiness (1.0 = Poisson)."""
-    if request_rate == float("inf") or request_rate <= 0:
+    gamma-distributed gaps with mean 1/rate; shape = burstiness (1.0 = Poisson; infinite: every
+    gap exactly 1/rate, the gamma's limit, as vLLM)."""
+    if not request_rate > 0 or not burstiness > 0:  # NaN included
+        raise ValueError(f"request rate and burstiness must be > 0 (inf allowed), got {request_rate} and {burstiness}")
+    if request_rate == float("inf"):
         return [0.0] * n
+    if burstiness == float("inf"):
+        return [i / request_rate for i in range(n)]
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     gaps[0] = 0.0

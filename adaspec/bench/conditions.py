@@ -62,6 +62,7 @@ def host_speed(repeats: int = 5) -> dict:
 
 
 COMMIT_ENV = "ADASPEC_COMMIT"
+DIRTY = "-dirty (unverified)"  # the mark of a checkout whose tracked files differ from its commit
 
 
 def engine_commit(root: Path | None = None) -> str | None:
@@ -78,7 +79,7 @@ def engine_commit(root: Path | None = None) -> str | None:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("-dirty (unverified)" if dirty.stdout.strip() else "")
+        return head.stdout.strip() + (DIRTY if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 

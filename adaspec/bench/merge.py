@@ -24,6 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from adaspec.bench.conditions import DIRTY
 from adaspec.bench.point_conditions import mixed_settings, setting
 from adaspec.bench.runner import BenchError, write_json_atomic
 
@@ -131,11 +132,13 @@ def _arm(d: dict) -> dict:
 
 
 def merge_sweeps(sources: list[str | Path], out: str | Path, assume_same_checkpoints: str | None = None,
-                 arms: list[str] | None = None, concurrency: list[int] | None = None, report: bool = True) -> dict:
+                 arms: list[str] | None = None, concurrency: list[int] | None = None, report: bool = True,
+                 assume_same_code: str | None = None) -> dict:
     """Writes OUT/points (renumbered repeats), OUT/manifest.json, OUT/logs/<i>-<source>/ and the
     report; returns {"manifest", "out", "points", "report"?}. Refuses (BenchError, naming what)
-    sources whose conditions or cells differ, repeated measurements, and unverified weights without
-    an assumption; `arms` / `concurrency` keep only those. Nothing is left in OUT when refused."""
+    sources whose conditions or cells differ, repeated measurements, and unverified weights or
+    engine code (a commit with uncommitted changes) without an assumption; `arms` / `concurrency`
+    keep only those. Nothing is left in OUT when refused."""
     srcs = [Path(s) for s in sources]
     out = Path(out)
     if len(srcs) < 2:
@@ -162,12 +165,21 @@ def merge_sweeps(sources: list[str | Path], out: str | Path, assume_same_checkpo
     if assume_same_checkpoints and not unverified:
         raise BenchError("--assume-same-checkpoints is for weights the points cannot vouch for; these record "
                          "matching checkpoint ids for everything they measured, so leave it out")
+    dirty = sorted({str(setting(d["conditions"], "engine_commit")) for d in every
+                    if str(setting(d["conditions"], "engine_commit")).endswith(DIRTY)})
+    if dirty and not assume_same_code:
+        raise BenchError(f"the engine commit {dirty[0]} had uncommitted changes, which may differ between the "
+                         "sources: nothing shows they ran the same code. If you know they did, say how: "
+                         "--assume-same-code 'REASON' (written into the manifest and the report)")
+    if assume_same_code and not dirty:
+        raise BenchError("--assume-same-code is for a commit with uncommitted changes; these points record a clean "
+                         "commit, so leave it out")
 
     # built beside OUT and renamed into place at the end: a refusal or crash leaves no half merge
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.merging-", dir=out.parent))
     try:
-        merged = _write(read, tmp, assume_same_checkpoints)
+        merged = _write(read, tmp, assume_same_checkpoints, assume_same_code)
         if out.exists():
             out.rmdir()  # empty, checked above
         tmp.rename(out)
@@ -181,7 +193,7 @@ def merge_sweeps(sources: list[str | Path], out: str | Path, assume_same_checkpo
     return res
 
 
-def _write(read: list, out: Path, assume_same_checkpoints: str | None) -> dict:
+def _write(read: list, out: Path, assume_same_checkpoints: str | None, assume_same_code: str | None = None) -> dict:
     (out / "points").mkdir()
     next_repeat: dict[str, int] = {}
     merged_from, runs = [], []
@@ -219,6 +231,8 @@ def _write(read: list, out: Path, assume_same_checkpoints: str | None) -> dict:
     })
     if assume_same_checkpoints:
         merged["checkpoints_assumed_same"] = assume_same_checkpoints
+    if assume_same_code:
+        merged["code_assumed_same"] = assume_same_code
     write_json_atomic(str(out / "manifest.json"), merged)
     return merged
 
@@ -235,4 +249,7 @@ def provenance_lines(manifest: dict | None) -> list[str]:
     if m.get("checkpoints_assumed_same"):
         lines.append("- **weights not vouched for by checkpoint ids; assumed the same by whoever merged them:** "
                      f"{m['checkpoints_assumed_same']}")
+    if m.get("code_assumed_same"):
+        lines.append("- **engine code with uncommitted changes; assumed the same by whoever merged them:** "
+                     f"{m['code_assumed_same']}")
     return lines

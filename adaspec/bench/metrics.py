@@ -80,8 +80,10 @@ def token_itl_samples(r: RequestResult) -> tuple[list[float], list[float]]:
 
 
 def peak_in_flight(results: list[RequestResult]) -> int:
-    """Most requests in flight at once (send to end), so a run shows the concurrency it reached."""
-    events = sorted([(r.send_time, 1) for r in results] + [(r.end_time, -1) for r in results],
+    """Most successful requests in flight at once (send to end), so a run shows the concurrency it
+    reached (vLLM's max_concurrent_requests: failed requests are left out)."""
+    ok = [r for r in results if r.success]
+    events = sorted([(r.send_time, 1) for r in ok] + [(r.end_time, -1) for r in ok],
                     key=lambda e: (e[0], e[1]))  # an end at the same instant as a send frees first
     peak = cur = 0
     for _, d in events:
@@ -113,10 +115,32 @@ def burst_delivered(r: RequestResult) -> bool:
     return r.success and len(t) >= BURST_MIN_CHUNKS and t[-1] - t[0] < BURST_S
 
 
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def check_goodput(slos: dict | None) -> None:
+    """vLLM's --goodput: {metric: SLO in ms}, metrics among GOODPUT_METRICS, SLOs >= 0."""
+    for k, v in (slos or {}).items():
+        if k not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: unknown metric {k!r}; use {', '.join(GOODPUT_METRICS)}")
+        if not (isinstance(v, (int, float)) and v >= 0):
+            raise ValueError(f"--goodput: the SLO of {k} must be a number of ms >= 0, got {v!r}")
+
+
+def _tpot(r: RequestResult) -> float:
+    return (r.e2el - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+
+
+def meets_slos(r: RequestResult, slos: dict) -> bool:
+    got = {"ttft": r.ttft, "tpot": _tpot(r), "e2el": r.e2el}
+    return all(1000.0 * got[k] <= v for k, v in slos.items())
+
+
 def compute_metrics(results: list[RequestResult], duration: float, percentiles=(90, 99),
-                    percentile_metrics: Iterable[str] = PERCENTILE_METRICS) -> dict:
+                    percentile_metrics: Iterable[str] = PERCENTILE_METRICS, goodput: dict | None = None) -> dict:
     """Mean, median and std of every latency; `percentiles` of the `percentile_metrics` only (as
-    `vllm bench serve --percentile-metrics --metric-percentiles`)."""
+    `vllm bench serve --percentile-metrics --metric-percentiles`); request_goodput with SLOs
+    (`--goodput`), else None."""
     sel = set(percentile_metrics)
 
     def pcts(name: str):
@@ -130,7 +154,7 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
     for r in ok:
         if r.output_tokens > 1:
             decode = r.e2el - r.ttft
-            tpots.append(decode / (r.output_tokens - 1))
+            tpots.append(_tpot(r))
             if decode > 0:
                 speeds.append((r.output_tokens - 1) / decode)
     tok_vals, tok_wts = [], []
@@ -150,6 +174,7 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
         "total_input_tokens": in_tok,
         "total_output_tokens": out_tok,
         "request_throughput": len(ok) / dur,
+        "request_goodput": sum(meets_slos(r, goodput) for r in ok) / dur if goodput else None,
         "output_throughput": out_tok / dur,
         "total_token_throughput": (in_tok + out_tok) / dur,
         "max_concurrent_requests": peak_in_flight(results),
@@ -196,7 +221,7 @@ def per_request_lists(results: list[RequestResult], start: float | None = None) 
         "output_lens": [r.output_tokens if r.success else 0 for r in results],
         "ttfts": [r.ttft if r.success else 0.0 for r in results],
         "itls": [r.itl if r.success else [] for r in results],
-        "e2els": [r.e2el if r.success else 0.0 for r in results],
+        "latencies": [r.e2el if r.success else 0.0 for r in results],  # vLLM's name for the E2ELs
         "chunk_tokens": [r.chunk_tokens for r in results],
         "finish_reasons": [r.finish_reason for r in results],
         "errors": [r.error for r in results],

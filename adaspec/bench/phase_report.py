@@ -177,7 +177,7 @@ def plot_phased(whole: dict[str, Stats], per: dict[tuple[str, int], Stats], arms
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from adaspec.bench.plot import arm_color
+    from adaspec.bench.plot import ERROR_BARS, arm_color
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     for arm in arms:
@@ -195,6 +195,7 @@ def plot_phased(whole: dict[str, Stats], per: dict[tuple[str, int], Stats], arms
     ax.set_xlabel("per-user speed, tok/s (median over requests)")
     ax.set_ylabel("output throughput, tok/s")
     ax.set_title(title or "A load that moves: whole run and phases")
+    ax.annotate(ERROR_BARS, (0.01, 0.01), xycoords="figure fraction", fontsize=7, color="0.35")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

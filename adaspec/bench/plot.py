@@ -36,6 +36,10 @@ def arm_color(arm: str) -> tuple:
     return colormaps["tab10"](zlib.crc32(arm.encode()) % 10)  # crc32: the same across runs, unlike hash()
 
 
+# what a point's bars are (bench/aggregate.py: the spread over repeats)
+ERROR_BARS = "points: mean over repeats; bars: +/- 1 sample std (n - 1) over repeats"
+
+
 def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str | Path, title: str = "") -> Path:
     import matplotlib
 
@@ -63,6 +67,7 @@ def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str
     ax.set_xlabel("per-user speed, tok/s (median over requests)")
     ax.set_ylabel("output throughput, tok/s")
     ax.set_title(title or "Throughput vs per-user speed")
+    ax.annotate(ERROR_BARS, (0.01, 0.01), xycoords="figure fraction", fontsize=7, color="0.35")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -29,7 +29,12 @@ DEFAULTS = {"prompts_per_concurrency": 1, "random_range_ratio": 0.0}
 
 
 def setting(conditions: dict, key: str):
-    return conditions.get(key, DEFAULTS.get(key))
+    value = conditions.get(key, DEFAULTS.get(key))
+    if key == "prompts" and isinstance(value, dict) and conditions.get("prompts_sha256"):
+        # the prompts' content is vouched for by prompts_sha256: where the file lay (two checkouts'
+        # eval-code.jsonl) is no condition of the measurement
+        value = {k: v for k, v in value.items() if k != "path"}
+    return value
 
 
 def _label(p: dict) -> str:

@@ -50,6 +50,9 @@ class BenchConfig:
     # A moving load (phases.py): the concurrency cap changes phase by phase; prompts are sent in
     # order, phase after phase (one prompt per request: len(prompts) == the phases' requests).
     load_phases: list | None = None
+    # vLLM's --goodput: SLOs in ms by metric (ttft, tpot, e2el); request_goodput counts the
+    # requests that meet every one of them, per second. None: not measured (the key is null)
+    goodput: dict | None = None
 
 
 def normalize_base_url(url: str) -> str:
@@ -81,6 +84,13 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         raise BenchError(f"--endpoint must be completions or chat, got {cfg.endpoint!r}")
     if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
         raise BenchError(f"--max-concurrency must be at least 1, got {cfg.max_concurrency}")
+    for flag, v in (("--request-rate", cfg.request_rate), ("--burstiness", cfg.burstiness)):
+        if not v > 0:  # NaN too; vLLM refuses a rate of 0 as well (inf, the default rate, is a closed loop)
+            raise BenchError(f"{flag} must be > 0 (inf allowed), got {v}")
+    try:
+        metrics.check_goodput(cfg.goodput)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
     phase_idx, caps = None, None
     if cfg.load_phases:
         if cfg.max_concurrency is not None or cfg.request_rate != float("inf"):
@@ -134,7 +144,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         from tqdm import tqdm
 
         bar = tqdm(total=len(payloads), desc=cfg.label or "requests", unit="req", leave=False)
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(timezone.utc)
     cpu_now, wall_now = cfg.cpu_clocks
     cpu0, wall0 = cpu_now(), wall_now()
     try:
@@ -152,7 +162,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         after = await specstats.scrape(session, base, headers)
 
     out: dict = {
-        "date": started_at,
+        "date": started.strftime("%Y%m%d-%H%M%S"),  # vLLM's format (here in UTC)
+        "started_at": started.isoformat(timespec="seconds"),
         "backend": "openai-chat" if cfg.endpoint == "chat" else "openai",
         "label": cfg.label,
         "base_url": base,
@@ -173,7 +184,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         # the client process's CPU seconds per wall second while the requests ran (metrics.CLIENT_BUSY_CPU_PER_WALL)
         "client_cpu_per_wall": client_cpu,
     }
-    out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics))
+    out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics,
+                                       cfg.goodput))
     if cfg.load_phases:
         out["load_phases"] = phases_mod.format_phases(cfg.load_phases)
         out["phases"] = phases_mod.phase_metrics(results, phase_idx, cfg.load_phases, first, cfg.metric_percentiles,
@@ -220,7 +232,7 @@ def result_filename(res: dict) -> str:
         conc = "-phases" + res["load_phases"].replace(",", "-")
     rate = res.get("request_rate")
     model = str(res.get("model_id") or "model").rstrip("/").split("/")[-1]
-    when = datetime.fromisoformat(res["date"]).strftime("%Y%m%d-%H%M%S")
+    when = res["date"]
     return f"{label}-{rate}qps{conc}-{model}-{when}.json"
 
 

@@ -22,6 +22,13 @@ HERE = Path(__file__).parent
 FAST = Script(chunks=[(0.01, "ab", 2), (0.01, "c", 1)], prompt_tokens=4)
 
 
+@pytest.fixture(autouse=True)
+def clean_commit(monkeypatch):
+    """The engine commit the sweeps record: a clean one, whatever state this checkout is in (a
+    "-dirty" one is refused by merge unless assumed the same; its own test sets one)."""
+    monkeypatch.setenv("ADASPEC_COMMIT", "0123abc")
+
+
 def _checkpoint(d, weights=b"\x01" * 64):
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text('{"hidden_size": 8}')
@@ -178,7 +185,7 @@ def test_merge_refusals(tmp_path, monkeypatch):
     _started(tmp_path, monkeypatch, tmp_path / "args", ck, dr, "--server-arg=--max-num-seqs=2")
     monkeypatch.setenv("ADASPEC_COMMIT", "another-commit")
     _started(tmp_path, monkeypatch, tmp_path / "commit", ck, dr)
-    monkeypatch.delenv("ADASPEC_COMMIT")
+    monkeypatch.setenv("ADASPEC_COMMIT", "0123abc")
     _rewrite(ck / "model.safetensors", b"\x04" * 64)
     _started(tmp_path, monkeypatch, tmp_path / "rebuilt", ck, dr)
     shutil.copytree(tmp_path / "a", tmp_path / "a_copy")
@@ -246,3 +253,22 @@ def test_external_servers_need_a_stated_assumption(tmp_path):
                        assume_same_checkpoints="one server, not restarted between the sweeps")
     assert res["manifest"]["checkpoints_assumed_same"] == "one server, not restarted between the sweeps"
     assert "assumed the same by whoever merged them:** one server, not restarted" in res["report"]["markdown"]
+
+
+def test_merge_refuses_uncommitted_engine_code_unless_assumed_the_same(tmp_path, monkeypatch):
+    ck, dr = _checkpoint(tmp_path / "target"), _checkpoint(tmp_path / "drafter", b"\x05" * 16)
+    monkeypatch.setenv("ADASPEC_COMMIT", "0123abc-dirty (unverified)")
+    for s in ("a", "b"):
+        _started(tmp_path, monkeypatch, tmp_path / s, ck, dr, arms="none", conc="1", repeats=1)
+    with pytest.raises(AdaspecError, match="had uncommitted changes"):
+        merge_sweeps([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    res = merge_sweeps([tmp_path / "a", tmp_path / "b"], tmp_path / "m", assume_same_code="one tree, two runs")
+    assert res["manifest"]["code_assumed_same"] == "one tree, two runs"
+    assert "uncommitted changes; assumed the same by whoever merged them:** one tree, two runs" in \
+        res["report"]["markdown"]
+    monkeypatch.setenv("ADASPEC_COMMIT", "0123abc")
+    for s in ("c", "d"):
+        _started(tmp_path, monkeypatch, tmp_path / s, ck, dr, arms="none", conc="1", repeats=1)
+    with pytest.raises(AdaspecError, match="record a clean commit"):
+        merge_sweeps([tmp_path / "c", tmp_path / "d"], tmp_path / "m2", assume_same_code="why not")

@@ -156,7 +156,7 @@ def test_chat_skips_role_chunk():
     assert res["completed"] == 2
     # the role chunk (sent at 0 ms) is not the first token: TTFT is the 100 ms of the first token
     assert res["ttfts"] == [approx_ms(0.100)] * 2
-    assert res["e2els"] == [approx_ms(0.150)] * 2
+    assert res["latencies"] == [approx_ms(0.150)] * 2  # vLLM's key for the E2ELs
 
 
 def test_concurrency_reaches_its_cap():

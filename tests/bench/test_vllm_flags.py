@@ -52,8 +52,10 @@ def test_vllm_style_run(tmp_path, capsys):
     assert not any(re.fullmatch(r"p[\d.]+_(tpot|itl|itl_token)_ms", k) for k in res)
     for key in ("date", "model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
                 "request_throughput", "output_throughput", "total_token_throughput", "input_lens", "output_lens",
-                "ttfts", "itls", "errors"):
+                "ttfts", "itls", "latencies", "errors", "request_goodput", "max_concurrent_requests"):
         assert key in res, key
+    assert re.fullmatch(r"\d{8}-\d{6}", res["date"]) and res["started_at"].startswith(res["date"][:4])
+    assert res["request_goodput"] is None  # no --goodput: not measured
     out = capsys.readouterr().out
     assert "P99.9 TTFT (ms):" in out and "P50 E2EL (ms):" in out
 
@@ -65,7 +67,8 @@ def test_result_filename_and_bad_flags(tmp_path, capsys):
         assert main(base + ["--save-result", "--result-filename", "x.json", "--result-dir", str(tmp_path)]) == 0
         assert json.loads((tmp_path / "x.json").read_text())["completed"] == 1
         assert main(base + ["--result-filename", "y.json"]) == 2
-        for bad in (["--percentile-metrics", "ttft,nope"], ["--metric-percentiles", "0"]):
+        for bad in (["--percentile-metrics", "ttft,nope"], ["--metric-percentiles", "0"], ["--goodput", "ttft"],
+                    ["--goodput", "itl:5"], ["--goodput", "ttft:-1"]):
             with pytest.raises(SystemExit) as e:  # argparse's usage error
                 main(base + bad)
             assert e.value.code == 2
