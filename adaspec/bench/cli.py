@@ -194,7 +194,7 @@ def add_parser(subparsers) -> None:
                    help="at least W waves of C prompts per point: each point sends max(--num-prompts, W x C) "
                         "(default 1; a single wave at a high C is mostly ramp)")
     w.add_argument("--num-warmups", type=int, default=2,
-                   help="unmeasured requests before each point, at most its concurrency of them at once (so a point\x27s "
+                   help="unmeasured requests before each point, at most its concurrency of them at once (so a point's "
                         "concurrency is reached in the warm-up only when N >= C)")
     w.add_argument("--out", required=True,
                    help="results directory (rerun with the same --out and settings to resume)")
