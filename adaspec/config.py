@@ -74,7 +74,10 @@ class EngineConfig:
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
     # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
     async_scheduling: bool | None = None
-    seed: int = 0
+    # vLLM's engine seed: the random seeds of requests that bring none are drawn from a generator
+    # seeded with it, so a run's unseeded requests repeat from run to run (vLLM V1's default 0
+    # too); None: drawn from torch's global generator (torch.manual_seed decides)
+    seed: int | None = 0
     # dummy requests through the step path before the engine is ready, so that torch.compile's
     # first-use compiles do not stall the first real requests (engine/warm_up.py). None: on where
     # the engine compiles (CUDA graphs on, tensor_parallel_size 1)
@@ -89,6 +92,8 @@ class EngineConfig:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
         check_field_types(self, "engine argument")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ConfigError(f"seed must be a 64-bit integer or null, got {self.seed!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -186,8 +186,9 @@ def _engine_options() -> dict[str, Option]:
         Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
                "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "
                "parallelism", (("action", argparse.BooleanOptionalAction),)),
-        Option(("--seed",), "vLLM's engine seed, accepted but unused: only a request's own seed makes its "
-               "sampling repeatable", str(d["seed"]), (("type", int), ("metavar", "N"))),
+        Option(("--seed",), "vLLM's engine seed: the seeds of requests that bring none are drawn from a generator "
+               "seeded with it, so a run repeats (a request's own seed makes it repeatable whatever else runs)",
+               str(d["seed"]), (("type", int), ("metavar", "N"))),
     ]
     return {o.dest: o for o in opts}
 

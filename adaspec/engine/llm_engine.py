@@ -169,6 +169,8 @@ class LLMEngine:
         self._aborted: list[Sequence] = []  # reported as finished by the next step()
         self._plain_sampling = SamplingBatchCache()  # the plain step's rows, while they stay the same
         self._unseeded: list[Sequence] = []  # added without a seed since the last step: drawn together
+        # their seeds' source (config.seed); None: torch's global generator
+        self._seed_source = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         self.async_scheduling = self._resolve_async_scheduling(config.async_scheduling)
         self._in_flight: InFlightStep | None = None  # async scheduling: the step launched last
         self._spec_in_flight = None  # pipelined speculative steps: the step launched last (pipelined.py)
@@ -422,7 +424,7 @@ class LLMEngine:
         outputs = self._held_outputs + [self._output(s, 0) for s in self._aborted]
         self._aborted, self._held_outputs = [], []
         if self._unseeded:  # in the order they were added, as one call per request would give
-            for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded))):
+            for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded), self._seed_source)):
                 seq.seed = seed
             self._unseeded = []
         if self.spec is not None and self.async_scheduling:

@@ -36,13 +36,14 @@ _M32 = 0xFFFFFFFF
 _SEED_MAX = (1 << 64) - 1
 
 
-def new_seeds(n: int) -> list[int]:
-    """Fresh seeds for requests that did not ask for one, from torch's global generator (so
-    torch.manual_seed makes a whole run of unseeded requests repeatable, as in vLLM). One torch
+def new_seeds(n: int, generator: torch.Generator | None = None) -> list[int]:
+    """Fresh seeds for requests that did not ask for one, from `generator` (the engine's, seeded
+    with EngineConfig.seed) or torch's global one (so a run of unseeded requests repeats, as in
+    vLLM). One torch
     call for all of them: in the server every torch call of the engine thread hands the GIL to the
     event loop and may wait to get it back (one call per request took ~9% of the engine thread at
     256 streaming requests on the H200, BENCHMARKS.md run 5)."""
-    return torch.randint(0, 1 << 62, (n,), dtype=torch.int64).tolist() if n else []
+    return torch.randint(0, 1 << 62, (n,), dtype=torch.int64, generator=generator).tolist() if n else []
 
 
 def seed_to_int64(seed: int) -> int:

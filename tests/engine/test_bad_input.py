@@ -125,7 +125,8 @@ def test_engine_config_errors(micro_qwen3):
     (dict(async_scheduling="false"), "async_scheduling must be true or false or null"),
     (dict(max_model_len=True), "max_model_len must be an integer or null, got True"),
     (dict(block_size=True), "block_size must be an integer, got True"),
-    (dict(seed=1.5), "seed must be an integer, got 1.5"),
+    (dict(seed=1.5), "seed must be an integer or null, got 1.5"),
+    (dict(seed=2**64), "seed must be a 64-bit integer or null"),
     (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization must be a number or null"),
 ])
 def test_engine_arguments_of_the_wrong_type(micro_qwen3, kwargs, needle):

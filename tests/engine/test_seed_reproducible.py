@@ -50,8 +50,8 @@ def test_unseeded_requests_differ(llms):
     assert a.outputs[0].token_ids != b.outputs[0].token_ids
 
 
-def test_unseeded_requests_follow_torch_manual_seed(monkeypatch):
-    """Unseeded requests draw their seeds from torch's global generator (as vLLM's do), all the
+def test_unseeded_requests_follow_torch_manual_seed_without_an_engine_seed(monkeypatch):
+    """seed=None: unseeded requests draw their seeds from torch's global generator, all the
     requests added since the last step in one call: torch.manual_seed makes a run repeatable."""
     import torch
 
@@ -59,8 +59,8 @@ def test_unseeded_requests_follow_torch_manual_seed(monkeypatch):
 
     calls = []
     real = llm_engine.new_seeds
-    monkeypatch.setattr(llm_engine, "new_seeds", lambda n: calls.append(n) or real(n))
-    llm = LLM("tiny", max_num_seqs=8)
+    monkeypatch.setattr(llm_engine, "new_seeds", lambda n, gen: calls.append((n, gen)) or real(n, gen))
+    llm = LLM("tiny", max_num_seqs=8, seed=None)
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
 
     def run(seed):
@@ -68,6 +68,24 @@ def test_unseeded_requests_follow_torch_manual_seed(monkeypatch):
         return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
 
     first = run(7)
-    assert calls == [len(PROMPTS)]  # one draw for the four requests
+    assert calls == [(len(PROMPTS), None)]  # one draw for the four requests, from the global generator
     assert run(7) == first and run(8) != first
     assert len({tuple(t) for t in first}) == len(PROMPTS)
+
+
+def test_the_engine_seed_makes_a_run_of_unseeded_requests_repeat():
+    """vLLM's engine seed (default 0): a fresh engine's unseeded requests get the same seeds run
+    after run, whatever torch's global generator did; another engine seed, other text."""
+    import torch
+
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+
+    def run(**kw):
+        llm = LLM("tiny", max_num_seqs=8, **kw)
+        torch.manual_seed(len(kw))  # no influence
+        return [[o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] for _ in range(2)]
+
+    first, again = run(), run(seed=0)
+    assert first == again
+    assert first[0] != first[1]  # one engine's second run draws further
+    assert run(seed=5)[0] != first[0]

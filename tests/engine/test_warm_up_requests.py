@@ -21,7 +21,8 @@ def _spec(pair, tmp_path):
 
 
 def _run(llm):
-    torch.manual_seed(0)  # the unseeded requests' seeds come from torch's global generator
+    # the unseeded requests' seeds come from the engine's own generator (EngineConfig.seed): the
+    # warm-up's requests bring seeds of their own, so it draws none of them
     prompts = [[5 + i, 9, 17 + 2 * i] for i in range(5)]
     greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     seeded = llm.generate(prompts, [SamplingParams(temperature=1.0, seed=40 + i, max_tokens=20, ignore_eos=True)
@@ -67,9 +68,10 @@ def test_the_warm_up_runs_every_phase_shape(pair, tmp_path):
         return scheduled
 
     eng.scheduler.schedule = schedule
-    rng = torch.get_rng_state()
+    rng, own = torch.get_rng_state(), eng._seed_source.get_state()
     warm_up_serving(eng)
     assert torch.equal(torch.get_rng_state(), rng)  # it drew no seed from torch's global generator
+    assert torch.equal(eng._seed_source.get_state(), own)  # nor from the engine's (EngineConfig.seed)
     assert any(len(rows) == 1 for rows in seen)
     assert any(len(rows) == 4 for rows in seen)
     # a step in which a request decodes (one token to run) beside one still to prefill
