@@ -96,12 +96,14 @@ async def run_phased(send: Callable[[int], Awaitable], caps: list[int]) -> list:
 
 
 def phase_metrics(results: list, phase_idx: list[int], phases: list[Phase], run_start: float,
-                  percentiles=(90, 99), percentile_metrics=None) -> list[dict]:
+                  percentiles=(90, 99), percentile_metrics=None, goodput: dict | None = None) -> list[dict]:
     """One dict per phase: its schedule, its span relative to the run's first send (start_s,
     end_s), and compute_metrics over its requests with that span as the duration."""
     from adaspec.bench import metrics
 
-    kw = {} if percentile_metrics is None else {"percentile_metrics": percentile_metrics}
+    kw = {"goodput": goodput}
+    if percentile_metrics is not None:
+        kw["percentile_metrics"] = percentile_metrics
     out = []
     for i, ph in enumerate(phases):
         mine = [r for r, p in zip(results, phase_idx) if p == i]

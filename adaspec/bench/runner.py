@@ -189,7 +189,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     if cfg.load_phases:
         out["load_phases"] = phases_mod.format_phases(cfg.load_phases)
         out["phases"] = phases_mod.phase_metrics(results, phase_idx, cfg.load_phases, first, cfg.metric_percentiles,
-                                                 cfg.percentile_metrics)
+                                                 cfg.percentile_metrics, cfg.goodput)
         out["request_phases"] = phase_idx
     out.update(specstats.spec_delta(before, after))
     out.update(specstats.engine_delta(before, after, out["duration"], out["total_output_tokens"]))

@@ -99,16 +99,18 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         res["spec_mean_accepted_length"] = 1.0 + acc / drafts  # the bonus token counts
     if ver is not None and drafts:
         res["spec_mean_verified_length"] = ver / drafts
-    if "accepted_per_pos" in after:
-        b = before.get("accepted_per_pos", {})
-        per = [after["accepted_per_pos"][p] - b.get(p, 0.0) for p in sorted(after["accepted_per_pos"])]
-        res["spec_accepted_per_pos"] = per
-        if drafts:
-            res["spec_acceptance_rate_per_pos"] = [x / drafts for x in per]
-    for key in ("verified_per_pos", "predicted_per_pos"):
+    # a labelled counter appears once it first moves (prometheus-client, vLLM's too): a position no
+    # draft was accepted at yet is missing from the accepted series while the verified one has it,
+    # so the lists are laid over every position any per-position series shows, the missing ones 0
+    per_pos = ("accepted_per_pos", "verified_per_pos", "predicted_per_pos")
+    positions = sorted({p for key in per_pos for p in after.get(key, {})})
+    for key in per_pos:
         if key in after:
-            b = before.get(key, {})
-            res[f"spec_{key}"] = [after[key][p] - b.get(p, 0.0) for p in sorted(after[key])]
+            b, a = before.get(key, {}), after[key]
+            res[f"spec_{key}"] = [a.get(p, 0.0) - b.get(p, 0.0) for p in positions]
+    per = res["spec_accepted_per_pos"]
+    if per is not None and drafts:
+        res["spec_acceptance_rate_per_pos"] = [x / drafts for x in per]
     pred, per = res["spec_predicted_per_pos"], res["spec_accepted_per_pos"]
     if pred is not None and per is not None and len(pred) == len(per):
         res["spec_calibration_ratio_per_pos"] = [a / q if q > 0 else None for a, q in zip(per, pred)]

@@ -88,6 +88,14 @@ def test_calibration_from_real_prometheus_client_output():
     # a server without the calibration counters (vLLM): no ratio, nothing invented
     plain = {"accepted_per_pos": {0: 5.0}, "drafts": 5.0}
     assert spec_delta({}, plain)["spec_calibration_ratio"] is None
+    # a position verified but never accepted has no accepted series yet (a labelled counter shows
+    # once it moves): counted 0, so the ratios still come out
+    late = {"drafts": 4.0, "accepted_per_pos": {0: 3.0}, "verified_per_pos": {0: 4.0, 1: 2.0},
+            "predicted_per_pos": {0: 3.0, 1: 1.0}}
+    d = spec_delta({}, late)
+    assert d["spec_accepted_per_pos"] == [3.0, 0.0] and d["spec_acceptance_rate_per_pos"] == [0.75, 0.0]
+    assert d["spec_calibration_ratio_per_pos"] == [pytest.approx(1.0), pytest.approx(0.0)]
+    assert d["spec_calibration_ratio"] == pytest.approx(3 / 4)
 
 
 def test_engine_steps_from_real_prometheus_client_output():

@@ -76,3 +76,12 @@ def test_where_the_prompt_file_lay_is_no_condition_but_its_content_is():
     # without a content hash (older points) the path is all there is to compare
     old = [_point("/a/x.jsonl", None), _point("/b/x.jsonl", None)]
     assert mixed_settings(old) == ["prompts"]
+
+
+def test_each_phase_of_a_moving_load_has_its_goodput():
+    from adaspec.bench.phases import Phase, phase_metrics
+
+    rs = [_req(0.0, 0.05, 0.15, 11), _req(0.0, 0.30, 0.40, 11), _req(1.0, 0.05, 0.15, 11)]
+    out = phase_metrics(rs, [0, 0, 1], [Phase(2, 2), Phase(1, 1)], 0.0, goodput={"ttft": 100.0})
+    assert [p["request_goodput"] for p in out] == [pytest.approx(1 / 0.4), pytest.approx(1 / 0.15)]
+    assert phase_metrics(rs, [0, 0, 1], [Phase(2, 2), Phase(1, 1)], 0.0)[0]["request_goodput"] is None
