@@ -72,7 +72,8 @@ class EngineConfig:
     # (less max_num_seqs * k with reserve_all_spec_slots): a ConfigError otherwise, as in vLLM
     enable_chunked_prefill: bool = True
     # schedule and launch step t while the GPU runs step t-1 (vLLM's name; engine/async_step.py).
-    # None: on where it applies (CUDA, no speculative decoding, tensor_parallel_size 1)
+    # None: on where it applies (CUDA, tensor_parallel_size 1; with speculation where its step has
+    # CUDA graphs: pipelined speculative steps; LLMEngine._resolve_async_scheduling)
     async_scheduling: bool | None = None
     # vLLM's engine seed: the random seeds of requests that bring none are drawn from a generator
     # seeded with it, so a run's unseeded requests repeat from run to run (vLLM V1's default 0

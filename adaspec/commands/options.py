@@ -184,8 +184,9 @@ def _engine_options() -> dict[str, Option]:
                "FULL",
                (("choices", list(CUDAGRAPH_MODES)),)),
         Option(("--async-scheduling",), "launch each step before the previous one's tokens are read back, "
-               "overlapping the host's work with the GPU's", "on with CUDA, off with speculative decoding or tensor "
-               "parallelism", (("action", argparse.BooleanOptionalAction),)),
+               "overlapping the host's work with the GPU's (with speculation: pipelined speculative steps)",
+               "on with CUDA at tensor parallel size 1 (with speculation where its step has CUDA graphs), off "
+               "under tensor parallelism", (("action", argparse.BooleanOptionalAction),)),
         Option(("--seed",), "vLLM's engine seed: the seeds of requests that bring none are drawn from a generator "
                "seeded with it, so a run repeats (a request's own seed makes it repeatable whatever else runs)",
                str(d["seed"]), (("type", int), ("metavar", "N"))),
