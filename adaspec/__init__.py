@@ -8,10 +8,12 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 from adaspec.outputs import CompletionOutput, RequestOutput
+from adaspec.inputs import TextPrompt, TokensPrompt
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "TextPrompt",
+           "TokensPrompt", "__version__"]
 
 
 def __getattr__(name):  # lazy: importing adaspec must not import torch

@@ -34,6 +34,33 @@ def check_field_types(config: Any, what: str) -> None:
             raise ConfigError(f"{what} {f.name} must be {must}{' or null' if optional else ''}, got {v!r}")
 
 
+# vLLM's other spellings of a dtype (str(torch.float16) is "torch.float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "torch.float16": "float16", "torch.float32": "float32",
+                 "torch.bfloat16": "bfloat16"}
+
+# vLLM engine arguments accepted at the values that change nothing here (dropped), refused at others
+NEUTRAL_ENGINE_ARGS = {
+    "trust_remote_code": lambda v: isinstance(v, bool),  # no model code is ever loaded from a checkpoint
+    "disable_log_stats": lambda v: isinstance(v, bool),
+    "enable_prefix_caching": lambda v: v in (None, False),
+    "quantization": lambda v: v is None,
+    "kv_cache_dtype": lambda v: v == "auto",
+    "tokenizer_mode": lambda v: v == "auto",
+    "revision": lambda v: v is None,
+    "tokenizer_revision": lambda v: v is None,
+}
+NEUTRAL_ENGINE_ARGS_HELP = {
+    "trust_remote_code": "a bool: adaspec runs its own model code only",
+    "disable_log_stats": "a bool",
+    "enable_prefix_caching": "there is no prefix cache: False or None only",
+    "quantization": "no quantization: None only",
+    "kv_cache_dtype": "the KV cache has the model's dtype: 'auto' only",
+    "tokenizer_mode": "the directory's tokenizer.json: 'auto' only",
+    "revision": "checkpoints are local directories: None only",
+    "tokenizer_revision": "checkpoints are local directories: None only",
+}
+
+
 def resolve_cudagraph_mode(asked: str | None, speculative: bool) -> str:
     """cudagraph_mode as the engine runs it: what was asked for, else FULL, with or without
     speculation (EngineConfig.cudagraph_mode says why). ``speculative`` is kept so that callers
@@ -108,8 +135,10 @@ class EngineConfig:
         g = self.gpu_memory_utilization
         if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
+        self.dtype = DTYPE_ALIASES.get(str(self.dtype), self.dtype)  # vLLM's spellings, torch dtypes too
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16 (or vLLM's half, float); "
+                              f"got {self.dtype!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(f"load_format must be one of auto, safetensors, dummy; got {self.load_format!r}")
         if self.cudagraph_mode is not None and self.cudagraph_mode not in CUDAGRAPH_MODES:
@@ -123,6 +152,12 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
+        for name, ok in NEUTRAL_ENGINE_ARGS.items():  # vLLM's, asking for nothing adaspec would do otherwise
+            if name in kwargs:
+                v = kwargs.pop(name)
+                if not ok(v):
+                    raise ConfigError(f"engine argument {name}={v!r} is not supported by adaspec "
+                                      f"({NEUTRAL_ENGINE_ARGS_HELP[name]})")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:

@@ -6,6 +6,7 @@ from typing import Any, Sequence as Seq
 
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
+from adaspec.inputs import is_single_prompt, prompt_of
 from adaspec.outputs import RequestOutput
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
@@ -22,14 +23,16 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[int] | Seq[str | list[int]],
+        prompts: str | list[int] | dict | Seq[str | list[int] | dict],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion with continuous batching; outputs in input order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        """Run every prompt to completion with continuous batching; outputs in input order. A
+        prompt is a string, a list of token ids, or vLLM's TextPrompt / TokensPrompt dict
+        (adaspec/inputs.py)."""
+        if is_single_prompt(prompts):
             prompts = [prompts]
-        prompts = list(prompts)
+        prompts = [prompt_of(p) for p in prompts]
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)

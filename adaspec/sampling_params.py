@@ -29,6 +29,27 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's bound (torch.long): a seed fi
 MAX_TOKEN_ID = 2**63 - 1
 MAX_N = 4096  # samples of one request (each is a request of the engine's: parallel_sampling.py)
 
+# vLLM SamplingParams fields adaspec does not implement, with the values that ask for nothing
+# (None always does): any other value is refused, naming the field, since ignoring it would sample
+# from another distribution than the one asked for. The server refuses them the same way.
+UNSUPPORTED_UNLESS: dict[str, tuple] = {
+    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_tokens": (0,),
+    "min_p": (0.0,), "logit_bias": ({},), "bad_words": ([],), "allowed_token_ids": (), "prompt_logprobs": (),
+    "truncate_prompt_tokens": (), "structured_outputs": (), "guided_decoding": (), "logits_processors": ([],),
+    "best_of": (1,), "spaces_between_special_tokens": (True,),
+}
+
+
+def is_neutral(value, neutral: tuple) -> bool:
+    """None, or one of `neutral` (an int standing for a float neutral counts: 0 for 0.0)."""
+    if value is None:
+        return True
+    for n in neutral:
+        same_kind = type(value) is type(n) or (type(n) is float and type(value) is int)
+        if same_kind and value == n:
+            return True
+    return False
+
 
 @dataclass
 class SamplingParams:
@@ -53,6 +74,23 @@ class SamplingParams:
     # vLLM's: False = the engine produces no text (token ids only; the server's API processes then
     # decode it, serve/engine_process.py). Stop strings need the text in the engine.
     detokenize: bool = True
+    # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
+    # at any value that asks for something
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_p: float = 0.0
+    logit_bias: dict | None = None
+    bad_words: list | None = None
+    allowed_token_ids: list | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    structured_outputs: object = None
+    guided_decoding: object = None
+    logits_processors: list | None = None
+    best_of: int | None = None
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -74,6 +112,11 @@ class SamplingParams:
         def bad(msg: str, param: str) -> InvalidRequestError:
             return InvalidRequestError(msg, param=param)
 
+        for name, neutral in UNSUPPORTED_UNLESS.items():
+            v = getattr(self, name)
+            if not is_neutral(v, neutral):
+                only = " or ".join(repr(x) for x in neutral + (None,))
+                raise bad(f"{name} is not supported by adaspec (only {only}), got {v!r}", name)
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise bad(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", "n")
         for name in ("temperature", "top_p"):

@@ -329,7 +329,7 @@ class LLMEngine:
             raise InvalidRequestError("stop strings need a tokenizer, and this engine runs with "
                                       "skip_tokenizer_init=True: use stop_token_ids instead", param="stop")
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)  # a BOS, as vLLM
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             text, ids = None, list(prompt)
             vocab = self.model_config.vocab_size

@@ -72,8 +72,11 @@ class Tokenizer:
             eos.add(tok.token_to_id(name))
         return cls(tok, tcfg, eos)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """add_special_tokens: the tokenizer's post-processor adds its special tokens (a Llama
+        tokenizer's BOS), as vLLM encodes a text prompt; off for chat-templated text, whose
+        template writes them, and for text that continues other text."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

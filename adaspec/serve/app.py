@@ -101,8 +101,8 @@ def build_app(state: ServeState) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "Send exactly one of prompt or messages.", "prompt")
         ids = await _off_loop_if_large(
-            size, lambda: completion_prompt_ids(state, req.prompt) if req.prompt is not None
-            else chat_prompt_ids(state, req.messages))
+            size, lambda: completion_prompt_ids(state, req.prompt, req.add_special_tokens) if req.prompt is not None
+            else chat_prompt_ids(state, req.messages, req.add_special_tokens))
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
     @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))

@@ -9,7 +9,7 @@ it is tokenized.
 from __future__ import annotations
 
 from adaspec.errors import InvalidRequestError
-from adaspec.sampling_params import SamplingParams
+from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from adaspec.serve.state import ServeState
@@ -19,13 +19,15 @@ MAX_BATCH = 256  # choices (prompts x n) in one request; larger batches belong i
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null means this too
 
 # Parameters adaspec does not implement, with the values that ask for nothing: any other value
-# is a 400 (silently ignoring it would return something other than what was asked for).
+# is a 400 (silently ignoring it would return something other than what was asked for). The
+# SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
-    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
-    "logit_bias": ({},), "min_tokens": (0,), "min_p": (0.0,), "use_beam_search": (False,),
-    "length_penalty": (1.0,), "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (),
-    "bad_words": ([],), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (),
+    **{k: UNSUPPORTED_UNLESS[k] for k in (
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+        "prompt_logprobs", "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "structured_outputs",
+        "spaces_between_special_tokens")},
+    "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
+    "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
     "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,), "add_generation_prompt": (True,),
@@ -37,20 +39,10 @@ def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
     return APIError(400, msg, param, code)
 
 
-def _is_neutral(value, neutral: tuple) -> bool:
-    if value is None:
-        return True
-    for n in neutral:
-        same_kind = type(value) is type(n) or (type(n) is float and type(value) is int)
-        if same_kind and value == n:
-            return True
-    return False
-
-
 def _reject_unsupported(req, table: dict[str, tuple]) -> None:
     for name, neutral in table.items():
         value = getattr(req, name)
-        if not _is_neutral(value, neutral):
+        if not is_neutral(value, neutral):
             only = " or ".join(repr(n) for n in neutral) if neutral else "null"
             raise _bad(f"{name} is not supported by adaspec (only {only}), got {value!r}.", name,
                        "unsupported_parameter")
@@ -130,24 +122,27 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
     )
 
 
-def completion_prompt_ids(state: ServeState, prompt) -> list[int]:
-    """One prompt (a string or token ids) -> token ids."""
+def completion_prompt_ids(state: ServeState, prompt, add_special_tokens: bool | None = None) -> list[int]:
+    """One prompt (a string or token ids) -> token ids. A text prompt gets the tokenizer's special
+    tokens (a Llama tokenizer's BOS) unless add_special_tokens is False, as vLLM's completions."""
     if isinstance(prompt, str):
         _need_tokenizer(state, "tokenize a text prompt", "prompt")
         _check_text_length(state, prompt, "prompt")
-        return list(_tok(lambda: state.tokenizer.encode(prompt), "prompt", "tokenize the prompt"))
+        special = add_special_tokens is not False
+        return list(_tok(lambda: state.tokenizer.encode(prompt, add_special_tokens=special), "prompt",
+                         "tokenize the prompt"))
     ids = list(prompt)
     _check_ids(state, ids, "prompt")
     return ids
 
 
-def completion_prompts(state: ServeState, prompt) -> list[list[int]]:
+def completion_prompts(state: ServeState, prompt, add_special_tokens: bool | None = None) -> list[list[int]]:
     """The ``prompt`` field -> one token-id list per prompt (a list of strings or of id lists is a batch)."""
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) > MAX_BATCH:
             raise _bad(f"At most {MAX_BATCH} prompts per request, got {len(prompt)}.", "prompt")
-        return [completion_prompt_ids(state, p) for p in prompt]
-    return [completion_prompt_ids(state, prompt)]
+        return [completion_prompt_ids(state, p, add_special_tokens) for p in prompt]
+    return [completion_prompt_ids(state, prompt, add_special_tokens)]
 
 
 def _check_choices(num_prompts: int, n: int) -> None:
@@ -169,13 +164,21 @@ def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[
     batch = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [0]
     if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
         _check_choices(len(batch), params.n)
-    prompts = completion_prompts(state, req.prompt)
+    prompts = completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"))
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
     return prompts, params
 
 
-def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]:
+def _flag(value, name: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise _bad(f"{name} must be true or false, got {value!r}.", name)
+    return value
+
+
+def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None) -> list[int]:
+    """The messages through the chat template -> token ids; the template writes the special tokens,
+    so none are added unless add_special_tokens is true (vLLM's chat default)."""
     _need_tokenizer(state, "apply a chat template", "messages")
     msgs = []
     for i, m in enumerate(messages):
@@ -187,7 +190,8 @@ def chat_prompt_ids(state: ServeState, messages: list[ChatMessage]) -> list[int]
         msgs.append(msg)
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs), "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
-    return list(_tok(lambda: state.tokenizer.encode(text), "messages", "tokenize the messages"))
+    return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), "messages",
+                     "tokenize the messages"))
 
 
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
@@ -210,7 +214,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     _check_choices(1, params.n)
-    ids = chat_prompt_ids(state, req.messages)
+    ids = chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"))
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window

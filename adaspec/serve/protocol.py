@@ -118,6 +118,7 @@ class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # vLLM's: default true for a prompt, false for messages
 
 
 class DetokenizeRequest(_Strict):

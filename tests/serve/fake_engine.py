@@ -23,8 +23,8 @@ class FakeTokenizer:
     vocab_size = 0x110000
     max_chars_per_token = 1  # one token per character (adaspec.serve.prompt_bound)
 
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]  # no special tokens to add
 
     def decode(self, ids) -> str:
         return "".join(chr(i) for i in ids if i != EOS)

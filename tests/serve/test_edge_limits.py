@@ -89,7 +89,7 @@ class _RecordingTokenizer(FakeTokenizer):
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
-    def encode(self, text):
+    def encode(self, text, add_special_tokens=False):
         self.encoded.append(len(text))
         if self.gate is not None:
             self.entered.set()

@@ -1,0 +1,65 @@
+"""Where vLLM users' offline code meets adaspec's (a review of vLLM's LLM / SamplingParams /
+engine arguments): prompt dicts, vLLM's fields adaspec does not implement, neutral engine
+arguments and dtype spellings."""
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams, TextPrompt, TokensPrompt
+from adaspec.errors import ConfigError, InvalidRequestError
+from adaspec.sampling_params import UNSUPPORTED_UNLESS
+
+ARGS = dict(device="cpu", max_model_len=128, num_kv_blocks=32)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", **ARGS)
+
+
+def test_prompt_dicts_are_prompts(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    ids = llm.get_tokenizer().encode("def f():")
+    want = llm.generate("def f():", greedy)[0].outputs[0].token_ids
+    one = llm.generate(TextPrompt(prompt="def f():"), greedy)
+    assert len(one) == 1 and one[0].outputs[0].token_ids == want  # a dict is one prompt, not its keys
+    many = llm.generate([{"prompt": "def f():"}, TokensPrompt(prompt_token_ids=ids), ids], greedy)
+    assert [o.outputs[0].token_ids for o in many] == [want] * 3
+    assert many[1].prompt_token_ids == ids
+    for bad, needle in (({"prompt": "x", "multi_modal_data": {}}, "multi_modal_data"),
+                        ({"prompt": "x", "prompt_token_ids": [1]}, "not both"), ({}, "not both")):
+        with pytest.raises(InvalidRequestError, match=needle):
+            llm.generate(bad, greedy)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_vllm_fields_at_their_neutral_values_are_accepted_and_others_named():
+    # vLLM's defaults, and the values model cards write for them when they mean "off"
+    SamplingParams(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, min_tokens=0, min_p=0.0,
+                   logit_bias={}, bad_words=[], best_of=1, spaces_between_special_tokens=True)
+    for name, value in (("repetition_penalty", 1.05), ("presence_penalty", 0.5), ("min_tokens", 4), ("min_p", 0.1),
+                        ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
+                        ("prompt_logprobs", 1), ("best_of", 2), ("structured_outputs", {"json": {}}),
+                        ("spaces_between_special_tokens", False)):
+        with pytest.raises(InvalidRequestError, match=f"{name} is not supported by adaspec") as e:
+            SamplingParams(**{name: value})
+        assert e.value.param == name
+    assert set(UNSUPPORTED_UNLESS) <= set(SamplingParams.__dataclass_fields__)
+
+
+def test_spoiled_after_construction_the_request_alone_fails(llm):
+    p = SamplingParams(max_tokens=2)
+    p.repetition_penalty = 1.2
+    with pytest.raises(InvalidRequestError, match="repetition_penalty"):
+        llm.llm_engine.add_request("spoiled", "x", p)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_vllm_engine_arguments_that_ask_for_nothing_are_accepted():
+    llm = LLM("tiny", trust_remote_code=True, disable_log_stats=True, enable_prefix_caching=False, quantization=None,
+              kv_cache_dtype="auto", tokenizer_mode="auto", revision=None, dtype="float", **ARGS)
+    assert llm.llm_engine.config.dtype == "float32"
+    assert LLM("tiny", dtype=torch.float32, **ARGS).llm_engine.config.dtype == "float32"
+    for kw, needle in ((dict(enable_prefix_caching=True), "no prefix cache"), (dict(quantization="awq"), "quantization"),
+                       (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"), (dict(dtype="int8"), "dtype must be one of")):
+        with pytest.raises(ConfigError, match=needle):
+            LLM("tiny", **ARGS, **kw)
