@@ -21,6 +21,37 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def chat(
+        self,
+        messages: list[dict] | Seq[list[dict]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of
+        them, each through the model's chat template (its special tokens the template's own), then
+        generate. Each output's `prompt` is the templated text."""
+        tok = self.llm_engine.tokenizer
+        if tok is None:
+            raise InvalidRequestError("chat needs a tokenizer (this engine runs with skip_tokenizer_init=True)",
+                                      param="messages")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list of messages, or a list of such lists",
+                                      param="messages")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        texts = []
+        for conv in conversations:
+            if not isinstance(conv, (list, tuple)) or not all(isinstance(m, dict) for m in conv):
+                raise InvalidRequestError("each conversation must be a list of {\"role\", \"content\"} dicts",
+                                          param="messages")
+            texts.append(tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt,
+                                                 **(chat_template_kwargs or {})))
+        outs = self.generate([{"prompt_token_ids": tok.encode(t)} for t in texts], sampling_params, use_tqdm)
+        for out, text in zip(outs, texts):
+            out.prompt = text
+        return outs
+
     def generate(
         self,
         prompts: str | list[int] | dict | Seq[str | list[int] | dict],

@@ -92,7 +92,15 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
+                            **template_kwargs) -> str | list[int]:
+        """The messages through the chat template: its text, or (tokenize=True) that text's token
+        ids, the template having written any special tokens (transformers' signature; extra
+        keywords, e.g. Qwen3's enable_thinking, reach the template)."""
+        text = self._render(messages, add_generation_prompt, template_kwargs)
+        return self.encode(text) if tokenize else text
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
         import jinja2
 
         if self._compiled_template is None:
@@ -101,6 +109,7 @@ class Tokenizer:
             self._compiled_template = env.from_string(self.chat_template)
         try:
             return self._compiled_template.render(
+                **template_kwargs,
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=_token_str(self.config.get("bos_token")) or "",

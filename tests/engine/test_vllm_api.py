@@ -63,3 +63,32 @@ def test_vllm_engine_arguments_that_ask_for_nothing_are_accepted():
                        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"), (dict(dtype="int8"), "dtype must be one of")):
         with pytest.raises(ConfigError, match=needle):
             LLM("tiny", **ARGS, **kw)
+
+
+def test_chat_runs_each_conversation_through_the_template(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    tok = llm.get_tokenizer()
+    hi, bye = [{"role": "user", "content": "hi"}], [{"role": "user", "content": "bye"}]
+    ids = tok.apply_chat_template(hi, tokenize=True)
+    assert ids == tok.encode(tok.apply_chat_template(hi))
+    one = llm.chat(hi, greedy)
+    assert len(one) == 1 and one[0].prompt_token_ids == ids and one[0].prompt == tok.apply_chat_template(hi)
+    assert one[0].outputs[0].token_ids == llm.generate(TokensPrompt(prompt_token_ids=ids), greedy)[0].outputs[0].token_ids
+    both = llm.chat([hi, bye], greedy)
+    assert [o.prompt for o in both] == [tok.apply_chat_template(c) for c in (hi, bye)]
+    no_prompt = llm.chat(hi, greedy, add_generation_prompt=False)[0].prompt
+    assert no_prompt == tok.apply_chat_template(hi, add_generation_prompt=False) != one[0].prompt
+    for bad in ([], "hi", [["not a dict"]]):
+        with pytest.raises(InvalidRequestError, match="messages|conversation"):
+            llm.chat(bad, greedy)
+
+
+def test_template_keywords_reach_the_template():
+    from adaspec.models.registry import resolve_model_path
+    from adaspec.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking %}<think>{% endif %}"
+    msgs = [{"role": "user", "content": "q"}]
+    assert tok.apply_chat_template(msgs, enable_thinking=True) == "q<think>"
+    assert tok.apply_chat_template(msgs, enable_thinking=False) == "q"
