@@ -106,6 +106,10 @@ class EngineConfig:
     # seeded with it, so a run's unseeded requests repeat from run to run (vLLM V1's default 0
     # too); None: drawn from torch's global generator (torch.manual_seed decides)
     seed: int | None = 0
+    # vLLM's: where requests' sampling defaults come from: "auto", the model's generation_config.json
+    # (its temperature, top_p, top_k; models/generation_defaults.py), "vllm" SamplingParams' own, or
+    # a directory holding a generation_config.json
+    generation_config: str = "auto"
     # dummy requests through the step path before the engine is ready, so that torch.compile's
     # first-use compiles do not stall the first real requests (engine/warm_up.py). None: on where
     # the engine compiles (CUDA graphs on, tensor_parallel_size 1)

@@ -21,6 +21,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the model's recommended values (its generation_config.json,
+        unless the engine was built with generation_config="vllm"), what generate uses without any."""
+        return SamplingParams(**self.llm_engine.sampling_defaults)
+
     def chat(
         self,
         messages: list[dict] | Seq[list[dict]],
@@ -65,7 +70,7 @@ class LLM:
             prompts = [prompts]
         prompts = [prompt_of(p) for p in prompts]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         if len(params) != len(prompts):
             raise InvalidRequestError(f"got {len(prompts)} prompts but {len(params)} sampling params")

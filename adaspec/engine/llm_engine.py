@@ -27,6 +27,7 @@ from adaspec.h2d import to_device
 from adaspec.models.attention import triton_available, varlen_available
 from adaspec.models.loader import load_target, model_dir, read_json, resolve_dtype
 from adaspec.models.registry import model_display_name, resolve_model_path
+from adaspec.models.generation_defaults import read_generation_defaults
 from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
@@ -83,6 +84,20 @@ class LLMEngine:
             self.device = tp.device
         path = model_dir(config.model)
         self.model_name = model_display_name(config.model)
+        # the model's recommended sampling (vLLM's generation_config "auto"): defaults of requests
+        # that leave them unset (LLM.get_default_sampling_params, the server's null fields)
+        self.sampling_defaults, dropped = read_generation_defaults(path, config.generation_config)
+        try:
+            SamplingParams(**self.sampling_defaults)
+        except (InvalidRequestError, TypeError) as e:
+            raise ConfigError(f"the model's generation_config.json recommends sampling adaspec cannot use: {e} "
+                              "(generation_config=\"vllm\" ignores it)") from None
+        if self.sampling_defaults:
+            announce(f"sampling defaults from the model's generation_config.json: {self.sampling_defaults} "
+                     "(generation_config=\"vllm\" keeps SamplingParams' own)")
+        if dropped:
+            announce(f"WARNING: the model's generation_config.json recommends {dropped}, which adaspec does not "
+                     "implement: requests sample without it")
         self.model, self.model_config = load_target(path, self.dtype, self.device, config.load_format,
                                                     shard=tp.shard_target if tp else None)
         self.model.fuse_projections()

@@ -61,15 +61,22 @@ def add_parser(subparsers) -> None:
                         "eagerly), NONE (as --enforce-eager) (default: FULL)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each step before the previous one's tokens are read back, overlapping the "
-                        "host's work with the GPU's (default: on with CUDA, off with speculative decoding or "
+                        "host's work with the GPU's (default: on with CUDA at tensor parallel size 1, with "
+                        "speculation where its step has CUDA graphs: pipelined speculative steps; off under "
                         "tensor parallelism)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, metavar="N",
                    help="shard the model across N processes (GPUs cuda:0..N-1 of this host; default 1)")
-    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16", "half", "float"])
     p.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
     p.add_argument("--attention-backend", default=None, choices=["auto", "reference", "varlen", "triton"])
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="vLLM's engine seed: requests without a seed draw theirs from a generator seeded with it "
+                        "(default 0)")
+    p.add_argument("--generation-config", default=None, metavar="auto|vllm|DIR",
+                   help="requests' sampling defaults (a field left out or null): auto, the model's "
+                        "generation_config.json (its temperature, top_p, top_k), as vLLM; vllm, SamplingParams' "
+                        "own; or a directory holding a generation_config.json (default auto)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="waiting requests beyond which new ones get 503 + Retry-After (default: unlimited, "
                         "nothing is shed)")
@@ -100,7 +107,7 @@ _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_
                  "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization", "enforce_eager", "async_scheduling",
                  "cudagraph_mode", "dtype", "device",
                  "attention_backend", "seed", "speculative_config", "skip_tokenizer_init", "load_format",
-                 "tensor_parallel_size")
+                 "tensor_parallel_size", "generation_config")
 
 
 def _speculative_config(text: str) -> dict:

@@ -55,7 +55,7 @@ import pickle
 import signal
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -75,6 +75,7 @@ class EngineInfo:
     tokenizer: Any
     max_model_len: int
     model_name: str
+    sampling_defaults: dict = field(default_factory=dict)  # the model's recommended sampling (models/generation_defaults.py)
 
 
 @dataclass
@@ -222,7 +223,8 @@ def _engine_main(factory: Callable[[], Any], conns, log_level: int = logging.INF
     except BaseException as e:  # noqa: BLE001 - re-raised by start() in the server
         conns[0].send(("load_error", _picklable_error(e)))
         return
-    info = EngineInfo(engine.tokenizer, int(engine.max_model_len), str(getattr(engine, "model_name", "")))
+    info = EngineInfo(engine.tokenizer, int(engine.max_model_len), str(getattr(engine, "model_name", "")),
+                      dict(getattr(engine, "sampling_defaults", {}) or {}))
     for conn in conns:
         conn.send(("ready", info))
     gc.collect()  # as the server's freeze_startup_objects: full collections then skip the model's objects

@@ -106,11 +106,16 @@ def _check_text_length(state: ServeState, text: str, param: str) -> None:
 def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState) -> SamplingParams:
     if req.stop_token_ids:
         _check_ids(state, req.stop_token_ids, "stop_token_ids")
+    given = state.sampling_defaults  # the model's recommended values, else SamplingParams' defaults
+
+    def default(value, name: str, own):
+        return value if value is not None else given.get(name, own)
+
     return SamplingParams(
         n=1 if req.n is None else req.n,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k is None else req.top_k,
+        temperature=default(req.temperature, "temperature", 1.0),
+        top_p=default(req.top_p, "top_p", 1.0),
+        top_k=default(req.top_k, "top_k", 0),
         seed=req.seed,
         max_tokens=max_tokens,
         stop=req.stop,

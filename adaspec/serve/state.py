@@ -40,6 +40,8 @@ class ServeState:
         # read-only after load, so the event loop may use them (the tokenizer is stateless)
         self.tokenizer = engine.tokenizer
         self.max_model_len = int(engine.max_model_len)
+        # the model's recommended sampling, for fields a request leaves out (vLLM's generation_config)
+        self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}) or {})
         # what tells a text that cannot fit whatever its tokenization: refused before tokenizing it
         self.prompt_bound = PromptBound.of(self.tokenizer)
         self.model_name = self.settings.served_model_names[0]

@@ -92,3 +92,37 @@ def test_template_keywords_reach_the_template():
     msgs = [{"role": "user", "content": "q"}]
     assert tok.apply_chat_template(msgs, enable_thinking=True) == "q<think>"
     assert tok.apply_chat_template(msgs, enable_thinking=False) == "q"
+
+
+def _tiny_with_generation_config(tmp_path, **recommended):
+    import json
+    import shutil
+
+    from adaspec.models.registry import resolve_model_path
+
+    d = tmp_path / "tiny"
+    shutil.copytree(resolve_model_path("tiny"), d)
+    g = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps({**g, **recommended}))
+    return d
+
+
+def test_the_models_recommended_sampling_is_the_default(tmp_path):
+    """vLLM's generation_config "auto": temperature / top_p / top_k from generation_config.json are
+    what a request without sampling params gets; what adaspec cannot sample with is dropped."""
+    d = _tiny_with_generation_config(tmp_path, temperature=0.0, top_k=20, repetition_penalty=1.05, max_new_tokens=5)
+    llm = LLM(str(d), **ARGS)
+    sp = llm.get_default_sampling_params()
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens, sp.repetition_penalty) == (0.0, 20, 1.0, 5, 1.0)
+    assert llm.llm_engine.sampling_defaults == {"temperature": 0.0, "top_k": 20, "max_tokens": 5}
+    out = llm.generate("def f():")[0].outputs[0]
+    assert len(out.token_ids) <= 5 and out.token_ids == llm.generate(
+        "def f():", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids
+    own = LLM(str(d), generation_config="vllm", **ARGS).get_default_sampling_params()
+    assert (own.temperature, own.top_k, own.max_tokens) == (1.0, 0, 16)
+    assert LLM("tiny", **ARGS).llm_engine.sampling_defaults == {}  # do_sample alone recommends nothing
+    with pytest.raises(ConfigError, match="no generation_config.json there"):
+        LLM(str(d), generation_config=str(tmp_path / "nowhere"), **ARGS)
+    bad = _tiny_with_generation_config(tmp_path / "bad", temperature=-1)
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        LLM(str(bad), **ARGS)

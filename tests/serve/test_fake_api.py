@@ -272,3 +272,29 @@ def test_the_choices_of_a_request_reach_the_engine_together():
         busy.join()
     finally:
         s.close()
+
+
+def test_fields_a_request_leaves_out_take_the_models_recommended_sampling():
+    """vLLM's generation_config "auto" in the server: temperature / top_p / top_k a request leaves
+    out (or sends as null) come from the model's generation_config.json; given ones stay."""
+    class Recommending(FakeEngine):
+        sampling_defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def add_request(self, request_id, prompt, params, arrival_time=None):
+            self.seen.append((params.temperature, params.top_p, params.top_k))
+            super().add_request(request_id, prompt, params, arrival_time)
+
+    s = LiveServer(Recommending, names=("fake",))
+    try:
+        c = openai_client(s)
+        c.completions.create(model="fake", prompt="x", max_tokens=1)
+        c.completions.create(model="fake", prompt="x", max_tokens=1, temperature=0, top_p=1.0)
+        c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                  extra_body={"top_k": 5})
+        assert s.engine(lambda e: list(e.seen)) == [(0.6, 0.95, 20), (0.0, 1.0, 20), (0.6, 0.95, 5)]
+    finally:
+        s.close()
