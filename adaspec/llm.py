@@ -105,4 +105,32 @@ class LLM:
                         bar.update(1)
         if bar:
             bar.close()
-        return [done[r] for r in ids]
+        outs = [done[r] for r in ids]
+        for out, p in zip(outs, params):
+            for comp in out.outputs:
+                if comp.logprobs is not None:
+                    self._vllm_logprobs(comp, p.logprobs)
+        return outs
+
+    def _vllm_logprobs(self, comp, top_n: int) -> None:
+        """A completion's logprob dicts as vLLM's LLM returns them: Logprob values with their rank
+        and decoded token, and its cumulative_logprob. Each dict holds the vocabulary's top_n, whose
+        ranks are exact, and the chosen token, an entry of its own when outside them (rank None:
+        not computed)."""
+        from adaspec.outputs import Logprob
+
+        tok = self.llm_engine.tokenizer
+
+        def text(tid: int) -> str:
+            return tok.decode([tid], skip_special_tokens=False) if tok is not None else f"token_id:{tid}"
+
+        rebuilt, total = [], 0.0
+        for chosen, d in zip(comp.token_ids, comp.logprobs):
+            outside = len(d) > top_n  # the chosen token is not among the top_n
+            top = sorted((t for t in d if not (outside and t == chosen)), key=lambda t: -d[t])
+            lp = {t: Logprob(d[t], i + 1, text(t)) for i, t in enumerate(top)}
+            if outside:
+                lp[chosen] = Logprob(d[chosen], None, text(chosen))
+            rebuilt.append(lp)
+            total += d[chosen]
+        comp.logprobs, comp.cumulative_logprob = rebuilt, total

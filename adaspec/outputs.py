@@ -4,6 +4,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class Logprob(float):
+    """vLLM's Logprob (`.logprob`, `.rank`, `.decoded_token`) that is also the float it holds, so
+    code written for either shape reads it. LLM.generate returns these; the engine's own outputs
+    (what the server reads) keep plain floats. rank: 1 for the likeliest token of the vocabulary;
+    None for a chosen token outside the requested top-n (whose rank was not computed)."""
+
+    __slots__ = ("rank", "decoded_token")
+
+    def __new__(cls, logprob: float, rank: int | None = None, decoded_token: str | None = None):
+        obj = super().__new__(cls, logprob)
+        obj.rank, obj.decoded_token = rank, decoded_token
+        return obj
+
+    @property
+    def logprob(self) -> float:
+        return float(self)
+
+    def __repr__(self) -> str:
+        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r}, decoded_token={self.decoded_token!r})"
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -11,11 +32,12 @@ class CompletionOutput:
     token_ids: list[int]  # cumulative generated token ids
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or token id that ended it
-    # one dict per generated token: {token_id: logprob}, chosen token included
+    # one dict per generated token: {token_id: logprob}, chosen token included (Logprob values
+    # from LLM.generate, floats from the engine)
     logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # vLLM's: the chosen tokens' logprobs summed (LLM.generate)
 
-    @property
-    def finished(self) -> bool:
+    def finished(self) -> bool:  # vLLM's: a method
         return self.finish_reason is not None
 
 
@@ -30,3 +52,4 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     num_new_tokens: int = 0  # tokens this step added (several under speculation)
+    prompt_logprobs: None = None  # vLLM's field; prompt logprobs are not computed (refused when asked)

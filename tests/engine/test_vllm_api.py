@@ -126,3 +126,30 @@ def test_the_models_recommended_sampling_is_the_default(tmp_path):
     bad = _tiny_with_generation_config(tmp_path / "bad", temperature=-1)
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
         LLM(str(bad), **ARGS)
+
+
+def test_logprobs_are_vllm_logprob_objects_that_read_as_floats(llm):
+    from adaspec.outputs import Logprob
+
+    greedy = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=5, logprobs=3))[0].outputs[0]
+    raw = llm.llm_engine  # the engine's own outputs keep plain floats: compare against a run of it
+    raw.add_request("raw", "def f():", SamplingParams(temperature=0, max_tokens=5, logprobs=3))
+    plain = None
+    while raw.has_unfinished_requests():
+        for o in raw.step():
+            plain = o.outputs[0]
+    assert greedy.logprobs == plain.logprobs  # the same numbers, read as floats
+    for tid, d in zip(greedy.token_ids, greedy.logprobs):
+        assert all(isinstance(v, Logprob) and isinstance(v, float) for v in d.values())
+        ranked = sorted(d.values(), key=lambda v: -v.logprob)
+        assert [v.rank for v in ranked] == [1, 2, 3]  # greedy: the chosen token is the likeliest
+        assert d[tid].rank == 1 and d[tid].decoded_token == llm.get_tokenizer().decode([tid])
+    assert greedy.cumulative_logprob == pytest.approx(sum(d[t] for t, d in zip(greedy.token_ids, greedy.logprobs)))
+    assert greedy.finished() is True
+    # a sampled token outside the top 1: an entry of its own, rank not computed
+    sampled = llm.generate("import ", SamplingParams(temperature=5.0, max_tokens=40, logprobs=1, seed=1))[0].outputs[0]
+    outside = [(t, d) for t, d in zip(sampled.token_ids, sampled.logprobs) if len(d) == 2]
+    assert outside, "at T = 5 some token falls outside the top 1"
+    for t, d in outside:
+        assert d[t].rank is None and [v.rank for k, v in d.items() if k != t] == [1]
+    assert llm.generate("x", SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
