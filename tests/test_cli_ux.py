@@ -131,6 +131,11 @@ def test_engine_flags_pass_only_what_the_user_gave():
     args = build_parser().parse_args(["generate", "tiny", "--prompt", "x", "--max-num-seqs", "4",
                                       "--kv-cache-memory", "64MiB"])
     assert engine_kwargs(args) == {"max_num_seqs": 4, "kv_cache_memory": 64 * 2**20}
+    # vllm's flags generate lacked
+    args = build_parser().parse_args(["generate", "tiny", "--prompt", "x", "--enforce-eager", "--dtype", "half",
+                                      "--gpu-memory-utilization", "0.5", "--generation-config", "vllm"])
+    assert engine_kwargs(args) == {"enforce_eager": True, "dtype": "half", "gpu_memory_utilization": 0.5,
+                                   "generation_config": "vllm"}
 
 
 def test_readme_speculative_config_table_lists_every_key():

@@ -150,8 +150,8 @@ def _engine_options() -> dict[str, Option]:
                "tokenizer.json) or an embedded model name (tiny)", kwargs=(("metavar", "MODEL"),)),
         Option(("--tokenizer",), "tokenizer directory (a Hugging Face tokenizer.json, as adaspec train tokenizer "
                "writes) or an embedded model name", "the model directory", (("metavar", "DIR"),)),
-        Option(("--dtype",), "weight and activation dtype; auto is bfloat16 on CUDA, float32 on CPU", d["dtype"],
-               (("choices", ["auto", "float32", "bfloat16", "float16"]),)),
+        Option(("--dtype",), "weight and activation dtype; auto is bfloat16 on CUDA, float32 on CPU (vLLM's half "
+               "and float too)", d["dtype"], (("choices", ["auto", "float32", "bfloat16", "float16", "half", "float"]),)),
         Option(("--device",), "auto, cpu, cuda or cuda:N; auto picks CUDA when it is available", d["device"]),
         Option(("--load-format",), "how weights are loaded: auto or safetensors read the model directory; dummy "
                "makes random weights of the configured shape (config.json only), for timing", d["load_format"],
@@ -177,7 +177,13 @@ def _engine_options() -> dict[str, Option]:
         Option(("--tensor-parallel-size", "-tp"), "processes (GPUs of one host: cuda:0..N-1; or CPU processes) the "
                "model is sharded across", str(d["tensor_parallel_size"]), (("type", int), ("metavar", "N"))),
         Option(("--enforce-eager",), "run the model eagerly, without CUDA graphs (graphs are captured on CUDA with "
-               "the triton attention backend)"),
+               "the triton attention backend)", kwargs=(("action", "store_true"),)),
+        Option(("--gpu-memory-utilization",), "fraction of the GPU's memory for weights + KV cache, as vLLM's "
+               "(ignored on CPU and under --kv-cache-memory / --num-kv-blocks)", "unset: --kv-cache-memory's",
+               (("type", float), ("metavar", "FRACTION"))),
+        Option(("--generation-config",), "requests' sampling defaults: auto, the model's generation_config.json "
+               "(its temperature, top_p, top_k, max_new_tokens), as vLLM; vllm, SamplingParams' own; or a "
+               "directory holding a generation_config.json", d["generation_config"], (("metavar", "auto|vllm|DIR"),)),
         Option(("--cudagraph-mode",), "which steps replay CUDA graphs (vLLM's compilation_config cudagraph_mode "
                "values): FULL (decode and verification steps, and steps with prefill chunks at tensor "
                "parallel size 1), FULL_DECODE_ONLY (prefill chunks run eagerly), NONE (as --enforce-eager)",
@@ -227,7 +233,8 @@ def add_option(parser, option: Option, default=None, default_text: str | None = 
 # the engine flags of the offline commands (generate, profile), by EngineConfig field name
 ENGINE_ARGS = ("tokenizer", "dtype", "load_format", "device", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory", "attention_backend",
-               "speculative_config", "tensor_parallel_size", "async_scheduling", "cudagraph_mode")
+               "speculative_config", "tensor_parallel_size", "async_scheduling", "cudagraph_mode", "enforce_eager",
+               "gpu_memory_utilization", "generation_config")
 
 
 def add_engine_args(parser, **default_texts: str) -> None:
