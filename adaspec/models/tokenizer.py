@@ -92,6 +92,23 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
+    # -- what code written for a transformers tokenizer (vLLM's get_tokenizer()) reads ------------
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """tokenizer_config's eos_token (as transformers), else the lowest of the EOS ids."""
+        named = _token_str(self.config.get("eos_token"))
+        tid = self._tok.token_to_id(named) if named is not None else None
+        return tid if tid is not None else (min(self.eos_token_ids) if self.eos_token_ids else None)
+
+    def convert_ids_to_tokens(self, ids: int | list[int]):
+        return self.id_to_token(ids) if isinstance(ids, int) else [self.id_to_token(i) for i in ids]
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
                             **template_kwargs) -> str | list[int]:
         """The messages through the chat template: its text, or (tokenize=True) that text's token

@@ -153,3 +153,12 @@ def test_logprobs_are_vllm_logprob_objects_that_read_as_floats(llm):
     for t, d in outside:
         assert d[t].rank is None and [v.rank for k, v in d.items() if k != t] == [1]
     assert llm.generate("x", SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
+
+
+def test_the_tokenizer_reads_as_a_transformers_one_where_users_reach_for_it(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("def f():")
+    assert len(tok) == tok.vocab_size and tok.eos_token_id in tok.eos_token_ids
+    assert tok.convert_ids_to_tokens(ids) == [tok.id_to_token(i) for i in ids]
+    assert tok.convert_ids_to_tokens(ids[0]) == tok.id_to_token(ids[0])
+    assert tok.batch_decode([ids, ids[:1]]) == [tok.decode(ids), tok.decode(ids[:1])]
