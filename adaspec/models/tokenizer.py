@@ -44,6 +44,11 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
     return eos
 
 
+# what apply_chat_template gives the template itself (or takes as its own arguments): not keywords
+# a caller may pass through to the template
+TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize"})
+
+
 class Tokenizer:
     def __init__(self, tok, tokenizer_config: dict, eos_ids: set[int]):
         self._tok = tok
@@ -120,6 +125,10 @@ class Tokenizer:
     def _render(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
         import jinja2
 
+        taken = sorted(set(template_kwargs) & TEMPLATE_SET_BY_ADASPEC)
+        if taken:
+            raise InvalidRequestError(f"chat template keywords {taken} are set by adaspec itself; leave them out",
+                                      param="chat_template_kwargs")
         if self._compiled_template is None:
             env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=False)
             env.globals["raise_exception"] = _raise

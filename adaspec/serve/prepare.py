@@ -9,6 +9,7 @@ it is tokenized.
 from __future__ import annotations
 
 from adaspec.errors import InvalidRequestError
+from adaspec.models.tokenizer import TEMPLATE_SET_BY_ADASPEC
 from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -30,8 +31,8 @@ _NEUTRAL: dict[str, tuple] = {
     "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,), "add_generation_prompt": (True,),
-    "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": ([],),
+    "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,),
+    "continue_final_message": (False,), "chat_template": (), "documents": ([],),
 }
 
 
@@ -181,9 +182,12 @@ def _flag(value, name: str) -> bool | None:
     return value
 
 
-def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None) -> list[int]:
+def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
+                    add_generation_prompt: bool | None = None, template_kwargs: dict | None = None) -> list[int]:
     """The messages through the chat template -> token ids; the template writes the special tokens,
-    so none are added unless add_special_tokens is true (vLLM's chat default)."""
+    so none are added unless add_special_tokens is true (vLLM's chat default). add_generation_prompt
+    (default true) and template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)
+    reach the template."""
     _need_tokenizer(state, "apply a chat template", "messages")
     msgs = []
     for i, m in enumerate(messages):
@@ -193,7 +197,9 @@ def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_
         if m.name is not None:
             msg["name"] = m.name
         msgs.append(msg)
-    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs), "messages", "apply the chat template")
+    gen = add_generation_prompt is not False
+    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **(template_kwargs or {})),
+                "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
     return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), "messages",
                      "tokenize the messages"))
@@ -219,7 +225,15 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     _check_choices(1, params.n)
-    ids = chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"))
+    kwargs = req.chat_template_kwargs
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise _bad(f"chat_template_kwargs must be an object, got {kwargs!r}.", "chat_template_kwargs")
+    taken = sorted(set(kwargs or {}) & TEMPLATE_SET_BY_ADASPEC)
+    if taken:
+        raise _bad(f"chat_template_kwargs {taken} are set by adaspec itself (add_generation_prompt is a field of "
+                   "its own).", "chat_template_kwargs")
+    ids = chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
+                          _flag(req.add_generation_prompt, "add_generation_prompt"), kwargs)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window

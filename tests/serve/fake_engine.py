@@ -29,8 +29,10 @@ class FakeTokenizer:
     def decode(self, ids) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        extra = "".join(f"[{k}={v}]" for k, v in sorted(template_kwargs.items()))
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + extra + (
+            "<assistant>" if add_generation_prompt else "")
 
 
 def pattern_start(prompt_ids: list[int]) -> int:

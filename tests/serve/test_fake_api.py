@@ -298,3 +298,36 @@ def test_fields_a_request_leaves_out_take_the_models_recommended_sampling():
         assert s.engine(lambda e: list(e.seen)) == [(0.6, 0.95, 20), (0.0, 1.0, 20), (0.6, 0.95, 5)]
     finally:
         s.close()
+
+
+def test_chat_template_keywords_and_the_generation_prompt_reach_the_template(client, fake_server):
+    """vLLM's chat extensions: chat_template_kwargs (e.g. Qwen3's enable_thinking) and
+    add_generation_prompt go to the template; the keywords adaspec sets itself are refused."""
+    msgs = [{"role": "user", "content": "q"}]
+    tok = FakeTokenizer()
+
+    def prompt_tokens(**extra):
+        r = httpx.post(fake_server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens() == len(tok.apply_chat_template(msgs))
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == \
+        len(tok.apply_chat_template(msgs, enable_thinking=False))
+    assert prompt_tokens(add_generation_prompt=False) == len(tok.apply_chat_template(msgs, False))
+    for bad, param in (({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+                       ({"add_generation_prompt": "yes"}, "add_generation_prompt"),
+                       ({"continue_final_message": True}, "continue_final_message")):
+        r = httpx.post(fake_server.url + "/v1/chat/completions", json={"messages": msgs, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_the_keywords_adaspec_sets_are_not_template_keywords():
+    from adaspec.errors import InvalidRequestError
+    from adaspec.models.registry import resolve_model_path
+    from adaspec.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    with pytest.raises(InvalidRequestError, match="set by adaspec itself") as e:
+        tok.apply_chat_template([{"role": "user", "content": "q"}], bos_token="<s>")
+    assert e.value.param == "chat_template_kwargs"

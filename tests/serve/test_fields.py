@@ -62,8 +62,9 @@ def test_neutral_values_are_accepted(http, path, field, value):
 
 @pytest.mark.parametrize("field, value", [
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
-    ("tools", [{"type": "function"}]), ("echo", True), ("add_generation_prompt", False),
-    ("continue_final_message", True), ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"x": 1}),
+    ("tools", [{"type": "function"}]), ("echo", True),
+    ("continue_final_message", True), ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"messages": 1}),
+    ("chat_template_kwargs", {"add_generation_prompt": True}),
     ("documents", [{"text": "d"}]),
 ])
 def test_unimplemented_chat_extension_is_a_400_naming_it(http, field, value):
