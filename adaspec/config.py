@@ -124,6 +124,8 @@ class EngineConfig:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
         check_field_types(self, "engine argument")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ConfigError(f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ConfigError(f"seed must be a 64-bit integer or null, got {self.seed!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):

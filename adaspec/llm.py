@@ -44,13 +44,18 @@ class LLM:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of messages, or a list of such lists",
                                       param="messages")
+        from adaspec.models.tokenizer import check_template_kwargs, message_text
+
+        check_template_kwargs(chat_template_kwargs)
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         texts = []
         for conv in conversations:
             if not isinstance(conv, (list, tuple)) or not all(isinstance(m, dict) for m in conv):
                 raise InvalidRequestError("each conversation must be a list of {\"role\", \"content\"} dicts",
                                           param="messages")
-            texts.append(tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt,
+            conv = [{**m, "content": message_text(m.get("content", ""), f"messages[{i}].content")}
+                    for i, m in enumerate(conv)]
+            texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                  **(chat_template_kwargs or {})))
         outs = self.generate([{"prompt_token_ids": tok.encode(t)} for t in texts], sampling_params, use_tqdm)
         for out, text in zip(outs, texts):

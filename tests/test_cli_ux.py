@@ -65,7 +65,9 @@ def test_every_option_shows_its_default_or_is_a_flag_or_required():
 def test_the_help_formatter_shows_defaults_as_the_flags_take_them():
     lines = {w: option_lines(q) for q, w in walk(build_parser())}
     assert "(default: 1,16,32,64,128,256)" in lines[("bench", "sweep")]["--concurrency"][1]  # as typed
-    assert "(default: 64)" in lines[("generate",)]["--max-tokens"][1]
+    assert "(default: 100)" in lines[("bench", "serve")]["--num-prompts"][1]
+    # a default that is the model's own where it has one says so
+    assert "(default: the model's max_new_tokens, else 64)" in lines[("generate",)]["--max-tokens"][1]
     assert "(default: 8000)" in lines[("serve",)]["--port"][1]  # declared without help
     assert "(required)" in lines[("eval", "drafter")]["--target"][1]
 

@@ -67,7 +67,9 @@ def _word_tokens(tok) -> list[str]:
 
 
 def random_prompts(n: int, input_len: int, seed: int, tokenizer: str | None) -> list[str]:
-    """n prompts of exactly input_len tokens of the tokenizer, drawn from its word tokens (seeded)."""
+    """n prompts of exactly input_len tokens of the tokenizer, drawn from its word tokens (seeded),
+    special tokens included: a server adds the tokenizer's own to a text prompt (a Llama tokenizer's
+    BOS, as vLLM does), so the words are that many fewer, as vLLM's random dataset sizes them."""
     from tokenizers import Tokenizer
 
     if input_len < 1:
@@ -81,12 +83,17 @@ def random_prompts(n: int, input_len: int, seed: int, tokenizer: str | None) -> 
     words = _word_tokens(tok)
     if len(words) < 10:
         raise DatasetError(f"the tokenizer in {d} has too few plain word tokens for random prompts")
+    special = len(tok.encode(words[0], add_special_tokens=True).ids) - len(tok.encode(words[0], add_special_tokens=False).ids)
+    if input_len <= special:
+        raise DatasetError(f"--random-input-len {input_len} leaves no room beside the {special} special token(s) "
+                           f"the tokenizer in {d} adds to a prompt")
+    want = input_len - special
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         for _ in range(20):
-            text = "".join(rng.choices(words, k=input_len))
-            if len(tok.encode(text, add_special_tokens=False).ids) == input_len:
+            text = "".join(rng.choices(words, k=want))
+            if len(tok.encode(text, add_special_tokens=False).ids) == want:
                 break
         else:
             raise DatasetError(f"could not make a prompt of exactly {input_len} tokens with {d}")

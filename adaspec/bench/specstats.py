@@ -105,8 +105,10 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
     per_pos = ("accepted_per_pos", "verified_per_pos", "predicted_per_pos")
     positions = sorted({p for key in per_pos for p in after.get(key, {})})
     for key in per_pos:
-        if key in after:
-            b, a = before.get(key, {}), after[key]
+        # a server that counts accepted tokens but accepted none at any position yet has no series
+        absent_zero = key == "accepted_per_pos" and "accepted_tokens" in after and positions
+        if key in after or absent_zero:
+            b, a = before.get(key, {}), after.get(key, {})
             res[f"spec_{key}"] = [a.get(p, 0.0) - b.get(p, 0.0) for p in positions]
     per = res["spec_accepted_per_pos"]
     if per is not None and drafts:

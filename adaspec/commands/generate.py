@@ -21,10 +21,16 @@ def add_parser(sub) -> None:
                      help="the prompt as token ids, e.g. '[1, 2, 3]' or '1,2,3'")
     p.add_argument("--skip-tokenizer-init", action="store_true",
                    help="load no tokenizer: the prompt must be --prompt-token-ids, the output is token ids")
-    p.add_argument("--max-tokens", type=int, default=64, help="most tokens generated")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this share of the probability")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 keeps all")
+    # None: the model's recommended value (its generation_config.json, unless --generation-config vllm),
+    # else this command's own (CLI_SAMPLING)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens generated (default: the model's max_new_tokens, else 64)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature; 0 is greedy (default: the model's recommended one, else 0)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling: keep this share of the probability (default: the model's, else 1)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="keep the k likeliest tokens; 0 keeps all (default: the model's, else 0)")
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed (default: none, a random one); see README, Seeds: what is reproducible")
     p.add_argument("--stop", action="append", default=None,
@@ -33,6 +39,10 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the output as JSON")
     add_engine_args(p)
     p.set_defaults(func=run)
+
+
+# this command's own sampling defaults, where neither the user nor the model's generation_config says
+CLI_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 64}
 
 
 def _token_ids(text: str) -> list[int]:
@@ -48,9 +58,11 @@ def _token_ids(text: str) -> list[int]:
 def run(args) -> int:
     from adaspec import LLM, SamplingParams
 
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos)
     llm = LLM(args.model, skip_tokenizer_init=args.skip_tokenizer_init, **engine_kwargs(args))
+    given = {k: getattr(args, k) for k in CLI_SAMPLING if getattr(args, k) is not None}
+    sampling = {**CLI_SAMPLING, **llm.llm_engine.sampling_defaults, **given}
+    params = SamplingParams(**{k: sampling[k] for k in CLI_SAMPLING}, seed=args.seed, stop=args.stop,
+                            ignore_eos=args.ignore_eos)
     prompt = args.prompt if args.prompt is not None else args.prompt_token_ids
     out = llm.generate([prompt], params)[0]
     c = out.outputs[0]

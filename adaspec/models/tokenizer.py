@@ -49,6 +49,32 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
 TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize"})
 
 
+def check_template_kwargs(template_kwargs: dict | None) -> None:
+    """Keywords for the chat template a caller passes through (vLLM's chat_template_kwargs): an
+    object of string keys, none of them one adaspec sets itself."""
+    if template_kwargs is None:
+        return
+    if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
+        raise InvalidRequestError(f"chat_template_kwargs must be an object, got {template_kwargs!r}",
+                                  param="chat_template_kwargs")
+    taken = sorted(set(template_kwargs) & TEMPLATE_SET_BY_ADASPEC)
+    if taken:
+        raise InvalidRequestError(f"chat_template_kwargs {taken} are set by adaspec itself (add_generation_prompt "
+                                  "is an argument of its own)", param="chat_template_kwargs")
+
+
+def message_text(content, where: str) -> str:
+    """A message's content as the template reads it: a string, or OpenAI's list of text parts
+    joined (what the server's ChatMessage.text() does); any other part is refused, naming it."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidRequestError(f"{where} must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
+                              f"parts, got {content!r}", param=where)
+
+
 class Tokenizer:
     def __init__(self, tok, tokenizer_config: dict, eos_ids: set[int]):
         self._tok = tok
@@ -125,10 +151,7 @@ class Tokenizer:
     def _render(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
         import jinja2
 
-        taken = sorted(set(template_kwargs) & TEMPLATE_SET_BY_ADASPEC)
-        if taken:
-            raise InvalidRequestError(f"chat template keywords {taken} are set by adaspec itself; leave them out",
-                                      param="chat_template_kwargs")
+        check_template_kwargs(template_kwargs)
         if self._compiled_template is None:
             env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=False)
             env.globals["raise_exception"] = _raise

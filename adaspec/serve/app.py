@@ -13,7 +13,7 @@ from adaspec.serve.gate import Gate
 from adaspec.serve.generation import generate
 from adaspec.serve.metrics import CONTENT_TYPE_LATEST
 from adaspec.serve.openapi import install_openapi, json_body
-from adaspec.serve.prepare import (chat_prompt_ids, completion_prompt_ids, detokenize, prepare_chat,
+from adaspec.serve.prepare import (chat_request_ids, completion_prompt_ids, detokenize, prepare_chat,
                                    prepare_completion)
 from adaspec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from adaspec.serve.state import ServeState
@@ -102,7 +102,7 @@ def build_app(state: ServeState) -> FastAPI:
             raise APIError(400, "Send exactly one of prompt or messages.", "prompt")
         ids = await _off_loop_if_large(
             size, lambda: completion_prompt_ids(state, req.prompt, req.add_special_tokens) if req.prompt is not None
-            else chat_prompt_ids(state, req.messages, req.add_special_tokens))
+            else chat_request_ids(state, req))
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
     @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))

@@ -9,7 +9,7 @@ it is tokenized.
 from __future__ import annotations
 
 from adaspec.errors import InvalidRequestError
-from adaspec.models.tokenizer import TEMPLATE_SET_BY_ADASPEC
+from adaspec.models.tokenizer import check_template_kwargs
 from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -205,6 +205,14 @@ def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_
                      "tokenize the messages"))
 
 
+def chat_request_ids(state: ServeState, req) -> list[int]:
+    """A chat or /tokenize request's messages -> token ids, with its add_special_tokens,
+    add_generation_prompt and chat_template_kwargs (vLLM's), each checked."""
+    check_template_kwargs(req.chat_template_kwargs)
+    return chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
+                           _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs)
+
+
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
     _reject_unsupported(req, _NEUTRAL)
     _reject_unsupported(req, _NEUTRAL_CHAT)
@@ -225,15 +233,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     _check_choices(1, params.n)
-    kwargs = req.chat_template_kwargs
-    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
-        raise _bad(f"chat_template_kwargs must be an object, got {kwargs!r}.", "chat_template_kwargs")
-    taken = sorted(set(kwargs or {}) & TEMPLATE_SET_BY_ADASPEC)
-    if taken:
-        raise _bad(f"chat_template_kwargs {taken} are set by adaspec itself (add_generation_prompt is a field of "
-                   "its own).", "chat_template_kwargs")
-    ids = chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
-                          _flag(req.add_generation_prompt, "add_generation_prompt"), kwargs)
+    ids = chat_request_ids(state, req)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window

@@ -119,6 +119,8 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # vLLM's: default true for a prompt, false for messages
+    add_generation_prompt: Any = None  # vLLM's, for messages: as in a chat request
+    chat_template_kwargs: Any = None
 
 
 class DetokenizeRequest(_Strict):

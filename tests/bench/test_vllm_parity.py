@@ -85,3 +85,42 @@ def test_each_phase_of_a_moving_load_has_its_goodput():
     out = phase_metrics(rs, [0, 0, 1], [Phase(2, 2), Phase(1, 1)], 0.0, goodput={"ttft": 100.0})
     assert [p["request_goodput"] for p in out] == [pytest.approx(1 / 0.4), pytest.approx(1 / 0.15)]
     assert phase_metrics(rs, [0, 0, 1], [Phase(2, 2), Phase(1, 1)], 0.0)[0]["request_goodput"] is None
+
+
+def test_no_accepted_series_at_all_still_gives_a_calibration_ratio_of_zero():
+    from adaspec.bench.specstats import spec_delta
+
+    d = spec_delta({}, {"drafts": 4.0, "accepted_tokens": 0.0, "draft_tokens": 12.0,
+                        "verified_per_pos": {0: 4.0, 1: 2.0}, "predicted_per_pos": {0: 3.0, 1: 1.0}})
+    assert d["spec_accepted_per_pos"] == [0.0, 0.0] and d["spec_calibration_ratio"] == 0.0
+
+
+def test_random_prompts_count_the_special_tokens_a_server_adds(tmp_path):
+    """vLLM's random dataset: --random-input-len N is the prompt the server runs, its BOS included."""
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from adaspec.bench.dataset import random_prompts
+    from adaspec.models.registry import resolve_model_path
+
+    d = tmp_path / "tok"
+    shutil.copytree(resolve_model_path("tiny"), d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    bos = next(t for t in tj["added_tokens"] if t["content"] == "<|endoftext|>")
+    tj["post_processor"] = {"type": "TemplateProcessing",
+                            "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                       {"Sequence": {"id": "A", "type_id": 0}}],
+                            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [bos["id"]],
+                                                                 "tokens": ["<|endoftext|>"]}}}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    for p in random_prompts(3, 16, 0, str(d)):
+        assert len(tok.encode(p, add_special_tokens=True).ids) == 16
+    plain = random_prompts(2, 16, 0, "tiny")  # no special tokens: 16 words' tokens
+    assert all(len(Tokenizer.from_file(str(resolve_model_path("tiny") / "tokenizer.json")).encode(
+        p, add_special_tokens=False).ids) == 16 for p in plain)
+    with pytest.raises(Exception, match="leaves no room"):
+        random_prompts(1, 1, 0, str(d))

@@ -162,3 +162,36 @@ def test_the_tokenizer_reads_as_a_transformers_one_where_users_reach_for_it(llm)
     assert tok.convert_ids_to_tokens(ids) == [tok.id_to_token(i) for i in ids]
     assert tok.convert_ids_to_tokens(ids[0]) == tok.id_to_token(ids[0])
     assert tok.batch_decode([ids, ids[:1]]) == [tok.decode(ids), tok.decode(ids[:1])]
+
+
+def test_chat_reads_openai_content_parts_and_refuses_what_it_cannot(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    plain = llm.chat([{"role": "user", "content": "hi there"}], greedy)[0]
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+                     greedy)[0]
+    assert parts.prompt_token_ids == plain.prompt_token_ids
+    with pytest.raises(InvalidRequestError, match=r"messages\[0\].content") as e:
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], greedy)
+    assert e.value.param == "messages[0].content"
+    with pytest.raises(InvalidRequestError, match="set by adaspec itself"):
+        llm.chat([{"role": "user", "content": "q"}], greedy, chat_template_kwargs={"add_generation_prompt": False})
+
+
+def test_generation_config_of_the_wrong_type_is_a_config_error():
+    for bad in (None, 5, ""):
+        with pytest.raises(ConfigError, match="generation_config must be 'auto', 'vllm' or a directory"):
+            LLM("tiny", generation_config=bad, **ARGS)
+
+
+def test_the_generate_command_takes_the_models_recommended_sampling(tmp_path, capsys):
+    import json
+
+    from adaspec.cli import main
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3}))
+    base = ["generate", "tiny", "--prompt", "def f():", "--device", "cpu", "--json"]
+    for extra, want in (([], 64), (["--generation-config", str(tmp_path)], 3),
+                        (["--generation-config", str(tmp_path), "--max-tokens", "5"], 5)):
+        assert main(base + extra) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert len(out["token_ids"]) == want and out["finish_reason"] == "length", extra

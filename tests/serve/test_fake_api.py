@@ -331,3 +331,13 @@ def test_the_keywords_adaspec_sets_are_not_template_keywords():
     with pytest.raises(InvalidRequestError, match="set by adaspec itself") as e:
         tok.apply_chat_template([{"role": "user", "content": "q"}], bos_token="<s>")
     assert e.value.param == "chat_template_kwargs"
+
+
+def test_tokenize_reads_messages_as_a_chat_request_does(fake_server):
+    msgs = [{"role": "user", "content": "q"}]
+    for extra in ({}, {"add_generation_prompt": False}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        chat = httpx.post(fake_server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1, **extra})
+        tok = httpx.post(fake_server.url + "/tokenize", json={"messages": msgs, **extra})
+        assert tok.json()["count"] == chat.json()["usage"]["prompt_tokens"], extra
+    r = httpx.post(fake_server.url + "/tokenize", json={"messages": msgs, "chat_template_kwargs": {"messages": []}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
