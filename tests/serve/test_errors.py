@@ -207,7 +207,7 @@ def test_a_request_of_several_choices_is_queued_whole_or_refused_whole():
     request reaches the engine."""
     class Recording(FakeEngine):
         def __init__(self):
-            super().__init__(max_num_seqs=1, step_delay=0.005)
+            super().__init__(max_num_seqs=1, step_delay=0.01)  # the holder's 200 steps: >= 2 s each
             self.added: list[str] = []
 
         def add_request(self, request_id, *a, **kw):

@@ -268,7 +268,9 @@ def test_the_choices_of_a_request_reach_the_engine_together():
         r = openai_client(s).completions.create(model="fake", prompt=["ab", "cd"], max_tokens=3, n=4)
         assert len(r.choices) == 8
         at = s.engine(lambda e: list(e.added_at))[1:]  # the busy request's first
-        assert len(at) == 8 and len(set(at)) == 1, at
+        # between one or two pairs of steps (the engine thread may take its inbox while the loop is
+        # still putting the choices in, on a loaded machine); one at a time they took eight
+        assert len(at) == 8 and len(set(at)) <= 2, at
         busy.join()
     finally:
         s.close()
