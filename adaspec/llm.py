@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence as Seq
+from typing import Any, Callable, Sequence as Seq
 
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
@@ -30,7 +30,7 @@ class LLM:
         self,
         messages: list[dict] | Seq[list[dict]],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
@@ -66,7 +66,7 @@ class LLM:
         self,
         prompts: str | list[int] | dict | Seq[str | list[int] | dict],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable = True,
     ) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in input order. A
         prompt is a string, a list of token ids, or vLLM's TextPrompt / TokensPrompt dict
@@ -98,10 +98,12 @@ class LLM:
             raise
         done: dict[str, RequestOutput] = {}
         bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        if use_tqdm:  # vLLM's: True, or a tqdm-like class to make the bar with
+            if callable(use_tqdm):
+                make = use_tqdm
+            else:
+                from tqdm import tqdm as make
+            bar = make(total=len(ids), desc="generate", unit="req")
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:

@@ -46,11 +46,12 @@ def main() -> None:
     for batch in (1, 16):
         prompts = torch.randint(10, 8000, (batch, args.prompt_len), generator=g)
         sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
-        llm.generate([prompts[0].tolist()], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+        llm.generate([prompts[0].tolist()], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                     use_tqdm=False)  # warm-up
         times = {"adaspec": [], "transformers": []}
         for _ in range(args.repeats):
             t = time.perf_counter()
-            outs = llm.generate([p.tolist() for p in prompts], sp)
+            outs = llm.generate([p.tolist() for p in prompts], sp, use_tqdm=False)
             times["adaspec"].append(time.perf_counter() - t)
             ours = [o.outputs[0].token_ids for o in outs]
             t = time.perf_counter()

@@ -64,7 +64,7 @@ def run(args) -> int:
     params = SamplingParams(**{k: sampling[k] for k in CLI_SAMPLING}, seed=args.seed, stop=args.stop,
                             ignore_eos=args.ignore_eos)
     prompt = args.prompt if args.prompt is not None else args.prompt_token_ids
-    out = llm.generate([prompt], params)[0]
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
     c = out.outputs[0]
     if args.json:
         print(json.dumps({"prompt": args.prompt, "prompt_token_ids": out.prompt_token_ids, "text": c.text,

@@ -195,3 +195,21 @@ def test_the_generate_command_takes_the_models_recommended_sampling(tmp_path, ca
         assert main(base + extra) == 0
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert len(out["token_ids"]) == want and out["finish_reason"] == "length", extra
+
+
+def test_use_tqdm_takes_a_bar_class_as_vllm_does(llm):
+    made = []
+
+    class Bar:
+        def __init__(self, **kw):
+            made.append(kw)
+            self.n = 0
+
+        def update(self, k):
+            self.n += k
+
+        def close(self):
+            made.append(self.n)
+
+    llm.generate(["a", "b"], SamplingParams(max_tokens=1), use_tqdm=Bar)
+    assert made == [{"total": 2, "desc": "generate", "unit": "req"}, 2]
