@@ -101,7 +101,10 @@ class SamplingParams:
             self.top_k = 0
         self._validate()
         if self.temperature < SAMPLING_EPS:
-            self.temperature = 0.0  # greedy, as vLLM does below _SAMPLING_EPS
+            # greedy, as vLLM does below _SAMPLING_EPS; top-p and top-k cannot change an argmax, and
+            # a row that kept them would take the filtered sampling paths for nothing (vLLM drops
+            # them too: a model's recommended top_k reaches greedy requests as a default)
+            self.temperature, self.top_p, self.top_k = 0.0, 1.0, 0
 
     def verify(self) -> None:
         """Validate again (fields are mutable): the engine calls this when a request is added, so

@@ -113,7 +113,8 @@ def test_the_models_recommended_sampling_is_the_default(tmp_path):
     d = _tiny_with_generation_config(tmp_path, temperature=0.0, top_k=20, repetition_penalty=1.05, max_new_tokens=5)
     llm = LLM(str(d), **ARGS)
     sp = llm.get_default_sampling_params()
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens, sp.repetition_penalty) == (0.0, 20, 1.0, 5, 1.0)
+    # greedy drops top_k (it cannot change an argmax), as vLLM's SamplingParams does
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens, sp.repetition_penalty) == (0.0, 0, 1.0, 5, 1.0)
     assert llm.llm_engine.sampling_defaults == {"temperature": 0.0, "top_k": 20, "max_tokens": 5}
     out = llm.generate("def f():")[0].outputs[0]
     assert len(out.token_ids) <= 5 and out.token_ids == llm.generate(
@@ -213,3 +214,9 @@ def test_use_tqdm_takes_a_bar_class_as_vllm_does(llm):
 
     llm.generate(["a", "b"], SamplingParams(max_tokens=1), use_tqdm=Bar)
     assert made == [{"total": 2, "desc": "generate", "unit": "req"}, 2]
+
+
+def test_a_greedy_request_keeps_no_filter():
+    sp = SamplingParams(temperature=0, top_p=0.5, top_k=3)
+    assert (sp.temperature, sp.top_p, sp.top_k) == (0.0, 1.0, 0)
+    assert (SamplingParams(temperature=0.5, top_p=0.5, top_k=3).top_k, SamplingParams(top_p=0.5).top_p) == (3, 0.5)

@@ -297,7 +297,8 @@ def test_fields_a_request_leaves_out_take_the_models_recommended_sampling():
         c.completions.create(model="fake", prompt="x", max_tokens=1, temperature=0, top_p=1.0)
         c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}], max_tokens=1,
                                   extra_body={"top_k": 5})
-        assert s.engine(lambda e: list(e.seen)) == [(0.6, 0.95, 20), (0.0, 1.0, 20), (0.6, 0.95, 5)]
+        # a greedy request keeps no filter (they cannot change an argmax: vLLM drops them too)
+        assert s.engine(lambda e: list(e.seen)) == [(0.6, 0.95, 20), (0.0, 1.0, 0), (0.6, 0.95, 5)]
     finally:
         s.close()
 
