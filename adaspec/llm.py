@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence as Seq
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
 from adaspec.inputs import is_single_prompt, prompt_of
+from adaspec.models.tokenizer import check_template_kwargs, message_text
 from adaspec.outputs import RequestOutput
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
@@ -44,8 +45,6 @@ class LLM:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of messages, or a list of such lists",
                                       param="messages")
-        from adaspec.models.tokenizer import check_template_kwargs, message_text
-
         check_template_kwargs(chat_template_kwargs)
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         texts = []
