@@ -115,14 +115,14 @@ class LLM:
         for out, p in zip(outs, params):
             for comp in out.outputs:
                 if comp.logprobs is not None:
-                    self._vllm_logprobs(comp, p.logprobs)
+                    self._vllm_logprobs(comp, p.logprobs, p.greedy)
         return outs
 
-    def _vllm_logprobs(self, comp, top_n: int) -> None:
+    def _vllm_logprobs(self, comp, top_n: int, greedy: bool = False) -> None:
         """A completion's logprob dicts as vLLM's LLM returns them: Logprob values with their rank
         and decoded token, and its cumulative_logprob. Each dict holds the vocabulary's top_n, whose
-        ranks are exact, and the chosen token, an entry of its own when outside them (rank None:
-        not computed)."""
+        ranks are exact, and the chosen token, an entry of its own when outside them: rank 1 when
+        greedy (the argmax), else None (not computed)."""
         from adaspec.outputs import Logprob
 
         tok = self.llm_engine.tokenizer
@@ -136,7 +136,7 @@ class LLM:
             top = sorted((t for t in d if not (outside and t == chosen)), key=lambda t: -d[t])
             lp = {t: Logprob(d[t], i + 1, text(t)) for i, t in enumerate(top)}
             if outside:
-                lp[chosen] = Logprob(d[chosen], None, text(chosen))
+                lp[chosen] = Logprob(d[chosen], 1 if greedy else None, text(chosen))
             rebuilt.append(lp)
             total += d[chosen]
         comp.logprobs, comp.cumulative_logprob = rebuilt, total

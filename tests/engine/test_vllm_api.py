@@ -154,6 +154,9 @@ def test_logprobs_are_vllm_logprob_objects_that_read_as_floats(llm):
     for t, d in outside:
         assert d[t].rank is None and [v.rank for k, v in d.items() if k != t] == [1]
     assert llm.generate("x", SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
+    # logprobs=0 asks for the chosen token only: a greedy one is the argmax, rank 1
+    only = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=3, logprobs=0))[0].outputs[0]
+    assert [[v.rank for v in d.values()] for d in only.logprobs] == [[1]] * 3
 
 
 def test_the_tokenizer_reads_as_a_transformers_one_where_users_reach_for_it(llm):
