@@ -20,6 +20,20 @@ _SAMPLE_TEXT = [
 ]
 
 
+def add_bos_post_processor(model_dir, token: str = "<|endoftext|>") -> int:
+    """Make model_dir's tokenizer.json prepend `token` to every encoding (a Llama tokenizer's BOS,
+    through a TemplateProcessing post-processor): for tests of special-token handling. -> its id."""
+    path = Path(model_dir) / "tokenizer.json"
+    tj = json.loads(path.read_text())
+    tid = next(t["id"] for t in tj["added_tokens"] if t["content"] == token)
+    tj["post_processor"] = {"type": "TemplateProcessing",
+                            "single": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                            "special_tokens": {token: {"id": token, "ids": [tid], "tokens": [token]}}}
+    path.write_text(json.dumps(tj))
+    return tid
+
+
 def make_byte_level_tokenizer(vocab_size: int = 320):
     """A byte-level BPE trained on a few lines of code: exact round trip for any text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -83,11 +83,6 @@ class ParallelSampling:
         for i, cid in enumerate(parent.child_ids()):
             self.child_of[cid] = (parent, i)
 
-    def drop(self, parent: ParentRequest) -> None:
-        self.parents.pop(parent.request_id, None)
-        for cid in parent.child_ids():
-            self.child_of.pop(cid, None)
-
     def gather(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """The step's outputs with every child's replaced by its parent's (or left out)."""
         if not self.child_of:

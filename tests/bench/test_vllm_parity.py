@@ -97,25 +97,17 @@ def test_no_accepted_series_at_all_still_gives_a_calibration_ratio_of_zero():
 
 def test_random_prompts_count_the_special_tokens_a_server_adds(tmp_path):
     """vLLM's random dataset: --random-input-len N is the prompt the server runs, its BOS included."""
-    import json
     import shutil
 
     from tokenizers import Tokenizer
 
     from adaspec.bench.dataset import random_prompts
     from adaspec.models.registry import resolve_model_path
+    from adaspec.testing import add_bos_post_processor
 
     d = tmp_path / "tok"
     shutil.copytree(resolve_model_path("tiny"), d)
-    tj = json.loads((d / "tokenizer.json").read_text())
-    bos = next(t for t in tj["added_tokens"] if t["content"] == "<|endoftext|>")
-    tj["post_processor"] = {"type": "TemplateProcessing",
-                            "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-                                       {"Sequence": {"id": "A", "type_id": 0}}],
-                            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
-                            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [bos["id"]],
-                                                                 "tokens": ["<|endoftext|>"]}}}
-    (d / "tokenizer.json").write_text(json.dumps(tj))
+    add_bos_post_processor(d)
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
     for p in random_prompts(3, 16, 0, str(d)):
         assert len(tok.encode(p, add_special_tokens=True).ids) == 16

@@ -1,29 +1,18 @@
 """A text prompt gets the tokenizer's special tokens (a Llama tokenizer's BOS), as vLLM encodes
 one; chat-templated text does not (its template writes them); add_special_tokens overrides."""
-import json
-import shutil
 
 import httpx
 import pytest
 
 from adaspec import LLM, SamplingParams
-from adaspec.testing import make_micro_model_dir
+from adaspec.testing import add_bos_post_processor, make_micro_model_dir
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
     """A micro Llama whose tokenizer prepends <|endoftext|> as its BOS (TemplateProcessing)."""
     d = make_micro_model_dir(tmp_path_factory.mktemp("bos") / "llama", arch="llama")
-    tj = json.loads((d / "tokenizer.json").read_text())
-    bos = next(t for t in tj["added_tokens"] if t["content"] == "<|endoftext|>")
-    tj["post_processor"] = {"type": "TemplateProcessing",
-                            "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-                                       {"Sequence": {"id": "A", "type_id": 0}}],
-                            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [bos["id"]],
-                                                                 "tokens": ["<|endoftext|>"]}}}
-    (d / "tokenizer.json").write_text(json.dumps(tj))
-    return d, bos["id"]
+    return d, add_bos_post_processor(d)
 
 
 def test_a_text_prompt_starts_with_the_bos_its_tokenizer_adds(llama_dir):
