@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
@@ -33,11 +34,10 @@ MAX_N = 4096  # samples of one request (each is a request of the engine's: paral
 # (None always does): any other value is refused, naming the field, since ignoring it would sample
 # from another distribution than the one asked for. The server refuses them the same way.
 UNSUPPORTED_UNLESS: dict[str, tuple] = {
-    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_tokens": (0,),
-    "min_p": (0.0,), "logit_bias": ({},), "bad_words": ([],), "allowed_token_ids": (), "prompt_logprobs": (),
-    "truncate_prompt_tokens": (), "structured_outputs": (), "guided_decoding": (), "logits_processors": ([],),
-    "best_of": (1,), "spaces_between_special_tokens": (True,),
+    "bad_words": ([],), "prompt_logprobs": (), "truncate_prompt_tokens": (), "structured_outputs": (),
+    "guided_decoding": (), "logits_processors": ([],), "best_of": (1,), "spaces_between_special_tokens": (True,),
 }
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's and vLLM's range, [-2, 2]
 
 
 def is_neutral(value, neutral: tuple) -> bool:
@@ -74,16 +74,18 @@ class SamplingParams:
     # vLLM's: False = the engine produces no text (token ids only; the server's API processes then
     # decode it, serve/engine_process.py). Stop strings need the text in the engine.
     detokenize: bool = True
-    # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
-    # at any value that asks for something
+    # the target's logits before sampling, in vLLM's order (sample/logits_rules.py): rows with any
+    # of these run eagerly, outside the CUDA graphs
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    min_tokens: int = 0
+    min_tokens: int = 0  # end-of-sequence and stop_token_ids masked (and stop strings unchecked) until then
     min_p: float = 0.0
-    logit_bias: dict | None = None
-    bad_words: list | None = None
+    logit_bias: dict | None = None  # {token id: added to its logit}
     allowed_token_ids: list | None = None
+    # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
+    # at any value that asks for something
+    bad_words: list | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     structured_outputs: object = None
@@ -153,7 +155,69 @@ class SamplingParams:
         if self.logprobs is not None:
             if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= 20):
                 raise bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}", "logprobs")
+        self._validate_logits_rules(bad)
+
+    def _validate_logits_rules(self, bad) -> None:
+        """The fields of sample/logits_rules.py, with vLLM's ranges (token ids are checked against
+        the model's vocabulary when the engine adds the request). logit_bias keys become ints."""
+        def number(name: str):
+            v = getattr(self, name)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(f"{name} must be a finite number, got {v!r}", name)
+            return v
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = number(name)
+            if v is not None and not -MAX_PENALTY <= v <= MAX_PENALTY:
+                raise bad(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {v}", name)
+        v = number("repetition_penalty")
+        if v is not None and v <= 0:
+            raise bad(f"repetition_penalty must be > 0 (1 disables it), got {v}", "repetition_penalty")
+        v = number("min_p")
+        if v is not None and not 0 <= v <= 1:
+            raise bad(f"min_p must be in [0, 1], got {v}", "min_p")
+        m = self.min_tokens
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+                raise bad(f"min_tokens must be an integer >= 0, got {m!r}", "min_tokens")
+            if self.max_tokens is not None and m > self.max_tokens:
+                raise bad(f"min_tokens ({m}) must be <= max_tokens ({self.max_tokens})", "min_tokens")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}",
+                          "logit_bias")
+            biases = {}
+            for key, value in self.logit_bias.items():
+                token = _token_id(key)
+                if token is None:
+                    raise bad(f"logit_bias keys must be token ids (integers >= 0), got {key!r}", "logit_bias")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise bad(f"logit_bias values must be finite numbers, got {value!r} for token {key!r}",
+                              "logit_bias")
+                biases[token] = float(value)
+            self.logit_bias = biases
+        ids = self.allowed_token_ids
+        if ids is not None:
+            if not isinstance(ids, (list, tuple)) or not ids or not all(_token_id(t) is not None and
+                                                                      not isinstance(t, str) for t in ids):
+                raise bad("allowed_token_ids must be a non-empty list of token ids (integers >= 0)",
+                          "allowed_token_ids")
+            self.allowed_token_ids = list(ids)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _token_id(key) -> int | None:
+    """A token id given as an int or a decimal string (JSON object keys are strings), else None."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key if 0 <= key <= MAX_TOKEN_ID else None
+    if isinstance(key, str) and key.isdigit():
+        v = int(key)
+        return v if v <= MAX_TOKEN_ID else None
+    return None

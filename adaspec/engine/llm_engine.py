@@ -31,6 +31,7 @@ from adaspec.models.generation_defaults import read_generation_defaults
 from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
+from adaspec.sample.logits_rules import LogitsRule, apply_logits_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
@@ -363,6 +364,7 @@ class LLMEngine:
             seq = Sequence(request_id, text, ids, params, arrival_time)
         except ValueError as e:  # a seed outside the 64-bit range
             raise InvalidRequestError(str(e), param="seed") from None
+        seq.logits_rule = LogitsRule.of(params, self.stop_checker.eos_token_ids, self.model_config.vocab_size)
         self.requests[request_id] = seq
         if seq.seed is None:
             self._unseeded.append(seq)
@@ -676,8 +678,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         prev = self._in_flight
         prev_rows = prev.rows if prev is not None else {}
-        items, sampling = [], []
+        items, sampling, pending = [], [], []
         needs_prev = False  # some item reads the previous step's tokens (under TP they are broadcast)
+        ruled = False  # some sampling row has a logits rule (sample/logits_rules.py)
         for s in scheduled:
             seq, nc = s.seq, s.seq.num_computed_tokens
             ids = seq.token_ids[nc:nc + s.num_tokens]
@@ -691,23 +694,30 @@ class LLMEngine:
             samples = nc + s.num_tokens == len(seq.token_ids)  # ScheduledSeq.samples, inlined: a hot loop
             if samples:
                 sampling.append(seq)
+                pending.append(prev_row)
+                ruled = ruled or seq.logits_rule is not None
             items.append(ForwardItem(ids, nc, seq.block_table, int(samples), prev_row))
         capture = self.spec.capture_layers if self.spec is not None else None
         res = self.runner.execute(items, capture, prev_tokens=prev.tokens if needs_prev else None)
         if self.spec is not None:  # a step of adaptive speculation that does not draft
             self.spec.write_context(scheduled, [s.num_tokens for s in scheduled], res)
         t1 = time.perf_counter()
+        logits = res.logits  # the raw logits (logprobs report them), with the rows' rules applied
+        if ruled:  # (a last token still on the device is counted from the step in flight's output)
+            logits = apply_logits_rules(logits, rows_of(sampling, pending=pending),
+                                        prev.tokens if prev is not None else None)
         if not sampling:
             chosen = torch.zeros(0, dtype=torch.int64, device=res.logits.device)
         elif all(s.params.greedy for s in sampling):
-            chosen = res.logits.argmax(-1)
+            chosen = logits.argmax(-1)
         else:
             batch = self._plain_sampling.get(sampling, res.logits.device)
             chosen = None
-            if self._decode_sampler is not None and len(sampling) == len(scheduled):  # every row a sampling decode
+            # every row a sampling decode without a rule: the graphed sampler samples raw logits
+            if self._decode_sampler is not None and len(sampling) == len(scheduled) and not ruled:
                 chosen = self._decode_sampler.sample(res.graph_key, res.logits, batch)
             if chosen is None:
-                chosen = self._sample_on_device(res.logits, sampling, batch)
+                chosen = self._sample_on_device(logits, sampling, batch, ruled=True)
         want = [s.params.logprobs for s in sampling]
         lp_tensors = ()
         if any(w is not None for w in want):
@@ -758,8 +768,14 @@ class LLMEngine:
         return tokens, self.logprob_dicts(logits, chosen, tokens, [s.params.logprobs for s in seqs])
 
     @staticmethod
-    def _sample_on_device(logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
-        """The chosen token of every row, left on the device (no sync)."""
+    def _sample_on_device(logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None,
+                          ruled: bool = False):
+        """The chosen token of every row, left on the device (no sync). The rows' logits rules
+        are applied first (ruled: the caller did)."""
+        if not ruled:
+            rows = rows_of(seqs)
+            if rows is not None:
+                logits = apply_logits_rules(logits, rows)
         if batch is None and all(s.params.greedy for s in seqs):  # no sampling tensors needed at all
             return logits.argmax(-1)
         if batch is None:

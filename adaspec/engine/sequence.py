@@ -43,6 +43,9 @@ class Sequence:
         self.output_text = ""  # stable text exposed to clients
         self.text_stream = None  # incremental detokenizer (StopChecker), made at the first append
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # what its sampling parameters do to the logits (sample/logits_rules.py), set by the engine
+        # when it adds the request (the rule's token ids are checked against the model's vocabulary)
+        self.logits_rule = None
         # StopChecker: whether appends take its fast path (no text until the end); None: not yet decided
         self.appends_without_text: bool | None = None
         self.stop_ids: frozenset[int] | None = None  # the tokens that end it on that path (decided with it)

@@ -58,7 +58,7 @@ class StopChecker:
                 self._finish(seq, "stop", tok)
             elif tok in p.stop_token_ids:
                 self._finish(seq, "stop", tok)
-            elif p.stop and self._hit_stop_string(seq):
+            elif p.stop and seq.num_output_tokens >= (p.min_tokens or 0) and self._hit_stop_string(seq):
                 text_set = True
             elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
                 self._finish(seq, "length", None)

@@ -3,8 +3,9 @@
 the defaults of a request that does not set them, offline (`LLM.generate` without sampling
 params, `LLM.get_default_sampling_params`) and in the server (a field left out or null).
 
-vLLM reads the same keys. A recommended value adaspec cannot sample with (a repetition penalty,
-min_p) is dropped, and the engine says so at load: a request can still not ask for it."""
+vLLM reads the same keys, repetition_penalty and min_p included (sample/logits_rules.py). A
+recommended value of a field adaspec cannot sample with would be dropped, and the engine says so at
+load (none of KEYS is such a field today)."""
 from __future__ import annotations
 
 import json

@@ -24,8 +24,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null mea
 # SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
-        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
-        "prompt_logprobs", "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "structured_outputs",
+        "prompt_logprobs", "truncate_prompt_tokens", "bad_words", "structured_outputs",
         "spaces_between_special_tokens")},
     "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
@@ -104,9 +103,27 @@ def _check_text_length(state: ServeState, text: str, param: str) -> None:
                    param, "context_length_exceeded")
 
 
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range of a logit bias; vLLM clamps a larger one to it
+
+
+def _logit_bias(state: ServeState, bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as strings) -> {token id: bias clamped to +-100}."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.isdigit():
+            raise _bad(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias")
+        _check_ids(state, [int(key)], "logit_bias")
+        out[int(key)] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, value)) if value == value else value
+    return out
+
+
 def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState) -> SamplingParams:
     if req.stop_token_ids:
         _check_ids(state, req.stop_token_ids, "stop_token_ids")
+    if req.allowed_token_ids:
+        _check_ids(state, req.allowed_token_ids, "allowed_token_ids")
     given = state.sampling_defaults  # the model's recommended values, else SamplingParams' defaults
 
     def default(value, name: str, own):
@@ -117,6 +134,13 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         temperature=default(req.temperature, "temperature", 1.0),
         top_p=default(req.top_p, "top_p", 1.0),
         top_k=default(req.top_k, "top_k", 0),
+        min_p=default(req.min_p, "min_p", 0.0),
+        repetition_penalty=default(req.repetition_penalty, "repetition_penalty", 1.0),
+        presence_penalty=0.0 if req.presence_penalty is None else req.presence_penalty,
+        frequency_penalty=0.0 if req.frequency_penalty is None else req.frequency_penalty,
+        logit_bias=_logit_bias(state, req.logit_bias),
+        min_tokens=0 if req.min_tokens is None else req.min_tokens,
+        allowed_token_ids=req.allowed_token_ids,
         seed=req.seed,
         max_tokens=max_tokens,
         stop=req.stop,

@@ -40,21 +40,20 @@ class _SamplingFields(_Strict):
     ignore_eos: bool | None = False  # extension (vLLM)
     include_stop_str_in_output: bool | None = False  # extension (vLLM)
     skip_special_tokens: bool | None = True  # extension (vLLM)
-    # Accepted only at their neutral values: adaspec does not implement them, and silently
-    # ignoring a non-neutral value would return something other than what was asked for.
+    # the logits rules (sample/logits_rules.py; SamplingParams validates them)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None  # vLLM extension; only 0 (it changes the sampled distribution)
+    logit_bias: dict[str, float] | None = None  # token id (a string) -> bias, clamped to [-100, 100] as vLLM
+    repetition_penalty: float | None = None  # extension (vLLM)
+    min_tokens: int | None = None  # extension (vLLM)
+    min_p: float | None = None  # extension (vLLM)
+    allowed_token_ids: list[int] | None = None  # extension (vLLM)
     # vLLM sampling extensions adaspec does not implement: declared so that a non-neutral value
     # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
-    min_p: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
-    allowed_token_ids: Any = None
     bad_words: Any = None
     guided_json: Any = None
     guided_regex: Any = None

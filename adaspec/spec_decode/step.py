@@ -28,6 +28,7 @@ from adaspec.errors import ConfigError
 from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.logits_rules import apply_logits_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
@@ -509,11 +510,13 @@ class SpeculativeDecoder:
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
-        """Decodes one token, whatever its sampling parameters: the graphs sample with the
-        temperature alone, and a row with top-k / top-p or logprobs has its part of the step redone
-        right after the replay, on the device (graphed_extras.py; until then such a row sent its
-        whole step to the eager speculative step)."""
-        return s.num_tokens == 1 and s.samples
+        """Decodes one token, and has no logits rule (sample/logits_rules.py: it reads the request's
+        whole history, which the graphs do not hold; such rows run in the eager step). Other
+        sampling parameters do not matter: the graphs sample with the temperature alone, and a row
+        with top-k / top-p or logprobs has its part of the step redone right after the replay, on
+        the device (graphed_extras.py; until then such a row sent its whole step to the eager
+        speculative step)."""
+        return s.num_tokens == 1 and s.samples and s.seq.logits_rule is None
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
                         first_tokens=None):
@@ -626,14 +629,21 @@ class SpeculativeDecoder:
         idx = row_start[drafted][:, None] + np.minimum(np.arange(k + 1)[None, :], verify_lens[:, None])
         idx_t = to_device(idx.reshape(-1), dev)
         ver_logits = logits[idx_t]  # [R*(k+1), V]
-        p = sampling.probs(ver_logits, repeat=k + 1).view(R, k + 1, -1)
+        # position j's distribution with the request's logits rule, as if drafts 0..j-1 were accepted
+        ruled_logits = ver_logits
+        if any(s.logits_rule is not None for s in drafted_seqs):
+            drafts = proposal.tokens[:, :k].tolist()
+            row_seqs = [s for s in drafted_seqs for _ in range(k + 1)]
+            before = [drafts[n][:min(j, int(verify_lens[n]))] for n in range(R) for j in range(k + 1)]
+            ruled_logits = apply_logits_rules(ver_logits, rows_of(row_seqs, extras=before))
+        p = sampling.probs(ruled_logits, repeat=k + 1).view(R, k + 1, -1)
         q = None if self.greedy_drafts else proposal.probs[:, :k].float()
         anchors = to_device([len(s.token_ids) - 1 for s in drafted_seqs], dev, torch.int64)
         # synthetic (timing only): acceptance drawn from the configured curve instead of p and q
         accept = self.drafter.accept if isinstance(self.drafter, SyntheticDrafter) else rejection_sample
         out = accept(
             proposal.tokens[:, :k], to_device(verify_lens, dev), p, q, to_device(sampling.greedy, dev),
-            sampling.seeds, anchors, target_argmax=ver_logits.argmax(-1).view(R, k + 1),
+            sampling.seeds, anchors, target_argmax=ruled_logits.argmax(-1).view(R, k + 1),
         )
         toks = out.output_tokens.tolist()
         n_acc = out.num_accepted.tolist()

@@ -362,3 +362,19 @@ def test_a_failed_sampling_graph_capture_leaves_the_eager_sampler(monkeypatch):
     assert llm.llm_engine._decode_sampler is None and llm.llm_engine.runner.graphs is not None
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     assert llm.llm_engine.runner.num_graph_steps > 5
+
+
+@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
+def test_rows_with_logits_rules_beside_graphed_rows_match_the_eager_engine(spec, tmp_path):
+    """Penalties, logit_bias and min_tokens (sample/logits_rules.py) on every other request: those
+    rows leave the sampling graphs and the graphed speculative step for the eager step (mixed
+    steps, drained pipelines; under async scheduling their last token counted from the device),
+    and every request's greedy tokens are the eager engine's."""
+    prompts = _prompts(12)
+    ruled = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.4,
+                           repetition_penalty=1.3, logit_bias={202: -3.0, 11: 2.0}, min_tokens=5)
+    plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    params = [ruled if i % 2 else plain for i in range(len(prompts))]
+    want = [o.outputs[0].token_ids for o in _llm(True, spec, tmp=tmp_path).generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in _llm(False, spec, tmp=tmp_path).generate(prompts, params)]
+    assert got == want, _divergence(got, want, params)

@@ -15,9 +15,10 @@ from adaspec.sample.batch import SamplingBatch
 pair = pytest.fixture(scope="module", name="pair")(make_pair)
 
 
-class _Seq:  # what the eager sampler reads from a Sequence: params, seed, and len(token_ids)
+class _Seq:  # what the eager sampler reads from a Sequence: params, seed, len(token_ids), its logits rule
     def __init__(self, params, seed, position):
         self.params, self.seed, self.token_ids = params, seed, [0] * (position + 1)
+        self.logits_rule = None
 
 
 @pytest.mark.parametrize("trial", range(3))

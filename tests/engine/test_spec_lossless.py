@@ -15,6 +15,8 @@ from adaspec.models.loader import load_target
 from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.sample.rejection import RejectionOutput
 from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
+from adaspec.sample.logits_rules import LogitsRule
+from tests.engine.test_logits_rules import reference_row
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 from tests.spec_decode.micro import broken_sampler
 
@@ -34,11 +36,14 @@ def micro_pair(tmp_path_factory):
 
 
 def exact_law(target_dir, params: SamplingParams):
+    """The target's law of L tokens; a request's logits rules by their brute-force reference."""
     model, _ = load_target(target_dir)
 
     def next_probs(ctx):
         with torch.no_grad():
             logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
+        if LogitsRule.of(params, set(), logits.shape[-1]) is not None:
+            logits = torch.tensor([reference_row(logits[0].tolist(), params, PROMPT, list(ctx[len(PROMPT):]), set())])
         return processed_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_p]),
                                torch.tensor([params.top_k]))[0].tolist()
 
@@ -84,6 +89,10 @@ def sample_fn(pair, params, tmp_path, graphed: bool = False, **spec):
 # max_tokens=5: after the prefill's token, the first speculative step verifies 3 drafts
 T1 = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
 T07 = SamplingParams(temperature=0.7, top_p=0.8, max_tokens=5, ignore_eos=True)
+# logits rules (sample/logits_rules.py): position j of a verification is judged with drafts 0..j-1 in
+# its history; min_tokens holds back the stop token 7 for two tokens
+RULED = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, presence_penalty=0.7, frequency_penalty=0.5,
+                       repetition_penalty=1.4, logit_bias={2: 1.0}, min_tokens=2, stop_token_ids=[7])
 
 
 @pytest.mark.parametrize("params, spec", [
@@ -94,8 +103,9 @@ T07 = SamplingParams(temperature=0.7, top_p=0.8, max_tokens=5, ignore_eos=True)
     # the graphed path: top-p rows judged after the replay against drafts drawn without the filter
     (T07, {"graphed": True}),
     (T07, {"graphed": True, "enable_adaptive_verification": True}),
+    (RULED, {}),
 ], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1", "graphed-fixed-T0.7-top_p0.8",
-        "graphed-adaptive-T0.7-top_p0.8"])
+        "graphed-adaptive-T0.7-top_p0.8", "fixed-T1-penalties-bias-min_tokens"])
 def test_speculative_engine_is_lossless(micro_pair, tmp_path, params, spec):
     p = lossless_pvalue(sample_fn(micro_pair, params, tmp_path, **spec), exact_law(micro_pair[0], params), n=N)
     assert p > 1e-3

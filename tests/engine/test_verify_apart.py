@@ -7,6 +7,7 @@ from adaspec import LLM
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.scheduler import Scheduler
 from adaspec.engine.sequence import Sequence
+from adaspec.sample.logits_rules import LogitsRule
 from adaspec.sampling_params import SamplingParams
 from adaspec.spec_decode.graphed_step import GraphedSpecStep
 from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
@@ -54,6 +55,19 @@ def test_rows_with_logprobs_or_filters_are_verified_apart_too():
     for extra in (dict(logprobs=2), dict(top_k=5), dict(top_p=0.5)):
         slots, chunk = _step(max_rows=16, **extra)
         assert slots == [K] * 4 and chunk == BUDGET - 4
+
+
+def test_rows_with_logits_rules_take_their_slots_from_the_budget():
+    # the eager step verifies them (sample/logits_rules.py: the graphs do not serve them)
+    sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
+    sch.set_verify_apart(16)
+    seqs = [_decoding(sch, i, presence_penalty=0.5 if i % 2 else 0.0) for i in range(4)]
+    for s in seqs:
+        s.logits_rule = LogitsRule.of(s.params, set(), 100)
+    sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
+    out = sch.schedule()
+    assert [s.spec_slots for s in out[:4]] == [K] * 4
+    assert out[-1].num_tokens == BUDGET - 4 - 2 * K
 
 
 def test_at_most_max_rows_are_verified_apart():

@@ -36,8 +36,7 @@ def test_vllm_fields_at_their_neutral_values_are_accepted_and_others_named():
     # vLLM's defaults, and the values model cards write for them when they mean "off"
     SamplingParams(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, min_tokens=0, min_p=0.0,
                    logit_bias={}, bad_words=[], best_of=1, spaces_between_special_tokens=True)
-    for name, value in (("repetition_penalty", 1.05), ("presence_penalty", 0.5), ("min_tokens", 4), ("min_p", 0.1),
-                        ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
+    for name, value in (("bad_words", ["x"]), ("logits_processors", [print]),
                         ("prompt_logprobs", 1), ("best_of", 2), ("structured_outputs", {"json": {}}),
                         ("spaces_between_special_tokens", False)):
         with pytest.raises(InvalidRequestError, match=f"{name} is not supported by adaspec") as e:
@@ -48,7 +47,7 @@ def test_vllm_fields_at_their_neutral_values_are_accepted_and_others_named():
 
 def test_spoiled_after_construction_the_request_alone_fails(llm):
     p = SamplingParams(max_tokens=2)
-    p.repetition_penalty = 1.2
+    p.repetition_penalty = -1.2
     with pytest.raises(InvalidRequestError, match="repetition_penalty"):
         llm.llm_engine.add_request("spoiled", "x", p)
     assert not llm.llm_engine.has_unfinished_requests()
@@ -109,16 +108,18 @@ def _tiny_with_generation_config(tmp_path, **recommended):
 
 def test_the_models_recommended_sampling_is_the_default(tmp_path):
     """vLLM's generation_config "auto": temperature / top_p / top_k from generation_config.json are
-    what a request without sampling params gets; what adaspec cannot sample with is dropped."""
-    d = _tiny_with_generation_config(tmp_path, temperature=0.0, top_k=20, repetition_penalty=1.05, max_new_tokens=5)
+    what a request without sampling params gets, a repetition penalty and min_p included."""
+    d = _tiny_with_generation_config(tmp_path, temperature=0.0, top_k=20, repetition_penalty=1.5, max_new_tokens=12)
     llm = LLM(str(d), **ARGS)
     sp = llm.get_default_sampling_params()
     # greedy drops top_k (it cannot change an argmax), as vLLM's SamplingParams does
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens, sp.repetition_penalty) == (0.0, 0, 1.0, 5, 1.0)
-    assert llm.llm_engine.sampling_defaults == {"temperature": 0.0, "top_k": 20, "max_tokens": 5}
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens, sp.repetition_penalty) == (0.0, 0, 1.0, 12, 1.5)
+    assert llm.llm_engine.sampling_defaults == {"temperature": 0.0, "top_k": 20, "repetition_penalty": 1.5,
+                                                "max_tokens": 12}
     out = llm.generate("def f():")[0].outputs[0]
-    assert len(out.token_ids) <= 5 and out.token_ids == llm.generate(
-        "def f():", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids
+    assert len(out.token_ids) <= 12 and out.token_ids == llm.generate(
+        "def f():", SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.5))[0].outputs[0].token_ids
+    assert out.token_ids != llm.generate("def f():", SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].token_ids
     own = LLM(str(d), generation_config="vllm", **ARGS).get_default_sampling_params()
     assert (own.temperature, own.top_k, own.max_tokens) == (1.0, 0, 16)
     assert LLM("tiny", **ARGS).llm_engine.sampling_defaults == {}  # do_sample alone recommends nothing

@@ -28,8 +28,8 @@ def reference(micro_dir):
 
     llm = LLM(micro_dir, **ENGINE_ARGS)
 
-    def generate(prompt, max_tokens):  # one prompt at a time, as the server gets them in these tests
-        return llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+    def generate(prompt, max_tokens, **kw):  # one prompt at a time, as the server gets them in these tests
+        return llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw))[0]
 
     generate.tokenizer = llm.get_tokenizer()
     return generate
@@ -51,6 +51,27 @@ def real_server(micro_dir, request):
 @pytest.fixture(scope="module")
 def client(real_server):
     return openai_client(real_server)
+
+
+def test_logits_rules_reach_the_engine(client, reference):
+    """Penalties, logit_bias (token ids as strings; clamped to +-100 as vLLM), min_tokens, allowed
+    ids: the server's text is LLM.generate's with the same rules, and the rules change it."""
+    rules = dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.3, min_tokens=6)
+    plain = reference(PROMPTS[0], 16, ignore_eos=True)
+    top = plain.outputs[0].token_ids[0]
+    ref = reference(PROMPTS[0], 16, ignore_eos=True, logit_bias={top: -100.0}, **rules)
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=16, temperature=0, logit_bias={str(top): -500},
+                                  presence_penalty=1.0, frequency_penalty=0.5,
+                                  extra_body={"ignore_eos": True, "repetition_penalty": 1.3, "min_tokens": 6})
+    assert r.choices[0].text == ref.outputs[0].text != plain.outputs[0].text
+    allowed = sorted(set(plain.outputs[0].token_ids[:3]))
+    ref = reference(PROMPTS[1], 8, ignore_eos=True, allowed_token_ids=allowed)
+    r = client.chat.completions.create(model="micro", messages=CHATS[0], max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True, "allowed_token_ids": allowed})
+    assert r.choices[0].message.content is not None and r.usage.completion_tokens == 8
+    r = client.completions.create(model="micro", prompt=PROMPTS[1], max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True, "allowed_token_ids": allowed})
+    assert r.choices[0].text == ref.outputs[0].text
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

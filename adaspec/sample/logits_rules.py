@@ -1,0 +1,229 @@
+"""What a request's sampling parameters do to the target's logits before its distribution is
+formed, in vLLM V1's order: allowed_token_ids, logit_bias, min_tokens, then the repetition,
+frequency and presence penalties; after temperature, min_p (processed_probs then applies top-k and
+top-p). A request with none of them has no rule and its rows are left alone.
+
+Speculative decoding stays lossless: verification compares the drafter's q with the target's p
+at each draft position, and p here is the rule applied with the history that position would
+have, the request's output plus the drafts before it (`RuleRow.extra`). The drafter itself
+proposes without the rule (rejection sampling is exact for any q; acceptance may drop).
+
+The rows a rule touches run eagerly (the engine keeps them out of the CUDA-graphed sampling and
+the graphed speculative step): the rule reads each request's whole history, which the graphs do
+not hold.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.errors import InvalidRequestError
+from adaspec.h2d import to_device
+
+# penalized rows are processed in chunks of about this many logits: their token counts are dense
+# [rows, V] tensors (64 MB of float32 a chunk: 110 rows of a 151k vocabulary), while a
+# verification step may have thousands of rows
+CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class LogitsRule:
+    """A request's logits processing (None of it: LogitsRule.of returns None)."""
+
+    allowed: tuple[int, ...] | None  # allowed_token_ids: every other token is masked
+    bias: tuple[tuple[int, float], ...]  # logit_bias: (token, value) added to its logit
+    min_tokens: int
+    min_tokens_ban: tuple[int, ...]  # masked while the output is shorter than min_tokens
+    repetition: float  # 1: off
+    frequency: float  # 0: off
+    presence: float  # 0: off
+    min_p: float  # 0: off
+
+    @classmethod
+    def of(cls, params, eos_token_ids, vocab_size: int) -> "LogitsRule | None":
+        """The rule of a request's (validated) SamplingParams; token ids are checked against the
+        model's vocabulary here (SamplingParams cannot know it). None: nothing to do."""
+        allowed = None
+        if params.allowed_token_ids is not None:
+            allowed = tuple(sorted(set(_ids_in_vocab(params.allowed_token_ids, vocab_size, "allowed_token_ids"))))
+        bias = ()
+        if params.logit_bias:
+            ids = _ids_in_vocab([int(t) for t in params.logit_bias], vocab_size, "logit_bias")
+            bias = tuple((t, float(v)) for t, v in zip(ids, params.logit_bias.values()) if v != 0)
+        min_tokens = params.min_tokens or 0
+        ban = ()
+        if min_tokens:
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+            ban = tuple(sorted(t for t in stops if 0 <= t < vocab_size))
+        rule = cls(allowed, bias, min_tokens if ban else 0, ban,
+                   float(params.repetition_penalty if params.repetition_penalty is not None else 1.0),
+                   float(params.frequency_penalty or 0.0), float(params.presence_penalty or 0.0),
+                   0.0 if params.greedy else float(params.min_p or 0.0))
+        return None if rule.is_neutral else rule
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repetition != 1.0 or self.frequency != 0.0 or self.presence != 0.0
+
+    @property
+    def is_neutral(self) -> bool:
+        return (self.allowed is None and not self.bias and not self.min_tokens and not self.penalizes
+                and self.min_p == 0.0)
+
+
+def _ids_in_vocab(ids, vocab_size: int, name: str) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"{name} has token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})",
+                                  param=name)
+    return list(ids)
+
+
+@dataclass
+class RuleRow:
+    """One row of logits and the history its rule reads."""
+
+    rule: LogitsRule
+    temperature: float  # 0: greedy (min_p does not apply)
+    prompt: list[int]  # the repetition penalty counts the prompt's tokens too (vLLM)
+    output: list[int]  # the output tokens known on the host
+    extra: list[int]  # tokens after them: the drafts before this verification position
+    pending: int = -1  # >= 0: index into `pending_tokens` of one more output token still on the device
+    history: object = None  # rows with the same history object share prompt and output (its counts are built once)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output) + len(self.extra) + (self.pending >= 0)
+
+
+def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
+                       pending_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [N, V] -> float32 logits with each row's rule applied (rows[i] None: row i as is).
+    Returns `logits` itself when no row has a rule (callers must not write into the result).
+    pending_tokens: the device tokens RuleRow.pending indexes (async scheduling's last token)."""
+    ruled = [i for i, r in enumerate(rows) if r is not None]
+    if not ruled:
+        return logits
+    out = logits.to(torch.float32, copy=True)
+    dev, V = out.device, out.shape[-1]
+
+    def where(pairs):  # [(row, token)] -> index tensors
+        return to_device([p[0] for p in pairs], dev, torch.int64), to_device([p[1] for p in pairs], dev, torch.int64)
+
+    allowed = [i for i in ruled if rows[i].rule.allowed is not None]
+    if allowed:
+        keep = torch.zeros(len(allowed), V, dtype=torch.bool, device=dev)
+        keep[where([(n, t) for n, i in enumerate(allowed) for t in rows[i].rule.allowed])] = True
+        at = to_device(allowed, dev, torch.int64)
+        out[at] = out[at].masked_fill(~keep, float("-inf"))
+    bias = [(i, t, v) for i in ruled for t, v in rows[i].rule.bias]
+    if bias:
+        out.index_put_(where([(i, t) for i, t, _ in bias]),
+                       to_device([v for *_, v in bias], dev, torch.float32), accumulate=True)
+    ban = [(i, t) for i in ruled if rows[i].num_output < rows[i].rule.min_tokens for t in rows[i].rule.min_tokens_ban]
+    if ban:
+        out[where(ban)] = float("-inf")
+    penalized = [i for i in ruled if rows[i].rule.penalizes]
+    chunk = max(1, CHUNK_ELEMENTS // V)
+    for c in range(0, len(penalized), chunk):
+        _penalize(out, [(i, rows[i]) for i in penalized[c:c + chunk]], pending_tokens)
+    min_p = [i for i in ruled if rows[i].rule.min_p > 0 and rows[i].temperature > 0]
+    if min_p:
+        # softmax(x / T) >= min_p * its max  <=>  x >= max(x) + T * ln(min_p)
+        at = to_device(min_p, dev, torch.int64)
+        x = out[at]
+        shift = to_device([rows[i].temperature * math.log(rows[i].rule.min_p) for i in min_p], dev, torch.float32)
+        cut = x.max(-1, keepdim=True).values + shift.unsqueeze(-1)
+        out[at] = x.masked_fill(x < cut, float("-inf"))
+    return out
+
+
+def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None) -> None:
+    """vLLM's penalties for these rows: a repeated token's logit is divided by the repetition
+    penalty (multiplied, when negative), then frequency x its output count and presence x (count
+    > 0) are subtracted. Counts are dense: one [V] row per distinct history (prompt and output,
+    built once however many verification positions share it), gathered per row, plus the row's
+    own extra tokens and pending token."""
+    dev, V = out.device, out.shape[-1]
+    slot: dict[int, int] = {}  # history -> its row in the base tensors
+    histories: list[RuleRow] = []
+    for _, row in rows:
+        key = id(row.history) if row.history is not None else id(row)
+        if key not in slot:
+            slot[key] = len(histories)
+            histories.append(row)
+    u_out, t_out, c_out, u_pr, t_pr = [], [], [], [], []
+    for u, row in enumerate(histories):
+        for t, c in Counter(row.output).items():
+            u_out.append(u)
+            t_out.append(t)
+            c_out.append(float(c))
+        if row.rule.repetition != 1.0:
+            for t in set(row.prompt):
+                u_pr.append(u)
+                t_pr.append(t)
+    def ids(values):
+        return to_device(values, dev, torch.int64)
+
+    base = torch.zeros(len(histories), V, dtype=torch.float32, device=dev)
+    if u_out:
+        base[ids(u_out), ids(t_out)] = to_device(c_out, dev, torch.float32)
+    base_prompt = torch.zeros(len(histories), V, dtype=torch.bool, device=dev)
+    if u_pr:
+        base_prompt[ids(u_pr), ids(t_pr)] = True
+    of_row = ids([slot[id(r.history) if r.history is not None else id(r)] for _, r in rows])
+    counts, in_prompt = base[of_row], base_prompt[of_row]
+    extra = [(n, t) for n, (_, row) in enumerate(rows) for t in row.extra]
+    if extra:
+        counts.index_put_((ids([e[0] for e in extra]), ids([e[1] for e in extra])),
+                          torch.ones(len(extra), device=dev), accumulate=True)
+    pend = [(n, row.pending) for n, (_, row) in enumerate(rows) if row.pending >= 0]
+    if pend:
+        if pending_tokens is None:
+            raise ValueError("a row counts a pending token, but no pending_tokens were given")
+        which = pending_tokens[ids([p[1] for p in pend])].long()
+        counts.index_put_((ids([p[0] for p in pend]), which),
+                          torch.ones(len(pend), device=dev), accumulate=True)
+    at = ids([i for i, _ in rows])
+    x = out[at]
+    rep = to_device([r.rule.repetition for _, r in rows], dev, torch.float32).unsqueeze(-1)
+    freq = to_device([r.rule.frequency for _, r in rows], dev, torch.float32).unsqueeze(-1)
+    pres = to_device([r.rule.presence for _, r in rows], dev, torch.float32).unsqueeze(-1)
+    seen = counts > 0
+    repeated = (seen | in_prompt) & (rep != 1.0)
+    x = torch.where(repeated, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - freq * counts - pres * seen.float()
+    out[at] = x
+
+
+def rows_of(seqs, extras: list[list[int]] | None = None,
+            pending: list[int] | None = None) -> list[RuleRow | None] | None:
+    """The RuleRows of logits rows that belong to these requests (engine Sequences, one per row;
+    a request may own several rows, e.g. its verification positions). extras[n]: tokens after
+    row n's request's own (drafts); pending[n] >= 0: its last token is a placeholder whose token
+    is pending_tokens[pending[n]] on the device (async scheduling). None when no row has a rule."""
+    if all(s.logits_rule is None for s in seqs):
+        return None
+    outputs: dict[int, list[int]] = {}
+    rows: list[RuleRow | None] = []
+    for n, s in enumerate(seqs):
+        rule = s.logits_rule
+        if rule is None:
+            rows.append(None)
+            continue
+        out = outputs.get(id(s))
+        if out is None:
+            out = s.token_ids[len(s.prompt_token_ids):]
+            if out and out[-1] < 0:  # a placeholder (engine/async_step.py's PENDING)
+                if pending is None or pending[n] < 0:
+                    raise RuntimeError(f"request {s.request_id}: its last token is still on the device and "
+                                       "the logits rules were not told where (async bookkeeping is broken)")
+                out = out[:-1]
+            outputs[id(s)] = out
+        p = pending[n] if pending is not None else -1
+        rows.append(RuleRow(rule, 0.0 if s.params.greedy else float(s.params.temperature), s.prompt_token_ids, out,
+                            extras[n] if extras is not None else [], p, history=s))
+    return rows

@@ -1,0 +1,259 @@
+"""Logits rules (sample/logits_rules.py): penalties, logit_bias, min_tokens, min_p and
+allowed_token_ids, against a brute-force reference written from vLLM's definitions, then through
+the engine (plain, async, speculative, graphed) and the server's fields."""
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.errors import InvalidRequestError
+from adaspec.sample import logits_rules
+from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
+
+INF = float("inf")
+
+
+def reference_row(x: list[float], p: SamplingParams, prompt: list[int], output: list[int], eos: set[int]) -> list[float]:
+    """One row, token by token, in vLLM V1's order (its Sampler's docstring): allowed_token_ids,
+    logit_bias, min_tokens, repetition / frequency / presence penalties; min_p after temperature."""
+    V = len(x)
+    x = list(x)
+    if p.allowed_token_ids is not None:
+        x = [v if t in p.allowed_token_ids else -INF for t, v in enumerate(x)]
+    for t, b in (p.logit_bias or {}).items():
+        x[t] += b
+    if len(output) < p.min_tokens:
+        for t in set(p.stop_token_ids) | (set() if p.ignore_eos else eos):
+            x[t] = -INF
+    counts = Counter(output)
+    for t in range(V):
+        if p.repetition_penalty != 1 and (t in prompt or counts[t]):
+            x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+        x[t] -= p.frequency_penalty * counts[t] + p.presence_penalty * (counts[t] > 0)
+    if p.min_p > 0 and not p.greedy:
+        e = [math.exp((v - max(x)) / p.temperature) if v > -INF else 0.0 for v in x]
+        x = [v if e[t] >= p.min_p * max(e) else -INF for t, v in enumerate(x)]
+    return x
+
+
+def _random_params(g: torch.Generator, V: int) -> SamplingParams:
+    def coin():
+        return torch.rand((), generator=g).item() < 0.5
+
+    def uni(lo, hi):
+        return lo + (hi - lo) * torch.rand((), generator=g).item()
+
+    ids = lambda n: torch.randperm(V, generator=g)[:n].tolist()  # noqa: E731
+    return SamplingParams(
+        temperature=0.0 if coin() and coin() else uni(0.3, 1.5), max_tokens=50,
+        presence_penalty=uni(-2, 2) if coin() else 0.0, frequency_penalty=uni(-2, 2) if coin() else 0.0,
+        repetition_penalty=uni(0.5, 2) if coin() else 1.0, min_tokens=int(uni(0, 8)) if coin() else 0,
+        min_p=uni(0, 0.5) if coin() else 0.0, logit_bias={t: uni(-5, 5) for t in ids(3)} if coin() else None,
+        allowed_token_ids=ids(V // 2) if coin() and coin() else None, stop_token_ids=ids(2), ignore_eos=coin())
+
+
+def test_rules_match_the_brute_force_reference():
+    """Random rules on random logits (with zeros and negatives, so the repetition penalty's two
+    branches both run), random histories, drafts after them and pending device tokens."""
+    g = torch.Generator().manual_seed(0)
+    V, eos = 40, {3}
+    rows, want, pending_tokens = [], [], []
+    logits = torch.randn(60, V, generator=g) * 3
+    logits[:, 5] = 0.0
+    for i in range(60):
+        p = _random_params(g, V)
+        rule = LogitsRule.of(p, eos, V)
+        if rule is None or i % 10 == 0:
+            rows.append(None)
+            want.append(logits[i].tolist())
+            continue
+        prompt = torch.randint(0, V, (int(torch.randint(1, 12, (), generator=g)),), generator=g).tolist()
+        output = torch.randint(0, V, (int(torch.randint(0, 10, (), generator=g)),), generator=g).tolist()
+        extra = output[-2:] if i % 3 == 0 else []  # drafts before a verification position
+        pend = -1
+        if i % 4 == 1:  # its last output token still on the device
+            pend = len(pending_tokens)
+            pending_tokens.append(int(torch.randint(0, V, (), generator=g)))
+        rows.append(RuleRow(rule, 0.0 if p.greedy else p.temperature, prompt, output, extra, pend))
+        full = output + extra + ([pending_tokens[pend]] if pend >= 0 else [])
+        want.append(reference_row(logits[i].tolist(), p, prompt, full, eos))
+    got = apply_logits_rules(logits, rows, torch.tensor(pending_tokens or [0]))
+    assert sum(r is not None for r in rows) > 30
+    want = torch.tensor(want)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert torch.allclose(got[~torch.isinf(got)], want[~torch.isinf(want)], atol=1e-5)
+    assert not torch.isnan(logits).any()
+
+
+def test_chunks_of_penalized_rows_give_the_same_logits(monkeypatch):
+    """Penalized rows are counted a chunk at a time (CHUNK_ELEMENTS): rows that share a history
+    object must still each get their own drafts."""
+    g = torch.Generator().manual_seed(1)
+    V = 16
+    logits = torch.randn(9, V, generator=g)
+    rule = LogitsRule.of(SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.3), set(), V)
+    hist = object()
+    rows = [RuleRow(rule, 1.0, [1, 2], [4, 4, 5], [6] * j, history=hist) for j in range(9)]
+    whole = apply_logits_rules(logits, rows)
+    monkeypatch.setattr(logits_rules, "CHUNK_ELEMENTS", 2 * V)
+    assert torch.equal(apply_logits_rules(logits, rows), whole)
+    assert whole[8, 6] < whole[0, 6] - 7  # eight drafts of token 6 counted in the last row
+
+
+def test_no_rule_leaves_the_logits_alone():
+    logits = torch.randn(3, 8)
+    assert apply_logits_rules(logits, [None, None, None]) is logits
+    assert LogitsRule.of(SamplingParams(), {0}, 8) is None
+    # greedy: min_p cannot change an argmax, so it is no rule; min_tokens without any stop token neither
+    assert LogitsRule.of(SamplingParams(temperature=0, min_p=0.5), {0}, 8) is None
+    assert LogitsRule.of(SamplingParams(min_tokens=3, ignore_eos=True), {0}, 8) is None
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_p=1.5), "min_p"),
+    (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=9, max_tokens=8), "min_tokens"),
+    (dict(logit_bias={"a": 1.0}), "logit_bias"), (dict(logit_bias={1: float("nan")}), "logit_bias"),
+    (dict(logit_bias=[1, 2]), "logit_bias"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[-1]), "allowed_token_ids"), (dict(presence_penalty="1"), "presence_penalty"),
+])
+def test_bad_values_name_their_field(kw, param):
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(**kw)
+    assert e.value.param == param
+
+
+def test_token_ids_outside_the_vocabulary_fail_the_request_alone():
+    llm = LLM("tiny")
+    V = llm.llm_engine.model_config.vocab_size
+    for kw, param in ((dict(logit_bias={V: 1.0}), "logit_bias"), (dict(allowed_token_ids=[1, V + 5]), "allowed_token_ids")):
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary") as e:
+            llm.llm_engine.add_request("bad", [1, 2, 3], SamplingParams(**kw))
+        assert e.value.param == param
+        assert not llm.llm_engine.has_unfinished_requests()
+    # string keys (JSON) are token ids
+    assert SamplingParams(logit_bias={"7": 2}).logit_bias == {7: 2.0}
+
+
+# ---- through the engine -------------------------------------------------------------------
+
+PROMPTS = [[5, 17, 17, 40, 9], [100, 7, 7, 7, 3, 12, 88], [250, 251]]
+
+
+def _ruled_params(seed: int | None = None, **kw):
+    """Several rules at once (the tiny model's greedy output repeats a lot: the penalties bite)."""
+    base = dict(max_tokens=24, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.4,
+                repetition_penalty=1.3, logit_bias={202: -3.0, 11: 2.0}, min_tokens=5, stop_token_ids=[872])
+    base.update(kw)
+    return SamplingParams(seed=seed, **base)
+
+
+def _greedy_reference(llm, prompt, params):
+    """Token by token with the raw logits of a full forward and the brute-force rule."""
+    from adaspec.models.loader import load_target
+
+    model, _ = load_target("tiny")
+    eos = llm.llm_engine.stop_checker.eos_token_ids
+    out = []
+    with torch.no_grad():
+        while len(out) < params.max_tokens:
+            logits = model.compute_logits(model.forward_dense(torch.tensor([prompt + out])))[0, -1].float()
+            x = reference_row(logits.tolist(), params, prompt, out, eos)
+            tok = max(range(len(x)), key=lambda t: x[t])
+            out.append(tok)
+            if tok in params.stop_token_ids:
+                break
+    return out
+
+
+def test_greedy_rules_match_the_reference_decode_in_every_arm():
+    """Greedy decoding with rules: the plain engine (sync and async), fixed-k speculation and
+    adaptive give the brute-force decode's tokens, and the rules really change them."""
+    params = _ruled_params(temperature=0.0)
+    plain = LLM("tiny", async_scheduling=False)
+    want = [_greedy_reference(plain, p, params) for p in PROMPTS]
+    unruled = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24,
+                                                                                      ignore_eos=True))]
+    assert all(w != u for w, u in zip(want, unruled))
+    arms = {"sync": plain, "async": LLM("tiny", async_scheduling=True),
+            "fixed": LLM("tiny", speculative_config={"method": "dspark", "num_speculative_tokens": 4}),
+            "adaptive": LLM("tiny", speculative_config={"method": "dspark", "enable_adaptive_verification": True})}
+    for name, llm in arms.items():
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        assert got == want, name
+        if name in ("fixed", "adaptive"):
+            assert llm.llm_engine.stats.num_accepted_tokens > 0, name
+
+
+def test_async_rows_count_the_token_still_on_the_device(monkeypatch):
+    """Async scheduling launches a step before the last token is read back: the penalties must
+    count that token from the device (seeded sampling: the async engine's tokens are the sync one's)."""
+    calls = []
+    original = apply_logits_rules
+
+    def spy(logits, rows, pending_tokens=None):
+        calls.append(pending_tokens is not None and any(r is not None and r.pending >= 0 for r in rows))
+        return original(logits, rows, pending_tokens)
+
+    import adaspec.engine.llm_engine as engine_module
+
+    monkeypatch.setattr(engine_module, "apply_logits_rules", spy)
+    params = [_ruled_params(seed=s, temperature=1.0) for s in range(3)]
+    want = [o.outputs[0].token_ids for o in LLM("tiny", async_scheduling=False).generate(PROMPTS, params)]
+    calls.clear()
+    got = [o.outputs[0].token_ids for o in LLM("tiny", async_scheduling=True).generate(PROMPTS, params)]
+    assert any(calls)
+    assert got == want
+
+
+def test_min_tokens_holds_back_stop_tokens_and_stop_strings():
+    llm = LLM("tiny")
+    eos = sorted(llm.llm_engine.stop_checker.eos_token_ids)[0]
+    # every token but the end of sequence is pushed down: without min_tokens it ends at once
+    bias = {eos: 50.0}
+    first = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, logit_bias=bias))[0].outputs[0]
+    assert first.token_ids == [eos] and first.finish_reason == "stop"
+    held = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, logit_bias=bias,
+                                                     min_tokens=6))[0].outputs[0]
+    assert len(held.token_ids) == 7 and held.token_ids[-1] == eos and eos not in held.token_ids[:6]
+    # a stop string is not looked for before min_tokens (vLLM's stop checker)
+    text = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    stop = text.text[:2]
+    assert stop
+    early = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))
+    late = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop],
+                                                     min_tokens=4))
+    assert len(early[0].outputs[0].token_ids) < 4 <= len(late[0].outputs[0].token_ids)
+
+
+def test_allowed_token_ids_and_logit_bias_in_sampled_speculation():
+    llm = LLM("tiny", speculative_config={"method": "dspark", "num_speculative_tokens": 4})
+    allowed = [5, 9, 202, 262, 607]
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=1.0, seed=3, max_tokens=30, ignore_eos=True,
+                                                allowed_token_ids=allowed))
+    assert all(set(o.outputs[0].token_ids) <= set(allowed) for o in outs)
+    banned = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                                  logit_bias={202: -100, 262: -100}))
+    assert all(not {202, 262} & set(o.outputs[0].token_ids) for o in banned)
+
+
+def test_graphed_speculative_step_sends_ruled_rows_to_the_eager_step():
+    """A row with a rule is not one the graphs serve (_row_covered): in a batch with plain rows the
+    step is mixed, the plain rows graphed (captured eagerly on CPU), the ruled ones eager, and
+    each gets the tokens an engine without graphs gives it (greedy)."""
+    from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+    cfg = {"method": "dspark", "num_speculative_tokens": 4}
+    ruled, plain = _ruled_params(temperature=0.0), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    params = [ruled, plain, ruled]
+    want = [o.outputs[0].token_ids for o in LLM("tiny", speculative_config=cfg).generate(PROMPTS, params)]
+    llm = LLM("tiny", speculative_config=cfg)
+    eng = llm.llm_engine
+    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 4])
+    steps.capture(eager=True)
+    eng.spec.use_graphs(steps)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    assert eng.stats.num_graphed_steps > 0
+    assert got == want
