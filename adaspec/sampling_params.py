@@ -34,7 +34,7 @@ MAX_N = 4096  # samples of one request (each is a request of the engine's: paral
 # (None always does): any other value is refused, naming the field, since ignoring it would sample
 # from another distribution than the one asked for. The server refuses them the same way.
 UNSUPPORTED_UNLESS: dict[str, tuple] = {
-    "bad_words": ([],), "prompt_logprobs": (), "truncate_prompt_tokens": (), "structured_outputs": (),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (), "structured_outputs": (),
     "guided_decoding": (), "logits_processors": ([],), "best_of": (1,), "spaces_between_special_tokens": (True,),
 }
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's and vLLM's range, [-2, 2]
@@ -83,9 +83,9 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: dict | None = None  # {token id: added to its logit}
     allowed_token_ids: list | None = None
+    bad_words: list | None = None  # words (strings) whose last token is masked after the rest of them
     # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
     # at any value that asks for something
-    bad_words: list | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     structured_outputs: object = None
@@ -205,6 +205,11 @@ class SamplingParams:
                 raise bad("allowed_token_ids must be a non-empty list of token ids (integers >= 0)",
                           "allowed_token_ids")
             self.allowed_token_ids = list(ids)
+        words = self.bad_words
+        if words is not None:
+            if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
+                raise bad("bad_words must be a list of non-empty strings", "bad_words")
+            self.bad_words = list(words)
 
     @property
     def greedy(self) -> bool:

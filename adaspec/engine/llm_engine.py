@@ -364,7 +364,8 @@ class LLMEngine:
             seq = Sequence(request_id, text, ids, params, arrival_time)
         except ValueError as e:  # a seed outside the 64-bit range
             raise InvalidRequestError(str(e), param="seed") from None
-        seq.logits_rule = LogitsRule.of(params, self.stop_checker.eos_token_ids, self.model_config.vocab_size)
+        seq.logits_rule = LogitsRule.of(params, self.stop_checker.eos_token_ids, self.model_config.vocab_size,
+                                        self.tokenizer)
         self.requests[request_id] = seq
         if seq.seed is None:
             self._unseeded.append(seq)

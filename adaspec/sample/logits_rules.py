@@ -1,5 +1,5 @@
 """What a request's sampling parameters do to the target's logits before its distribution is
-formed, in vLLM V1's order: allowed_token_ids, logit_bias, min_tokens, then the repetition,
+formed, in vLLM V1's order: allowed_token_ids, bad_words, logit_bias, min_tokens, then the repetition,
 frequency and presence penalties; after temperature, min_p (processed_probs then applies top-k and
 top-p). A request with none of them has no rule and its rows are left alone.
 
@@ -34,6 +34,7 @@ class LogitsRule:
     """A request's logits processing (None of it: LogitsRule.of returns None)."""
 
     allowed: tuple[int, ...] | None  # allowed_token_ids: every other token is masked
+    bad_words: tuple[tuple[int, ...], ...]  # token ids of each bad word's spellings (bad_word_ids)
     bias: tuple[tuple[int, float], ...]  # logit_bias: (token, value) added to its logit
     min_tokens: int
     min_tokens_ban: tuple[int, ...]  # masked while the output is shorter than min_tokens
@@ -43,9 +44,17 @@ class LogitsRule:
     min_p: float  # 0: off
 
     @classmethod
-    def of(cls, params, eos_token_ids, vocab_size: int) -> "LogitsRule | None":
+    def of(cls, params, eos_token_ids, vocab_size: int, tokenizer=None) -> "LogitsRule | None":
         """The rule of a request's (validated) SamplingParams; token ids are checked against the
-        model's vocabulary here (SamplingParams cannot know it). None: nothing to do."""
+        model's vocabulary here (SamplingParams cannot know it), and bad words are tokenized
+        (tokenizer: the engine's; None without one). None: nothing to do."""
+        bad_words = ()
+        if params.bad_words:
+            if tokenizer is None:
+                raise InvalidRequestError("bad_words need a tokenizer, and this engine runs without one "
+                                          "(skip_tokenizer_init=True)", param="bad_words")
+            bad_words = bad_word_ids(params.bad_words, tokenizer)
+            _ids_in_vocab([t for w in bad_words for t in w], vocab_size, "bad_words")
         allowed = None
         if params.allowed_token_ids is not None:
             allowed = tuple(sorted(set(_ids_in_vocab(params.allowed_token_ids, vocab_size, "allowed_token_ids"))))
@@ -58,7 +67,7 @@ class LogitsRule:
         if min_tokens:
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
             ban = tuple(sorted(t for t in stops if 0 <= t < vocab_size))
-        rule = cls(allowed, bias, min_tokens if ban else 0, ban,
+        rule = cls(allowed, bad_words, bias, min_tokens if ban else 0, ban,
                    float(params.repetition_penalty if params.repetition_penalty is not None else 1.0),
                    float(params.frequency_penalty or 0.0), float(params.presence_penalty or 0.0),
                    0.0 if params.greedy else float(params.min_p or 0.0))
@@ -70,8 +79,23 @@ class LogitsRule:
 
     @property
     def is_neutral(self) -> bool:
-        return (self.allowed is None and not self.bias and not self.min_tokens and not self.penalizes
-                and self.min_p == 0.0)
+        return (self.allowed is None and not self.bad_words and not self.bias and not self.min_tokens
+                and not self.penalizes and self.min_p == 0.0)
+
+
+def bad_word_ids(words: list[str], tokenizer) -> tuple[tuple[int, ...], ...]:
+    """vLLM's tokenization of bad words: each word as written (leading spaces stripped), and with
+    one leading space where that is another spelling of the same length (a word in mid-text, for
+    tokenizers that fold the space into the token)."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if bare:
+            out.append(bare)
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if spaced and bare and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return tuple(out)
 
 
 def _ids_in_vocab(ids, vocab_size: int, name: str) -> list[int]:
@@ -119,6 +143,7 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         keep[where([(n, t) for n, i in enumerate(allowed) for t in rows[i].rule.allowed])] = True
         at = to_device(allowed, dev, torch.int64)
         out[at] = out[at].masked_fill(~keep, float("-inf"))
+    _ban_bad_words(out, [(i, rows[i]) for i in ruled if rows[i].rule.bad_words], pending_tokens)
     bias = [(i, t, v) for i in ruled for t, v in rows[i].rule.bias]
     if bias:
         out.index_put_(where([(i, t) for i, t, _ in bias]),
@@ -139,6 +164,42 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         cut = x.max(-1, keepdim=True).values + shift.unsqueeze(-1)
         out[at] = x.masked_fill(x < cut, float("-inf"))
     return out
+
+
+def _ban_bad_words(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None) -> None:
+    """Mask a bad word's last token where the history ends with the rest of it (vLLM's
+    apply_bad_words: the output only, the prompt does not count). A history whose last token is
+    still on the device (RuleRow.pending) is compared there: the ban is added as -inf where that
+    token matches and 0 elsewhere (accumulated, so two words banning one token do not race)."""
+    if not rows:
+        return
+    dev = out.device
+    ban, maybe = [], []  # (row, token); (row, pending index, token the pending one must be, token)
+    for i, row in rows:
+        if row.pending >= 0 and row.extra:
+            raise ValueError("a row with a pending token has no extra tokens (they would follow it)")
+        hist = row.output + row.extra
+        for word in row.rule.bad_words:
+            *prefix, last = word
+            if row.pending < 0:
+                if len(prefix) <= len(hist) and hist[len(hist) - len(prefix):] == prefix:
+                    ban.append((i, last))
+            elif not prefix:
+                ban.append((i, last))
+            elif len(prefix) - 1 <= len(hist) and hist[len(hist) - len(prefix) + 1:] == prefix[:-1]:
+                maybe.append((i, row.pending, prefix[-1], last))
+    if ban:
+        out[to_device([b[0] for b in ban], dev, torch.int64), to_device([b[1] for b in ban], dev, torch.int64)] = \
+            float("-inf")
+    if maybe:
+        if pending_tokens is None:
+            raise ValueError("a row counts a pending token, but no pending_tokens were given")
+        hit = pending_tokens[to_device([m[1] for m in maybe], dev, torch.int64)].long() == \
+            to_device([m[2] for m in maybe], dev, torch.int64)
+        add = torch.where(hit, torch.full_like(hit, float("-inf"), dtype=torch.float32),
+                          torch.zeros_like(hit, dtype=torch.float32))
+        out.index_put_((to_device([m[0] for m in maybe], dev, torch.int64),
+                        to_device([m[3] for m in maybe], dev, torch.int64)), add, accumulate=True)
 
 
 def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None) -> None:

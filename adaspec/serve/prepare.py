@@ -24,7 +24,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null mea
 # SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
-        "prompt_logprobs", "truncate_prompt_tokens", "bad_words", "structured_outputs",
+        "prompt_logprobs", "truncate_prompt_tokens", "structured_outputs",
         "spaces_between_special_tokens")},
     "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
@@ -141,6 +141,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         logit_bias=_logit_bias(state, req.logit_bias),
         min_tokens=0 if req.min_tokens is None else req.min_tokens,
         allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words,
         seed=req.seed,
         max_tokens=max_tokens,
         stop=req.stop,

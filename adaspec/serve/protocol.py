@@ -48,13 +48,13 @@ class _SamplingFields(_Strict):
     min_tokens: int | None = None  # extension (vLLM)
     min_p: float | None = None  # extension (vLLM)
     allowed_token_ids: list[int] | None = None  # extension (vLLM)
+    bad_words: list[str] | None = None  # extension (vLLM)
     # vLLM sampling extensions adaspec does not implement: declared so that a non-neutral value
     # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
     use_beam_search: Any = None
     length_penalty: Any = None
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
-    bad_words: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None

@@ -1,6 +1,7 @@
-"""Logits rules (sample/logits_rules.py): penalties, logit_bias, min_tokens, min_p and
-allowed_token_ids, against a brute-force reference written from vLLM's definitions, then through
+"""Logits rules (sample/logits_rules.py): penalties, logit_bias, min_tokens, min_p,
+allowed_token_ids and bad_words, against a brute-force reference written from vLLM's definitions, then through
 the engine (plain, async, speculative, graphed) and the server's fields."""
+import dataclasses
 import math
 from collections import Counter
 
@@ -10,18 +11,23 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.errors import InvalidRequestError
 from adaspec.sample import logits_rules
-from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
+from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules, bad_word_ids
 
 INF = float("inf")
 
 
-def reference_row(x: list[float], p: SamplingParams, prompt: list[int], output: list[int], eos: set[int]) -> list[float]:
+def reference_row(x: list[float], p: SamplingParams, prompt: list[int], output: list[int], eos: set[int],
+                  bad: tuple = ()) -> list[float]:
     """One row, token by token, in vLLM V1's order (its Sampler's docstring): allowed_token_ids,
-    logit_bias, min_tokens, repetition / frequency / presence penalties; min_p after temperature."""
+    bad words (bad: their token ids), logit_bias, min_tokens, repetition / frequency / presence
+    penalties; min_p after temperature."""
     V = len(x)
     x = list(x)
     if p.allowed_token_ids is not None:
         x = [v if t in p.allowed_token_ids else -INF for t, v in enumerate(x)]
+    for word in bad:  # its last token, where the output ends with the rest of it
+        if len(word) - 1 <= len(output) and tuple(output[len(output) - len(word) + 1:]) == tuple(word[:-1]):
+            x[word[-1]] = -INF
     for t, b in (p.logit_bias or {}).items():
         x[t] += b
     if len(output) < p.min_tokens:
@@ -65,20 +71,26 @@ def test_rules_match_the_brute_force_reference():
     for i in range(60):
         p = _random_params(g, V)
         rule = LogitsRule.of(p, eos, V)
+        bad = ()
+        if i % 5 == 2:  # bad words (token ids: the tokenization is bad_word_ids' job), some matching the history
+            bad = ((7,), (8, 9), (10, 11, 12), (13, 14))
+            rule = dataclasses.replace(rule or LogitsRule.of(SamplingParams(presence_penalty=0.1), eos, V), bad_words=bad)
         if rule is None or i % 10 == 0:
             rows.append(None)
             want.append(logits[i].tolist())
             continue
         prompt = torch.randint(0, V, (int(torch.randint(1, 12, (), generator=g)),), generator=g).tolist()
         output = torch.randint(0, V, (int(torch.randint(0, 10, (), generator=g)),), generator=g).tolist()
+        if bad:
+            output += [[10, 11], [8], [13], [12]][i % 4]
         extra = output[-2:] if i % 3 == 0 else []  # drafts before a verification position
         pend = -1
-        if i % 4 == 1:  # its last output token still on the device
+        if i % 4 == 1 and not extra:  # its last output token still on the device
             pend = len(pending_tokens)
-            pending_tokens.append(int(torch.randint(0, V, (), generator=g)))
+            pending_tokens.append(output.pop() if bad else int(torch.randint(0, V, (), generator=g)))
         rows.append(RuleRow(rule, 0.0 if p.greedy else p.temperature, prompt, output, extra, pend))
-        full = output + extra + ([pending_tokens[pend]] if pend >= 0 else [])
-        want.append(reference_row(logits[i].tolist(), p, prompt, full, eos))
+        full = output + ([pending_tokens[pend]] if pend >= 0 else []) + extra
+        want.append(reference_row(logits[i].tolist(), p, prompt, full, eos, bad))
     got = apply_logits_rules(logits, rows, torch.tensor(pending_tokens or [0]))
     assert sum(r is not None for r in rows) > 30
     want = torch.tensor(want)
@@ -150,8 +162,9 @@ def _ruled_params(seed: int | None = None, **kw):
     return SamplingParams(seed=seed, **base)
 
 
-def _greedy_reference(llm, prompt, params):
-    """Token by token with the raw logits of a full forward and the brute-force rule."""
+def _greedy_reference(llm, prompt, params, bad=()):
+    """Token by token with the raw logits of a full forward and the brute-force rule (bad: the
+    bad words' token ids)."""
     from adaspec.models.loader import load_target
 
     model, _ = load_target("tiny")
@@ -160,7 +173,7 @@ def _greedy_reference(llm, prompt, params):
     with torch.no_grad():
         while len(out) < params.max_tokens:
             logits = model.compute_logits(model.forward_dense(torch.tensor([prompt + out])))[0, -1].float()
-            x = reference_row(logits.tolist(), params, prompt, out, eos)
+            x = reference_row(logits.tolist(), params, prompt, out, eos, bad)
             tok = max(range(len(x)), key=lambda t: x[t])
             out.append(tok)
             if tok in params.stop_token_ids:
@@ -257,3 +270,30 @@ def test_graphed_speculative_step_sends_ruled_rows_to_the_eager_step():
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     assert eng.stats.num_graphed_steps > 0
     assert got == want
+
+
+def test_bad_words_in_every_arm():
+    """vLLM's bad_words: a word's last token is masked where the output ends with the rest of it.
+    The tiny model's greedy outputs write "self.assertEqual" (several tokens) and "wise" (repeated);
+    banned, they disappear, and every arm gives the brute-force decode's tokens (the multi-token
+    word is matched across a verification's drafts and, under async scheduling, against the last
+    token still on the device)."""
+    plain = LLM("tiny", async_scheduling=False)
+    ids = bad_word_ids(["self.assertEqual", "wise"], plain.get_tokenizer())
+    assert any(len(w) > 2 for w in ids)
+    base = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
+    before = [o.outputs[0] for o in plain.generate(PROMPTS, SamplingParams(**base))]
+    assert "self.assertEqual" in before[0].text and "wise" in before[2].text
+    params = SamplingParams(**base, bad_words=["self.assertEqual", "wise"])
+    want = [_greedy_reference(plain, p, params, ids) for p in PROMPTS]
+    arms = {"sync": plain, "async": LLM("tiny", async_scheduling=True),
+            "fixed": LLM("tiny", speculative_config={"method": "dspark", "num_speculative_tokens": 4})}
+    for name, llm in arms.items():
+        outs = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
+        assert [o.token_ids for o in outs] == want, name
+        assert not any("self.assertEqual" in o.text or "wise" in o.text for o in outs), name
+    with pytest.raises(InvalidRequestError, match="bad_words need a tokenizer") as e:
+        LLM("tiny", skip_tokenizer_init=True).llm_engine.add_request("b", [1, 2], params)
+    assert e.value.param == "bad_words"
+    with pytest.raises(InvalidRequestError, match="bad_words must be"):
+        SamplingParams(bad_words=["ok", " "])

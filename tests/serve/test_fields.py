@@ -35,7 +35,7 @@ def test_null_max_tokens_on_chat_means_the_rest_of_the_context(http, fake_server
 @pytest.mark.parametrize("field, value", [
     ("use_beam_search", True), ("length_penalty", 2.0),
     ("prompt_logprobs", 1), ("truncate_prompt_tokens", 10),
-    ("bad_words", ["x"]), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+    ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("guided_choice", ["a"]), ("guided_grammar", "x"), ("structured_outputs", {"json": {}}),
 ])
 def test_unimplemented_sampling_extension_is_a_400_naming_it(http, path, field, value):

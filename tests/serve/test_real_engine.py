@@ -72,6 +72,11 @@ def test_logits_rules_reach_the_engine(client, reference):
     r = client.completions.create(model="micro", prompt=PROMPTS[1], max_tokens=8, temperature=0,
                                   extra_body={"ignore_eos": True, "allowed_token_ids": allowed})
     assert r.choices[0].text == ref.outputs[0].text
+    word = reference.tokenizer.decode([top])  # the first token's text: banned, the text changes
+    ref = reference(PROMPTS[0], 16, ignore_eos=True, bad_words=[word])
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                  extra_body={"ignore_eos": True, "bad_words": [word]})
+    assert r.choices[0].text == ref.outputs[0].text != plain.outputs[0].text
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
