@@ -116,7 +116,30 @@ class LLM:
             for comp in out.outputs:
                 if comp.logprobs is not None:
                     self._vllm_logprobs(comp, p.logprobs, p.greedy)
+            if out.prompt_logprobs is not None:
+                self._vllm_prompt_logprobs(out)
         return outs
+
+    def _vllm_prompt_logprobs(self, out) -> None:
+        """Prompt logprobs as vLLM's Logprob objects: the top-n ranked 1..n, the prompt token with
+        its exact rank (engine/prompt_logprobs.py), each with its decoded text."""
+        from adaspec.outputs import Logprob
+
+        text = self._token_text
+        rebuilt = []
+        for tok, d, rank in zip(out.prompt_token_ids, out.prompt_logprobs, out.prompt_logprob_ranks):
+            if d is None:
+                rebuilt.append(None)
+                continue
+            order = sorted((t for t in d if t != tok), key=lambda t: -d[t])
+            entry = {t: Logprob(d[t], i + 1 if i + 1 < rank else i + 2, text(t)) for i, t in enumerate(order)}
+            entry[tok] = Logprob(d[tok], rank, text(tok))
+            rebuilt.append(dict(sorted(entry.items(), key=lambda kv: kv[1].rank)))
+        out.prompt_logprobs = rebuilt
+
+    def _token_text(self, tid: int) -> str:
+        tok = self.llm_engine.tokenizer
+        return tok.decode([tid], skip_special_tokens=False) if tok is not None else f"token_id:{tid}"
 
     def _vllm_logprobs(self, comp, top_n: int, greedy: bool = False) -> None:
         """A completion's logprob dicts as vLLM's LLM returns them: Logprob values with their rank

@@ -52,4 +52,6 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     num_new_tokens: int = 0  # tokens this step added (several under speculation)
-    prompt_logprobs: None = None  # vLLM's field; prompt logprobs are not computed (refused when asked)
+    # vLLM's: per prompt token {token_id: logprob} (the first: None), when asked (prompt_logprobs)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None  # ours: each prompt token's rank (LLM.generate's Logprob)

@@ -34,7 +34,7 @@ MAX_N = 4096  # samples of one request (each is a request of the engine's: paral
 # (None always does): any other value is refused, naming the field, since ignoring it would sample
 # from another distribution than the one asked for. The server refuses them the same way.
 UNSUPPORTED_UNLESS: dict[str, tuple] = {
-    "prompt_logprobs": (), "truncate_prompt_tokens": (), "structured_outputs": (),
+    "truncate_prompt_tokens": (), "structured_outputs": (),
     "guided_decoding": (), "logits_processors": ([],), "best_of": (1,), "spaces_between_special_tokens": (True,),
 }
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's and vLLM's range, [-2, 2]
@@ -68,6 +68,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token (0: just the chosen)
+    prompt_logprobs: int | None = None  # the same for every prompt token (engine/prompt_logprobs.py)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -86,7 +87,6 @@ class SamplingParams:
     bad_words: list | None = None  # words (strings) whose last token is masked after the rest of them
     # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
     # at any value that asks for something
-    prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     structured_outputs: object = None
     guided_decoding: object = None
@@ -152,9 +152,10 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
                    for t in self.stop_token_ids):
             raise bad("stop_token_ids must be a list of non-negative 64-bit integers", "stop_token_ids")
-        if self.logprobs is not None:
-            if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= 20):
-                raise bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}", "logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20):
+                raise bad(f"{name} must be an integer in [0, 20], got {v!r}", name)
         self._validate_logits_rules(bad)
 
     def _validate_logits_rules(self, bad) -> None:

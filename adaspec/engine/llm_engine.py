@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import weakref
+from itertools import accumulate
 
 import torch
 
@@ -16,6 +17,7 @@ from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, stri
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.parallel_sampling import ParallelSampling, ParentRequest, child_params, child_request_id
+from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs
 from adaspec.engine.runner import ForwardItem, ModelRunner
 from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler, check_whole_prompts_fit
 from adaspec.engine.slow_steps import SlowStepLog, step_shape, threshold_from_env
@@ -682,6 +684,7 @@ class LLMEngine:
         items, sampling, pending = [], [], []
         needs_prev = False  # some item reads the previous step's tokens (under TP they are broadcast)
         ruled = False  # some sampling row has a logits rule (sample/logits_rules.py)
+        prompt_chunks, sample_items = [], []  # (seq, nc, n, item) of chunks recording prompt logprobs; sampling items
         for s in scheduled:
             seq, nc = s.seq, s.seq.num_computed_tokens
             ids = seq.token_ids[nc:nc + s.num_tokens]
@@ -695,15 +698,24 @@ class LLMEngine:
             samples = nc + s.num_tokens == len(seq.token_ids)  # ScheduledSeq.samples, inlined: a hot loop
             if samples:
                 sampling.append(seq)
+                sample_items.append(len(items))
                 pending.append(prev_row)
                 ruled = ruled or seq.logits_rule is not None
-            items.append(ForwardItem(ids, nc, seq.block_table, int(samples), prev_row))
+            num_logits = int(samples)
+            if seq.prompt_logprobs is not None:
+                num_logits = logits_rows(seq, nc, s.num_tokens, samples)
+                if num_logits > 1:
+                    prompt_chunks.append((seq, nc, s.num_tokens, len(items)))
+            items.append(ForwardItem(ids, nc, seq.block_table, num_logits, prev_row))
         capture = self.spec.capture_layers if self.spec is not None else None
         res = self.runner.execute(items, capture, prev_tokens=prev.tokens if needs_prev else None)
         if self.spec is not None:  # a step of adaptive speculation that does not draft
             self.spec.write_context(scheduled, [s.num_tokens for s in scheduled], res)
         t1 = time.perf_counter()
-        logits = res.logits  # the raw logits (logprobs report them), with the rows' rules applied
+        raw = res.logits  # one row per sampling item (logprobs report these), unless prompt chunks asked for more
+        if prompt_chunks:
+            raw = self._prompt_logprobs(res.logits, items, prompt_chunks, sample_items)
+        logits = raw  # with the rows' rules applied
         if ruled:  # (a last token still on the device is counted from the step in flight's output)
             logits = apply_logits_rules(logits, rows_of(sampling, pending=pending),
                                         prev.tokens if prev is not None else None)
@@ -715,20 +727,31 @@ class LLMEngine:
             batch = self._plain_sampling.get(sampling, res.logits.device)
             chosen = None
             # every row a sampling decode without a rule: the graphed sampler samples raw logits
-            if self._decode_sampler is not None and len(sampling) == len(scheduled) and not ruled:
+            if (self._decode_sampler is not None and len(sampling) == len(scheduled) and not ruled
+                    and not prompt_chunks):
                 chosen = self._decode_sampler.sample(res.graph_key, res.logits, batch)
             if chosen is None:
                 chosen = self._sample_on_device(logits, sampling, batch, ruled=True)
         want = [s.params.logprobs for s in sampling]
         lp_tensors = ()
         if any(w is not None for w in want):
-            lp_tensors = logprobs_of(res.logits, chosen, max(w or 0 for w in want))
+            lp_tensors = logprobs_of(raw, chosen, max(w or 0 for w in want))
         for s in scheduled:
             s.seq.num_computed_tokens += s.num_tokens
         self.stats.num_sampled_without_draft += len(sampling)
         self.stats.time_verify += t1 - t0
         self.stats.time_sample += time.perf_counter() - t1
         return InFlightStep.launch(sampling, chosen, lp_tensors, want)
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, items: list[ForwardItem], chunks: list[tuple],
+                         sample_items: list[int]) -> torch.Tensor:
+        """Record the prompt logprobs of the chunks that asked for all their rows' logits
+        (engine/prompt_logprobs.py), and return the sampling rows only: the last of each of
+        sample_items (indices into items)."""
+        ends = list(accumulate(it.num_logits for it in items))
+        record_prompt_logprobs(logits, [(seq, nc, n, ends[i] - items[i].num_logits) for seq, nc, n, i in chunks])
+        return logits[to_device([ends[i] - 1 for i in sample_items], logits.device, torch.int64)]
 
     def _resolve(self, step: InFlightStep) -> list[RequestOutput]:
         """Put a step's tokens in place of its placeholders, with the stop checks of a synchronous step."""
@@ -815,8 +838,12 @@ class LLMEngine:
             index=0, text=seq.output_text, token_ids=token_ids,
             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason, logprobs=logprobs,
         )
+        prompt_lps = seq.prompt_logprobs  # once every prompt token has its entry
+        complete = prompt_lps is not None and len(prompt_lps) == len(seq.prompt_token_ids)
         return RequestOutput(
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
             outputs=[comp], finished=seq.finished, arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time, num_new_tokens=num_new,
+            prompt_logprobs=list(prompt_lps) if complete else None,
+            prompt_logprob_ranks=list(seq.prompt_logprob_ranks) if complete else None,
         )

@@ -43,6 +43,12 @@ class Sequence:
         self.output_text = ""  # stable text exposed to clients
         self.text_stream = None  # incremental detokenizer (StopChecker), made at the first append
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # engine/prompt_logprobs.py: one entry per prompt token (the first: None), and the prompt
+        # token's rank at each (for vLLM's Logprob objects)
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
+        self.prompt_logprob_ranks: list[int | None] | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs, self.prompt_logprob_ranks = [None], [None]
         # what its sampling parameters do to the logits (sample/logits_rules.py), set by the engine
         # when it adds the request (the rule's token ids are checked against the model's vocabulary)
         self.logits_rule = None

@@ -32,6 +32,7 @@ from adaspec.sample.logits_rules import apply_logits_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
+from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs
 from adaspec.spec_decode.graphed_extras import RowExtras, add_logprobs
 from adaspec.spec_decode.pipelined import InFlightSpecStep, carried_rows, pipelinable
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, allocate, draft_widths, survival
@@ -402,20 +403,34 @@ class SpeculativeDecoder:
         eng = self.engine
         t0 = time.perf_counter()
         items = [ForwardItem(s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_tokens],
-                             s.seq.num_computed_tokens, s.seq.block_table, int(s.samples)) for s in rows]
+                             s.seq.num_computed_tokens, s.seq.block_table,
+                             logits_rows(s.seq, s.seq.num_computed_tokens, s.num_tokens, s.samples)) for s in rows]
         res = eng.runner.execute(items, self.capture_layers)
         self.write_context(rows, [s.num_tokens for s in rows], res)
         sampling = [j for j, s in enumerate(rows) if s.samples]
+        logits = self._sampling_logits(res.logits, rows, items, sampling)
         for s in rows:
             s.seq.num_computed_tokens += s.num_tokens
         eng.stats.time_verify += time.perf_counter() - t0
         if not sampling:
             return None, []
         seqs = [rows[j].seq for j in sampling]
-        chosen = eng._sample_on_device(res.logits, seqs)
+        chosen = eng._sample_on_device(logits, seqs)
         want = [q.params.logprobs for q in seqs]
-        lp = logprobs_of(res.logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
+        lp = logprobs_of(logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
         return InFlightStep.launch(seqs, chosen, lp, want), sampling  # counted as read back (_finish_spec)
+
+    def _sampling_logits(self, logits: torch.Tensor, rows: list[ScheduledSeq], items: list[ForwardItem],
+                         sampling: list[int]) -> torch.Tensor:
+        """The logits of the sampling rows (indices into rows), one each, from a forward of rows'
+        items; items that asked for every query row's logits (prompt logprobs) record theirs first
+        (engine/prompt_logprobs.py, before num_computed_tokens moves)."""
+        if all(it.num_logits <= 1 for it in items):
+            return logits
+        ends = np.cumsum([it.num_logits for it in items])
+        record_prompt_logprobs(logits, [(s.seq, s.seq.num_computed_tokens, s.num_tokens, int(ends[i]) - items[i].num_logits)
+                                        for i, s in enumerate(rows) if items[i].num_logits > 1])
+        return logits[to_device(ends[sampling] - 1, logits.device)]
 
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
@@ -478,7 +493,8 @@ class SpeculativeDecoder:
                 items.append(ForwardItem([seq.token_ids[-1]] + draft_host[draft_row[i]][:n_verify], nc, seq.block_table,
                                          n_verify + 1))
             else:
-                items.append(ForwardItem(seq.token_ids[nc:nc + s.num_tokens], nc, seq.block_table, int(samples[i])))
+                items.append(ForwardItem(seq.token_ids[nc:nc + s.num_tokens], nc, seq.block_table,
+                                         logits_rows(seq, nc, s.num_tokens, samples[i])))
         res = eng.runner.execute(items, self.capture_layers)
         stats.time_draft += t1 - t0
         stats.time_verify += time.perf_counter() - t1
@@ -493,8 +509,12 @@ class SpeculativeDecoder:
                 results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
                                                  res.logits, row_start, results)
             plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
-            if plain:
-                rows = to_device(row_start[plain], res.logits.device)
+            prompt = [i for i in range(len(scheduled)) if i not in drafted_set and items[i].num_logits > 1]
+            if prompt:  # chunks that record prompt logprobs (engine/prompt_logprobs.py)
+                record_prompt_logprobs(res.logits, [(scheduled[i].seq, scheduled[i].seq.num_computed_tokens,
+                                                     scheduled[i].num_tokens, int(row_start[i])) for i in prompt])
+            if plain:  # each one's sampling row: its last
+                rows = to_device(row_start[np.asarray(plain) + 1] - 1, res.logits.device)
                 toks, lps = eng.sample(res.logits[rows], [scheduled[i].seq for i in plain])
                 for n, i in enumerate(plain):
                     results[i] = ([toks[n]], [lps[n]] if lps is not None else None)

@@ -1,0 +1,75 @@
+"""Prompt logprobs (vLLM's SamplingParams.prompt_logprobs): each prompt token's log-probability
+given the tokens before it (the first has none: None), with the prompt's top-n at that position,
+from the prefill's own forward. A chunk of such a request asks the runner for the logits of all
+its query rows (ForwardItem.num_logits), not only the last; its sampling row, when it ends the
+prompt, is still the last. Raw model logprobs (before temperature or logits rules), as vLLM's
+default logprobs mode reports them; the prompt token's rank is exact.
+
+Entries are appended in prompt order; a request preempted and recomputed runs the same chunks
+again, and positions that already have an entry are skipped.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaspec.h2d import to_device
+
+# rows of log-softmax computed at a time (a long prompt chunk of a 151k vocabulary would take
+# gigabytes at once)
+CHUNK_ELEMENTS = 1 << 24
+
+
+def prompt_rows(seq, nc: int, n: int) -> int:
+    """How many of the first rows of a chunk of n query rows from position nc predict prompt
+    tokens (row j predicts the token at nc + j + 1) whose logprob the request still lacks."""
+    done = seq.prompt_logprobs
+    P = len(seq.prompt_token_ids)
+    if done is None or len(done) >= P:
+        return 0
+    return max(0, min(nc + n, P - 1) - nc)
+
+
+def logits_rows(seq, nc: int, n: int, samples: bool) -> int:
+    """ForwardItem.num_logits for the chunk: all n rows where some predict prompt tokens to
+    record (the trailing rows then cover them), else 1 for a sampling row, else 0."""
+    if seq.prompt_logprobs is not None and prompt_rows(seq, nc, n):
+        return n
+    return int(samples)
+
+
+def record(logits: torch.Tensor, chunks: list[tuple]) -> None:
+    """chunks: (seq, nc, n, first logits row) of the chunks (n query rows from position nc) that
+    asked for their rows' logits; each
+    request's next prompt positions get their entries. Reads the results back (a device sync: only
+    steps with such chunks pay it)."""
+    rows, targets, owners = [], [], []
+    for seq, nc, n, start in chunks:
+        for j in range(prompt_rows(seq, nc, n)):
+            p = nc + j + 1
+            rows.append(start + j)
+            targets.append(seq.prompt_token_ids[p])
+            owners.append((seq, p))
+    if not rows:
+        return
+    top_n = max(seq.params.prompt_logprobs for seq, _ in owners)
+    V = logits.shape[-1]
+    step = max(1, CHUNK_ELEMENTS // V)
+    chosen, ranks, top_ids, top_lps = [], [], [], []
+    for c in range(0, len(rows), step):
+        lp = torch.log_softmax(logits[to_device(rows[c:c + step], logits.device, torch.int64)].float(), dim=-1)
+        tgt = to_device(targets[c:c + step], logits.device, torch.int64).unsqueeze(-1)
+        c_lp = lp.gather(-1, tgt)
+        chosen += c_lp.squeeze(-1).tolist()
+        ranks += ((lp > c_lp).sum(-1) + 1).tolist()
+        if top_n:
+            v, i = lp.topk(top_n, dim=-1)
+            top_ids += i.tolist()
+            top_lps += v.tolist()
+    for k, ((seq, p), tok) in enumerate(zip(owners, targets)):
+        if p != len(seq.prompt_logprobs):  # already recorded (a recomputation) or out of order
+            continue
+        w = seq.params.prompt_logprobs
+        entry = dict(zip(top_ids[k][:w], top_lps[k][:w])) if w else {}
+        entry[tok] = chosen[k]
+        seq.prompt_logprobs.append(entry)
+        seq.prompt_logprob_ranks.append(ranks[k])
