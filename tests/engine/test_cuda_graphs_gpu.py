@@ -378,3 +378,23 @@ def test_rows_with_logits_rules_beside_graphed_rows_match_the_eager_engine(spec,
     want = [o.outputs[0].token_ids for o in _llm(True, spec, tmp=tmp_path).generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in _llm(False, spec, tmp=tmp_path).generate(prompts, params)]
     assert got == want, _divergence(got, want, params)
+
+
+@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
+def test_prompt_logprobs_with_graphs_match_the_eager_engine(spec, tmp_path):
+    """prompt_logprobs (engine/prompt_logprobs.py) beside graphed decode rows: a chunk asking for all
+    its rows' logits runs eagerly (or as a verify graph of its length), the pipelined speculative
+    step's prefill launch records them too; values within float32 rounding of the eager engine's,
+    ranks and greedy tokens equal."""
+    prompts = _prompts(10)
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, prompt_logprobs=2 if i % 2 else None)
+              for i in range(len(prompts))]
+    want = _llm(True, spec, tmp=tmp_path).generate(prompts, params)
+    got = _llm(False, spec, tmp=tmp_path).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for g, w in zip(got, want):
+        assert (g.prompt_logprobs is None) == (w.prompt_logprobs is None)
+        if w.prompt_logprobs is None:
+            continue
+        for tok, gd, wd in zip(w.prompt_token_ids[1:], g.prompt_logprobs[1:], w.prompt_logprobs[1:]):
+            assert abs(float(gd[tok]) - float(wd[tok])) < 1e-4 and gd[tok].rank == wd[tok].rank
