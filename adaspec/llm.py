@@ -123,19 +123,12 @@ class LLM:
     def _vllm_prompt_logprobs(self, out) -> None:
         """Prompt logprobs as vLLM's Logprob objects: the top-n ranked 1..n, the prompt token with
         its exact rank (engine/prompt_logprobs.py), each with its decoded text."""
-        from adaspec.outputs import Logprob
+        from adaspec.outputs import Logprob, ranked_prompt_logprobs
 
         text = self._token_text
-        rebuilt = []
-        for tok, d, rank in zip(out.prompt_token_ids, out.prompt_logprobs, out.prompt_logprob_ranks):
-            if d is None:
-                rebuilt.append(None)
-                continue
-            order = sorted((t for t in d if t != tok), key=lambda t: -d[t])
-            entry = {t: Logprob(d[t], i + 1 if i + 1 < rank else i + 2, text(t)) for i, t in enumerate(order)}
-            entry[tok] = Logprob(d[tok], rank, text(tok))
-            rebuilt.append(dict(sorted(entry.items(), key=lambda kv: kv[1].rank)))
-        out.prompt_logprobs = rebuilt
+        out.prompt_logprobs = [None if r is None else {t: Logprob(lp, rank, text(t)) for t, lp, rank in r}
+                               for r in ranked_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                                               out.prompt_logprob_ranks)]
 
     def _token_text(self, tid: int) -> str:
         tok = self.llm_engine.tokenizer

@@ -55,3 +55,21 @@ class RequestOutput:
     # vLLM's: per prompt token {token_id: logprob} (the first: None), when asked (prompt_logprobs)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     prompt_logprob_ranks: list[int | None] | None = None  # ours: each prompt token's rank (LLM.generate's Logprob)
+
+
+def ranked_prompt_logprobs(prompt_ids: list[int], entries: list, ranks: list) -> list[list[tuple] | None]:
+    """The engine's prompt logprobs (engine/prompt_logprobs.py: per prompt token a {token_id:
+    logprob} of the prompt's top n plus the prompt token, and that token's exact rank) as, per
+    token, None (the first) or [(token_id, logprob, rank)] in rank order: the top n ranked 1..n
+    around the prompt token's own rank. Shared by LLM.generate (vLLM's Logprob objects) and the
+    server (vLLM's prompt_logprobs JSON)."""
+    out: list[list[tuple] | None] = []
+    for tok, d, rank in zip(prompt_ids, entries, ranks):
+        if d is None:
+            out.append(None)
+            continue
+        others = sorted((t for t in d if t != tok), key=lambda t: -d[t])
+        ranked = [(t, d[t], i + 1 if i + 1 < rank else i + 2) for i, t in enumerate(others)]
+        ranked.append((tok, d[tok], rank))
+        out.append(sorted(ranked, key=lambda r: r[2]))
+    return out

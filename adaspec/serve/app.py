@@ -82,9 +82,9 @@ def build_app(state: ServeState) -> FastAPI:
     async def completions(request: Request):
         req, size = await _body(request, CompletionRequest)
         state.check_model(req.model)
-        prompts, params = await _off_loop_if_large(size, prepare_completion, state, req)
+        prompts, params, echo = await _off_loop_if_large(size, prepare_completion, state, req)
         return await generate(state, request, prompts, params, chat=False, stream=bool(req.stream),
-                              stream_options=req.stream_options)
+                              stream_options=req.stream_options, echo=echo)
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):

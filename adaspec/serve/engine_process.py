@@ -115,8 +115,8 @@ class EngineSnapshot:
 def merged_record(first: tuple, later: tuple) -> tuple:
     """Two consecutive records of one request (see _Outbox.records) as one: both steps' new tokens
     and logprobs, the later one's counts and finish, the text's change over both."""
-    rid, ids1, lps1, _, suffix1, whole1, _, _, ftt1 = first
-    _, ids2, lps2, n, suffix2, whole2, finish, stop_reason, ftt2 = later
+    rid, ids1, lps1, _, suffix1, whole1, _, _, ftt1, plps1 = first
+    _, ids2, lps2, n, suffix2, whole2, finish, stop_reason, ftt2, plps2 = later
     lps = None if lps1 is None and lps2 is None else (lps1 or []) + (lps2 or [])
     if whole2 is not None:  # the later text replaced the earlier one
         suffix, whole = "", whole2
@@ -124,7 +124,8 @@ def merged_record(first: tuple, later: tuple) -> tuple:
         suffix, whole = "", whole1 + suffix2
     else:
         suffix, whole = suffix1 + suffix2, None
-    return (rid, ids1 + ids2, lps, n, suffix, whole, finish, stop_reason, ftt1 if ftt1 is not None else ftt2)
+    return (rid, ids1 + ids2, lps, n, suffix, whole, finish, stop_reason, ftt1 if ftt1 is not None else ftt2,
+            plps1 if plps1 is not None else plps2)
 
 
 class ApiText:
@@ -178,14 +179,18 @@ class _Outbox:
 
     def records(self, outputs) -> list[tuple]:
         """(request_id, new token ids, new logprobs, tokens in all, text suffix, whole text or None,
-        finish_reason (None while running), stop_reason, first_token_time) per output. The
+        finish_reason (None while running), stop_reason, first_token_time, prompt logprobs (with the
+        first tokens only, else None)) per output. The
         outputs are RequestOutputKind.NEW_TOKENS ones (_handle asks the engine for those): their
         token ids and logprobs are the step's new ones already."""
         out = []
         for o in outputs:
             rid, comp = o.request_id, o.outputs[0]
             new_ids, lps = comp.token_ids, comp.logprobs
-            n = self.sent.get(rid, 0) + len(new_ids)
+            before = self.sent.get(rid, 0)
+            n = before + len(new_ids)
+            prompt_lps = (o.prompt_logprobs, o.prompt_logprob_ranks) if before == 0 and new_ids and o.prompt_logprobs \
+                else None
             prev, text = self.text.get(rid, ""), comp.text
             # the exposed text only grows (stop-string prefixes are held back): send its suffix
             suffix, whole = (text[len(prev):], None) if text.startswith(prev) else ("", text)
@@ -196,7 +201,7 @@ class _Outbox:
                 self.text.pop(rid, None)
             else:
                 self.sent[rid], self.text[rid] = n, text
-            out.append((rid, new_ids, lps, n, suffix, whole, finish, comp.stop_reason, o.first_token_time))
+            out.append((rid, new_ids, lps, n, suffix, whole, finish, comp.stop_reason, o.first_token_time, prompt_lps))
         return out
 
 
@@ -561,7 +566,7 @@ class EngineLink:
                 if route is not None:
                     batches.setdefault(route.loop, []).append((route.queue, _ack_item(refusal)))
             finished = []
-            for rid, new_ids, lps, n, suffix, whole, finish, stop_reason, first_token_time in records:
+            for rid, new_ids, lps, n, suffix, whole, finish, stop_reason, first_token_time, prompt_lps in records:
                 route = self._routes.get(rid)
                 if route is None:  # aborted by us already
                     continue
@@ -573,7 +578,7 @@ class EngineLink:
                     route.text = route.text_of.text(new_ids, finish)
                 else:
                     route.text = whole if whole is not None else route.text + suffix
-                chunk = Chunk(route.text, new_ids, lps, n, route.prompt_tokens, finish, stop_reason)
+                chunk = Chunk(route.text, new_ids, lps, n, route.prompt_tokens, finish, stop_reason, prompt_lps)
                 batches.setdefault(route.loop, []).append((route.queue, chunk))
                 if finish is not None:
                     del self._routes[rid]

@@ -38,6 +38,9 @@ class Chunk:
     prompt_tokens: int
     finish_reason: str | None
     stop_reason: int | str | None = None
+    # the request's prompt logprobs and their ranks (engine/prompt_logprobs.py), on its first chunk
+    # with tokens only: (entries, ranks)
+    prompt_logprobs: tuple | None = None
 
     @property
     def finished(self) -> bool:
@@ -236,7 +239,8 @@ class EngineThread:
             if self.metrics is not None and n > route.sent:
                 self.metrics.on_chunk(out.request_id, first, route.arrival, out.first_token_time)
             route.sent, route.text = n, comp.text
-            chunk = Chunk(comp.text, new_ids, lps, n, route.prompt_tokens, finish, comp.stop_reason)
+            chunk = Chunk(comp.text, new_ids, lps, n, route.prompt_tokens, finish, comp.stop_reason,
+                          (out.prompt_logprobs, out.prompt_logprob_ranks) if first and out.prompt_logprobs else None)
             batches.setdefault(route.loop, []).append((route.queue, chunk))
             if out.finished:
                 del self._routes[out.request_id]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from adaspec.outputs import ranked_prompt_logprobs
+
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
@@ -50,13 +52,14 @@ class LogprobFormatter:
     def _top(self, d: dict[int, float]) -> list[tuple[int, float]]:
         return sorted(d.items(), key=lambda kv: -kv[1])[: self.top_n]
 
-    def completion(self, ids: list[int], lps: list[dict[int, float]]) -> dict:
+    def completion(self, ids: list[int], lps: list[dict[int, float] | None]) -> dict:
+        """An entry None (an echoed prompt's first token) has null logprobs, as OpenAI's echo."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for tid, d in zip(ids, lps):
             s = self._s(tid)
             out["tokens"].append(s)
-            out["token_logprobs"].append(_lp(d.get(tid, _MIN_LOGPROB)))
-            out["top_logprobs"].append({self._s(t): _lp(v) for t, v in self._top(d)})
+            out["token_logprobs"].append(None if d is None else _lp(d.get(tid, _MIN_LOGPROB)))
+            out["top_logprobs"].append(None if d is None else {self._s(t): _lp(v) for t, v in self._top(d)})
             out["text_offset"].append(self.offset)
             self.offset += len(s)
         return out
@@ -78,10 +81,44 @@ class Formatter:
     a choice with its own ``index`` (serve/generation.py).
     """
 
-    def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None):
+    def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None,
+                 prompt_logprobs: int | None = None):
         self.chat, self.rid, self.created, self.model = chat, rid, created, model
         self.tok, self.top = tokenizer, top_logprobs
+        self.prompt_top = prompt_logprobs  # vLLM's prompt_logprobs asked for: reported with the choices
+        self.echo_without_generation = False  # completions' echo with max_tokens 0 (prepare.Echo)
         self._lp: dict[int, LogprobFormatter] = {}  # per choice: text offsets run across its chunks
+        self._prompt_json: dict[int, list] = {}  # per choice: its prompt logprobs, until reported
+        self._echoed: set[int] = set()  # choices whose prompt was echoed already
+
+    def echoed(self, index: int) -> bool:
+        return index in self._echoed
+
+    def with_prompt(self, g, prompt_lps: tuple | None, text: str, ids: list[int], lps):
+        """A choice's prompt part, once: its prompt logprobs ((entries, ranks) from the engine)
+        kept for the body as vLLM's prompt_logprobs, and under echo the prompt's text, tokens and
+        logprobs before the choice's own. -> (text, ids, lps)."""
+        if prompt_lps is not None and self.prompt_top is not None:
+            self._prompt_json[g.index] = self._prompt_logprobs_json(g.prompt_ids, *prompt_lps)
+        if g.echo_text is None or g.index in self._echoed:
+            return text, ids, lps
+        self._echoed.add(g.index)
+        if lps is not None:
+            entries = prompt_lps[0] if prompt_lps is not None else [None] * len(g.prompt_ids)
+            ids, lps = list(g.prompt_ids) + list(ids), list(entries) + list(lps)
+        return g.echo_text + text, ids, lps
+
+    def _prompt_logprobs_json(self, prompt_ids: list[int], entries: list, ranks: list) -> list:
+        """vLLM's prompt_logprobs: per prompt token null (the first) or {token id: {logprob, rank,
+        decoded_token}} of the prompt's top n and the prompt token."""
+        dec = LogprobFormatter(self.tok, 0)._s
+        return [None if r is None else {str(t): {"logprob": _lp(v), "rank": rank, "decoded_token": dec(t)}
+                                        for t, v, rank in r}
+                for r in ranked_prompt_logprobs(prompt_ids, entries, ranks)]
+
+    def _take_prompt_json(self, index: int, choice: dict) -> None:
+        if self.prompt_top is not None and not self.chat and index in self._prompt_json:
+            choice["prompt_logprobs"] = self._prompt_json.pop(index)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -103,11 +140,14 @@ class Formatter:
         else:
             choice["text"] = text
         choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish, stop_reason=stop_reason)
+        self._take_prompt_json(index, choice)
         return choice
 
     def response(self, choices: list[dict], use: dict) -> dict:
         body = self._head("chat.completion" if self.chat else "text_completion")
         body.update(choices=choices, usage=use)
+        if self.chat and self.prompt_top is not None:  # vLLM's chat: one prompt, on the response
+            body["prompt_logprobs"] = next(iter(self._prompt_json.values()), None)
         return body
 
     def role_chunk(self, index: int, with_usage: bool, use: dict | None = None) -> dict:
@@ -129,6 +169,7 @@ class Formatter:
         choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish)
         if finish is not None:
             choice["stop_reason"] = stop_reason
+        self._take_prompt_json(index, choice)
         body["choices"] = [choice]
         if with_usage:  # OpenAI: usage null on every chunk but the last; vLLM's continuous stats: so far
             body["usage"] = use

@@ -34,10 +34,12 @@ class _ClientGone(Exception):
 
 
 class _Generation:
-    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue, index: int, prompt_tokens: int,
+    def __init__(self, state: ServeState, rid: str, q: asyncio.Queue, index: int, prompt_ids: list[int],
                  counts_prompt: bool = True):
         self.state, self.rid, self.q = state, rid, q
-        self.index, self.prompt_tokens = index, prompt_tokens
+        self.index, self.prompt_ids, self.prompt_tokens = index, prompt_ids, len(prompt_ids)
+        self.echo_text: str | None = None  # completions' echo: the prompt's text before the choice's
+        self.hides_output = False  # echo without generation: its one token is not returned nor counted
         self.counts_prompt = counts_prompt  # the usage counts a prompt once, whatever its n
         self.num_tokens = 0
         self.finished = False
@@ -86,7 +88,8 @@ def merged_chunk(first: Chunk, later: Chunk) -> Chunk:
     lps = None if first.new_logprobs is None and later.new_logprobs is None else \
         (first.new_logprobs or []) + (later.new_logprobs or [])
     return Chunk(later.text, first.new_token_ids + later.new_token_ids, lps, later.num_tokens, later.prompt_tokens,
-                 later.finish_reason, later.stop_reason)
+                 later.finish_reason, later.stop_reason,
+                 first.prompt_logprobs if first.prompt_logprobs is not None else later.prompt_logprobs)
 
 
 def _close_all(gens: list[_Generation]) -> None:
@@ -109,7 +112,8 @@ class _ClosingStreamingResponse(StreamingResponse):
 
 
 async def generate(state: ServeState, request: Request, prompts: list[list[int]], params, *, chat: bool,
-                   stream: bool, stream_options=None):
+                   stream: bool, stream_options=None, echo=None):
+    """echo: a completions request's prepare.Echo, or None."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     include_usage = bool(stream_options and stream_options.include_usage)
     # vLLM's continuous_usage_stats: the usage so far in every chunk
@@ -118,7 +122,15 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
         log.info("request %s: %d prompt(s) of %s tokens, %s", rid, len(prompts),
                  ",".join(str(len(p)) for p in prompts), params)
     gens = await _submit(state, rid, prompts, params, time.monotonic())
-    fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs)
+    fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs,
+                    params.prompt_logprobs)
+    if echo is not None:
+        n = params.n
+        for g in gens:
+            g.echo_text = echo.texts[g.index // n]
+        fmt.echo_without_generation = echo.without_generation
+        for g in gens:
+            g.hides_output = echo.without_generation
     if stream:
         return _ClosingStreamingResponse(_events(gens, fmt, chat, include_usage, continuous_usage), gens,
                                          media_type="text/event-stream",
@@ -166,7 +178,7 @@ async def _submit(state: ServeState, rid: str, prompts: list[list[int]], params,
             if t.exception() is None:
                 engine.abort(name)
         raise refused[0]
-    return [_Generation(state, name, t.result(), index, len(ids), counts_prompt=index % n == 0)
+    return [_Generation(state, name, t.result(), index, ids, counts_prompt=index % n == 0)
             for name, t, (index, ids, _) in zip(names, tasks, choices)]
 
 
@@ -214,9 +226,14 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
             prev = sent[g.index]
             delta = c.text[len(prev):] if c.text.startswith(prev) else c.text
             sent[g.index] = c.text
-            if not delta and not c.finished and not (c.new_logprobs and c.new_token_ids):
+            ids, lps = c.new_token_ids, c.new_logprobs
+            if fmt.echo_without_generation:  # the one token made is not returned
+                delta, ids, lps = "", [], None if lps is None else []
+            if c.prompt_logprobs is not None or (g.echo_text is not None and not fmt.echoed(g.index)):
+                delta, ids, lps = fmt.with_prompt(g, c.prompt_logprobs, delta, ids, lps)
+            elif not delta and not c.finished and not (lps and ids):
                 continue  # nothing visible this step (e.g. a held-back partial stop string)
-            yield sse(fmt.chunk(g.index, delta, c.new_token_ids, c.new_logprobs, c.finish_reason, c.stop_reason,
+            yield sse(fmt.chunk(g.index, delta, ids, lps, c.finish_reason, c.stop_reason,
                                 usage_field, so_far(g)))
         if include_usage:
             yield sse(fmt.usage_chunk(_usage(gens)))
@@ -226,7 +243,8 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
 
 
 def _usage(gens: list[_Generation]) -> dict:
-    return usage(sum(g.prompt_tokens for g in gens if g.counts_prompt), sum(g.num_tokens for g in gens))
+    return usage(sum(g.prompt_tokens for g in gens if g.counts_prompt),
+                 sum(g.num_tokens for g in gens if not g.hides_output))
 
 
 async def _watch_disconnect(request: Request, gens: list[_Generation]) -> None:
@@ -242,16 +260,24 @@ async def _watch_disconnect(request: Request, gens: list[_Generation]) -> None:
 async def _collect_one(g: _Generation, fmt: Formatter) -> dict:
     ids: list[int] = []
     lps: list[dict] | None = [] if fmt.wants_logprobs else None
+    prompt_lps = None
     while True:
         c = await g.next()
         ids.extend(c.new_token_ids)
         if lps is not None and c.new_logprobs:
             lps.extend(c.new_logprobs)
+        if c.prompt_logprobs is not None:
+            prompt_lps = c.prompt_logprobs
         if c.finished:
             break
     if c.finish_reason == "abort":
         raise APIError(503, "The request was aborted (the server is shutting down).", code="aborted")
-    return fmt.choice(g.index, c.text, ids, lps, c.finish_reason, c.stop_reason)
+    text = c.text
+    if fmt.echo_without_generation:  # the one token made is not returned
+        text, ids, lps = "", [], None if lps is None else []
+    if prompt_lps is not None or g.echo_text is not None:
+        text, ids, lps = fmt.with_prompt(g, prompt_lps, text, ids, lps)
+    return fmt.choice(g.index, text, ids, lps, c.finish_reason, c.stop_reason)
 
 
 async def _collect(gens: list[_Generation], fmt: Formatter, request: Request) -> dict:

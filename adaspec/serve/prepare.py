@@ -8,6 +8,8 @@ it is tokenized.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from adaspec.errors import InvalidRequestError
 from adaspec.models.tokenizer import check_template_kwargs
 from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral
@@ -24,7 +26,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null mea
 # SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
-        "prompt_logprobs", "truncate_prompt_tokens", "structured_outputs",
+        "truncate_prompt_tokens", "structured_outputs",
         "spaces_between_special_tokens")},
     "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
@@ -142,6 +144,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         min_tokens=0 if req.min_tokens is None else req.min_tokens,
         allowed_token_ids=req.allowed_token_ids,
         bad_words=req.bad_words,
+        prompt_logprobs=req.prompt_logprobs,
         seed=req.seed,
         max_tokens=max_tokens,
         stop=req.stop,
@@ -182,23 +185,43 @@ def _check_choices(num_prompts: int, n: int) -> None:
         raise _bad(f"At most {MAX_BATCH} choices per request (prompts x n), got {num_prompts} x {n}.", "n")
 
 
-def prepare_completion(state: ServeState, req: CompletionRequest) -> tuple[list[list[int]], SamplingParams]:
+@dataclass
+class Echo:
+    """A completions request's echo: each prompt's text before its choices' text (a text prompt as
+    sent, token ids decoded), and, with logprobs, its tokens' logprobs before theirs (the first
+    token's null, as OpenAI). max_tokens 0 asks for the prompt alone (vLLM's echo without
+    generation: the engine makes one token, which is not returned)."""
+
+    texts: list[str]
+    without_generation: bool
+
+
+def prepare_completion(state: ServeState, req: CompletionRequest
+                       ) -> tuple[list[list[int]], SamplingParams, Echo | None]:
     _reject_unsupported(req, _NEUTRAL)
     if req.best_of not in (None, 1):
         raise _bad("best_of is not supported by adaspec (only 1); n gives several samples of a prompt.", "best_of")
-    if req.echo:
-        raise _bad("echo is not supported by adaspec.", "echo", "unsupported_parameter")
     if req.suffix:
         raise _bad("suffix is not supported by adaspec.", "suffix", "unsupported_parameter")
+    echo = _flag(req.echo, "echo")
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-    params = _params(req, max_tokens, req.logprobs, state)
+    without_generation = bool(echo) and max_tokens == 0
+    params = _params(req, 1 if without_generation else max_tokens, req.logprobs, state)
+    if echo and params.logprobs is not None:  # the prompt's logprobs come before the completion's
+        params.prompt_logprobs = max(params.prompt_logprobs or 0, params.logprobs)
     batch = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [0]
     if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
         _check_choices(len(batch), params.n)
     prompts = completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"))
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
-    return prompts, params
+    if not echo:
+        return prompts, params, None
+    given = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) \
+        else [req.prompt]
+    texts = [p if isinstance(p, str) else _tok(lambda p=p: state.tokenizer.decode(list(p)), "prompt", "decode the prompt")
+             if state.tokenizer is not None else "" for p in given]
+    return prompts, params, Echo(texts, without_generation)
 
 
 def _flag(value, name: str) -> bool | None:

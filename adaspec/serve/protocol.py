@@ -53,7 +53,7 @@ class _SamplingFields(_Strict):
     # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
     use_beam_search: Any = None
     length_penalty: Any = None
-    prompt_logprobs: Any = None
+    prompt_logprobs: int | None = None  # extension (vLLM): the choices' "prompt_logprobs"
     truncate_prompt_tokens: Any = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -71,7 +71,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
-    echo: bool | None = False
+    echo: bool | None = False  # the prompt before the completion (with its logprobs when logprobs is set)
     best_of: int | None = None
     suffix: str | None = None
 

@@ -70,7 +70,7 @@ class _TwoServers:
         while True:
             kind, acks, records, _ = self.recv(i)
             assert kind == "batch"
-            for rid, ids, _, _, _, _, finish, _, _ in records:
+            for rid, ids, _, _, _, _, finish, _, _, _ in records:
                 got.setdefault(rid, []).extend(ids)
                 if finish is not None:
                     done[rid] = finish

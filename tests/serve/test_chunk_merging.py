@@ -17,7 +17,7 @@ def generation(items):
     q = asyncio.Queue()
     for item in items:
         q.put_nowait(item)
-    return _Generation(state, "r", q, 0, 3)
+    return _Generation(state, "r", q, 0, [1, 2, 3])
 
 
 def drain(items, calls):

@@ -18,14 +18,16 @@ UNFINISHED = operator.methodcaller("has_unfinished_requests")  # picklable, as a
 
 
 # -------------------------------------------------------------------- the merge
-def _rec(ids, n, suffix="", whole=None, finish=None, stop_reason=None, ftt=None, lps=None):
-    return ("r", list(ids), lps, n, suffix, whole, finish, stop_reason, ftt)
+def _rec(ids, n, suffix="", whole=None, finish=None, stop_reason=None, ftt=None, lps=None, plps=None):
+    return ("r", list(ids), lps, n, suffix, whole, finish, stop_reason, ftt, plps)
 
 
 def test_merged_record_keeps_every_token_the_last_counts_and_the_first_token_time():
     a = _rec([1, 2], 2, suffix="ab", ftt=5.0)
     b = _rec([3], 3, suffix="c", finish="length", stop_reason=None, ftt=5.0)
-    assert merged_record(a, b) == ("r", [1, 2, 3], None, 3, "abc", None, "length", None, 5.0)
+    assert merged_record(a, b) == ("r", [1, 2, 3], None, 3, "abc", None, "length", None, 5.0, None)
+    # the prompt logprobs come with the first tokens, and a merge keeps them
+    assert merged_record(_rec([1], 1, plps=[None, {4: -1.0}]), _rec([2], 2))[9] == [None, {4: -1.0}]
 
 
 def test_merged_record_takes_a_replaced_text_and_what_grew_on_it():
@@ -96,7 +98,7 @@ def test_news_waits_for_more_and_comes_merged(child):
     child.conn.send(("more",))
     kind, acks, records, snapshot = child.recv()
     assert kind == "batch" and acks == []
-    (rid, ids, lps, n, suffix, whole, finish, _, ftt), = records
+    (rid, ids, lps, n, suffix, whole, finish, _, ftt, _), = records
     text = expected_text(prompt, 6)
     assert (rid, ids, n, finish) == ("r1", [ord(c) for c in text[1:]], 6, "length")
     assert (suffix, whole, lps) == (text[1:], None, None) and ftt is not None

@@ -39,7 +39,9 @@ ERROR_CASES = [
     (C, {"prompt": "x", "stop": [""]}, 400, "stop"),
     (C, {"prompt": "x", "seed": 1.5}, 400, "seed"),
     (C, {"prompt": "x", "best_of": 2}, 400, "best_of"),
-    (C, {"prompt": "x", "echo": True}, 400, "echo"),
+    (C, {"prompt": "x", "echo": True, "max_tokens": -1}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
+    (C, {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     (C, {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     (C, {"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias"),
     (C, {"prompt": "x", "logit_bias": {"1114112": 1}}, 400, "logit_bias"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 
 import httpx
 import pytest
@@ -77,6 +78,46 @@ def test_logits_rules_reach_the_engine(client, reference):
     r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=16, temperature=0,
                                   extra_body={"ignore_eos": True, "bad_words": [word]})
     assert r.choices[0].text == ref.outputs[0].text != plain.outputs[0].text
+
+
+def test_echo_and_prompt_logprobs_match_llm_generate(client, real_server, reference):
+    """Completions' echo (the prompt's text, tokens and logprobs before the completion's; the first
+    token's logprob null), echo with max_tokens 0 (the prompt alone), and vLLM's prompt_logprobs
+    field, streamed and not: the values are LLM.generate's prompt_logprobs."""
+    prompt = PROMPTS[2]
+    ref = reference(prompt, 4, logprobs=2, prompt_logprobs=2)
+    ids, P = ref.prompt_token_ids, len(ref.prompt_token_ids)
+    want = [None] + [float(ref.prompt_logprobs[p][ids[p]]) for p in range(1, P)]
+    r = client.completions.create(model="micro", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2)
+    ch = r.choices[0]
+    assert ch.text == prompt + ref.outputs[0].text
+    got = ch.logprobs.token_logprobs
+    assert len(got) == P + 4 and got[0] is None and ch.logprobs.top_logprobs[0] is None
+    assert all(abs(g - w) < 1e-4 for g, w in zip(got[1:P], want[1:]))
+    assert all(abs(g - float(d[t])) < 1e-4 for g, t, d in zip(got[P:], ref.outputs[0].token_ids, ref.outputs[0].logprobs))
+    alone = client.completions.create(model="micro", prompt=prompt, max_tokens=0, temperature=0, echo=True, logprobs=1)
+    assert alone.choices[0].text == prompt and alone.usage.completion_tokens == 0
+    assert len(alone.choices[0].logprobs.token_logprobs) == P
+    streamed = client.completions.create(model="micro", prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == prompt + ref.outputs[0].text
+    for stream in (False, True):
+        body = httpx.post(real_server.url + "/v1/completions", json={
+            "prompt": prompt, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2, "stream": stream}, timeout=30)
+        assert body.status_code == 200, body.text
+        if stream:
+            events = [line[6:] for line in body.text.splitlines() if line.startswith("data: {")]
+            plps = next(e["choices"][0]["prompt_logprobs"] for e in map(json.loads, events)
+                        if e["choices"] and "prompt_logprobs" in e["choices"][0])
+        else:
+            plps = body.json()["choices"][0]["prompt_logprobs"]
+        assert plps[0] is None and len(plps) == P
+        for p in range(1, P):
+            entry = plps[p][str(ids[p])]
+            assert abs(entry["logprob"] - want[p]) < 1e-4 and entry["rank"] == ref.prompt_logprobs[p][ids[p]].rank
+    chat = httpx.post(real_server.url + "/v1/chat/completions", json={
+        "messages": CHATS[0], "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1}, timeout=30).json()
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
