@@ -34,7 +34,7 @@ MAX_N = 4096  # samples of one request (each is a request of the engine's: paral
 # (None always does): any other value is refused, naming the field, since ignoring it would sample
 # from another distribution than the one asked for. The server refuses them the same way.
 UNSUPPORTED_UNLESS: dict[str, tuple] = {
-    "truncate_prompt_tokens": (), "structured_outputs": (),
+    "structured_outputs": (),
     "guided_decoding": (), "logits_processors": ([],), "best_of": (1,), "spaces_between_special_tokens": (True,),
 }
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's and vLLM's range, [-2, 2]
@@ -69,6 +69,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token (0: just the chosen)
     prompt_logprobs: int | None = None  # the same for every prompt token (engine/prompt_logprobs.py)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len), as vLLM
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -87,7 +88,6 @@ class SamplingParams:
     bad_words: list | None = None  # words (strings) whose last token is masked after the rest of them
     # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
     # at any value that asks for something
-    truncate_prompt_tokens: int | None = None
     structured_outputs: object = None
     guided_decoding: object = None
     logits_processors: list | None = None
@@ -152,6 +152,10 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
                    for t in self.stop_token_ids):
             raise bad("stop_token_ids must be a list of non-negative 64-bit integers", "stop_token_ids")
+        k = self.truncate_prompt_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not (k == -1 or k >= 1)):
+            raise bad(f"truncate_prompt_tokens must be -1 (max_model_len) or an integer >= 1, got {k!r}",
+                      "truncate_prompt_tokens")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20):
@@ -227,3 +231,12 @@ def _token_id(key) -> int | None:
         v = int(key)
         return v if v <= MAX_TOKEN_ID else None
     return None
+
+
+def truncated_prompt(ids: list[int], params: SamplingParams, max_model_len: int) -> list[int]:
+    """The prompt's last truncate_prompt_tokens tokens (-1: max_model_len), as vLLM keeps them."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return ids
+    k = max_model_len if k == -1 else k
+    return ids[-k:] if len(ids) > k else ids

@@ -36,7 +36,7 @@ from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
 from adaspec.sample.logits_rules import LogitsRule, apply_logits_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
-from adaspec.sampling_params import RequestOutputKind, SamplingParams
+from adaspec.sampling_params import RequestOutputKind, SamplingParams, truncated_prompt
 
 log = logging.getLogger("adaspec.engine")
 # the clock step() is timed with (EngineStats.time_in_steps); tests give a fake one
@@ -358,6 +358,7 @@ class LLMEngine:
             raise InvalidRequestError("prompt must be a string or a list of token ids", param="prompt")
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
+        ids = truncated_prompt(ids, params, self.max_model_len)
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len}: "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
 from adaspec.models.tokenizer import check_template_kwargs
-from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral
+from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral, truncated_prompt
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from adaspec.serve.state import ServeState
@@ -26,7 +26,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null mea
 # SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
-        "truncate_prompt_tokens", "structured_outputs",
+        "structured_outputs",
         "spaces_between_special_tokens")},
     "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
@@ -145,6 +145,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         allowed_token_ids=req.allowed_token_ids,
         bad_words=req.bad_words,
         prompt_logprobs=req.prompt_logprobs,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
         seed=req.seed,
         max_tokens=max_tokens,
         stop=req.stop,
@@ -212,7 +213,8 @@ def prepare_completion(state: ServeState, req: CompletionRequest
     batch = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [0]
     if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
         _check_choices(len(batch), params.n)
-    prompts = completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"))
+    prompts = [truncated_prompt(ids, params, state.max_model_len)
+               for ids in completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"))]
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
     if not echo:
@@ -281,7 +283,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     _check_choices(1, params.n)
-    ids = chat_request_ids(state, req)
+    ids = truncated_prompt(chat_request_ids(state, req), params, state.max_model_len)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window

@@ -54,7 +54,7 @@ class _SamplingFields(_Strict):
     use_beam_search: Any = None
     length_penalty: Any = None
     prompt_logprobs: int | None = None  # extension (vLLM): the choices' "prompt_logprobs"
-    truncate_prompt_tokens: Any = None
+    truncate_prompt_tokens: int | None = None  # extension (vLLM): keep the prompt's last k tokens (-1: the context)
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None

@@ -36,7 +36,7 @@ def test_vllm_fields_at_their_neutral_values_are_accepted_and_others_named():
     # vLLM's defaults, and the values model cards write for them when they mean "off"
     SamplingParams(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, min_tokens=0, min_p=0.0,
                    logit_bias={}, bad_words=[], best_of=1, spaces_between_special_tokens=True)
-    for name, value in (("truncate_prompt_tokens", 5), ("logits_processors", [print]),
+    for name, value in (("logits_processors", [print]),
                         ("best_of", 2), ("structured_outputs", {"json": {}}),
                         ("spaces_between_special_tokens", False)):
         with pytest.raises(InvalidRequestError, match=f"{name} is not supported by adaspec") as e:
@@ -224,3 +224,19 @@ def test_a_greedy_request_keeps_no_filter():
     sp = SamplingParams(temperature=0, top_p=0.5, top_k=3)
     assert (sp.temperature, sp.top_p, sp.top_k) == (0.0, 1.0, 0)
     assert (SamplingParams(temperature=0.5, top_p=0.5, top_k=3).top_k, SamplingParams(top_p=0.5).top_p) == (3, 0.5)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens():
+    """vLLM's truncate_prompt_tokens: the last k prompt tokens (-1: max_model_len) are the prompt."""
+    llm = LLM("tiny", max_model_len=64)
+    long = list(range(5, 105))
+    greedy = dict(temperature=0, max_tokens=5, ignore_eos=True)
+    out = llm.generate([long], SamplingParams(**greedy, truncate_prompt_tokens=7))[0]
+    assert out.prompt_token_ids == long[-7:]
+    assert out.outputs[0].token_ids == llm.generate([long[-7:]], SamplingParams(**greedy))[0].outputs[0].token_ids
+    with pytest.raises(InvalidRequestError, match="max_model_len is 64"):  # -1 keeps max_model_len: no room left
+        llm.generate([long], SamplingParams(**greedy, truncate_prompt_tokens=-1))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(InvalidRequestError, match="truncate_prompt_tokens must be") as e:
+            SamplingParams(truncate_prompt_tokens=bad)
+        assert e.value.param == "truncate_prompt_tokens"

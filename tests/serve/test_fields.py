@@ -34,7 +34,6 @@ def test_null_max_tokens_on_chat_means_the_rest_of_the_context(http, fake_server
 @pytest.mark.parametrize("path", [C, CHAT])
 @pytest.mark.parametrize("field, value", [
     ("use_beam_search", True), ("length_penalty", 2.0),
-    ("truncate_prompt_tokens", 10),
     ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("guided_choice", ["a"]), ("guided_grammar", "x"), ("structured_outputs", {"json": {}}),
 ])

@@ -120,6 +120,15 @@ def test_echo_and_prompt_logprobs_match_llm_generate(client, real_server, refere
     assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens(client, reference):
+    """vLLM's truncate_prompt_tokens: a prompt longer than the context fits once cut to its last k."""
+    ids = [3 + i % 300 for i in range(700)]  # more than max_model_len 512
+    r = client.completions.create(model="micro", prompt=ids, max_tokens=4, temperature=0,
+                                  extra_body={"truncate_prompt_tokens": 20})
+    assert r.usage.prompt_tokens == 20
+    assert r.choices[0].text == reference(ids[-20:], 4).outputs[0].text
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_completion_greedy_equals_llm_generate(client, reference, prompt):
     ref = reference(prompt, 24)
