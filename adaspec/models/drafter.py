@@ -254,19 +254,22 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def propose(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,
                 sampling: SamplingBatch, anchor_pos_host: list[int] | None = None,
-                return_logits: bool = False, width: int | None = None) -> DraftProposal:
+                return_logits: bool = False, width: int | None = None,
+                draft_bias: torch.Tensor | None = None) -> DraftProposal:
         """return_logits: also stack the raw draft logits [R, k, V] (tests compare them with the
         training forward; the engine never reads them, and at a 150k vocabulary they are ~0.6 MB
-        per draft slot). width: draft the first `width` slots only (see draft_block)."""
+        per draft slot). width: draft the first `width` slots only (see draft_block). draft_bias:
+        see draft_block."""
         if anchor_ids.shape[0] == 0:
             V, k = self.config.base.vocab_size, self.block_size
             z = torch.zeros(0, k, device=anchor_ids.device)
             return DraftProposal(z.long(), torch.zeros(0, k, V, device=z.device), torch.zeros(0, k, V, device=z.device), z, z)
         h = self.backbone_step(anchor_ids, anchor_pos, block_tables, block_size, kv_caches, anchor_pos_host)
-        return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width)
+        return self.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width, draft_bias=draft_bias)
 
     def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False,
-                    width: int | None = None, probs_out: torch.Tensor | None = None) -> DraftProposal:
+                    width: int | None = None, probs_out: torch.Tensor | None = None,
+                    draft_bias: torch.Tensor | None = None) -> DraftProposal:
         """The Markov loop and the confidences over backbone states h [R, k, d]; device work only.
         sampling: a SamplingBatch (or anything with its temperature, seeds, all_greedy, draw).
         width: the heads run for the first `width` slots only (an engine verifying at most k <
@@ -275,7 +278,10 @@ class DSparkDrafter(nn.Module):
         vocabulary projections and Markov steps (the backbone still runs on the whole block,
         whose positions attend to each other).
         probs_out: optional float32 [R, width, V] (rows contiguous) that receives the sampled
-        slots' draft distributions q (the graphed step's static buffer: no stack, no copy)."""
+        slots' draft distributions q (the graphed step's static buffer: no stack, no copy).
+        draft_bias: optional float32 [R, V] added to every slot's draft logits (requests' logits
+        rules, as far as they are additive at the anchor: sample/logits_rules.draft_bias); q is the
+        distribution drawn from, so verification stays exact whatever the bias."""
         if width is not None:
             h = h[:, :width]
         R, w = h.shape[0], h.shape[1]
@@ -293,6 +299,8 @@ class DSparkDrafter(nn.Module):
             u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
         for j in range(w):  # k small rank-r matmuls: the semi-autoregressive part
             lg = self.markov_logits(base[:, j], prev)
+            if draft_bias is not None:
+                lg = lg + draft_bias
             if all_greedy:
                 tok = lg.argmax(-1)
             else:

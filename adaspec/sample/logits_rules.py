@@ -5,8 +5,9 @@ top-p). A request with none of them has no rule and its rows are left alone.
 
 Speculative decoding stays lossless: verification compares the drafter's q with the target's p
 at each draft position, and p here is the rule applied with the history that position would
-have, the request's output plus the drafts before it (`RuleRow.extra`). The drafter itself
-proposes without the rule (rejection sampling is exact for any q; acceptance may drop).
+have, the request's output plus the drafts before it (`RuleRow.extra`). The drafter follows the
+rule's additive part at the block's anchor (draft_bias); rejection sampling is exact for any q,
+so that is for acceptance only.
 
 The rows a rule touches run eagerly (the engine keeps them out of the CUDA-graphed sampling and
 the graphed speculative step): the rule reads each request's whole history, which the graphs do
@@ -288,3 +289,16 @@ def rows_of(seqs, extras: list[list[int]] | None = None,
         rows.append(RuleRow(rule, 0.0 if s.params.greedy else float(s.params.temperature), s.prompt_token_ids, out,
                             extras[n] if extras is not None else [], p, history=s))
     return rows
+
+
+def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
+    """[R, V] float32 for the drafter's logits of these requests (None when none has a rule): the
+    rules applied to zero logits, i.e. their additive part at the anchor (allowed ids, bad words,
+    logit_bias, min_tokens, frequency and presence over the output so far; the repetition penalty
+    and min_p leave zeros alone). The drafter then proposes what the target may accept (an
+    allowed_token_ids request's drafts were otherwise rejected wholesale); the drafts within the
+    block are not counted, which costs acceptance, never exactness (any q is exact)."""
+    rows = rows_of(seqs)
+    if rows is None:
+        return None
+    return apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows)

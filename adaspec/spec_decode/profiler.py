@@ -43,10 +43,11 @@ def default_cache_dir() -> Path:
 
 
 class _DummySeq:
-    """What SpeculativeDecoder.propose reads from a request."""
+    """What SpeculativeDecoder.propose reads from a request (no logits rule: sample/logits_rules.py)."""
 
     def __init__(self, request_id, params):
         self.request_id, self.params, self.seed = request_id, params, 0
+        self.logits_rule = None
 
 
 def _dummy_steps(engine, decoder):

@@ -28,7 +28,7 @@ from adaspec.errors import ConfigError
 from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
-from adaspec.sample.logits_rules import apply_logits_rules, rows_of
+from adaspec.sample.logits_rules import apply_logits_rules, draft_bias, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
@@ -211,6 +211,10 @@ class SpeculativeDecoder:
             self.engine.config.block_size, self.kv_caches, sampling, anchor_pos_host=list(anchor_pos),
             # heads for the k slots verified at most (k < block_size: fixed k), or fewer (a narrow draft)
             width=self.num_spec_tokens if width is None else width,
+            # requests' logits rules, as far as the drafter can follow them (logits_rules.draft_bias);
+            # not under tensor parallelism, whose mirrored drafter takes the same arguments on every rank
+            draft_bias=None if getattr(self.engine, "tp", None) is not None
+            else draft_bias(seqs, self.engine.model_config.vocab_size, dev),
         )
 
     def forget(self, seq) -> None:

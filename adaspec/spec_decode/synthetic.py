@@ -145,10 +145,11 @@ class SyntheticDrafter(DSparkDrafter):
         self.confidence_noise = float(noise_std)
 
     def draft_block(self, h, anchor_ids, anchor_pos, sampling, return_logits: bool = False, width: int | None = None,
-                    probs_out: torch.Tensor | None = None):
+                    probs_out: torch.Tensor | None = None, draft_bias: torch.Tensor | None = None):
         """The real drafter's work (its cost), then the synthetic confidences (the eager propose
         and the graphed step both draft through here)."""
-        prop = super().draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width, probs_out)
+        prop = super().draft_block(h, anchor_ids, anchor_pos, sampling, return_logits, width, probs_out,
+                                   draft_bias=draft_bias)
         conf = synthetic_confidences(self.acceptance_curve, self.confidence_noise, sampling.seeds, anchor_pos,
                                      prop.tokens.shape[1])
         return replace(prop, confidences=conf.to(prop.confidences.device))

@@ -297,3 +297,33 @@ def test_bad_words_in_every_arm():
     assert e.value.param == "bad_words"
     with pytest.raises(InvalidRequestError, match="bad_words must be"):
         SamplingParams(bad_words=["ok", " "])
+
+
+def test_the_drafter_follows_the_additive_part_of_a_rule():
+    """logits_rules.draft_bias: the drafter proposes within allowed_token_ids and never a banned
+    token, so its drafts can be accepted (without it every draft outside the set was rejected);
+    the target's tokens are the same either way (greedy)."""
+    allowed = [5, 9, 202, 262, 607]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, allowed_token_ids=allowed,
+                            logit_bias={9: -100})
+    cfg = {"method": "dspark", "num_speculative_tokens": 4}
+    runs = {}
+    for follow in (True, False):
+        llm = LLM("tiny", speculative_config=cfg)
+        spec, drafted = llm.llm_engine.spec, []
+        if not follow:
+            spec.drafter.propose = lambda *a, inner=spec.drafter.propose, **kw: inner(*a, **{**kw, "draft_bias": None})
+
+        def record(*a, inner=spec.drafter.draft_block, **kw):
+            prop = inner(*a, **kw)
+            drafted.extend(prop.tokens.flatten().tolist())
+            return prop
+
+        spec.drafter.draft_block = record
+        outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        runs[follow] = (outs, drafted, llm.llm_engine.stats.num_accepted_tokens)
+    assert runs[True][0] == runs[False][0]
+    assert all(set(o) <= set(allowed) - {9} for o in runs[True][0])
+    assert runs[True][1] and set(runs[True][1]) <= set(allowed) - {9}
+    assert not set(runs[False][1]) <= set(allowed)
+    assert runs[True][2] > runs[False][2]
