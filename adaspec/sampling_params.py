@@ -195,7 +195,7 @@ class SamplingParams:
                           "logit_bias")
             biases = {}
             for key, value in self.logit_bias.items():
-                token = _token_id(key)
+                token = token_id(key)
                 if token is None:
                     raise bad(f"logit_bias keys must be token ids (integers >= 0), got {key!r}", "logit_bias")
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -205,7 +205,7 @@ class SamplingParams:
             self.logit_bias = biases
         ids = self.allowed_token_ids
         if ids is not None:
-            if not isinstance(ids, (list, tuple)) or not ids or not all(_token_id(t) is not None and
+            if not isinstance(ids, (list, tuple)) or not ids or not all(token_id(t) is not None and
                                                                       not isinstance(t, str) for t in ids):
                 raise bad("allowed_token_ids must be a non-empty list of token ids (integers >= 0)",
                           "allowed_token_ids")
@@ -221,13 +221,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def _token_id(key) -> int | None:
+def token_id(key) -> int | None:
     """A token id given as an int or a decimal string (JSON object keys are strings), else None."""
     if isinstance(key, bool):
         return None
     if isinstance(key, int):
         return key if 0 <= key <= MAX_TOKEN_ID else None
-    if isinstance(key, str) and key.isdigit():
+    if isinstance(key, str) and key.isascii() and key.isdigit():  # ("²".isdigit() is True)
         v = int(key)
         return v if v <= MAX_TOKEN_ID else None
     return None

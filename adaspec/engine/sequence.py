@@ -55,6 +55,7 @@ class Sequence:
         # StopChecker: whether appends take its fast path (no text until the end); None: not yet decided
         self.appends_without_text: bool | None = None
         self.stop_ids: frozenset[int] | None = None  # the tokens that end it on that path (decided with it)
+        self.min_tokens_text_len = 0  # with min_tokens and stop strings: the text of its first min_tokens tokens
         # speculative decoding: drafter context K/V is written for positions < drafter_ctx_len
         self.drafter_ctx_len = 0
         self.num_preemptions = 0

@@ -58,7 +58,7 @@ class StopChecker:
                 self._finish(seq, "stop", tok)
             elif tok in p.stop_token_ids:
                 self._finish(seq, "stop", tok)
-            elif p.stop and seq.num_output_tokens >= (p.min_tokens or 0) and self._hit_stop_string(seq):
+            elif p.stop and seq.num_output_tokens > (p.min_tokens or 0) and self._hit_stop_string(seq):
                 text_set = True
             elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
                 self._finish(seq, "length", None)
@@ -66,6 +66,8 @@ class StopChecker:
                 self._finish(seq, "length", None)
             if seq.finish_reason is not None:
                 break
+            if p.stop and seq.num_output_tokens == p.min_tokens:  # (vLLM's stop-string window: below)
+                seq.min_tokens_text_len = len(self._decode(seq))
         if not text_set and self._wants_text(seq) and not self._text_at_finish_only(seq):
             self._update_text(seq)
         return appended
@@ -137,8 +139,10 @@ class StopChecker:
         text = self._decode(seq)
         # only the tail can hold a new match: the last token added at most its own length
         window_start = max(0, len(seq.output_text) - max(len(s) for s in seq.params.stop))
+        held = seq.min_tokens_text_len  # min_tokens: the length of its first tokens' text
         for s in seq.params.stop:
-            at = text.find(s, window_start)
+            # a match must end after the min_tokens-th token's text (vLLM: nothing within it stops)
+            at = text.find(s, max(window_start, held - len(s) + 1))
             if at != -1:
                 end = at + len(s) if seq.params.include_stop_str_in_output else at
                 seq.output_text = text[:end]

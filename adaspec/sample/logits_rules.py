@@ -66,12 +66,19 @@ class LogitsRule:
         min_tokens = params.min_tokens or 0
         ban = ()
         if min_tokens:
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+            # vLLM masks the end-of-sequence ids too when ignore_eos is set (its all_stop_token_ids)
+            stops = set(params.stop_token_ids) | set(eos_token_ids)
             ban = tuple(sorted(t for t in stops if 0 <= t < vocab_size))
         rule = cls(allowed, bad_words, bias, min_tokens if ban else 0, ban,
                    float(params.repetition_penalty if params.repetition_penalty is not None else 1.0),
                    float(params.frequency_penalty or 0.0), float(params.presence_penalty or 0.0),
                    0.0 if params.greedy else float(params.min_p or 0.0))
+        if rule.allowed is not None:  # a row with no token left would sample garbage (a NaN softmax)
+            banned = set(rule.min_tokens_ban) | {w[0] for w in bad_words if len(w) == 1}
+            if set(rule.allowed) <= banned:
+                raise InvalidRequestError("allowed_token_ids leaves no token to sample: every one of them is a stop "
+                                          "token that min_tokens holds back, or a one-token bad word",
+                                          param="allowed_token_ids")
         return None if rule.is_neutral else rule
 
     @property
@@ -156,6 +163,9 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
     chunk = max(1, CHUNK_ELEMENTS // V)
     for c in range(0, len(penalized), chunk):
         _penalize(out, [(i, rows[i]) for i in penalized[c:c + chunk]], pending_tokens)
+    # a bias or a tiny repetition penalty can overflow float32 to +inf, whose softmax is NaN (a
+    # silent token 0): the largest float32 instead, which keeps the token the likeliest
+    out.clamp_(max=torch.finfo(torch.float32).max)
     min_p = [i for i in ruled if rows[i].rule.min_p > 0 and rows[i].temperature > 0]
     if min_p:
         # softmax(x / T) >= min_p * its max  <=>  x >= max(x) + T * ln(min_p)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
 from adaspec.models.tokenizer import check_template_kwargs
-from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral, truncated_prompt
+from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral, token_id, truncated_prompt
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from adaspec.serve.state import ServeState
@@ -114,10 +114,11 @@ def _logit_bias(state: ServeState, bias: dict[str, float] | None) -> dict[int, f
         return None
     out = {}
     for key, value in bias.items():
-        if not key.isdigit():
+        token = token_id(key)
+        if token is None:
             raise _bad(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias")
-        _check_ids(state, [int(key)], "logit_bias")
-        out[int(key)] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, value)) if value == value else value
+        _check_ids(state, [token], "logit_bias")
+        out[token] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, value)) if value == value else value
     return out
 
 

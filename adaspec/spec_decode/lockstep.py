@@ -139,8 +139,9 @@ class _EagerTap:
             out = sample(logits, seqs, batch)
             if batch is None and all(s.params.greedy for s in seqs):
                 return out
-            probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
-                                                    logits.device).probs(logits)
+            ruled = step_module.rows_of(seqs)  # the distribution sampled: with the rows' logits rules
+            probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device).probs(
+                step_module.apply_logits_rules(logits, ruled) if ruled is not None else logits)
             for n, s in enumerate(seqs):
                 sp = s.params
                 self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids),

@@ -30,8 +30,8 @@ def reference_row(x: list[float], p: SamplingParams, prompt: list[int], output: 
             x[word[-1]] = -INF
     for t, b in (p.logit_bias or {}).items():
         x[t] += b
-    if len(output) < p.min_tokens:
-        for t in set(p.stop_token_ids) | (set() if p.ignore_eos else eos):
+    if len(output) < p.min_tokens:  # vLLM's all_stop_token_ids: the end of sequence even with ignore_eos
+        for t in set(p.stop_token_ids) | eos:
             x[t] = -INF
     counts = Counter(output)
     for t in range(V):
@@ -120,7 +120,9 @@ def test_no_rule_leaves_the_logits_alone():
     assert LogitsRule.of(SamplingParams(), {0}, 8) is None
     # greedy: min_p cannot change an argmax, so it is no rule; min_tokens without any stop token neither
     assert LogitsRule.of(SamplingParams(temperature=0, min_p=0.5), {0}, 8) is None
-    assert LogitsRule.of(SamplingParams(min_tokens=3, ignore_eos=True), {0}, 8) is None
+    assert LogitsRule.of(SamplingParams(min_tokens=3, ignore_eos=True), set(), 8) is None
+    # vLLM masks the end of sequence under min_tokens even with ignore_eos
+    assert LogitsRule.of(SamplingParams(min_tokens=3, ignore_eos=True), {0}, 8).min_tokens_ban == (0,)
 
 
 @pytest.mark.parametrize("kw, param", [
@@ -128,6 +130,7 @@ def test_no_rule_leaves_the_logits_alone():
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_p=1.5), "min_p"),
     (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=9, max_tokens=8), "min_tokens"),
     (dict(logit_bias={"a": 1.0}), "logit_bias"), (dict(logit_bias={1: float("nan")}), "logit_bias"),
+    (dict(logit_bias={"\u00b2": 1.0}), "logit_bias"),
     (dict(logit_bias=[1, 2]), "logit_bias"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(allowed_token_ids=[-1]), "allowed_token_ids"), (dict(presence_penalty="1"), "presence_penalty"),
 ])
@@ -231,14 +234,23 @@ def test_min_tokens_holds_back_stop_tokens_and_stop_strings():
     held = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, logit_bias=bias,
                                                      min_tokens=6))[0].outputs[0]
     assert len(held.token_ids) == 7 and held.token_ids[-1] == eos and eos not in held.token_ids[:6]
-    # a stop string is not looked for before min_tokens (vLLM's stop checker)
-    text = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
-    stop = text.text[:2]
-    assert stop
-    early = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))
-    late = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop],
-                                                     min_tokens=4))
-    assert len(early[0].outputs[0].token_ids) < 4 <= len(late[0].outputs[0].token_ids)
+    # a stop string is looked for only after min_tokens, and only where it ends after the text of
+    # the first min_tokens tokens (vLLM's detokenizer): one completed by token min_tokens does not stop
+    greedy = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    out = llm.generate([PROMPTS[1]], SamplingParams(**greedy))[0].outputs[0]
+    tok = llm.get_tokenizer()
+    first = [tok.decode(out.token_ids[:n]) for n in range(1, 5)]
+    assert len(set(first)) == 4 and len(first[1]) >= 2  # each of the first tokens writes some text
+    inside = first[1][-2:]  # completed by token 2
+    early = llm.generate([PROMPTS[1]], SamplingParams(**greedy, stop=[inside]))[0].outputs[0]
+    assert early.finish_reason == "stop" and len(early.token_ids) <= 2
+    held = llm.generate([PROMPTS[1]], SamplingParams(**greedy, stop=[inside], min_tokens=2))[0].outputs[0]
+    assert inside not in out.text[len(first[1]) - 1:] or held.finish_reason == "stop"
+    if inside not in out.text[len(first[1]) - 1:]:  # nowhere later: it never stops
+        assert held.finish_reason == "length" and held.token_ids == out.token_ids
+    later = first[3][len(first[2]) - 1:]  # ends inside token 4's text: it stops there
+    held = llm.generate([PROMPTS[1]], SamplingParams(**greedy, stop=[later], min_tokens=2))[0].outputs[0]
+    assert held.finish_reason == "stop" and len(held.token_ids) == 4
 
 
 def test_allowed_token_ids_and_logit_bias_in_sampled_speculation():
@@ -327,3 +339,20 @@ def test_the_drafter_follows_the_additive_part_of_a_rule():
     assert runs[True][1] and set(runs[True][1]) <= set(allowed) - {9}
     assert not set(runs[False][1]) <= set(allowed)
     assert runs[True][2] > runs[False][2]
+
+
+def test_rules_that_leave_no_token_or_overflow_are_caught():
+    """A row with every token masked would sample from a NaN softmax (a silent token 0): refused
+    where the rule alone says so; a logit overflowing float32 is kept the largest finite one."""
+    llm = LLM("tiny")
+    eos = sorted(llm.llm_engine.stop_checker.eos_token_ids)[0]
+    for kw in (dict(allowed_token_ids=[eos], min_tokens=3), dict(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=2),
+               dict(allowed_token_ids=[7, 8], bad_words=[llm.get_tokenizer().decode([7]), llm.get_tokenizer().decode([8])])):
+        with pytest.raises(InvalidRequestError, match="allowed_token_ids leaves no token") as e:
+            llm.llm_engine.add_request("none-left", [1, 2], SamplingParams(**kw))
+        assert e.value.param == "allowed_token_ids" and not llm.llm_engine.has_unfinished_requests()
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, seed=0, max_tokens=3, ignore_eos=True,
+                                                    logit_bias={11: 1e39}))[0].outputs[0]
+    assert out.token_ids == [11, 11, 11]
+    tiny_penalty = SamplingParams(temperature=1.0, seed=0, max_tokens=8, ignore_eos=True, repetition_penalty=1e-40)
+    assert 0 not in llm.generate([PROMPTS[0]], tiny_penalty)[0].outputs[0].token_ids

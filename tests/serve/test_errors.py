@@ -44,6 +44,7 @@ ERROR_CASES = [
     (C, {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     (C, {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     (C, {"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias"),
+    (C, {"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "logit_bias"),  # "²".isdigit(), but no int
     (C, {"prompt": "x", "logit_bias": {"1114112": 1}}, 400, "logit_bias"),
     (C, {"prompt": "x", "allowed_token_ids": [-2]}, 400, "allowed_token_ids"),
     (C, {"prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens"),
