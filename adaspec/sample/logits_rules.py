@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,27 @@ class LogitsRule:
     frequency: float  # 0: off
     presence: float  # 0: off
     min_p: float  # 0: off
+    # its allowed mask and bias as device tensors, made at their first use on a device and kept:
+    # built from the Python tuples every step, a whole-vocabulary logit_bias cost ~80 ms a step
+    _tensors: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def allowed_mask(self, V: int, device) -> torch.Tensor:
+        """[V] bool: the tokens it allows."""
+        key = ("allowed", V, str(device))
+        t = self._tensors.get(key)
+        if t is None:
+            t = self._tensors[key] = torch.zeros(V, dtype=torch.bool, device=device)
+            t[to_device(list(self.allowed), device, torch.int64)] = True
+        return t
+
+    def bias_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids [n] int64, biases [n] float32) of its logit_bias."""
+        key = ("bias", str(device))
+        t = self._tensors.get(key)
+        if t is None:
+            t = self._tensors[key] = (to_device([b[0] for b in self.bias], device, torch.int64),
+                                      to_device([b[1] for b in self.bias], device, torch.float32))
+        return t
 
     @classmethod
     def of(cls, params, eos_token_ids, vocab_size: int, tokenizer=None) -> "LogitsRule | None":
@@ -147,15 +168,17 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
 
     allowed = [i for i in ruled if rows[i].rule.allowed is not None]
     if allowed:
-        keep = torch.zeros(len(allowed), V, dtype=torch.bool, device=dev)
-        keep[where([(n, t) for n, i in enumerate(allowed) for t in rows[i].rule.allowed])] = True
+        keep = torch.stack([rows[i].rule.allowed_mask(V, dev) for i in allowed])
         at = to_device(allowed, dev, torch.int64)
         out[at] = out[at].masked_fill(~keep, float("-inf"))
     _ban_bad_words(out, [(i, rows[i]) for i in ruled if rows[i].rule.bad_words], pending_tokens)
-    bias = [(i, t, v) for i in ruled for t, v in rows[i].rule.bias]
-    if bias:
-        out.index_put_(where([(i, t) for i, t, _ in bias]),
-                       to_device([v for *_, v in bias], dev, torch.float32), accumulate=True)
+    biased = [i for i in ruled if rows[i].rule.bias]
+    if biased:
+        parts = [rows[i].rule.bias_tensors(dev) for i in biased]
+        sizes = [len(rows[i].rule.bias) for i in biased]
+        at = torch.repeat_interleave(to_device(biased, dev, torch.int64), to_device(sizes, dev, torch.int64),
+                                     output_size=sum(sizes))  # (known here: no device sync)
+        out.index_put_((at, torch.cat([p[0] for p in parts])), torch.cat([p[1] for p in parts]), accumulate=True)
     ban = [(i, t) for i in ruled if rows[i].num_output < rows[i].rule.min_tokens for t in rows[i].rule.min_tokens_ban]
     if ban:
         out[where(ban)] = float("-inf")
@@ -227,25 +250,12 @@ def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens
         if key not in slot:
             slot[key] = len(histories)
             histories.append(row)
-    u_out, t_out, c_out, u_pr, t_pr = [], [], [], [], []
-    for u, row in enumerate(histories):
-        for t, c in Counter(row.output).items():
-            u_out.append(u)
-            t_out.append(t)
-            c_out.append(float(c))
-        if row.rule.repetition != 1.0:
-            for t in set(row.prompt):
-                u_pr.append(u)
-                t_pr.append(t)
+
     def ids(values):
         return to_device(values, dev, torch.int64)
 
-    base = torch.zeros(len(histories), V, dtype=torch.float32, device=dev)
-    if u_out:
-        base[ids(u_out), ids(t_out)] = to_device(c_out, dev, torch.float32)
-    base_prompt = torch.zeros(len(histories), V, dtype=torch.bool, device=dev)
-    if u_pr:
-        base_prompt[ids(u_pr), ids(t_pr)] = True
+    kept = [_history_counts(row, V, dev) for row in histories]
+    base, base_prompt = torch.stack([k[0] for k in kept]), torch.stack([k[1] for k in kept])
     of_row = ids([slot[id(r.history) if r.history is not None else id(r)] for _, r in rows])
     counts, in_prompt = base[of_row], base_prompt[of_row]
     extra = [(n, t) for n, (_, row) in enumerate(rows) for t in row.extra]
@@ -269,6 +279,45 @@ def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens
     x = torch.where(repeated, torch.where(x > 0, x / rep, x * rep), x)
     x = x - freq * counts - pres * seen.float()
     out[at] = x
+
+
+class HistoryCounts:
+    """A request's output token counts [V] float32 and prompt mask [V] bool on the device, kept
+    between steps and brought up to date with the tokens appended since (a Sequence's
+    logits_rule_state): rebuilt from the whole history every step, a 12k-token history cost
+    ~6 ms of host work per request and step."""
+
+    def __init__(self, V: int, device, prompt: list[int]):
+        self.counts = torch.zeros(V, dtype=torch.float32, device=device)
+        self.in_prompt = torch.zeros(V, dtype=torch.bool, device=device)
+        if prompt:
+            self.in_prompt[to_device(sorted(set(prompt)), device, torch.int64)] = True
+        self.num_counted = 0
+
+    def update(self, output: list[int]) -> None:
+        if len(output) < self.num_counted:  # the history shrank (it never does): count it afresh
+            self.counts.zero_()
+            self.num_counted = 0
+        new = output[self.num_counted:]
+        if new:
+            c = Counter(new)
+            self.counts.index_put_((to_device(list(c), self.counts.device, torch.int64),),
+                                   to_device([float(v) for v in c.values()], self.counts.device, torch.float32),
+                                   accumulate=True)
+            self.num_counted = len(output)
+
+
+def _history_counts(row: RuleRow, V: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output counts [V], prompt mask [V]) of a row's history: kept on the history object when
+    it can hold them (an engine Sequence: logits_rule_state), else built for this call."""
+    state = getattr(row.history, "logits_rule_state", False)
+    if state is False:  # no history that keeps state (tests' rows)
+        state = HistoryCounts(V, device, row.prompt)
+    elif state is None or state.counts.shape[0] != V or state.counts.device != torch.device(device):
+        state = HistoryCounts(V, device, row.prompt)
+        row.history.logits_rule_state = state
+    state.update(row.output)
+    return state.counts, state.in_prompt
 
 
 def rows_of(seqs, extras: list[list[int]] | None = None,

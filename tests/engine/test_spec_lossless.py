@@ -38,12 +38,15 @@ def micro_pair(tmp_path_factory):
 def exact_law(target_dir, params: SamplingParams):
     """The target's law of L tokens; a request's logits rules by their brute-force reference."""
     model, _ = load_target(target_dir)
+    ruled = LogitsRule.of(params, set(), 1 << 30) is not None  # (the vocabulary: only the ids' check reads it)
+    # the end-of-sequence ids the engine knows (min_tokens holds them back even with ignore_eos)
+    eos = LLM(target_dir).llm_engine.stop_checker.eos_token_ids if ruled else set()
 
     def next_probs(ctx):
         with torch.no_grad():
             logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
-        if LogitsRule.of(params, set(), logits.shape[-1]) is not None:
-            logits = torch.tensor([reference_row(logits[0].tolist(), params, PROMPT, list(ctx[len(PROMPT):]), set())])
+        if ruled:
+            logits = torch.tensor([reference_row(logits[0].tolist(), params, PROMPT, list(ctx[len(PROMPT):]), eos)])
         return processed_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_p]),
                                torch.tensor([params.top_k]))[0].tolist()
 
