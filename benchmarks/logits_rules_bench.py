@@ -85,10 +85,11 @@ def main() -> int:
         print(f"{r['arm']:<12} {r['rule']:<6} {r['tok_s_median']:>15.1f} {r['tok_s_std']:>9.1f} "
               f"{r['tok_s_median'] / plain['tok_s_median']:>12.3f} {acc:>11}")
     if args.out:
+        # the conditions first: opening the file truncates it, and a tracked one would mark the commit dirty
+        conditions = dict(vars(args), rule=RULE, hardware=hardware(), torch=torch.__version__,
+                          engine_commit=engine_commit(), date=now_iso())
         with open(args.out, "w") as f:
-            json.dump(dict(conditions=dict(vars(args), rule=RULE, hardware=hardware(), torch=torch.__version__,
-                                           engine_commit=engine_commit(), date=now_iso()),
-                           results=results), f, indent=1)
+            json.dump(dict(conditions=conditions, results=results), f, indent=1)
     return 0
 
 
