@@ -705,7 +705,7 @@ class LLMEngine:
             num_logits = int(samples)
             if seq.prompt_logprobs is not None:
                 num_logits = logits_rows(seq, nc, s.num_tokens, samples)
-                if num_logits > 1:
+                if num_logits > int(samples):  # (a 1-token chunk mid-prompt asks for 1 row too)
                     prompt_chunks.append((seq, nc, s.num_tokens, len(items)))
             items.append(ForwardItem(ids, nc, seq.block_table, num_logits, prev_row))
         capture = self.spec.capture_layers if self.spec is not None else None

@@ -354,10 +354,14 @@ def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
     """[R, V] float32 for the drafter's logits of these requests (None when none has a rule): the
     rules applied to zero logits, i.e. their additive part at the anchor (allowed ids, bad words,
     logit_bias, min_tokens, frequency and presence over the output so far; the repetition penalty
-    and min_p leave zeros alone). The drafter then proposes what the target may accept (an
-    allowed_token_ids request's drafts were otherwise rejected wholesale); the drafts within the
-    block are not counted, which costs acceptance, never exactness (any q is exact)."""
+    leaves zeros alone, and min_p is left out: the rows are taken as greedy, since on zeros plus a
+    bias it would keep the biased tokens only). The drafter then proposes what the target may
+    accept (an allowed_token_ids request's drafts were otherwise rejected wholesale); the drafts
+    within the block are not counted, which costs acceptance, never exactness (any q is exact)."""
     rows = rows_of(seqs)
     if rows is None:
         return None
+    for row in rows:
+        if row is not None:
+            row.temperature = 0.0  # (min_p applies to sampled rows only)
     return apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows)

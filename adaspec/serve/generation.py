@@ -216,7 +216,7 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
     usage_field = include_usage or continuous_usage  # chunks carry "usage" (null unless continuous)
 
     def so_far(g: _Generation):
-        return usage(g.prompt_tokens, g.num_tokens) if continuous_usage else None
+        return usage(g.prompt_tokens, 0 if g.hides_output else g.num_tokens) if continuous_usage else None
 
     try:
         if chat:  # every choice's role first, as vLLM sends them

@@ -209,8 +209,8 @@ def prepare_completion(state: ServeState, req: CompletionRequest
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     without_generation = bool(echo) and max_tokens == 0
     params = _params(req, 1 if without_generation else max_tokens, req.logprobs, state)
-    if echo and params.logprobs is not None:  # the prompt's logprobs come before the completion's
-        params.prompt_logprobs = max(params.prompt_logprobs or 0, params.logprobs)
+    if echo and params.logprobs is not None and params.prompt_logprobs is None:
+        params.prompt_logprobs = params.logprobs  # the prompt's logprobs come before the completion's (vLLM)
     batch = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [0]
     if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
         _check_choices(len(batch), params.n)
@@ -222,6 +222,8 @@ def prepare_completion(state: ServeState, req: CompletionRequest
         return prompts, params, None
     given = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) \
         else [req.prompt]
+    if params.truncate_prompt_tokens is not None:  # the tokens kept are the prompt echoed
+        given = prompts
     texts = [p if isinstance(p, str) else _tok(lambda p=p: state.tokenizer.decode(list(p)), "prompt", "decode the prompt")
              if state.tokenizer is not None else "" for p in given]
     return prompts, params, Echo(texts, without_generation)
@@ -267,6 +269,8 @@ def chat_request_ids(state: ServeState, req) -> list[int]:
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
     _reject_unsupported(req, _NEUTRAL)
     _reject_unsupported(req, _NEUTRAL_CHAT)
+    if req.stream and req.prompt_logprobs is not None:  # (vLLM refuses it too: no chunk carries them)
+        raise _bad("prompt_logprobs is not available when stream is true.", "prompt_logprobs")
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise _bad("response_format other than text is not supported by adaspec.", "response_format",
                    "unsupported_parameter")

@@ -429,11 +429,14 @@ class SpeculativeDecoder:
         """The logits of the sampling rows (indices into rows), one each, from a forward of rows'
         items; items that asked for every query row's logits (prompt logprobs) record theirs first
         (engine/prompt_logprobs.py, before num_computed_tokens moves)."""
-        if all(it.num_logits <= 1 for it in items):
+        # an item asks for more rows than its sampling one when it records prompt logprobs (a
+        # 1-token chunk mid-prompt: one row, and no sampling row)
+        recording = [i for i, s in enumerate(rows) if items[i].num_logits > int(s.samples)]
+        if not recording:
             return logits
         ends = np.cumsum([it.num_logits for it in items])
-        record_prompt_logprobs(logits, [(s.seq, s.seq.num_computed_tokens, s.num_tokens, int(ends[i]) - items[i].num_logits)
-                                        for i, s in enumerate(rows) if items[i].num_logits > 1])
+        record_prompt_logprobs(logits, [(rows[i].seq, rows[i].seq.num_computed_tokens, rows[i].num_tokens,
+                                         int(ends[i]) - items[i].num_logits) for i in recording])
         return logits[to_device(ends[sampling] - 1, logits.device)]
 
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
@@ -513,7 +516,7 @@ class SpeculativeDecoder:
                 results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
                                                  res.logits, row_start, results)
             plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
-            prompt = [i for i in range(len(scheduled)) if i not in drafted_set and items[i].num_logits > 1]
+            prompt = [i for i in range(len(scheduled)) if i not in drafted_set and items[i].num_logits > int(samples[i])]
             if prompt:  # chunks that record prompt logprobs (engine/prompt_logprobs.py)
                 record_prompt_logprobs(res.logits, [(scheduled[i].seq, scheduled[i].seq.num_computed_tokens,
                                                      scheduled[i].num_tokens, int(row_start[i])) for i in prompt])

@@ -87,3 +87,20 @@ def test_zero_top_and_the_engine_outputs():
     assert final and type(final[0].prompt_logprobs[1][6]) is float and final[0].prompt_logprob_ranks[0] is None
     with pytest.raises(InvalidRequestError, match="prompt_logprobs must be an integer in"):
         SamplingParams(prompt_logprobs=21)
+
+
+@pytest.mark.parametrize("arm", ["plain", "async", "fixed"])
+def test_a_one_token_chunk_mid_prompt_records_its_row(arm, dense):
+    """The token budget can leave a prompt a 1-token chunk that does not end it: that chunk asks the
+    runner for one row, which predicts a prompt token (not a sampling row). Two 7- and 8-token
+    prompts fill 15 of a 16-token budget beside it; the steps' sampled rows stay the others'."""
+    kw = {"plain": dict(async_scheduling=False), "async": dict(async_scheduling=True),
+          "fixed": dict(speculative_config={"method": "dspark", "num_speculative_tokens": 4})}[arm]
+    llm = LLM("tiny", max_num_batched_tokens=16, **kw)
+    others = [list(range(100, 107)), list(range(120, 128))]
+    sampled = SamplingParams(temperature=0.8, seed=1, max_tokens=5, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in llm.generate(others, sampled)]
+    outs = llm.generate(others + [PROMPTS[0]], [sampled, sampled, SamplingParams(temperature=0, max_tokens=3,
+                                                                                  prompt_logprobs=N)])
+    assert [o.outputs[0].token_ids for o in outs[:2]] == alone
+    _check(outs[2], PROMPTS[0], dense[0])

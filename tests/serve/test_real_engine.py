@@ -118,6 +118,24 @@ def test_echo_and_prompt_logprobs_match_llm_generate(client, real_server, refere
     chat = httpx.post(real_server.url + "/v1/chat/completions", json={
         "messages": CHATS[0], "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1}, timeout=30).json()
     assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    refused = httpx.post(real_server.url + "/v1/chat/completions", json={
+        "messages": CHATS[0], "max_tokens": 2, "prompt_logprobs": 1, "stream": True}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    # an explicit prompt_logprobs wins over logprobs under echo (vLLM): 0 -> the prompt token alone
+    r = httpx.post(real_server.url + "/v1/completions", json={
+        "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 2, "prompt_logprobs": 0},
+        timeout=30).json()
+    assert [len(t) for t in r["choices"][0]["prompt_logprobs"][1:]] == [1] * (P - 1)
+    # echo without generation, streamed with continuous usage: no chunk counts the hidden token
+    body = httpx.post(real_server.url + "/v1/completions", json={
+        "prompt": prompt, "max_tokens": 0, "echo": True, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, timeout=30)
+    events = [json.loads(line[6:]) for line in body.text.splitlines() if line.startswith("data: {")]
+    assert all(e["usage"]["completion_tokens"] == 0 for e in events if e.get("usage"))
+    # truncate_prompt_tokens with echo: the tokens kept are the prompt echoed
+    r = client.completions.create(model="micro", prompt=ids, max_tokens=1, temperature=0, echo=True,
+                                  extra_body={"truncate_prompt_tokens": 3})
+    assert r.choices[0].text.startswith(reference.tokenizer.decode(ids[-3:])) and r.usage.prompt_tokens == 3
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client, reference):
