@@ -7,6 +7,11 @@ default logprobs mode reports them; the prompt token's rank is exact.
 
 Entries are appended in prompt order; a request preempted and recomputed runs the same chunks
 again, and positions that already have an entry are skipped.
+
+Cost: such a chunk's logits are computed for all its rows at once (the runner's LM head: a
+4,096-token chunk of a 152k vocabulary is ~3.7 GB of transient bf16 + float32 on a GPU, not
+measured), and a step holding one runs eagerly (the runner's graphs serve rows that want one
+logits row, or verification shapes).
 """
 from __future__ import annotations
 
