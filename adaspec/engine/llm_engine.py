@@ -6,7 +6,6 @@ import logging
 import os
 import time
 import weakref
-from itertools import accumulate
 
 import torch
 
@@ -17,7 +16,7 @@ from adaspec.engine.async_step import PENDING, InFlightStep, logprob_dicts, stri
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_kv_blocks
 from adaspec.engine.parallel_sampling import ParallelSampling, ParentRequest, child_params, child_request_id
-from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs
+from adaspec.engine.prompt_logprobs import logits_rows, sampling_logits
 from adaspec.engine.runner import ForwardItem, ModelRunner
 from adaspec.engine.scheduler import DrainFirst, ScheduledSeq, Scheduler, check_whole_prompts_fit
 from adaspec.engine.slow_steps import SlowStepLog, step_shape, threshold_from_env
@@ -715,7 +714,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         raw = res.logits  # one row per sampling item (logprobs report these), unless prompt chunks asked for more
         if prompt_chunks:
-            raw = self._prompt_logprobs(res.logits, items, prompt_chunks, sample_items)
+            raw = sampling_logits(res.logits, items, prompt_chunks, sample_items)
         logits = raw  # with the rows' rules applied
         if ruled:  # (a last token still on the device is counted from the step in flight's output)
             logits = apply_logits_rules(logits, rows_of(sampling, pending=pending),
@@ -743,16 +742,6 @@ class LLMEngine:
         self.stats.time_verify += t1 - t0
         self.stats.time_sample += time.perf_counter() - t1
         return InFlightStep.launch(sampling, chosen, lp_tensors, want)
-
-    @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, items: list[ForwardItem], chunks: list[tuple],
-                         sample_items: list[int]) -> torch.Tensor:
-        """Record the prompt logprobs of the chunks that asked for all their rows' logits
-        (engine/prompt_logprobs.py), and return the sampling rows only: the last of each of
-        sample_items (indices into items)."""
-        ends = list(accumulate(it.num_logits for it in items))
-        record_prompt_logprobs(logits, [(seq, nc, n, ends[i] - items[i].num_logits) for seq, nc, n, i in chunks])
-        return logits[to_device([ends[i] - 1 for i in sample_items], logits.device, torch.int64)]
 
     def _resolve(self, step: InFlightStep) -> list[RequestOutput]:
         """Put a step's tokens in place of its placeholders, with the stop checks of a synchronous step."""
@@ -845,6 +834,8 @@ class LLMEngine:
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
             outputs=[comp], finished=seq.finished, arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time, num_new_tokens=num_new,
-            prompt_logprobs=list(prompt_lps) if complete else None,
-            prompt_logprob_ranks=list(seq.prompt_logprob_ranks) if complete else None,
+            # the request's own lists, not copies: complete, they no longer change (a copy per
+            # output was O(prompt) work every step of a streamed request)
+            prompt_logprobs=prompt_lps if complete else None,
+            prompt_logprob_ranks=seq.prompt_logprob_ranks if complete else None,
         )

@@ -15,6 +15,8 @@ logits row, or verification shapes).
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from adaspec.h2d import to_device
@@ -78,3 +80,13 @@ def record(logits: torch.Tensor, chunks: list[tuple]) -> None:
         entry[tok] = chosen[k]
         seq.prompt_logprobs.append(entry)
         seq.prompt_logprob_ranks.append(ranks[k])
+
+
+def sampling_logits(logits: torch.Tensor, items, chunks: list[tuple], sample_items: list[int]) -> torch.Tensor:
+    """For a forward of `items` (ForwardItem) in which some chunks asked for every row's logits:
+    record their prompt logprobs (chunks: (seq, nc, n, index into items), before the rows'
+    num_computed_tokens move) and return the sampling rows only, the last row of each of
+    sample_items (indices into items). Shared by the plain step and the pipelined prefill launch."""
+    ends = list(accumulate(it.num_logits for it in items))
+    record(logits, [(seq, nc, n, ends[i] - items[i].num_logits) for seq, nc, n, i in chunks])
+    return logits[to_device([ends[i] - 1 for i in sample_items], logits.device, torch.int64)]

@@ -32,7 +32,7 @@ from adaspec.sample.logits_rules import apply_logits_rules, draft_bias, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
-from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs
+from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs, sampling_logits
 from adaspec.spec_decode.graphed_extras import RowExtras, add_logprobs
 from adaspec.spec_decode.pipelined import InFlightSpecStep, carried_rows, pipelinable
 from adaspec.spec_decode.policy import AdaptivePolicy, FixedPolicy, allocate, draft_widths, survival
@@ -424,20 +424,15 @@ class SpeculativeDecoder:
         lp = logprobs_of(logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
         return InFlightStep.launch(seqs, chosen, lp, want), sampling  # counted as read back (_finish_spec)
 
-    def _sampling_logits(self, logits: torch.Tensor, rows: list[ScheduledSeq], items: list[ForwardItem],
+    @staticmethod
+    def _sampling_logits(logits: torch.Tensor, rows: list[ScheduledSeq], items: list[ForwardItem],
                          sampling: list[int]) -> torch.Tensor:
         """The logits of the sampling rows (indices into rows), one each, from a forward of rows'
-        items; items that asked for every query row's logits (prompt logprobs) record theirs first
-        (engine/prompt_logprobs.py, before num_computed_tokens moves)."""
-        # an item asks for more rows than its sampling one when it records prompt logprobs (a
-        # 1-token chunk mid-prompt: one row, and no sampling row)
-        recording = [i for i, s in enumerate(rows) if items[i].num_logits > int(s.samples)]
-        if not recording:
-            return logits
-        ends = np.cumsum([it.num_logits for it in items])
-        record_prompt_logprobs(logits, [(rows[i].seq, rows[i].seq.num_computed_tokens, rows[i].num_tokens,
-                                         int(ends[i]) - items[i].num_logits) for i in recording])
-        return logits[to_device(ends[sampling] - 1, logits.device)]
+        items, after the items that asked for more rows than their sampling one (prompt logprobs;
+        a 1-token chunk mid-prompt: one row and no sampling row) recorded theirs."""
+        recording = [(s.seq, s.seq.num_computed_tokens, s.num_tokens, i) for i, s in enumerate(rows)
+                     if items[i].num_logits > int(s.samples)]
+        return sampling_logits(logits, items, recording, sampling) if recording else logits
 
     def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
