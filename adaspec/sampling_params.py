@@ -34,7 +34,6 @@ MAX_N = 4096  # samples of one request (each is a request of the engine's: paral
 # (None always does): any other value is refused, naming the field, since ignoring it would sample
 # from another distribution than the one asked for. The server refuses them the same way.
 UNSUPPORTED_UNLESS: dict[str, tuple] = {
-    "structured_outputs": (),
     "guided_decoding": (), "logits_processors": ([],), "best_of": (1,), "spaces_between_special_tokens": (True,),
 }
 MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's and vLLM's range, [-2, 2]
@@ -86,9 +85,11 @@ class SamplingParams:
     logit_bias: dict | None = None  # {token id: added to its logit}
     allowed_token_ids: list | None = None
     bad_words: list | None = None  # words (strings) whose last token is masked after the rest of them
+    # the output follows a JSON schema, regex, choice or grammar (sample/structured_outputs.py);
+    # a dict of StructuredOutputsParams' fields is taken too (it becomes one)
+    structured_outputs: "StructuredOutputsParams | None" = None
     # vLLM's fields adaspec does not implement (UNSUPPORTED_UNLESS): vLLM's defaults, refused
-    # at any value that asks for something
-    structured_outputs: object = None
+    # at any value that asks for something (vLLM's old name of structured_outputs among them)
     guided_decoding: object = None
     logits_processors: list | None = None
     best_of: int | None = None
@@ -161,6 +162,16 @@ class SamplingParams:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 20):
                 raise bad(f"{name} must be an integer in [0, 20], got {v!r}", name)
         self._validate_logits_rules(bad)
+        if self.structured_outputs is not None:
+            if isinstance(self.structured_outputs, dict):
+                self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise bad("structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got "
+                          f"{type(self.structured_outputs).__name__}", "structured_outputs")
+            self.structured_outputs.verify()
+            if self.ignore_eos:  # the grammar's end allows the end-of-sequence token only: nothing could follow
+                raise bad("structured_outputs cannot be combined with ignore_eos: once the output is complete, "
+                          "the end of sequence is the only token it allows", "ignore_eos")
 
     def _validate_logits_rules(self, bad) -> None:
         """The fields of sample/logits_rules.py, with vLLM's ranges (token ids are checked against
@@ -219,6 +230,76 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What the output must follow (vLLM's names): exactly one of a JSON schema (`json`, a dict or
+    its JSON text), any JSON object (`json_object`), a regular expression, one of a list of
+    strings (`choice`), a Lark or GBNF grammar (`grammar`), or a structural tag (`structural_tag`:
+    llguidance's JSON form of one). disable_any_whitespace: JSON without whitespace between its
+    tokens; disable_additional_properties: objects of a schema get no properties beyond those it
+    names. Compiled and checked against the model's tokenizer when the engine adds the request
+    (sample/structured_outputs.py)."""
+
+    json: object = None
+    regex: str | None = None
+    choice: list | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    # vLLM's backend options: one backend here (llguidance), so these can only ask for its behaviour
+    disable_fallback: bool = False
+    whitespace_pattern: str | None = None
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "StructuredOutputsParams":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in fields if k not in known)
+        if unknown:
+            raise InvalidRequestError(f"structured_outputs has unknown field(s) {unknown}; it takes "
+                                      f"{sorted(known)}", param="structured_outputs")
+        return cls(**fields)
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        def bad(msg: str) -> InvalidRequestError:
+            return InvalidRequestError(msg, param="structured_outputs")
+
+        if self.structural_tag is not None:
+            raise bad("structured_outputs.structural_tag is not supported by adaspec (json, regex, choice, grammar "
+                      "and json_object are)")
+        given = [k for k in self.KINDS if getattr(self, k) is not None and getattr(self, k) is not False]
+        if len(given) != 1:
+            raise bad("structured_outputs takes exactly one of json, regex, choice, grammar, json_object and "
+                      f"structural_tag, got {given or 'none'}")
+        kind = given[0]
+        v = getattr(self, kind)
+        if kind == "json" and not isinstance(v, (str, dict)):
+            raise bad(f"structured_outputs.json must be a JSON schema (an object or its JSON text), got "
+                      f"{type(v).__name__}")
+        if kind in ("regex", "grammar", "structural_tag") and not (isinstance(v, str) and v):
+            raise bad(f"structured_outputs.{kind} must be a non-empty string, got {v!r}")
+        if kind == "choice" and not (isinstance(v, (list, tuple)) and v and all(isinstance(c, str) for c in v)):
+            raise bad(f"structured_outputs.choice must be a non-empty list of strings, got {v!r}")
+        if kind == "json_object" and v is not True:
+            raise bad(f"structured_outputs.json_object must be true, got {v!r}")
+        for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(f"structured_outputs.{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.whitespace_pattern is not None:
+            raise bad("structured_outputs.whitespace_pattern is not supported (llguidance, adaspec's grammar "
+                      "engine, takes disable_any_whitespace instead)")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.KINDS if getattr(self, k) is not None and getattr(self, k) is not False)
 
 
 def token_id(key) -> int | None:

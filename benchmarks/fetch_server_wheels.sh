@@ -15,7 +15,8 @@
 # has uvloop: run 19-21's servers logged "uvloop event loop, h11 HTTP"). anyio and typing-extensions come along too:
 # fastapi and pydantic need newer ones than an image may hold, and a newer one shadows the image's
 # harmlessly. Versions are those this repository's tests run with (pip list on the dev machines).
-# pydantic-core and httptools are the compiled wheels (cp312 manylinux).
+# pydantic-core and httptools are the compiled wheels (cp312 manylinux); llguidance (structured
+# outputs' grammar engine, a core dependency) is an abi3 manylinux_2_31 wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
@@ -23,12 +24,12 @@ PYVER=${PYVER:-3.12}
 WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0
   typing-inspection==0.4.2 typing-extensions==4.16.0 uvicorn==0.54.0 annotated-doc==0.0.7
-  opentelemetry-api==1.45.2 anyio==4.16.0 httptools==0.9.0
+  opentelemetry-api==1.45.2 anyio==4.16.0 httptools==0.9.0 llguidance==1.9.1
 )
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl  # one version of each: two versions of one package stop the install there
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DIR" "${WHEELS[@]}"
 n=$(ls "$DIR"/*.whl | wc -l)
 if [ "$n" -ne "${#WHEELS[@]}" ]; then

@@ -51,7 +51,7 @@ say() { echo "[$(basename "$0") +$((SECONDS - T_START)) s] $*"; }
 
 # The server stack (fastapi, uvicorn, pydantic, ...) from carried wheels, only where it is missing.
 install_server_wheels() {
-  if "$PYTHON" -c "import fastapi, uvicorn, pydantic, starlette, httptools" 2>/dev/null; then
+  if "$PYTHON" -c "import fastapi, uvicorn, pydantic, starlette, httptools, llguidance" 2>/dev/null; then
     say "server stack already importable: no wheels installed"
   else
     local dir=${WHEELS_DIR:-.whl}

@@ -71,6 +71,11 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def _has_grammar(seqs) -> bool:
+    """Some unfinished request among these has structured outputs."""
+    return any(s.logits_rule is not None and s.logits_rule.grammar is not None and not s.finished for s in seqs)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -447,6 +452,7 @@ class LLMEngine:
             for seq, seed in zip(self._unseeded, new_seeds(len(self._unseeded), self._seed_source)):
                 seq.seed = seed
             self._unseeded = []
+        outputs += self._read_back_for_grammars()
         if self.spec is not None and self.async_scheduling:
             if self._pipelines_spec():
                 return outputs + self._pipelined_spec_step()
@@ -463,6 +469,21 @@ class LLMEngine:
         if self.spec is None:  # the async step's launch and read back, with nothing in between
             return outputs + self._resolve(self._launch_plain_step(scheduled))
         return outputs + self._spec_step(scheduled)
+
+    def _read_back_for_grammars(self) -> list[RequestOutput]:
+        """A request with structured outputs needs its last token on the host to mask the next
+        one (sample/structured_outputs.py): a step in flight that sampled for one is read back
+        before the next step is scheduled, so such requests run without async overlap (the other
+        requests of their steps too, while they last)."""
+        outputs: list[RequestOutput] = []
+        if self._in_flight is not None and _has_grammar(self._in_flight.seqs):
+            outputs += self._resolve(self._in_flight)
+            self._in_flight = None
+        spec = self._spec_in_flight  # (a grammar's rows are never graphed: its prefill rows only)
+        if spec is not None and spec.prefill is not None and _has_grammar(spec.prefill.seqs):
+            self.stats.num_pipeline_drains += 1
+            outputs += self._drain_spec()
+        return outputs
 
     def _spec_step(self, scheduled: list[ScheduledSeq]) -> list[RequestOutput]:
         # each part of the step hands its rows' tokens over as soon as they are read back (in a

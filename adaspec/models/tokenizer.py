@@ -117,6 +117,11 @@ class Tokenizer:
         again every step (the tokenizers library's DecodeStream, as vLLM's fast detokenizer)."""
         return IncrementalDecoder(self._tok, skip_special_tokens)
 
+    def backend_json(self) -> str:
+        """The tokenizers.Tokenizer as its tokenizer.json text (llguidance reads it:
+        sample/structured_outputs.py)."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

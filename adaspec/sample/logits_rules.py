@@ -23,6 +23,7 @@ import torch
 
 from adaspec.errors import InvalidRequestError
 from adaspec.h2d import to_device
+from adaspec.sample.structured_outputs import Grammar, grammar_keep_mask
 
 # penalized rows are processed in chunks of about this many logits: their token counts are dense
 # [rows, V] tensors (64 MB of float32 a chunk: 110 rows of a 151k vocabulary), while a
@@ -43,6 +44,7 @@ class LogitsRule:
     frequency: float  # 0: off
     presence: float  # 0: off
     min_p: float  # 0: off
+    grammar: Grammar | None = None  # structured_outputs (sample/structured_outputs.py)
     # its allowed mask and bias as device tensors, made at their first use on a device and kept:
     # built from the Python tuples every step, a whole-vocabulary logit_bias cost ~80 ms a step
     _tensors: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -90,10 +92,13 @@ class LogitsRule:
             # vLLM masks the end-of-sequence ids too when ignore_eos is set (its all_stop_token_ids)
             stops = set(params.stop_token_ids) | set(eos_token_ids)
             ban = tuple(sorted(t for t in stops if 0 <= t < vocab_size))
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = Grammar.of(params.structured_outputs, tokenizer, vocab_size, eos_token_ids)
         rule = cls(allowed, bad_words, bias, min_tokens if ban else 0, ban,
                    float(params.repetition_penalty if params.repetition_penalty is not None else 1.0),
                    float(params.frequency_penalty or 0.0), float(params.presence_penalty or 0.0),
-                   0.0 if params.greedy else float(params.min_p or 0.0))
+                   0.0 if params.greedy else float(params.min_p or 0.0), grammar)
         if rule.allowed is not None:  # a row with no token left would sample garbage (a NaN softmax)
             banned = set(rule.min_tokens_ban) | {w[0] for w in bad_words if len(w) == 1}
             if set(rule.allowed) <= banned:
@@ -109,7 +114,7 @@ class LogitsRule:
     @property
     def is_neutral(self) -> bool:
         return (self.allowed is None and not self.bad_words and not self.bias and not self.min_tokens
-                and not self.penalizes and self.min_p == 0.0)
+                and not self.penalizes and self.min_p == 0.0 and self.grammar is None)
 
 
 def bad_word_ids(words: list[str], tokenizer) -> tuple[tuple[int, ...], ...]:
@@ -153,15 +158,22 @@ class RuleRow:
 
 
 def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
-                       pending_tokens: torch.Tensor | None = None) -> torch.Tensor:
+                       pending_tokens: torch.Tensor | None = None, grammars: bool = True) -> torch.Tensor:
     """logits [N, V] -> float32 logits with each row's rule applied (rows[i] None: row i as is).
     Returns `logits` itself when no row has a rule (callers must not write into the result).
-    pending_tokens: the device tokens RuleRow.pending indexes (async scheduling's last token)."""
+    pending_tokens: the device tokens RuleRow.pending indexes (async scheduling's last token).
+    grammars: False leaves structured outputs' masks out (draft_bias)."""
     ruled = [i for i, r in enumerate(rows) if r is not None]
     if not ruled:
         return logits
     out = logits.to(torch.float32, copy=True)
     dev, V = out.device, out.shape[-1]
+    constrained = [i for i in ruled if rows[i].rule.grammar is not None] if grammars else []
+    if constrained:  # first, as vLLM applies its grammar bitmask before the sampler's processors
+        at_grammar = to_device(constrained, dev, torch.int64)
+        keep = grammar_keep_mask([rows[i] for i in constrained], V, dev)
+        out[at_grammar] = out[at_grammar].masked_fill(~keep, float("-inf"))
+        grammar_only = out[at_grammar]
 
     def where(pairs):  # [(row, token)] -> index tensors
         return to_device([p[0] for p in pairs], dev, torch.int64), to_device([p[1] for p in pairs], dev, torch.int64)
@@ -197,6 +209,13 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         shift = to_device([rows[i].temperature * math.log(rows[i].rule.min_p) for i in min_p], dev, torch.float32)
         cut = x.max(-1, keepdim=True).values + shift.unsqueeze(-1)
         out[at] = x.masked_fill(x < cut, float("-inf"))
+    if constrained:
+        # a grammar row the other rules left without any token (min_tokens holding back the end
+        # of a complete output, allowed_token_ids outside the grammar): the grammar wins, since a
+        # row of -inf would sample garbage (a NaN softmax). On the device: no sync
+        x = out[at_grammar]
+        dead = torch.isneginf(x).all(-1, keepdim=True)
+        out[at_grammar] = torch.where(dead, grammar_only, x)
     return out
 
 
@@ -364,4 +383,5 @@ def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
     for row in rows:
         if row is not None:
             row.temperature = 0.0  # (min_p applies to sampled rows only)
-    return apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows)
+    # (not structured outputs' masks: the anchor's mask is no mask for the slots after it)
+    return apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows, grammars=False)

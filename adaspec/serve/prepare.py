@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
 from adaspec.models.tokenizer import check_template_kwargs
-from adaspec.sampling_params import UNSUPPORTED_UNLESS, SamplingParams, is_neutral, token_id, truncated_prompt
+from adaspec.sampling_params import (UNSUPPORTED_UNLESS, SamplingParams, StructuredOutputsParams, is_neutral,
+                                     token_id, truncated_prompt)
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from adaspec.serve.state import ServeState
@@ -26,10 +27,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; null mea
 # SamplingParams fields share the offline API's table (sampling_params.UNSUPPORTED_UNLESS).
 _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
-        "structured_outputs",
-        "spaces_between_special_tokens")},
-    "use_beam_search": (False,), "length_penalty": (1.0,), "guided_json": (), "guided_regex": (),
-    "guided_choice": (), "guided_grammar": (), "return_tokens_as_token_ids": (False,),
+        "spaces_between_special_tokens",)},
+    "use_beam_search": (False,), "length_penalty": (1.0,), "return_tokens_as_token_ids": (False,),
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
     "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,),
@@ -155,7 +154,56 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         logprobs=logprobs,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=req.skip_special_tokens is not False,
+        structured_outputs=structured_outputs_of(req),
     )
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def structured_outputs_of(req) -> StructuredOutputsParams | None:
+    """What the output must follow, from whichever field asked: vLLM's structured_outputs object,
+    its older guided_json / guided_regex / guided_choice / guided_grammar, or OpenAI's
+    response_format (json_object, or json_schema with its schema). At most one of them."""
+    asked: dict[str, StructuredOutputsParams] = {}
+    so = req.structured_outputs
+    if so is not None:
+        if not isinstance(so, dict):
+            raise _bad(f"structured_outputs must be an object, got {type(so).__name__}.", "structured_outputs")
+        asked["structured_outputs"] = StructuredOutputsParams.from_dict(so)
+    for name, kind in _GUIDED.items():
+        v = getattr(req, name)
+        if v is not None:
+            asked[name] = _with_param(lambda: StructuredOutputsParams(**{kind: v}), name)
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            asked["response_format"] = StructuredOutputsParams(json_object=True)
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict):
+                raise _bad("response_format of type json_schema needs a json_schema object ({\"name\": ..., "
+                           "\"schema\": {...}}).", "response_format")
+            schema = spec.get("schema")
+            if schema is None:  # OpenAI's schema is optional: then any JSON object
+                asked["response_format"] = StructuredOutputsParams(json_object=True)
+            else:
+                asked["response_format"] = _with_param(lambda: StructuredOutputsParams(json=schema), "response_format")
+        elif kind != "text":
+            raise _bad(f"response_format type must be one of 'text', 'json_object' and 'json_schema', got {kind!r}.",
+                       "response_format")
+    if len(asked) > 1:
+        raise _bad(f"Ask for structured outputs one way only; this request sets {sorted(asked)}.", sorted(asked)[0])
+    return next(iter(asked.values()), None)
+
+
+def _with_param(make, param: str):
+    """Build a StructuredOutputsParams, its error named after the request field that asked."""
+    try:
+        return make()
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"{param}: {e}", param=param) from None
 
 
 def completion_prompt_ids(state: ServeState, prompt, add_special_tokens: bool | None = None) -> list[int]:
@@ -271,9 +319,6 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
     _reject_unsupported(req, _NEUTRAL_CHAT)
     if req.stream and req.prompt_logprobs is not None:  # (vLLM refuses it too: no chunk carries them)
         raise _bad("prompt_logprobs is not available when stream is true.", "prompt_logprobs")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise _bad("response_format other than text is not supported by adaspec.", "response_format",
-                   "unsupported_parameter")
     if req.top_logprobs is not None and not req.logprobs:
         raise _bad("top_logprobs requires logprobs to be true.", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

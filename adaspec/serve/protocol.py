@@ -49,17 +49,20 @@ class _SamplingFields(_Strict):
     min_p: float | None = None  # extension (vLLM)
     allowed_token_ids: list[int] | None = None  # extension (vLLM)
     bad_words: list[str] | None = None  # extension (vLLM)
+    # structured outputs (sample/structured_outputs.py; prepare.structured_outputs_of): OpenAI's
+    # response_format, vLLM's structured_outputs object and its older guided_* fields
+    response_format: dict[str, Any] | None = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     # vLLM sampling extensions adaspec does not implement: declared so that a non-neutral value
     # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
     use_beam_search: Any = None
     length_penalty: Any = None
     prompt_logprobs: int | None = None  # extension (vLLM): the choices' "prompt_logprobs"
     truncate_prompt_tokens: int | None = None  # extension (vLLM): keep the prompt's last k tokens (-1: the context)
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
     add_special_tokens: Any = None
     spaces_between_special_tokens: Any = None
     return_tokens_as_token_ids: Any = None
@@ -103,7 +106,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     # vLLM's chat extensions at their defaults only (refused otherwise)
     echo: Any = None
     add_generation_prompt: Any = None

@@ -37,7 +37,7 @@ def test_vllm_fields_at_their_neutral_values_are_accepted_and_others_named():
     SamplingParams(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1.0, min_tokens=0, min_p=0.0,
                    logit_bias={}, bad_words=[], best_of=1, spaces_between_special_tokens=True)
     for name, value in (("logits_processors", [print]),
-                        ("best_of", 2), ("structured_outputs", {"json": {}}),
+                        ("best_of", 2), ("guided_decoding", {"json": {}}),
                         ("spaces_between_special_tokens", False)):
         with pytest.raises(InvalidRequestError, match=f"{name} is not supported by adaspec") as e:
             SamplingParams(**{name: value})

@@ -34,8 +34,6 @@ def test_null_max_tokens_on_chat_means_the_rest_of_the_context(http, fake_server
 @pytest.mark.parametrize("path", [C, CHAT])
 @pytest.mark.parametrize("field, value", [
     ("use_beam_search", True), ("length_penalty", 2.0),
-    ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
-    ("guided_choice", ["a"]), ("guided_grammar", "x"), ("structured_outputs", {"json": {}}),
 ])
 def test_unimplemented_sampling_extension_is_a_400_naming_it(http, path, field, value):
     body = {"prompt": "x"} if path == C else {"messages": MSGS}
@@ -44,6 +42,40 @@ def test_unimplemented_sampling_extension_is_a_400_naming_it(http, path, field, 
     err = r.json()["error"]
     assert err["param"] == field and err["code"] == "unsupported_parameter"
     assert field in err["message"] and "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("path", [C, CHAT])
+@pytest.mark.parametrize("fields, param, says", [
+    ({"structured_outputs": {"regex": "a+", "choice": ["a"]}}, "structured_outputs", "exactly one of"),
+    ({"structured_outputs": {}}, "structured_outputs", "exactly one of"),
+    ({"structured_outputs": {"jsn": {}}}, "structured_outputs", "unknown field(s) ['jsn']"),
+    ({"structured_outputs": "a+"}, "structured_outputs", "must be an object"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural_tag is not supported"),
+    ({"guided_choice": "yes"}, "guided_choice", "non-empty list of strings"),
+    ({"guided_regex": ""}, "guided_regex", "non-empty string"),
+    ({"guided_json": 5}, "guided_json", "JSON schema"),
+    ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "one way only"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "one way only"),
+    ({"response_format": {"type": "xml"}}, "response_format", "'xml'"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema object"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos", "ignore_eos"),
+])
+def test_a_malformed_structured_outputs_request_is_a_400_naming_its_field(http, path, fields, param, says):
+    body = {"prompt": "x"} if path == C else {"messages": MSGS}
+    r = http.post(path, json={**body, "max_tokens": 2, **fields})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert says in err["message"], err
+
+
+@pytest.mark.parametrize("path", [C, CHAT])
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "text"}}, {"response_format": None}, {"guided_json": None},
+])
+def test_structured_outputs_fields_that_ask_for_nothing_are_accepted(http, path, fields):
+    body = {"prompt": "x"} if path == C else {"messages": MSGS}
+    assert http.post(path, json={**body, "max_tokens": 2, **fields}).status_code == 200
 
 
 @pytest.mark.parametrize("path", [C, CHAT])

@@ -341,3 +341,39 @@ def test_n_seeded_samples_equal_single_requests_with_seed_plus_index(client):
     assert r.choices[0].text != r.choices[1].text
     assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
     assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
+
+
+def test_structured_outputs_reach_the_engine(client, reference):
+    """response_format (json_schema, json_object), vLLM's structured_outputs and guided_* fields:
+    the server's text is LLM.generate's under the same constraint, streamed or not; a constraint
+    that does not compile is a 400 with llguidance's reason, and the server goes on."""
+    from adaspec.sampling_params import StructuredOutputsParams as SO
+
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yz"]}}, "required": ["a"],
+              "additionalProperties": False}
+    chat_ref = reference(reference.tokenizer.apply_chat_template(CHATS[0], add_generation_prompt=True), 40,
+                         structured_outputs=SO(json=schema))
+    r = client.chat.completions.create(model="micro", messages=CHATS[0], max_tokens=40, temperature=0,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "a", "schema": schema}})
+    assert r.choices[0].message.content == chat_ref.outputs[0].text
+    if r.choices[0].finish_reason == "stop":
+        assert json.loads(r.choices[0].message.content)["a"] in ("x", "yz")
+    cases = [({"structured_outputs": {"regex": "[a-c]{2,6}!"}}, SO(regex="[a-c]{2,6}!")),
+             ({"guided_choice": ["alpha", "beta"]}, SO(choice=["alpha", "beta"])),
+             ({"response_format": {"type": "json_object"}}, SO(json_object=True))]
+    for body, so in cases:
+        ref = reference(PROMPTS[0], 24, structured_outputs=so).outputs[0].text
+        r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=24, temperature=0, extra_body=body)
+        assert r.choices[0].text == ref, body
+        streamed = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                             stream=True, extra_body=body)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == ref, body
+    assert ref.startswith("{")
+    bad = httpx.post(f"{client.base_url}completions", json={"model": "micro", "prompt": "x", "max_tokens": 4,
+                                                            "structured_outputs": {"regex": "(("}})
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["param"] == "structured_outputs" and "unclosed group" in bad.json()["error"]["message"]
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                  extra_body={"guided_choice": ["alpha", "beta"]})
+    assert r.choices[0].text in ("alpha", "beta")

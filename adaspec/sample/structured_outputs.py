@@ -1,0 +1,227 @@
+"""Structured outputs: the output follows a JSON schema, a regular expression, one of a list of
+strings, or a Lark/GBNF grammar (SamplingParams.structured_outputs, vLLM's names).
+
+llguidance compiles the constraint against the model's tokenizer when the engine adds the request
+(a bad schema or grammar fails that request alone, with llguidance's message), and each request
+keeps a matcher that has consumed its output so far (GrammarState, brought up to date lazily, as
+the penalties' counts are). At every sampling row the matcher's mask of allowed next tokens sets
+the other logits to -inf before any other rule (vLLM applies its grammar bitmask first too).
+
+Speculative decoding stays lossless: a verification position's mask is the one its history (the
+output plus the drafts before it) would have, so the target's distribution there is exactly the
+constrained one; a draft the grammar refuses has target probability 0 and is rejected, so the
+positions after it are never read (their masks are left all-allowed). llguidance computes one
+request's positions in one call that consumes the drafts and rolls them back
+(LLExecutor.unsafe_compute_mask_ptr_with_draft_token), for all requests in parallel threads.
+
+A grammar needs the request's last token on the host: the engine reads a step in flight back
+before it schedules a request with a grammar (llm_engine: _read_back_for_grammars), so such
+requests run without async scheduling's overlap.
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.errors import InvalidRequestError
+
+_PARAM = "structured_outputs"
+_tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): LLTokenizer}
+_executor = None
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError as e:  # a dependency of adaspec's; named, should an install lack it
+        raise InvalidRequestError(f"structured_outputs need the llguidance package ({e})", param=_PARAM) from None
+    return llguidance
+
+
+def grammar_tokenizer(tokenizer, vocab_size: int, eos_token_ids) -> object:
+    """llguidance's view of the engine's tokenizer (made once per tokenizer, vocabulary size and
+    end-of-sequence ids: ~30 ms for an 8k vocabulary, more for 150k). Token ids the tokenizer
+    does not have (a padded embedding) are never allowed; the grammar's end allows exactly the
+    engine's end-of-sequence ids."""
+    eos = tuple(sorted(eos_token_ids))
+    cache = _tokenizers.setdefault(tokenizer, {})
+    key = (vocab_size, eos)
+    if key not in cache:
+        # (a model may have fewer logits than the tokenizer has tokens, e.g. the statistical tests'
+        # micro models; llguidance needs them all: the masks are cut to the logits' width)
+        n_vocab = max(vocab_size, len(tokenizer))
+        cache[key] = _llguidance().LLTokenizer(tokenizer.backend_json(), n_vocab=n_vocab, eos_token=list(eos))
+    return cache[key]
+
+
+def _no_additional_properties(schema):
+    """The schema with additionalProperties: false on every object that does not say otherwise
+    (vLLM's disable_additional_properties)."""
+    if isinstance(schema, list):
+        return [_no_additional_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _no_additional_properties(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def grammar_text(params) -> str:
+    """The llguidance grammar (its JSON form) of a StructuredOutputsParams. Raises
+    InvalidRequestError for a JSON schema that is not JSON."""
+    ll = _llguidance()
+    kind = params.kind
+    if kind in ("json", "json_object"):
+        schema = params.json if kind == "json" else {"type": "object"}
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidRequestError(f"structured_outputs.json is not valid JSON: {e}", param=_PARAM) from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError(f"structured_outputs.json must be a JSON schema object, got "
+                                      f"{type(schema).__name__}", param=_PARAM)
+        if params.disable_additional_properties:
+            schema = _no_additional_properties(schema)
+        try:
+            return ll.LLMatcher.grammar_from_json_schema(
+                schema, defaults={"whitespace_flexible": not params.disable_any_whitespace})
+        except ValueError as e:
+            raise InvalidRequestError(f"structured_outputs.json: {e}", param=_PARAM) from None
+    if kind == "regex":
+        return ll.grammar_from("regex", params.regex)
+    if kind == "choice":
+        return ll.grammar_from("choice", list(params.choice))
+    try:  # Lark, or GBNF (llama.cpp's) converted to Lark
+        return ll.grammar_from("grammar", params.grammar)
+    except ValueError as e:
+        raise InvalidRequestError(f"structured_outputs.grammar: {e}", param=_PARAM) from None
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A request's compiled constraint: llguidance's grammar and the tokenizer it was checked with."""
+
+    text: str
+    tokenizer: object = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, params, tokenizer, vocab_size: int, eos_token_ids) -> "Grammar":
+        """Compile and check a StructuredOutputsParams (InvalidRequestError names what is wrong)."""
+        if tokenizer is None:
+            raise InvalidRequestError("structured_outputs need a tokenizer, and this engine runs without one "
+                                      "(skip_tokenizer_init=True)", param=_PARAM)
+        if not eos_token_ids:
+            raise InvalidRequestError("structured_outputs need an end-of-sequence token to end a complete output, "
+                                      "and this model names none", param=_PARAM)
+        ll_tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        text = grammar_text(params)
+        error = _llguidance().LLMatcher.validate_grammar(text, ll_tok)
+        if error:
+            raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: {error.strip()}",
+                                      param=_PARAM)
+        return cls(text, ll_tok)
+
+    def matcher(self):
+        m = _llguidance().LLMatcher(self.tokenizer, self.text, log_level=0)
+        if m.is_error():  # validated when the request was added: a failure here is llguidance's own
+            raise RuntimeError(f"llguidance could not build a matcher: {m.get_error()}")
+        return m
+
+
+class GrammarState:
+    """A request's matcher and how many of its output tokens it has consumed (a Sequence's
+    grammar_state, kept between steps)."""
+
+    def __init__(self, grammar: Grammar):
+        self.grammar = grammar
+        self.matcher = grammar.matcher()
+        self.num_consumed = 0
+
+    def advance(self, output: list[int], request_id="?") -> None:
+        """Consume the output tokens appended since the last call."""
+        if len(output) < self.num_consumed:  # the output shrank (it never does): start again
+            self.matcher.reset()
+            self.num_consumed = 0
+        new = output[self.num_consumed:]
+        if new:
+            if not self.matcher.consume_tokens(new):
+                # every sampled token was drawn from this matcher's mask: a token it refuses means
+                # the masks and the sampled rows went out of step (a bug, never the request's input)
+                raise RuntimeError(f"request {request_id}: output token(s) {new} break its structured output "
+                                   f"({self.matcher.get_error()})")
+            self.num_consumed = len(output)
+
+
+def _state(row) -> GrammarState:
+    """The row's request's GrammarState, kept on the request when it can hold one (an engine
+    Sequence: grammar_state), brought up to date with its output."""
+    history = row.history
+    state = getattr(history, "grammar_state", False)
+    if state is False:  # no history that keeps state (tests' rows): consume the output afresh
+        state = GrammarState(row.rule.grammar)
+    elif state is None or state.grammar is not row.rule.grammar:
+        state = history.grammar_state = GrammarState(row.rule.grammar)
+    state.advance(row.output, getattr(history, "request_id", "?"))
+    return state
+
+
+def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
+    """[len(rows), V] bool on `device`: the tokens each row's grammar allows next (rows: RuleRows
+    whose rule has a grammar; row.extra are the drafts before a verification position)."""
+    ll = _llguidance()
+    global _executor
+    if _executor is None:
+        _executor = ll.LLExecutor()
+    words = (max(vocab_size, *(row.rule.grammar.tokenizer.vocab_size for row in rows)) + 31) // 32
+    # all allowed until written: a verification position after a draft its grammar refuses is
+    # never reached (that draft is rejected), and llguidance leaves it alone
+    bits = torch.full((len(rows), words), -1, dtype=torch.int32)
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.pending >= 0:
+            raise RuntimeError("a row with a grammar has its last token still on the device: the engine reads "
+                               "such steps back first (async bookkeeping is broken)")
+        groups.setdefault(id(row.history) if row.history is not None else id(row), []).append(i)
+    jobs, order = [], []  # (matcher, first buffer row, drafts); buffer row -> input row
+    for members in groups.values():
+        members.sort(key=lambda i: len(rows[i].extra))
+        matcher = _state(rows[members[0]]).matcher
+        longest = rows[members[-1]].extra
+        if all(rows[i].extra == longest[:j] for j, i in enumerate(members)) and len(longest) == len(members) - 1:
+            # one block's verification positions (or one plain row): one call, drafts rolled back
+            jobs.append((matcher, len(order), list(longest)))
+            order += members
+            continue
+        for i in members:  # any other shape: one position at a time
+            extra = rows[i].extra
+            consumed = matcher.try_consume_tokens(list(extra)) if extra else 0
+            if consumed == len(extra):
+                row_bits = bits[len(order)]
+                matcher.unsafe_compute_mask_ptr(row_bits.data_ptr(), words * 4)
+            if consumed:
+                matcher.rollback(consumed)
+            order.append(i)
+    plain = [(m, b) for m, b, drafts in jobs if not drafts]  # (llguidance wants drafts in the other call)
+    if plain:
+        _executor.unsafe_compute_mask_ptr(plain, bits.data_ptr(), words * 4, len(rows))
+    drafted = [j for j in jobs if j[2]]
+    if drafted:
+        _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bits.data_ptr(), words * 4, len(rows))
+    on_device = bits.to(device, non_blocking=False)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    keep = ((on_device.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), words * 32)[:, :vocab_size]
+    if order != list(range(len(rows))):
+        keep = keep[torch.as_tensor(_inverse(order), device=device)]
+    return keep
+
+
+def _inverse(order: list[int]) -> list[int]:
+    inv = [0] * len(order)
+    for b, i in enumerate(order):
+        inv[i] = b
+    return inv

@@ -1,0 +1,312 @@
+"""Structured outputs (sample/structured_outputs.py): the masks of verification positions against
+a fresh matcher fed the same history, the engine's outputs against their constraint (plain, fixed k,
+adaptive, async scheduling, n > 1), bad constraints refused request by request, and losslessness:
+the speculative engine's law of the first tokens under a grammar against the target's exact
+constrained law, with a harness shown to catch masks computed from the wrong history."""
+import json
+import re
+
+import jsonschema
+import llguidance
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.errors import InvalidRequestError
+from adaspec.models.loader import load_target
+from adaspec.models.tokenizer import Tokenizer
+from adaspec.sample import structured_outputs
+from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
+from adaspec.sample.probs import processed_probs
+from adaspec.sampling_params import StructuredOutputsParams as SO
+from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
+from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+REGEX = r"[0-9]{3}-[a-z]{2,5}"
+CHOICES = ["yes", "no", "maybe"]
+LARK = 'start: "A" ("b" | "c")* "D"'
+# (json with disable_any_whitespace: the tiny model's JSON otherwise wanders in whitespace)
+CONSTRAINTS = {"json": SO(json=SCHEMA, disable_any_whitespace=True), "regex": SO(regex=REGEX),
+               "choice": SO(choice=CHOICES), "grammar": SO(grammar=LARK),
+               "json_object": SO(json_object=True, disable_any_whitespace=True)}
+PROMPTS = ["Once upon a time", "The answer is", "def main():"]
+ARMS = {"none": None, "fixed": {"method": "dspark", "num_speculative_tokens": 4},
+        "adaptive": {"method": "dspark", "enable_adaptive_verification": True}}
+
+
+def follows(kind: str, text: str) -> bool:
+    if kind == "json":
+        try:
+            jsonschema.validate(json.loads(text), SCHEMA)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    if kind == "json_object":
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
+    if kind == "regex":
+        return re.fullmatch(REGEX, text) is not None
+    if kind == "choice":
+        return text in CHOICES
+    return re.fullmatch(r"A[bc]*D", text) is not None
+
+
+# ---- the masks -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    from adaspec.models.registry import resolve_model_path
+
+    return Tokenizer.from_dir(resolve_model_path("tiny"))
+
+
+class History:
+    """What an engine Sequence keeps for a grammar (its state between calls)."""
+
+    request_id = "r"
+    grammar_state = None
+
+
+def reference_mask(grammar, history: list[int], V: int) -> list[bool] | None:
+    """A fresh matcher fed the whole history: the tokens it allows next (None: the history breaks
+    the grammar, a position that is never reached)."""
+    m = grammar.matcher()
+    for t in history:
+        if not m.consume_token(t):
+            return None
+    bits = m.compute_bitmask()
+    return [bool(bits[t // 8] >> (t % 8) & 1) for t in range(V)]
+
+
+def test_verification_positions_get_the_mask_of_their_own_history(tiny_tokenizer):
+    V = tiny_tokenizer.vocab_size
+    eos = {tiny_tokenizer.eos_token_id}
+    rule = LogitsRule.of(SamplingParams(structured_outputs=CONSTRAINTS["json"]), eos, V, tiny_tokenizer)
+    valid = tiny_tokenizer.encode('{"name":"Bob","age":42}')
+    g = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        cut = int(torch.randint(0, len(valid) - 5, (), generator=g))
+        output, drafts = valid[:cut], list(valid[cut:cut + 4])
+        if trial % 3 == 1:  # a draft the grammar refuses: the positions after it are never reached
+            drafts[1] = int(torch.randint(0, V, (), generator=g))
+        hist = History()
+        rows = [RuleRow(rule, 1.0, [], output, drafts[:j], history=hist) for j in range(len(drafts) + 1)]
+        if trial % 2:  # rows of several requests interleaved, and out of order
+            other = History()
+            rows = rows[::-1] + [RuleRow(rule, 1.0, [], valid[:3], [], history=other)]
+        logits = torch.zeros(len(rows), V)
+        got = apply_logits_rules(logits, rows)
+        for r, row in enumerate(rows):
+            want = reference_mask(rule.grammar, row.output + row.extra, V)
+            if want is None:
+                continue
+            assert (got[r] > -float("inf")).tolist() == want, (trial, r)
+        assert hist.grammar_state.num_consumed == len(output)  # the drafts were rolled back
+
+
+def test_positions_that_are_not_one_block_are_masked_one_by_one(tiny_tokenizer):
+    V = tiny_tokenizer.vocab_size
+    rule = LogitsRule.of(SamplingParams(structured_outputs=CONSTRAINTS["json"]), {0}, V, tiny_tokenizer)
+    valid = tiny_tokenizer.encode('{"name":"Al","age":7}')
+    hist = History()
+    rows = [RuleRow(rule, 1.0, [], valid[:2], valid[2:5], history=hist),
+            RuleRow(rule, 1.0, [], valid[:2], valid[2:3], history=hist)]  # lengths 3 and 1: no block
+    got = apply_logits_rules(torch.zeros(2, V), rows)
+    for r, row in enumerate(rows):
+        assert (got[r] > -float("inf")).tolist() == reference_mask(rule.grammar, row.output + row.extra, V)
+
+
+def test_a_complete_output_allows_the_end_of_sequence_only_and_beats_min_tokens(tiny_tokenizer):
+    V, eos = tiny_tokenizer.vocab_size, tiny_tokenizer.eos_token_id
+    params = SamplingParams(structured_outputs=SO(choice=["yes"]), min_tokens=10)
+    rule = LogitsRule.of(params, {eos}, V, tiny_tokenizer)
+    done = tiny_tokenizer.encode("yes")
+    got = apply_logits_rules(torch.randn(1, V), [RuleRow(rule, 1.0, [], done, [], history=History())])
+    # min_tokens holds the end of sequence back, the grammar allows nothing else: the grammar wins
+    assert (got[0] > -float("inf")).nonzero().flatten().tolist() == [eos]
+
+
+def test_the_drafters_bias_leaves_the_grammar_out(tiny_tokenizer):
+    from adaspec.sample.logits_rules import draft_bias
+
+    class Seq:
+        logits_rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="a+")), {0}, 64, tiny_tokenizer)
+        prompt_token_ids, token_ids, params, request_id = [1], [1], SamplingParams(), "s"
+        grammar_state = logits_rule_state = None
+
+    assert torch.equal(draft_bias([Seq()], 64, "cpu"), torch.zeros(1, 64))
+
+
+@pytest.mark.parametrize("params, says", [
+    (SO(regex="(((("), "unclosed group"),
+    (SO(grammar="start: foo"), "unknown name"),
+    (SO(json='{"type": "object"'), "not valid JSON"),
+    (SO(json={"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "does not compile"),
+])
+def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_reason(tiny_tokenizer, params, says):
+    with pytest.raises(InvalidRequestError, match=re.escape(says)) as e:
+        LogitsRule.of(SamplingParams(structured_outputs=params), {0}, tiny_tokenizer.vocab_size, tiny_tokenizer)
+    assert e.value.param == "structured_outputs"
+
+
+def test_params_take_exactly_one_constraint_and_vllms_dict_form():
+    assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs == SO(regex="a+")
+    for bad, says in (({"regex": "a", "choice": ["a"]}, "exactly one"), ({}, "exactly one"),
+                      ({"choice": []}, "non-empty list"), ({"json": 5}, "JSON schema"),
+                      ({"whitespace_pattern": " ", "regex": "a"}, "whitespace_pattern"),
+                      ({"structural_tag": "{}"}, "structural_tag is not supported"), ({"bogus": 1}, "unknown")):
+        with pytest.raises(InvalidRequestError, match=says):
+            SamplingParams(structured_outputs=bad)
+    with pytest.raises(InvalidRequestError, match="ignore_eos"):
+        SamplingParams(structured_outputs=SO(regex="a"), ignore_eos=True)
+
+
+# ---- through the engine ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engines():
+    return {name: LLM("tiny", speculative_config=cfg) for name, cfg in ARMS.items()}
+
+
+@pytest.mark.parametrize("kind", list(CONSTRAINTS))
+def test_every_arm_follows_the_constraint_and_greedy_arms_agree(engines, kind):
+    greedy = {}
+    for name, llm in engines.items():
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(temperature=temperature, max_tokens=80, seed=5, structured_outputs=CONSTRAINTS[kind])
+            outs = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+            for o in outs:
+                assert o.finish_reason == "stop" or kind in ("grammar", "json_object"), (name, o)
+                if o.finish_reason == "stop":
+                    assert follows(kind, o.text), (name, temperature, o.text)
+            if temperature == 0.0:
+                greedy[name] = [o.token_ids for o in outs]
+    assert greedy["fixed"] == greedy["none"] and greedy["adaptive"] == greedy["none"]
+
+
+def test_async_scheduling_reads_a_grammars_token_back_and_keeps_the_others_output(engines):
+    so = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=CONSTRAINTS["regex"])
+    free = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    params = [so, free, so, free]
+    want = [o.outputs[0].token_ids for o in engines["none"].generate(PROMPTS + PROMPTS[:1], params, use_tqdm=False)]
+    for cfg in (None, ARMS["adaptive"]):
+        llm = LLM("tiny", speculative_config=cfg, async_scheduling=True)
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS + PROMPTS[:1], params, use_tqdm=False)]
+        assert got == want, cfg
+
+
+def test_parallel_samples_each_follow_the_grammar(engines):
+    out = engines["fixed"].generate(PROMPTS[:1], SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=20,
+                                                                 structured_outputs=SO(choice=CHOICES)),
+                                    use_tqdm=False)[0]
+    assert len(out.outputs) == 4 and all(o.text in CHOICES for o in out.outputs)
+
+
+def test_a_bad_grammar_fails_its_request_alone(engines):
+    eng = engines["fixed"].llm_engine
+    with pytest.raises(InvalidRequestError, match="unclosed group"):
+        eng.add_request("bad", PROMPTS[0], SamplingParams(structured_outputs=SO(regex="((")))
+    assert not eng.has_unfinished_requests()
+    out = engines["fixed"].generate(PROMPTS[:1], SamplingParams(temperature=0, structured_outputs=SO(choice=CHOICES)),
+                                    use_tqdm=False)
+    assert out[0].outputs[0].text in CHOICES
+
+
+def test_without_a_tokenizer_structured_outputs_are_refused():
+    llm = LLM("tiny", skip_tokenizer_init=True)
+    with pytest.raises(InvalidRequestError, match="need a tokenizer"):
+        llm.llm_engine.add_request("x", [5, 6, 7], SamplingParams(structured_outputs=SO(regex="a"), detokenize=False))
+
+
+# ---- losslessness ---------------------------------------------------------------------------------
+N = 20_000
+PROMPT = [1, 2, 3]
+L = 3
+# ids 4-7 of the micro tokenizer are the characters ! " # $; the first two tokens are !" or "!
+# or # and any of them, then # or $: which tokens a position allows depends on the tokens before
+# it, so a mask taken from the wrong history (e.g. the block's anchor) changes the law
+MICRO_REGEX = r'(!"|"!|#[!-$])[#$]+'
+MICRO = SamplingParams(temperature=1.0, max_tokens=5, structured_outputs=SO(regex=MICRO_REGEX))
+
+
+@pytest.fixture(scope="module")
+def micro_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lossless-grammar")
+    target = make_micro_model_dir(root / "t", vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, init_std=0.5, seed=1,
+                                  max_position_embeddings=32)
+    drafter = make_micro_drafter_dir(root / "d", target, block_size=3, init_std=0.5, markov_rank=8, seed=2)
+    return str(target), str(drafter)
+
+
+def exact_constrained_law(target_dir):
+    model, _ = load_target(target_dir)
+    tok = Tokenizer.from_dir(target_dir)
+    lt = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=[tok.eos_token_id])
+    grammar = llguidance.grammar_from("regex", MICRO_REGEX)
+
+    def next_probs(ctx):
+        with torch.no_grad():
+            logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
+        m = llguidance.LLMatcher(lt, grammar)
+        assert m.consume_tokens(list(ctx[len(PROMPT):]))
+        bits = m.compute_bitmask()
+        allowed = torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(logits.shape[-1])])
+        return processed_probs(logits.masked_fill(~allowed, -float("inf")), torch.tensor([1.0]), torch.tensor([1.0]),
+                               torch.tensor([0]))[0].tolist()
+
+    return enumerate_joint(next_probs, L, prefix=tuple(PROMPT))
+
+
+def grammar_samples(pair, tmp_path):
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "cost_model_cache_dir": str(tmp_path)}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=2048, max_num_batched_tokens=16384)
+
+    def run(n):
+        torch.manual_seed(1234)
+        outs = llm.generate([PROMPT] * n, MICRO, use_tqdm=False)
+        st = llm.llm_engine.stats
+        assert st.num_verified_tokens > n // 4 and st.num_accepted_tokens > 0  # speculation really ran
+        return [o.outputs[0].token_ids[:L] for o in outs]
+
+    return run
+
+
+def test_speculative_engine_under_a_grammar_is_lossless(micro_pair, tmp_path):
+    p = lossless_pvalue(grammar_samples(micro_pair, tmp_path), exact_constrained_law(micro_pair[0]), n=N)
+    assert p > 1e-3
+
+
+def test_masks_from_the_wrong_history_stop_the_engine_loudly(micro_pair, tmp_path, monkeypatch):
+    """Every verification position masked as its block's anchor (the drafts ignored): drafts the
+    grammar refuses get accepted, and the request's matcher refuses them in the next step."""
+    real = structured_outputs.grammar_keep_mask
+
+    def anchors_only(rows, V, device):
+        return real([RuleRow(r.rule, r.temperature, r.prompt, r.output, [], r.pending, r.history) for r in rows],
+                    V, device)
+
+    monkeypatch.setattr("adaspec.sample.logits_rules.grammar_keep_mask", anchors_only)
+    with pytest.raises(RuntimeError, match="break its structured output"):
+        grammar_samples(micro_pair, tmp_path)(2_000)
+
+
+def test_harness_catches_masks_that_stay_in_the_grammar_but_drop_a_token(micro_pair, tmp_path, monkeypatch):
+    """Verification positions that allow one token fewer than the grammar does (the highest of
+    two or more): every output still follows the grammar, only the law is wrong."""
+    real = structured_outputs.grammar_keep_mask
+
+    def one_fewer(rows, V, device):
+        keep = real(rows, V, device)
+        for r, row in enumerate(rows):
+            allowed = keep[r].nonzero().flatten()
+            if row.extra and len(allowed) > 1:
+                keep[r, allowed[-1]] = False
+        return keep
+
+    monkeypatch.setattr("adaspec.sample.logits_rules.grammar_keep_mask", one_fewer)
+    p = lossless_pvalue(grammar_samples(micro_pair, tmp_path), exact_constrained_law(micro_pair[0]), n=N // 4)
+    assert p < 1e-6
