@@ -280,7 +280,8 @@ class DSparkDrafter(nn.Module):
         probs_out: optional float32 [R, width, V] (rows contiguous) that receives the sampled
         slots' draft distributions q (the graphed step's static buffer: no stack, no copy).
         draft_bias: optional float32 [R, V] added to every slot's draft logits (requests' logits
-        rules, as far as they are additive at the anchor: sample/logits_rules.draft_bias); q is the
+        rules, as far as they are additive at the anchor: sample/logits_rules.draft_bias), or
+        [R, 2, V]: the first slot's (with structured outputs' mask) and the other slots'; q is the
         distribution drawn from, so verification stays exact whatever the bias."""
         if width is not None:
             h = h[:, :width]
@@ -299,8 +300,8 @@ class DSparkDrafter(nn.Module):
             u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
         for j in range(w):  # k small rank-r matmuls: the semi-autoregressive part
             lg = self.markov_logits(base[:, j], prev)
-            if draft_bias is not None:
-                lg = lg + draft_bias
+            if draft_bias is not None:  # [R, V] for every slot, or [R, 2, V]: the first slot's, the others'
+                lg = lg + (draft_bias if draft_bias.dim() == 2 else draft_bias[:, min(j, 1)])
             if all_greedy:
                 tok = lg.argmax(-1)
             else:

@@ -370,7 +370,8 @@ def rows_of(seqs, extras: list[list[int]] | None = None,
 
 
 def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
-    """[R, V] float32 for the drafter's logits of these requests (None when none has a rule): the
+    """[R, V] float32 for the drafter's logits of these requests (None when none has a rule), or
+    [R, 2, V] when some have structured outputs (the first draft slot's, then the other slots'): the
     rules applied to zero logits, i.e. their additive part at the anchor (allowed ids, bad words,
     logit_bias, min_tokens, frequency and presence over the output so far; the repetition penalty
     leaves zeros alone, and min_p is left out: the rows are taken as greedy, since on zeros plus a
@@ -383,5 +384,16 @@ def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
     for row in rows:
         if row is not None:
             row.temperature = 0.0  # (min_p applies to sampled rows only)
-    # (not structured outputs' masks: the anchor's mask is no mask for the slots after it)
-    return apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows, grammars=False)
+    # structured outputs' masks hold for the first slot only: the slots after it follow drafts the
+    # host does not know yet. Then [R, 2, V]: the first slot's bias, the other slots'
+    bias = apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows, grammars=False)
+    constrained = [i for i, r in enumerate(rows) if r is not None and r.rule.grammar is not None]
+    if not constrained:
+        return bias
+    at = to_device(constrained, device, torch.int64)
+    keep = grammar_keep_mask([rows[i] for i in constrained], vocab_size, device)
+    first = bias.clone()
+    first[at] = first[at].masked_fill(~keep, float("-inf"))
+    # (the rules may leave the grammar nothing: the first slot then drafts as the others do)
+    first = torch.where(torch.isneginf(first).all(-1, keepdim=True), bias, first)
+    return torch.stack([first, bias], 1)

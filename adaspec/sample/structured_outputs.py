@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adaspec.errors import InvalidRequestError
+from adaspec.h2d import to_device
 
 _PARAM = "structured_outputs"
 _tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): LLTokenizer}
@@ -180,7 +181,9 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     words = (max(vocab_size, *(row.rule.grammar.tokenizer.vocab_size for row in rows)) + 31) // 32
     # all allowed until written: a verification position after a draft its grammar refuses is
     # never reached (that draft is rejected), and llguidance leaves it alone
-    bits = torch.full((len(rows), words), -1, dtype=torch.int32)
+    # (pinned on CUDA: the copy below then does not wait for the forward still running)
+    bits = torch.full((len(rows), words), -1, dtype=torch.int32,
+                      pin_memory=torch.device(device).type == "cuda")
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
         if row.pending >= 0:
@@ -212,11 +215,11 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     drafted = [j for j in jobs if j[2]]
     if drafted:
         _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bits.data_ptr(), words * 4, len(rows))
-    on_device = bits.to(device, non_blocking=False)
+    on_device = bits.to(device, non_blocking=True)
     shifts = torch.arange(32, dtype=torch.int32, device=device)
     keep = ((on_device.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), words * 32)[:, :vocab_size]
     if order != list(range(len(rows))):
-        keep = keep[torch.as_tensor(_inverse(order), device=device)]
+        keep = keep[to_device(_inverse(order), device, torch.int64)]
     return keep
 
 

@@ -130,15 +130,27 @@ def test_a_complete_output_allows_the_end_of_sequence_only_and_beats_min_tokens(
     assert (got[0] > -float("inf")).nonzero().flatten().tolist() == [eos]
 
 
-def test_the_drafters_bias_leaves_the_grammar_out(tiny_tokenizer):
+def test_the_drafters_first_slot_follows_the_grammar_and_the_others_do_not(tiny_tokenizer):
+    """logits_rules.draft_bias: the first draft slot gets the grammar's mask at the anchor; the
+    slots after it follow drafts the host does not know yet, so they get the other rules only."""
     from adaspec.sample.logits_rules import draft_bias
 
+    V = tiny_tokenizer.vocab_size
+    rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="a+b"), logit_bias={5: 2.0}), {0}, V,
+                         tiny_tokenizer)
+
     class Seq:
-        logits_rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="a+")), {0}, 64, tiny_tokenizer)
-        prompt_token_ids, token_ids, params, request_id = [1], [1], SamplingParams(), "s"
+        logits_rule, prompt_token_ids, params, request_id = rule, [1], SamplingParams(), "s"
+        token_ids = [1] + tiny_tokenizer.encode("aa")
         grammar_state = logits_rule_state = None
 
-    assert torch.equal(draft_bias([Seq()], 64, "cpu"), torch.zeros(1, 64))
+    bias = draft_bias([Seq()], V, "cpu")
+    assert bias.shape == (1, 2, V)
+    want = reference_mask(rule.grammar, tiny_tokenizer.encode("aa"), V)
+    assert (bias[0, 0] > -float("inf")).tolist() == want and 0 < sum(want) < V
+    others = torch.zeros(V)
+    others[5] = 2.0
+    assert torch.equal(bias[0, 1], others)
 
 
 @pytest.mark.parametrize("params, says", [
