@@ -14,7 +14,6 @@ from adaspec.sample.probs import processed_probs
 from adaspec.models.loader import load_target
 from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.sample.rejection import RejectionOutput
-from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
 from adaspec.sample.logits_rules import LogitsRule
 from tests.engine.test_logits_rules import reference_row
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
@@ -23,16 +22,6 @@ from tests.spec_decode.micro import broken_sampler
 N = 20_000
 PROMPT = [1, 2, 3]
 L = 3
-
-
-@pytest.fixture(scope="module")
-def micro_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lossless")
-    target = make_micro_model_dir(root / "t", vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, init_std=0.5, seed=1,
-                                  max_position_embeddings=32)
-    drafter = make_micro_drafter_dir(root / "d", target, block_size=3, init_std=0.5, markov_rank=8, seed=2)
-    return str(target), str(drafter)
 
 
 def exact_law(target_dir, params: SamplingParams):
@@ -109,25 +98,25 @@ RULED = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, presence_
     (RULED, {}),
 ], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1", "graphed-fixed-T0.7-top_p0.8",
         "graphed-adaptive-T0.7-top_p0.8", "fixed-T1-penalties-bias-min_tokens"])
-def test_speculative_engine_is_lossless(micro_pair, tmp_path, params, spec):
-    p = lossless_pvalue(sample_fn(micro_pair, params, tmp_path, **spec), exact_law(micro_pair[0], params), n=N)
+def test_speculative_engine_is_lossless(lossless_micro_pair, tmp_path, params, spec):
+    p = lossless_pvalue(sample_fn(lossless_micro_pair, params, tmp_path, **spec), exact_law(lossless_micro_pair[0], params), n=N)
     assert p > 1e-3
 
 
-def test_harness_catches_a_broken_sampler(micro_pair, tmp_path, monkeypatch):
+def test_harness_catches_a_broken_sampler(lossless_micro_pair, tmp_path, monkeypatch):
     broken = broken_sampler("residual_from_p")
     monkeypatch.setattr("adaspec.spec_decode.step.rejection_sample",
                         lambda *a, **kw: RejectionOutput(*broken(*a, **kw)))
-    p = lossless_pvalue(sample_fn(micro_pair, T1, tmp_path), exact_law(micro_pair[0], T1), n=N)
+    p = lossless_pvalue(sample_fn(lossless_micro_pair, T1, tmp_path), exact_law(lossless_micro_pair[0], T1), n=N)
     assert p < 1e-6
 
 
-def test_narrow_drafts_of_the_eager_step_are_lossless(micro_pair, tmp_path):
+def test_narrow_drafts_of_the_eager_step_are_lossless(lossless_micro_pair, tmp_path):
     """adaptive_draft_width "budget" in the eager step (CPU, or --enforce-eager): the
     step drafts 1, 2 or 3 of the k = 3 slots in turn (any width chosen without the current drafts
     keeps the law; here a counter), allocates the budget by the drafted slots' confidences and
     verifies them; the joint law of three tokens must stay the target's."""
-    run = sample_fn(micro_pair, T1, tmp_path, enable_adaptive_verification=True, adaptive_draft_width="budget")
+    run = sample_fn(lossless_micro_pair, T1, tmp_path, enable_adaptive_verification=True, adaptive_draft_width="budget")
     spec = run.llm.llm_engine.spec
     assert spec.draft_widths == [1, 2, 3] and sorted(spec.cost_model.draft_narrow) == [1, 2]
     # fixed tables (the profiled ones are timed on a loaded machine): verifying costs the same at
@@ -144,7 +133,7 @@ def test_narrow_drafts_of_the_eager_step_are_lossless(micro_pair, tmp_path):
         return prop
 
     spec.drafter.draft_block = draft_block
-    p = lossless_pvalue(run, exact_law(micro_pair[0], T1), n=N)
+    p = lossless_pvalue(run, exact_law(lossless_micro_pair[0], T1), n=N)
     assert {1, 2, 3} <= set(drafted)
     st = run.llm.llm_engine.stats
     assert st.num_draft_tokens < 3 * st.num_drafts  # the slots drafted are counted, not k per request

@@ -19,7 +19,6 @@ from adaspec.sample import structured_outputs
 from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
 from adaspec.sample.probs import processed_probs
 from adaspec.sampling_params import StructuredOutputsParams as SO
-from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -244,16 +243,6 @@ MICRO_REGEX = r'(!"|"!|#[!-$])[#$]+'
 MICRO = SamplingParams(temperature=1.0, max_tokens=5, structured_outputs=SO(regex=MICRO_REGEX))
 
 
-@pytest.fixture(scope="module")
-def micro_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lossless-grammar")
-    target = make_micro_model_dir(root / "t", vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, init_std=0.5, seed=1,
-                                  max_position_embeddings=32)
-    drafter = make_micro_drafter_dir(root / "d", target, block_size=3, init_std=0.5, markov_rank=8, seed=2)
-    return str(target), str(drafter)
-
-
 def exact_constrained_law(target_dir):
     model, _ = load_target(target_dir)
     tok = Tokenizer.from_dir(target_dir)
@@ -287,12 +276,12 @@ def grammar_samples(pair, tmp_path):
     return run
 
 
-def test_speculative_engine_under_a_grammar_is_lossless(micro_pair, tmp_path):
-    p = lossless_pvalue(grammar_samples(micro_pair, tmp_path), exact_constrained_law(micro_pair[0]), n=N)
+def test_speculative_engine_under_a_grammar_is_lossless(lossless_micro_pair, tmp_path):
+    p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path), exact_constrained_law(lossless_micro_pair[0]), n=N)
     assert p > 1e-3
 
 
-def test_masks_from_the_wrong_history_stop_the_engine_loudly(micro_pair, tmp_path, monkeypatch):
+def test_masks_from_the_wrong_history_stop_the_engine_loudly(lossless_micro_pair, tmp_path, monkeypatch):
     """Every verification position masked as its block's anchor (the drafts ignored): drafts the
     grammar refuses get accepted, and the request's matcher refuses them in the next step."""
     real = structured_outputs.grammar_keep_mask
@@ -303,10 +292,10 @@ def test_masks_from_the_wrong_history_stop_the_engine_loudly(micro_pair, tmp_pat
 
     monkeypatch.setattr("adaspec.sample.logits_rules.grammar_keep_mask", anchors_only)
     with pytest.raises(RuntimeError, match="break its structured output"):
-        grammar_samples(micro_pair, tmp_path)(2_000)
+        grammar_samples(lossless_micro_pair, tmp_path)(2_000)
 
 
-def test_harness_catches_masks_that_stay_in_the_grammar_but_drop_a_token(micro_pair, tmp_path, monkeypatch):
+def test_harness_catches_masks_that_stay_in_the_grammar_but_drop_a_token(lossless_micro_pair, tmp_path, monkeypatch):
     """Verification positions that allow one token fewer than the grammar does (the highest of
     two or more): every output still follows the grammar, only the law is wrong."""
     real = structured_outputs.grammar_keep_mask
@@ -320,5 +309,5 @@ def test_harness_catches_masks_that_stay_in_the_grammar_but_drop_a_token(micro_p
         return keep
 
     monkeypatch.setattr("adaspec.sample.logits_rules.grammar_keep_mask", one_fewer)
-    p = lossless_pvalue(grammar_samples(micro_pair, tmp_path), exact_constrained_law(micro_pair[0]), n=N // 4)
+    p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path), exact_constrained_law(lossless_micro_pair[0]), n=N // 4)
     assert p < 1e-6
