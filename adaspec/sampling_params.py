@@ -122,7 +122,8 @@ class SamplingParams:
             v = getattr(self, name)
             if not is_neutral(v, neutral):
                 only = " or ".join(repr(x) for x in neutral + (None,))
-                raise bad(f"{name} is not supported by adaspec (only {only}), got {v!r}", name)
+                hint = "; use structured_outputs (vLLM's newer name)" if name == "guided_decoding" else ""
+                raise bad(f"{name} is not supported by adaspec (only {only}), got {v!r}{hint}", name)
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise bad(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", "n")
         for name in ("temperature", "top_p"):

@@ -32,7 +32,7 @@ from adaspec.models.generation_defaults import read_generation_defaults
 from adaspec.models.tokenizer import Tokenizer, config_eos_token_ids
 from adaspec.outputs import CompletionOutput, RequestOutput
 from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
-from adaspec.sample.logits_rules import LogitsRule, apply_logits_rules, rows_of
+from adaspec.sample.logits_rules import LogitsRule, apply_logits_rules, logits_with_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
 from adaspec.sampling_params import RequestOutputKind, SamplingParams, truncated_prompt
@@ -736,10 +736,10 @@ class LLMEngine:
         raw = res.logits  # one row per sampling item (logprobs report these), unless prompt chunks asked for more
         if prompt_chunks:
             raw = sampling_logits(res.logits, items, prompt_chunks, sample_items)
-        logits = raw  # with the rows' rules applied
+        logits = raw  # with the rows' rules applied (raw: their grammars' masks only, what logprobs show)
         if ruled:  # (a last token still on the device is counted from the step in flight's output)
-            logits = apply_logits_rules(logits, rows_of(sampling, pending=pending),
-                                        prev.tokens if prev is not None else None)
+            raw, logits = logits_with_rules(raw, rows_of(sampling, pending=pending),
+                                            prev.tokens if prev is not None else None)
         if not sampling:
             chosen = torch.zeros(0, dtype=torch.int64, device=res.logits.device)
         elif all(s.params.greedy for s in sampling):
@@ -798,9 +798,10 @@ class LLMEngine:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None):
         """One token per row of logits, for each request's next position (len(token_ids)).
         -> (tokens: list[int], logprobs: list[dict] | None)."""
-        chosen = self._sample_on_device(logits, seqs, batch)
+        shown, logits = logits_with_rules(logits, rows_of(seqs))
+        chosen = self._sample_on_device(logits, seqs, batch, ruled=True)
         tokens = chosen.tolist()
-        return tokens, self.logprob_dicts(logits, chosen, tokens, [s.params.logprobs for s in seqs])
+        return tokens, self.logprob_dicts(shown, chosen, tokens, [s.params.logprobs for s in seqs])
 
     @staticmethod
     def _sample_on_device(logits: torch.Tensor, seqs: list[Sequence], batch: SamplingBatch | None = None,

@@ -157,23 +157,53 @@ class RuleRow:
         return len(self.output) + len(self.extra) + (self.pending >= 0)
 
 
+def mask_grammars(logits: torch.Tensor, rows: list[RuleRow | None]) -> torch.Tensor:
+    """logits [N, V] with each row's structured outputs mask applied (a copy; `logits` itself when
+    no row has a grammar): what the reported logprobs see, as vLLM's, whose grammar bitmask goes on
+    the logits before its sampler, while its other rules do not show in them."""
+    constrained = [i for i, r in enumerate(rows) if r is not None and r.rule.grammar is not None]
+    if not constrained:
+        return logits
+    out = logits.clone()
+    at = to_device(constrained, out.device, torch.int64)
+    keep = grammar_keep_mask([rows[i] for i in constrained], out.shape[-1], out.device)
+    out[at] = out[at].masked_fill(~keep, float("-inf"))
+    return out
+
+
+def logits_with_rules(logits: torch.Tensor, rows: list[RuleRow | None] | None,
+                      pending_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the logits logprobs report: with the grammars' masks only, the logits sampled: with every
+    rule); both `logits` itself when no row has a rule (rows None)."""
+    if rows is None:
+        return logits, logits
+    shown = mask_grammars(logits, rows)
+    return shown, apply_logits_rules(shown, rows, pending_tokens, grammars=False)
+
+
 def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
                        pending_tokens: torch.Tensor | None = None, grammars: bool = True) -> torch.Tensor:
     """logits [N, V] -> float32 logits with each row's rule applied (rows[i] None: row i as is).
     Returns `logits` itself when no row has a rule (callers must not write into the result).
     pending_tokens: the device tokens RuleRow.pending indexes (async scheduling's last token).
-    grammars: False leaves structured outputs' masks out (draft_bias)."""
+    grammars: False leaves structured outputs' masks out (draft_bias; logits_with_rules, whose
+    `logits` have them already)."""
     ruled = [i for i, r in enumerate(rows) if r is not None]
     if not ruled:
         return logits
     out = logits.to(torch.float32, copy=True)
     dev, V = out.device, out.shape[-1]
-    constrained = [i for i in ruled if rows[i].rule.grammar is not None] if grammars else []
-    if constrained:  # first, as vLLM applies its grammar bitmask before the sampler's processors
-        at_grammar = to_device(constrained, dev, torch.int64)
+    constrained = [i for i in ruled if rows[i].rule.grammar is not None]
+    if constrained and grammars:  # first, as vLLM applies its grammar bitmask before the sampler's processors
+        at = to_device(constrained, dev, torch.int64)
         keep = grammar_keep_mask([rows[i] for i in constrained], V, dev)
-        out[at_grammar] = out[at_grammar].masked_fill(~keep, float("-inf"))
-        grammar_only = out[at_grammar]
+        out[at] = out[at].masked_fill(~keep, float("-inf"))
+    # the rules that can leave a row no token at all (min_p keeps the likeliest, biases are finite)
+    risky = [i for i in constrained if rows[i].rule.allowed is not None or rows[i].rule.bad_words
+             or rows[i].num_output < rows[i].rule.min_tokens]
+    if risky:
+        at_risky = to_device(risky, dev, torch.int64)
+        grammar_only = out[at_risky]
 
     def where(pairs):  # [(row, token)] -> index tensors
         return to_device([p[0] for p in pairs], dev, torch.int64), to_device([p[1] for p in pairs], dev, torch.int64)
@@ -209,13 +239,13 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         shift = to_device([rows[i].temperature * math.log(rows[i].rule.min_p) for i in min_p], dev, torch.float32)
         cut = x.max(-1, keepdim=True).values + shift.unsqueeze(-1)
         out[at] = x.masked_fill(x < cut, float("-inf"))
-    if constrained:
+    if risky:
         # a grammar row the other rules left without any token (min_tokens holding back the end
         # of a complete output, allowed_token_ids outside the grammar): the grammar wins, since a
         # row of -inf would sample garbage (a NaN softmax). On the device: no sync
-        x = out[at_grammar]
+        x = out[at_risky]
         dead = torch.isneginf(x).all(-1, keepdim=True)
-        out[at_grammar] = torch.where(dead, grammar_only, x)
+        out[at_risky] = torch.where(dead, grammar_only, x)
     return out
 
 

@@ -105,10 +105,12 @@ def grammar_text(params) -> str:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A request's compiled constraint: llguidance's grammar and the tokenizer it was checked with."""
+    """A request's compiled constraint: llguidance's grammar, the tokenizer it was checked with,
+    and a matcher in its initial state that each request's matcher is copied from (compiled once)."""
 
     text: str
     tokenizer: object = field(compare=False, repr=False)
+    template: object = field(compare=False, repr=False, default=None)
 
     @classmethod
     def of(cls, params, tokenizer, vocab_size: int, eos_token_ids) -> "Grammar":
@@ -121,17 +123,15 @@ class Grammar:
                                       "and this model names none", param=_PARAM)
         ll_tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
         text = grammar_text(params)
-        error = _llguidance().LLMatcher.validate_grammar(text, ll_tok)
-        if error:
-            raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: {error.strip()}",
-                                      param=_PARAM)
-        return cls(text, ll_tok)
+        template = _llguidance().LLMatcher(ll_tok, text, log_level=0)
+        if template.is_error():
+            raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: "
+                                      f"{template.get_error().strip()}", param=_PARAM)
+        return cls(text, ll_tok, template)
 
     def matcher(self):
-        m = _llguidance().LLMatcher(self.tokenizer, self.text, log_level=0)
-        if m.is_error():  # validated when the request was added: a failure here is llguidance's own
-            raise RuntimeError(f"llguidance could not build a matcher: {m.get_error()}")
-        return m
+        """A fresh matcher (a copy of the template: no second compilation)."""
+        return self.template.deep_copy()
 
 
 class GrammarState:
@@ -173,58 +173,69 @@ def _state(row) -> GrammarState:
 
 def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     """[len(rows), V] bool on `device`: the tokens each row's grammar allows next (rows: RuleRows
-    whose rule has a grammar; row.extra are the drafts before a verification position)."""
+    whose rule has a grammar; row.extra are the drafts before a verification position). Rows of
+    one request with the same history share one mask (adaptive verification repeats its last
+    position for the slots it does not verify)."""
     ll = _llguidance()
     global _executor
     if _executor is None:
         _executor = ll.LLExecutor()
-    words = (max(vocab_size, *(row.rule.grammar.tokenizer.vocab_size for row in rows)) + 31) // 32
-    # all allowed until written: a verification position after a draft its grammar refuses is
-    # never reached (that draft is rejected), and llguidance leaves it alone
-    # (pinned on CUDA: the copy below then does not wait for the forward still running)
-    bits = torch.full((len(rows), words), -1, dtype=torch.int32,
-                      pin_memory=torch.device(device).type == "cuda")
-    groups: dict[int, list[int]] = {}
-    for i, row in enumerate(rows):
+    groups: dict[int, dict[tuple, int]] = {}  # request -> {drafts before a position: its mask's index}
+    first_row: dict[int, int] = {}  # request -> its first row
+    for n, row in enumerate(rows):
         if row.pending >= 0:
             raise RuntimeError("a row with a grammar has its last token still on the device: the engine reads "
                                "such steps back first (async bookkeeping is broken)")
-        groups.setdefault(id(row.history) if row.history is not None else id(row), []).append(i)
-    jobs, order = [], []  # (matcher, first buffer row, drafts); buffer row -> input row
-    for members in groups.values():
-        members.sort(key=lambda i: len(rows[i].extra))
-        matcher = _state(rows[members[0]]).matcher
-        longest = rows[members[-1]].extra
-        if all(rows[i].extra == longest[:j] for j, i in enumerate(members)) and len(longest) == len(members) - 1:
+        key = id(row.history) if row.history is not None else id(row)
+        groups.setdefault(key, {})[tuple(row.extra)] = -1
+        first_row.setdefault(key, n)
+    num_masks = 0
+    for positions in groups.values():  # a request's masks consecutive, by position
+        for extra in sorted(positions, key=len):
+            positions[extra] = num_masks
+            num_masks += 1
+    mask_of = [groups[id(r.history) if r.history is not None else id(r)][tuple(r.extra)] for r in rows]
+    words = (max(vocab_size, *(row.rule.grammar.tokenizer.vocab_size for row in rows)) + 31) // 32
+    # all allowed until written: a verification position after a draft its grammar refuses is
+    # never reached (that draft is rejected), and llguidance leaves it alone. (Pinned on CUDA: the
+    # copy below then does not wait for the forward still running.)
+    bits = torch.full((num_masks, words), -1, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda")
+    plain, drafted = [], []  # llguidance's batched calls: (matcher, first mask index[, drafts])
+    for key, positions in groups.items():
+        matcher = _state(rows[first_row[key]]).matcher
+        ordered = sorted(positions, key=len)
+        longest = ordered[-1]
+        if len(ordered) == len(longest) + 1 and all(d == longest[:j] for j, d in enumerate(ordered)):
             # one block's verification positions (or one plain row): one call, drafts rolled back
-            jobs.append((matcher, len(order), list(longest)))
-            order += members
+            if longest:
+                drafted.append((matcher, positions[()], list(longest)))
+            else:
+                plain.append((matcher, positions[()]))
             continue
-        for i in members:  # any other shape: one position at a time
-            extra = rows[i].extra
+        for extra in ordered:  # any other shape: one position at a time
             consumed = matcher.try_consume_tokens(list(extra)) if extra else 0
             if consumed == len(extra):
-                row_bits = bits[len(order)]
-                matcher.unsafe_compute_mask_ptr(row_bits.data_ptr(), words * 4)
+                matcher.unsafe_compute_mask_ptr(bits[positions[extra]].data_ptr(), words * 4)
             if consumed:
                 matcher.rollback(consumed)
-            order.append(i)
-    plain = [(m, b) for m, b, drafts in jobs if not drafts]  # (llguidance wants drafts in the other call)
     if plain:
-        _executor.unsafe_compute_mask_ptr(plain, bits.data_ptr(), words * 4, len(rows))
-    drafted = [j for j in jobs if j[2]]
+        _executor.unsafe_compute_mask_ptr(plain, bits.data_ptr(), words * 4, num_masks)
     if drafted:
-        _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bits.data_ptr(), words * 4, len(rows))
-    on_device = bits.to(device, non_blocking=True)
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    keep = ((on_device.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), words * 32)[:, :vocab_size]
-    if order != list(range(len(rows))):
-        keep = keep[to_device(_inverse(order), device, torch.int64)]
-    return keep
+        _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bits.data_ptr(), words * 4, num_masks)
+    # unpacked through a byte table: one byte per token (shifting the int32 words made two int32
+    # tensors of the logits' size, 300 MB at 256 rows of a 152k vocabulary)
+    packed = bits.to(device, non_blocking=True).view(torch.uint8)  # little-endian: byte b = tokens 8b..8b+7
+    keep = _bit_table(device)[packed.long()].reshape(num_masks, words * 32)[:, :vocab_size]
+    return keep[to_device(mask_of, device, torch.int64)] if mask_of != list(range(num_masks)) else keep
 
 
-def _inverse(order: list[int]) -> list[int]:
-    inv = [0] * len(order)
-    for b, i in enumerate(order):
-        inv[i] = b
-    return inv
+_tables: dict[str, torch.Tensor] = {}
+
+
+def _bit_table(device) -> torch.Tensor:
+    """[256, 8] bool: the bits of each byte, lowest first."""
+    key = str(device)
+    if key not in _tables:
+        byte = torch.arange(256, dtype=torch.int32)
+        _tables[key] = ((byte[:, None] >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
+    return _tables[key]

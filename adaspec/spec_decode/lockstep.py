@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from adaspec.sample.random import ACCEPT, DRAFT, SAMPLE, keyed_uniforms
+from adaspec.sample.logits_rules import apply_logits_rules
 from adaspec.spec_decode import step as step_module
 
 NEAR_TIE = 1e-6  # default tol: rounding flips measured at 1e-8..3e-8 (module docstring)
@@ -141,7 +142,7 @@ class _EagerTap:
                 return out
             ruled = step_module.rows_of(seqs)  # the distribution sampled: with the rows' logits rules
             probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device).probs(
-                step_module.apply_logits_rules(logits, ruled) if ruled is not None else logits)
+                apply_logits_rules(logits, ruled) if ruled is not None else logits)
             for n, s in enumerate(seqs):
                 sp = s.params
                 self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids),

@@ -28,7 +28,7 @@ from adaspec.errors import ConfigError
 from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
-from adaspec.sample.logits_rules import apply_logits_rules, draft_bias, rows_of
+from adaspec.sample.logits_rules import draft_bias, logits_with_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
@@ -419,9 +419,10 @@ class SpeculativeDecoder:
         if not sampling:
             return None, []
         seqs = [rows[j].seq for j in sampling]
-        chosen = eng._sample_on_device(logits, seqs)
+        shown, logits = logits_with_rules(logits, rows_of(seqs))  # (logprobs show the grammars' masks only)
+        chosen = eng._sample_on_device(logits, seqs, ruled=True)
         want = [q.params.logprobs for q in seqs]
-        lp = logprobs_of(logits, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
+        lp = logprobs_of(shown, chosen, max(w or 0 for w in want)) if any(w is not None for w in want) else ()
         return InFlightStep.launch(seqs, chosen, lp, want), sampling  # counted as read back (_finish_spec)
 
     @staticmethod
@@ -657,7 +658,8 @@ class SpeculativeDecoder:
             drafts = proposal.tokens[:, :k].tolist()
             row_seqs = [s for s in drafted_seqs for _ in range(k + 1)]
             before = [drafts[n][:min(j, int(verify_lens[n]))] for n in range(R) for j in range(k + 1)]
-            ruled_logits = apply_logits_rules(ver_logits, rows_of(row_seqs, extras=before))
+            # (the logprobs show the grammars' masks only, as vLLM's)
+            ver_logits, ruled_logits = logits_with_rules(ver_logits, rows_of(row_seqs, extras=before))
         p = sampling.probs(ruled_logits, repeat=k + 1).view(R, k + 1, -1)
         q = None if self.greedy_drafts else proposal.probs[:, :k].float()
         anchors = to_device([len(s.token_ids) - 1 for s in drafted_seqs], dev, torch.int64)

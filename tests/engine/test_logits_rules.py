@@ -209,13 +209,11 @@ def test_async_rows_count_the_token_still_on_the_device(monkeypatch):
     calls = []
     original = apply_logits_rules
 
-    def spy(logits, rows, pending_tokens=None):
+    def spy(logits, rows, pending_tokens=None, grammars=True):
         calls.append(pending_tokens is not None and any(r is not None and r.pending >= 0 for r in rows))
-        return original(logits, rows, pending_tokens)
+        return original(logits, rows, pending_tokens, grammars)
 
-    import adaspec.engine.llm_engine as engine_module
-
-    monkeypatch.setattr(engine_module, "apply_logits_rules", spy)
+    monkeypatch.setattr(logits_rules, "apply_logits_rules", spy)  # (what the engine's logits_with_rules calls)
     params = [_ruled_params(seed=s, temperature=1.0) for s in range(3)]
     want = [o.outputs[0].token_ids for o in LLM("tiny", async_scheduling=False).generate(PROMPTS, params)]
     calls.clear()

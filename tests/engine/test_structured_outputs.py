@@ -193,9 +193,62 @@ def test_every_arm_follows_the_constraint_and_greedy_arms_agree(engines, kind):
                 assert o.finish_reason == "stop" or kind in ("grammar", "json_object"), (name, o)
                 if o.finish_reason == "stop":
                     assert follows(kind, o.text), (name, temperature, o.text)
+                else:  # cut by max_tokens: a prefix of an output the constraint allows
+                    assert grammar_of(llm, kind).matcher().consume_tokens(list(o.token_ids)), (name, o.text)
             if temperature == 0.0:
                 greedy[name] = [o.token_ids for o in outs]
     assert greedy["fixed"] == greedy["none"] and greedy["adaptive"] == greedy["none"]
+
+
+def grammar_of(llm, kind: str):
+    eng = llm.llm_engine
+    return structured_outputs.Grammar.of(CONSTRAINTS[kind], eng.tokenizer, eng.model_config.vocab_size,
+                                         eng.stop_checker.eos_token_ids)
+
+
+@pytest.mark.parametrize("arm", ["none", "fixed"])
+def test_logprobs_are_taken_after_the_grammars_mask(engines, arm):
+    """As vLLM's (its bitmask goes on the logits before the sampler): a choice's top logprobs are
+    tokens it allows, the greedy token is the top one, and the end of a complete output, the only
+    token allowed there, has logprob 0."""
+    llm = engines[arm]
+    eos = llm.llm_engine.tokenizer.eos_token_id
+    params = SamplingParams(temperature=0, max_tokens=20, logprobs=3, structured_outputs=SO(choice=CHOICES))
+    for out in llm.generate(PROMPTS, params, use_tqdm=False):
+        o = out.outputs[0]
+        assert o.text in CHOICES and o.token_ids[-1] == eos
+        matcher = grammar_of(llm, "choice").matcher()
+        for token, top in zip(o.token_ids, o.logprobs):
+            shown = [t for t, lp in top.items() if float(lp) > -float("inf")]
+            bits = matcher.compute_bitmask()
+            assert all(bits[t // 8] >> (t % 8) & 1 for t in shown), (token, top)
+            assert float(top[token]) == max(float(lp) for lp in top.values())
+            assert matcher.consume_token(token)
+        assert float(o.logprobs[-1][eos]) == 0.0
+
+
+def test_pipelined_steps_read_a_grammars_token_back(engines):
+    """The speculative step's graphs (captured eagerly on the CPU) under async scheduling:
+    constrained rows leave the graphs, a pipelined step that sampled a constrained request's first
+    token is drained before the next, and every greedy output is the synchronous engine's."""
+    from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+    prompts = [PROMPTS[i % 3] * (1 + i % 4) for i in range(12)]
+    kinds = [None, "regex", None, "choice", None, "json"]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True) if kinds[i % 6] is None else
+              SamplingParams(temperature=0, max_tokens=24, structured_outputs=CONSTRAINTS[kinds[i % 6]])
+              for i in range(len(prompts))]
+    cfg = {"method": "dspark", "num_speculative_tokens": 4}
+    want = [o.outputs[0].token_ids for o in LLM("tiny", speculative_config=cfg).generate(prompts, params,
+                                                                                        use_tqdm=False)]
+    llm = LLM("tiny", speculative_config=cfg, async_scheduling=True, max_num_seqs=6, max_num_batched_tokens=64)
+    eng = llm.llm_engine
+    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
+    steps.capture(eager=True)
+    eng.spec.use_graphs(steps)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert eng.stats.num_pipeline_drains > 0 and eng.stats.num_graphed_steps > 0
 
 
 def test_async_scheduling_reads_a_grammars_token_back_and_keeps_the_others_output(engines):
