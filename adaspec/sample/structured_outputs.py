@@ -222,11 +222,25 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
         _executor.unsafe_compute_mask_ptr(plain, bits.data_ptr(), words * 4, num_masks)
     if drafted:
         _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bits.data_ptr(), words * 4, num_masks)
+    _end_where_nothing_fits(bits, vocab_size, rows[0].rule.grammar.tokenizer.eos_tokens)
     # unpacked through a byte table: one byte per token (shifting the int32 words made two int32
     # tensors of the logits' size, 300 MB at 256 rows of a 152k vocabulary)
     packed = bits.to(device, non_blocking=True).view(torch.uint8)  # little-endian: byte b = tokens 8b..8b+7
     keep = _bit_table(device)[packed.long()].reshape(num_masks, words * 32)[:, :vocab_size]
     return keep[to_device(mask_of, device, torch.int64)] if mask_of != list(range(num_masks)) else keep
+
+
+def _end_where_nothing_fits(bits: torch.Tensor, vocab_size: int, eos_tokens) -> None:
+    """A mask that allows no token below the logits' width (a grammar whose only continuations are
+    tokens the tokenizer has and the model cannot produce) allows the end of sequence instead: the
+    output ends there, where a row of -inf would sample garbage that the matcher then refuses."""
+    full, rest = divmod(vocab_size, 32)
+    some = (bits[:, :full] != 0).any(1)
+    if rest:
+        some |= (bits[:, full] & ((1 << rest) - 1)) != 0
+    for r in (~some).nonzero().flatten().tolist():
+        for t in eos_tokens:
+            bits[r, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
 
 
 _tables: dict[str, torch.Tensor] = {}

@@ -279,6 +279,24 @@ def test_a_bad_grammar_fails_its_request_alone(engines):
     assert out[0].outputs[0].text in CHOICES
 
 
+def test_a_grammar_the_models_vocabulary_cannot_continue_ends_the_output(lossless_micro_pair):
+    """The micro target has 8 logits (the end of sequence, 3 special tokens, ! " # $) and a larger
+    tokenizer: after "!", "z" exists only beyond its logits, so the mask allows the end of
+    sequence instead of nothing (a row of -inf would sample garbage)."""
+    tok = Tokenizer.from_dir(lossless_micro_pair[0])
+    eos = tok.eos_token_id
+    rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="!z+")), {eos}, 8, tok)
+    bang = tok.encode("!")
+    got = apply_logits_rules(torch.zeros(2, 8), [RuleRow(rule, 1.0, [], [], [], history=History()),
+                                                  RuleRow(rule, 1.0, [], bang, [], history=History())])
+    assert (got[0] > -float("inf")).nonzero().flatten().tolist() == bang
+    assert (got[1] > -float("inf")).nonzero().flatten().tolist() == [eos]
+    llm = LLM(lossless_micro_pair[0])
+    o = llm.generate([[1, 2, 3]], SamplingParams(temperature=1.0, max_tokens=5, structured_outputs=SO(regex="!z+")),
+                     use_tqdm=False)[0].outputs[0]
+    assert o.token_ids == bang + [eos] and o.finish_reason == "stop"
+
+
 def test_without_a_tokenizer_structured_outputs_are_refused():
     llm = LLM("tiny", skip_tokenizer_init=True)
     with pytest.raises(InvalidRequestError, match="need a tokenizer"):
