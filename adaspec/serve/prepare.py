@@ -29,6 +29,9 @@ _NEUTRAL: dict[str, tuple] = {
     **{k: UNSUPPORTED_UNLESS[k] for k in (
         "spaces_between_special_tokens",)},
     "use_beam_search": (False,), "length_penalty": (1.0,), "return_tokens_as_token_ids": (False,),
+    # structured outputs: llguidance is the one backend (vLLM's "guidance"); disable_any_whitespace
+    # in structured_outputs is how to narrow JSON's whitespace
+    "guided_whitespace_pattern": (), "guided_decoding_backend": ("auto", "guidance"), "structural_tag": (),
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
     "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,),

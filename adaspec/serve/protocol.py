@@ -57,6 +57,10 @@ class _SamplingFields(_Strict):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    # vLLM's options of those: refused unless neutral (prepare._NEUTRAL), never silently ignored
+    guided_whitespace_pattern: Any = None
+    guided_decoding_backend: Any = None
+    structural_tag: Any = None
     # vLLM sampling extensions adaspec does not implement: declared so that a non-neutral value
     # is a 400 (prepare.NEUTRAL) instead of being ignored like an unknown field.
     use_beam_search: Any = None

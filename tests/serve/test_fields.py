@@ -33,7 +33,8 @@ def test_null_max_tokens_on_chat_means_the_rest_of_the_context(http, fake_server
 
 @pytest.mark.parametrize("path", [C, CHAT])
 @pytest.mark.parametrize("field, value", [
-    ("use_beam_search", True), ("length_penalty", 2.0),
+    ("use_beam_search", True), ("length_penalty", 2.0), ("guided_whitespace_pattern", " *"),
+    ("guided_decoding_backend", "xgrammar"), ("structural_tag", "{}"),
 ])
 def test_unimplemented_sampling_extension_is_a_400_naming_it(http, path, field, value):
     body = {"prompt": "x"} if path == C else {"messages": MSGS}
@@ -72,6 +73,7 @@ def test_a_malformed_structured_outputs_request_is_a_400_naming_its_field(http, 
 @pytest.mark.parametrize("path", [C, CHAT])
 @pytest.mark.parametrize("fields", [
     {"response_format": {"type": "text"}}, {"response_format": None}, {"guided_json": None},
+    {"guided_decoding_backend": "guidance"}, {"guided_decoding_backend": "auto"},
 ])
 def test_structured_outputs_fields_that_ask_for_nothing_are_accepted(http, path, fields):
     body = {"prompt": "x"} if path == C else {"messages": MSGS}
