@@ -171,6 +171,31 @@ def _state(row) -> GrammarState:
     return state
 
 
+def grammar_reach(seqs, drafts: list[list[int]]) -> list[int]:
+    """Per request (engine Sequences), how many of its draft slots verification may need: one past
+    its grammar's last leading valid draft, so that the first draft the grammar refuses is still
+    verified (and rejected), and none after it, since nothing after it can be accepted. A request
+    without a grammar may need them all.
+
+    Why one past, not up to the last valid draft: the choice to verify slot j must not depend on
+    draft j itself, only on the drafts before it (any such stopping rule keeps rejection sampling
+    exact); skipping a refused draft d_j would replace the residual distribution its rejection
+    samples from with the target's own at j, which is not the same law (the test of the grammar's
+    losslessness fails that way)."""
+    reach = []
+    for seq, block in zip(seqs, drafts):
+        rule = seq.logits_rule
+        if rule is None or rule.grammar is None:
+            reach.append(len(block))
+            continue
+        state = seq.grammar_state
+        if state is None or state.grammar is not rule.grammar:
+            state = seq.grammar_state = GrammarState(rule.grammar)
+        state.advance(seq.token_ids[len(seq.prompt_token_ids):], seq.request_id)
+        reach.append(min(len(block), state.matcher.validate_tokens(list(block)) + 1))
+    return reach
+
+
 def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     """[len(rows), V] bool on `device`: the tokens each row's grammar allows next (rows: RuleRows
     whose rule has a grammar; row.extra are the drafts before a verification position). Rows of

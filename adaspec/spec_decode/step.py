@@ -29,6 +29,7 @@ from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.logits_rules import draft_bias, logits_with_rules, rows_of
+from adaspec.sample.structured_outputs import grammar_reach
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
 from adaspec.engine.async_step import InFlightStep
@@ -462,6 +463,7 @@ class SpeculativeDecoder:
         drafted_seqs = [scheduled[i].seq for i in drafted]
         num_verify = np.zeros(len(scheduled), dtype=np.int64)
         proposal = conf = sampling = None
+        draft_host: list[list[int]] = []
         if drafted:
             sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
             ids = [s.request_id for s in drafted_seqs]
@@ -483,11 +485,14 @@ class SpeculativeDecoder:
                 verify_lens = allocate(survival(conf), budget, limits)
                 conf = np.concatenate([conf, np.full((len(ids), k - conf.shape[1]), np.nan)], axis=1)
             self.policy.observe(ids, conf)
+            draft_host = proposal.tokens[:, :k].tolist()
+            # structured outputs: nothing after a draft the grammar refuses can be accepted, so the
+            # positions past it are not verified (structured_outputs.grammar_reach)
+            verify_lens = np.minimum(verify_lens, grammar_reach(drafted_seqs, draft_host))
             num_verify[drafted] = verify_lens
         t1 = time.perf_counter()
 
         items, drafted_set = [], set(drafted)
-        draft_host = proposal.tokens[:, :k].tolist() if proposal is not None else []
         draft_row = {i: n for n, i in enumerate(drafted)}
         for i, s in enumerate(scheduled):
             seq, nc = s.seq, s.seq.num_computed_tokens

@@ -152,6 +152,28 @@ def test_the_drafters_first_slot_follows_the_grammar_and_the_others_do_not(tiny_
     assert torch.equal(bias[0, 1], others)
 
 
+def test_verification_reaches_the_first_refused_draft_and_no_further(tiny_tokenizer):
+    """structured_outputs.grammar_reach: the first draft the grammar refuses is still verified (its
+    rejection samples the residual law; skipping it would sample the target's own law there, which
+    is not the same: 0.62 / 0.38 instead of 0.7 / 0.3 for p = (0.7, 0.3, 0), q = (0.2, 0.2, 0.6)),
+    and nothing after it."""
+    from adaspec.sample.structured_outputs import grammar_reach
+
+    V = tiny_tokenizer.vocab_size
+    rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="[0-9]+")), {0}, V, tiny_tokenizer)
+    one, two, letter = (tiny_tokenizer.encode(c)[0] for c in "12a")
+
+    class Seq:
+        logits_rule, prompt_token_ids, request_id, grammar_state = rule, [1], "s", None
+        token_ids = [1, one]
+
+    seqs = [Seq(), Seq(), Seq(), Seq()]
+    blocks = [[one, two, letter, one], [one, two, one, two], [letter, one, one, one], [one, letter]]
+    assert grammar_reach(seqs, blocks) == [3, 4, 1, 2]
+    free = type("Free", (), {"logits_rule": None})()
+    assert grammar_reach([free], [[letter, letter]]) == [2]
+
+
 @pytest.mark.parametrize("params, says", [
     (SO(regex="(((("), "unclosed group"),
     (SO(grammar="start: foo"), "unknown name"),
