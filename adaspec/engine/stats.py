@@ -36,6 +36,9 @@ class EngineStats:
     # adaptive_verification_mixed_steps "fused": steps with prompt chunks that ran as one forward
     num_mixed_steps_fused: int = 0
     num_capped_draft_slots: int = 0  # proposed slots that could never be verified (near max_tokens)
+    # structured outputs: planned slots not verified, past a draft the grammar refuses (certain
+    # rejections: the per-position and calibration counts take them as verified and rejected)
+    num_grammar_skipped_slots: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     verified_per_pos: list[int] = field(default_factory=list)
     budget_hist: Counter = field(default_factory=Counter)  # B (verified drafts in the step) -> steps

@@ -198,9 +198,10 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         at = to_device(constrained, dev, torch.int64)
         keep = grammar_keep_mask([rows[i] for i in constrained], V, dev)
         out[at] = out[at].masked_fill(~keep, float("-inf"))
-    # the rules that can leave a row no token at all (min_p keeps the likeliest, biases are finite)
-    risky = [i for i in constrained if rows[i].rule.allowed is not None or rows[i].rule.bad_words
-             or rows[i].num_output < rows[i].rule.min_tokens]
+    # the rules that can leave a row no token at all: masks, and biases or penalties that overflow
+    # float32 to -inf (min_p keeps the likeliest)
+    risky = [i for i in constrained if rows[i].rule.allowed is not None or rows[i].rule.bad_words or rows[i].rule.bias
+             or rows[i].rule.penalizes or rows[i].num_output < rows[i].rule.min_tokens]
     if risky:
         at_risky = to_device(risky, dev, torch.int64)
         grammar_only = out[at_risky]

@@ -29,9 +29,9 @@ from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.logits_rules import draft_bias, logits_with_rules, rows_of
-from adaspec.sample.structured_outputs import grammar_reach
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
+from adaspec.sample.structured_outputs import grammar_reach
 from adaspec.engine.async_step import InFlightStep
 from adaspec.engine.prompt_logprobs import logits_rows, record as record_prompt_logprobs, sampling_logits
 from adaspec.spec_decode.graphed_extras import RowExtras, add_logprobs
@@ -462,6 +462,7 @@ class SpeculativeDecoder:
         eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         drafted_seqs = [scheduled[i].seq for i in drafted]
         num_verify = np.zeros(len(scheduled), dtype=np.int64)
+        num_planned = num_verify  # the policy's lengths, before structured outputs' cap (calibration reads these)
         proposal = conf = sampling = None
         draft_host: list[list[int]] = []
         if drafted:
@@ -488,6 +489,8 @@ class SpeculativeDecoder:
             draft_host = proposal.tokens[:, :k].tolist()
             # structured outputs: nothing after a draft the grammar refuses can be accepted, so the
             # positions past it are not verified (structured_outputs.grammar_reach)
+            num_planned = num_verify.copy()
+            num_planned[drafted] = verify_lens
             verify_lens = np.minimum(verify_lens, grammar_reach(drafted_seqs, draft_host))
             num_verify[drafted] = verify_lens
         t1 = time.perf_counter()
@@ -515,7 +518,7 @@ class SpeculativeDecoder:
             accepted = np.zeros(len(scheduled), dtype=np.int64)
             if drafted:
                 results, accepted = self._accept(scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf,
-                                                 res.logits, row_start, results)
+                                                 res.logits, row_start, results, num_planned)
             plain = [i for i in range(len(scheduled)) if samples[i] and i not in drafted_set]
             prompt = [i for i in range(len(scheduled)) if i not in drafted_set and items[i].num_logits > int(samples[i])]
             if prompt:  # chunks that record prompt logprobs (engine/prompt_logprobs.py)
@@ -638,17 +641,26 @@ class SpeculativeDecoder:
                 left = min(left, seq.params.max_tokens - seq.num_output_tokens)
             slots[r] = max(0, min(int(slots[r]), left - 1))
 
-    def _count(self, spec_slots, verify_lens, n_acc, conf, width: int | None = None) -> None:
+    def _count(self, spec_slots, verify_lens, n_acc, conf, width: int | None = None, planned=None) -> None:
         """Statistics of the drafted requests: drafts proposed, verified, accepted (per position),
         calibration (predicted against realized acceptance). spec_slots: each drafted request's
         draft slots (a pipelined step's as capped on the device, a narrow draft's capped at its
-        width). width: slots each request drafted (default k)."""
+        width). width: slots each request drafted (default k). planned: the policy's lengths
+        where structured outputs capped verify_lens (grammar_reach): the slots it skipped were
+        certain rejections, and calibration counts them so (left out, they would raise the shared
+        realized / predicted factors); num_verified_tokens counts what was verified."""
         surv = survival(conf)
-        self.engine.stats.record_drafts(self.num_spec_tokens, spec_slots, verify_lens, n_acc, surv, drafted=width)
-        self.policy.observe_outcomes(verify_lens, n_acc, surv)
+        counted = verify_lens if planned is None else planned
+        stats = self.engine.stats
+        stats.record_drafts(self.num_spec_tokens, spec_slots, counted, n_acc, surv, drafted=width)
+        if planned is not None:
+            skipped = int(np.sum(np.asarray(planned) - np.asarray(verify_lens)))
+            stats.num_verified_tokens -= skipped
+            stats.num_grammar_skipped_slots += skipped
+        self.policy.observe_outcomes(counted, n_acc, surv)
 
     def _accept(self, scheduled, drafted, drafted_seqs, sampling, num_verify, proposal, conf, logits, row_start,
-                results):
+                results, num_planned=None):
         k = min(self.num_spec_tokens, proposal.tokens.shape[1])  # slots drafted (fewer: a narrow draft)
         dev = logits.device
         R = len(drafted)
@@ -698,7 +710,10 @@ class SpeculativeDecoder:
         spec_slots = [scheduled[i].spec_slots for i in drafted]
         if k < self.num_spec_tokens:  # a narrow draft: the slots it capped are the width's
             spec_slots = np.minimum(spec_slots, k)
-        self._count(spec_slots, verify_lens, n_acc, conf, k)
+        planned = None if num_planned is None else num_planned[drafted]
+        if planned is not None and np.array_equal(planned, verify_lens):
+            planned = None
+        self._count(spec_slots, verify_lens, n_acc, conf, k, planned)
         return results, accepted
 
     def _commit(self, scheduled, drafted_set, accepted, res, items) -> None:

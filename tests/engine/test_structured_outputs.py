@@ -174,6 +174,44 @@ def test_verification_reaches_the_first_refused_draft_and_no_further(tiny_tokeni
     assert grammar_reach([free], [[letter, letter]]) == [2]
 
 
+def test_calibration_counts_the_slots_past_a_refused_draft_as_rejected(monkeypatch):
+    """The cap at the first refused draft (grammar_reach) verifies fewer positions, but the
+    per-position statistics and the policy's realized / predicted counts see the policy's planned
+    lengths (those slots were certain rejections): the same as without the cap, while
+    num_verified_tokens counts what was verified and num_grammar_skipped_slots the rest."""
+    import adaspec.spec_decode.step as step_module
+
+    cfg = {"method": "dspark", "num_speculative_tokens": 4}
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=SO(regex="[a-z ,.]{400}"))
+
+    def run():
+        llm = LLM("tiny", speculative_config=cfg)
+        outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        return outs, llm.llm_engine.stats
+
+    capped_out, capped = run()
+    monkeypatch.setattr(step_module, "grammar_reach", lambda seqs, drafts: [len(d) for d in drafts])
+    full_out, full = run()
+    assert capped_out == full_out and capped.num_accepted_tokens == full.num_accepted_tokens
+    assert capped.num_grammar_skipped_slots > 0 and full.num_grammar_skipped_slots == 0
+    assert capped.num_verified_tokens + capped.num_grammar_skipped_slots == full.num_verified_tokens
+    assert capped.verified_per_pos == full.verified_per_pos
+    assert capped.predicted_accept_per_pos == pytest.approx(full.predicted_accept_per_pos)
+
+
+def test_penalties_that_overflow_leave_the_grammar_its_tokens():
+    """A repetition penalty of 1e39 overflows float32 to -inf on the only token the grammar allows
+    (made negative by a bias): the grammar wins, as for min_tokens, instead of a row of -inf
+    sampling garbage."""
+    llm = LLM("tiny")
+    x = llm.get_tokenizer().encode("x")[0]
+    for temperature in (0.0, 1.0):
+        out = llm.generate(["x x x"], SamplingParams(temperature=temperature, seed=0, max_tokens=4,
+                                                     repetition_penalty=1e39, logit_bias={x: -20.0},
+                                                     structured_outputs=SO(regex="x")), use_tqdm=False)
+        assert out[0].outputs[0].text == "x", temperature
+
+
 @pytest.mark.parametrize("params, says", [
     (SO(regex="(((("), "unclosed group"),
     (SO(grammar="start: foo"), "unknown name"),
