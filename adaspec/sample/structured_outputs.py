@@ -158,16 +158,15 @@ class GrammarState:
             self.num_consumed = len(output)
 
 
-def _state(row) -> GrammarState:
-    """The row's request's GrammarState, kept on the request when it can hold one (an engine
-    Sequence: grammar_state), brought up to date with its output."""
-    history = row.history
+def _state(history, grammar: Grammar, output: list[int]) -> GrammarState:
+    """A request's GrammarState, kept on the request when it can hold one (an engine Sequence:
+    grammar_state), brought up to date with its output."""
     state = getattr(history, "grammar_state", False)
     if state is False:  # no history that keeps state (tests' rows): consume the output afresh
-        state = GrammarState(row.rule.grammar)
-    elif state is None or state.grammar is not row.rule.grammar:
-        state = history.grammar_state = GrammarState(row.rule.grammar)
-    state.advance(row.output, getattr(history, "request_id", "?"))
+        state = GrammarState(grammar)
+    elif state is None or state.grammar is not grammar:
+        state = history.grammar_state = GrammarState(grammar)
+    state.advance(output, getattr(history, "request_id", "?"))
     return state
 
 
@@ -180,18 +179,15 @@ def grammar_reach(seqs, drafts: list[list[int]]) -> list[int]:
     Why one past, not up to the last valid draft: the choice to verify slot j must not depend on
     draft j itself, only on the drafts before it (any such stopping rule keeps rejection sampling
     exact); skipping a refused draft d_j would replace the residual distribution its rejection
-    samples from with the target's own at j, which is not the same law (the test of the grammar's
-    losslessness fails that way)."""
+    samples from with the target's own at j, which is not the same law (a unit test pins this
+    with an exact example; the chi-square test has too little power to see it)."""
     reach = []
     for seq, block in zip(seqs, drafts):
         rule = seq.logits_rule
         if rule is None or rule.grammar is None:
             reach.append(len(block))
             continue
-        state = seq.grammar_state
-        if state is None or state.grammar is not rule.grammar:
-            state = seq.grammar_state = GrammarState(rule.grammar)
-        state.advance(seq.token_ids[len(seq.prompt_token_ids):], seq.request_id)
+        state = _state(seq, rule.grammar, seq.token_ids[len(seq.prompt_token_ids):])
         reach.append(min(len(block), state.matcher.validate_tokens(list(block)) + 1))
     return reach
 
@@ -227,7 +223,8 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     bits = torch.full((num_masks, words), -1, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda")
     plain, drafted = [], []  # llguidance's batched calls: (matcher, first mask index[, drafts])
     for key, positions in groups.items():
-        matcher = _state(rows[first_row[key]]).matcher
+        first = rows[first_row[key]]
+        matcher = _state(first.history, first.rule.grammar, first.output).matcher
         ordered = sorted(positions, key=len)
         longest = ordered[-1]
         if len(ordered) == len(longest) + 1 and all(d == longest[:j] for j, d in enumerate(ordered)):
