@@ -157,17 +157,27 @@ class RuleRow:
         return len(self.output) + len(self.extra) + (self.pending >= 0)
 
 
+def _constrained(rows: list[RuleRow | None]) -> list[int]:
+    """The rows whose rule has structured outputs."""
+    return [i for i, r in enumerate(rows) if r is not None and r.rule.grammar is not None]
+
+
+def _mask_in_place(out: torch.Tensor, rows: list[RuleRow | None], constrained: list[int]) -> None:
+    """Set to -inf, in `out`'s rows `constrained`, every token their grammar does not allow next."""
+    at = to_device(constrained, out.device, torch.int64)
+    keep = grammar_keep_mask([rows[i] for i in constrained], out.shape[-1], out.device)
+    out[at] = out[at].masked_fill(~keep, float("-inf"))
+
+
 def mask_grammars(logits: torch.Tensor, rows: list[RuleRow | None]) -> torch.Tensor:
     """logits [N, V] with each row's structured outputs mask applied (a copy; `logits` itself when
     no row has a grammar): what the reported logprobs see, as vLLM's, whose grammar bitmask goes on
     the logits before its sampler, while its other rules do not show in them."""
-    constrained = [i for i, r in enumerate(rows) if r is not None and r.rule.grammar is not None]
+    constrained = _constrained(rows)
     if not constrained:
         return logits
     out = logits.clone()
-    at = to_device(constrained, out.device, torch.int64)
-    keep = grammar_keep_mask([rows[i] for i in constrained], out.shape[-1], out.device)
-    out[at] = out[at].masked_fill(~keep, float("-inf"))
+    _mask_in_place(out, rows, constrained)
     return out
 
 
@@ -193,11 +203,9 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
         return logits
     out = logits.to(torch.float32, copy=True)
     dev, V = out.device, out.shape[-1]
-    constrained = [i for i in ruled if rows[i].rule.grammar is not None]
+    constrained = _constrained(rows)
     if constrained and grammars:  # first, as vLLM applies its grammar bitmask before the sampler's processors
-        at = to_device(constrained, dev, torch.int64)
-        keep = grammar_keep_mask([rows[i] for i in constrained], V, dev)
-        out[at] = out[at].masked_fill(~keep, float("-inf"))
+        _mask_in_place(out, rows, constrained)
     # the rules that can leave a row no token at all: masks, and biases or penalties that overflow
     # float32 to -inf (min_p keeps the likeliest)
     risky = [i for i in constrained if rows[i].rule.allowed is not None or rows[i].rule.bad_words or rows[i].rule.bias
@@ -418,13 +426,11 @@ def draft_bias(seqs, vocab_size: int, device) -> torch.Tensor | None:
     # structured outputs' masks hold for the first slot only: the slots after it follow drafts the
     # host does not know yet. Then [R, 2, V]: the first slot's bias, the other slots'
     bias = apply_logits_rules(torch.zeros(len(seqs), vocab_size, device=device), rows, grammars=False)
-    constrained = [i for i, r in enumerate(rows) if r is not None and r.rule.grammar is not None]
+    constrained = _constrained(rows)
     if not constrained:
         return bias
-    at = to_device(constrained, device, torch.int64)
-    keep = grammar_keep_mask([rows[i] for i in constrained], vocab_size, device)
     first = bias.clone()
-    first[at] = first[at].masked_fill(~keep, float("-inf"))
+    _mask_in_place(first, rows, constrained)
     # (the rules may leave the grammar nothing: the first slot then drafts as the others do)
     first = torch.where(torch.isneginf(first).all(-1, keepdim=True), bias, first)
     return torch.stack([first, bias], 1)
