@@ -133,7 +133,10 @@ class StopChecker:
         return stream
 
     def _decode(self, seq: Sequence) -> str:
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        ids = seq.output_token_ids
+        if stopped_by_token(seq.finish_reason, seq.stop_reason) and not seq.params.include_stop_str_in_output:
+            ids = ids[:-1]  # as vLLM: the token that stopped it is no part of the text (with skip_special_tokens off too)
+        return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
         text = self._decode(seq)
@@ -171,3 +174,8 @@ class StopChecker:
     def _finish(seq: Sequence, reason: str, stop_reason) -> None:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
+
+
+def stopped_by_token(finish_reason: str | None, stop_reason) -> bool:
+    """Whether a request ended on an end-of-sequence or stop token (its last token), not a stop string."""
+    return finish_reason == "stop" and isinstance(stop_reason, int)

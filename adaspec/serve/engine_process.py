@@ -134,18 +134,21 @@ class ApiText:
     characters of an incremental decode; once it ends on a stop token or its length, the whole
     output decoded at once (what the engine gives a finished request)."""
 
-    __slots__ = ("tokenizer", "skip_special_tokens", "stream", "ids")
+    __slots__ = ("tokenizer", "skip_special_tokens", "include_stop", "stream", "ids")
 
-    def __init__(self, tokenizer, skip_special_tokens: bool):
-        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
+    def __init__(self, tokenizer, skip_special_tokens: bool, include_stop: bool = False):
+        self.tokenizer, self.skip_special_tokens, self.include_stop = tokenizer, skip_special_tokens, include_stop
         self.stream = tokenizer.decode_stream(skip_special_tokens)
         self.ids: list[int] = []
 
     def text(self, new_ids: list[int], finish: str | None) -> str:
-        """The text after these new tokens (finish: the request's finish reason, None while it runs)."""
+        """The text after these new tokens (finish: the request's finish reason, None while it runs;
+        such a request has no stop strings, so "stop" means a stop token, kept out of the text
+        unless include_stop_str_in_output, as the engine's)."""
         self.ids.extend(new_ids)
         if finish in ("stop", "length"):
-            return self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+            ids = self.ids[:-1] if finish == "stop" and not self.include_stop else self.ids
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
         step = self.stream.step
         for tok in new_ids:
             step(tok)
@@ -472,7 +475,7 @@ class EngineLink:
         tokenizer = self.engine.tokenizer
         if self.api_detokenize and tokenizer is not None and params.detokenize and not params.stop:
             params = dataclasses.replace(params, detokenize=False)  # a copy: the caller's stays as it was
-            text_of = ApiText(tokenizer, params.skip_special_tokens)
+            text_of = ApiText(tokenizer, params.skip_special_tokens, params.include_stop_str_in_output)
         with self._lock:
             if self.error is not None:  # died after the check above (the reader holds this lock to fail routes)
                 raise APIError(503, "The engine is not running.", code="engine_dead")

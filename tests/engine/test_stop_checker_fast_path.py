@@ -52,3 +52,19 @@ def test_a_final_only_request_gets_its_whole_text_once_it_ends(tokens, want):
     assert (n_fast, fast.finish_reason, fast.output_text) == (n_slow, slow.finish_reason, slow.output_text)
     assert fast.finish_reason == want
     assert (fast.output_text != "") == (want is not None)  # decoded at the end only
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE])
+@pytest.mark.parametrize("include", [False, True])
+def test_the_token_that_stops_a_request_is_no_part_of_its_text(kind, include):
+    """As vLLM: an end-of-sequence or stop token ends the request and is kept in its tokens, but
+    its text is not in the output (with skip_special_tokens off too) unless
+    include_stop_str_in_output."""
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    eos, word, stop = min(tok.eos_token_ids), tok.encode("hello")[0], tok.encode(" world")[0]
+    checker = StopChecker(tok, 64)
+    for last, params in ((eos, dict(skip_special_tokens=False)), (stop, dict(stop_token_ids=[stop]))):
+        seq = _seq(3, [], SamplingParams(output_kind=kind, include_stop_str_in_output=include, **params))
+        checker.append(seq, [word, last, word])
+        assert seq.output_token_ids == [word, last] and seq.finish_reason == "stop"
+        assert seq.output_text == tok.decode([word, last] if include else [word], skip_special_tokens=False)

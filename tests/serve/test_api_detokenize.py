@@ -36,20 +36,23 @@ def _ids(xs, multibyte):
 @settings(max_examples=200, deadline=None)
 @given(batches=st.lists(st.lists(st.integers(0, 60), max_size=9), min_size=1, max_size=6),
        max_tokens=st.one_of(st.none(), st.integers(1, 30)), ignore_eos=st.booleans(), skip_special=st.booleans(),
-       multibyte=st.booleans())
-@example(batches=[[4, 1]], max_tokens=2, ignore_eos=False, skip_special=True, multibyte=True)  # ends mid-character
-@example(batches=[[4, 1], [0]], max_tokens=None, ignore_eos=False, skip_special=True, multibyte=True)
+       multibyte=st.booleans(), include_stop=st.booleans())
+@example(batches=[[4, 1]], max_tokens=2, ignore_eos=False, skip_special=True, multibyte=True,
+         include_stop=False)  # ends mid-character
+@example(batches=[[4, 1], [0]], max_tokens=None, ignore_eos=False, skip_special=True, multibyte=True,
+         include_stop=False)
+@example(batches=[[4, 0]], max_tokens=None, ignore_eos=False, skip_special=False, multibyte=False, include_stop=False)
 def test_the_api_servers_text_is_the_engines_after_every_batch(batches, max_tokens, ignore_eos, skip_special,
-                                                               multibyte):
+                                                               multibyte, include_stop):
     """The same tokens through the engine's stop checker (text in the engine) and through one with
     detokenize=False plus ApiText (text in the API server): the same tokens kept, the same finish,
     no text in the engine, and the API server's text equal to the engine's after every batch."""
     checker = StopChecker(TOKENIZER, 64)
     kw = dict(max_tokens=max_tokens, ignore_eos=ignore_eos, skip_special_tokens=skip_special,
-              output_kind=RequestOutputKind.CUMULATIVE)
+              output_kind=RequestOutputKind.CUMULATIVE, include_stop_str_in_output=include_stop)
     engine_side = Sequence("a", None, [10, 11, 12], SamplingParams(**kw))
     api_side = Sequence("b", None, [10, 11, 12], SamplingParams(detokenize=False, **kw))
-    text_of = ApiText(TOKENIZER, skip_special)
+    text_of = ApiText(TOKENIZER, skip_special, include_stop)
     for batch in batches:
         if engine_side.finish_reason is not None:
             break
