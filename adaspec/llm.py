@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence as Seq
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
 from adaspec.inputs import is_single_prompt, prompt_of
-from adaspec.models.tokenizer import check_template_kwargs, message_text
+from adaspec.models.tokenizer import call_for_template, check_template_kwargs, message_text
 from adaspec.outputs import RequestOutput
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
@@ -34,10 +34,13 @@ class LLM:
         use_tqdm: bool | Callable = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of
         them, each through the model's chat template (its special tokens the template's own), then
-        generate. Each output's `prompt` is the templated text."""
+        generate. ``tools``: OpenAI's function definitions, for the template (an assistant message's
+        tool_calls reach it too, their arguments parsed). Each output's `prompt` is the templated
+        text; reading calls out of the text is the server's (serve/tool_parsers.py)."""
         tok = self.llm_engine.tokenizer
         if tok is None:
             raise InvalidRequestError("chat needs a tokenizer (this engine runs with skip_tokenizer_init=True)",
@@ -52,9 +55,8 @@ class LLM:
             if not isinstance(conv, (list, tuple)) or not all(isinstance(m, dict) for m in conv):
                 raise InvalidRequestError("each conversation must be a list of {\"role\", \"content\"} dicts",
                                           param="messages")
-            conv = [{**m, "content": message_text(m.get("content", ""), f"messages[{i}].content")}
-                    for i, m in enumerate(conv)]
-            texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+            conv = [_template_message(m, i) for i, m in enumerate(conv)]
+            texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tools=tools,
                                                  **(chat_template_kwargs or {})))
         outs = self.generate([{"prompt_token_ids": tok.encode(t)} for t in texts], sampling_params, use_tqdm)
         for out, text in zip(outs, texts):
@@ -156,3 +158,14 @@ class LLM:
             rebuilt.append(lp)
             total += d[chosen]
         comp.logprobs, comp.cumulative_logprob = rebuilt, total
+
+
+def _template_message(m: dict, i: int) -> dict:
+    """An offline chat message as the template reads it: content text (none, beside tool calls,
+    is empty) and any tool calls' arguments parsed."""
+    content = m.get("content")
+    out = {**m, "content": "" if content is None and m.get("tool_calls") else
+           message_text("" if content is None else content, f"messages[{i}].content")}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [call_for_template(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m["tool_calls"])]
+    return out

@@ -2,18 +2,46 @@
 
 EOS ids are the union of generation_config.json's and config.json's `eos_token_id` and the
 id of tokenizer_config.json's `eos_token`. The chat template comes from tokenizer_config.json;
-a model without one gets DEFAULT_CHAT_TEMPLATE (ChatML, documented in the README).
+a model without one gets DEFAULT_CHAT_TEMPLATE (ChatML, documented in the README). Templates render
+as transformers' apply_chat_template renders them (what vLLM's chat runs), so that a Hugging Face
+checkpoint's own template gives the same prompt here.
 """
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 from adaspec.errors import InvalidRequestError, ModelLoadError
 
+# ChatML, and with ``tools`` the Hermes convention (the one Qwen2.5 and Hermes models use, and the
+# one `--tool-call-parser hermes` reads back): the tools' JSON schemas in a system message, an
+# assistant's calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>. Messages without
+# tools render as plain ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" each, then
+# "<|im_start|>assistant\n". The models adaspec trains ship it (train/tokenizer.py).
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{{- ('\n' if message['content'] or not loop.first else '') + '<tool_call>\n{\"name\": ' "
+    "+ (call['function']['name'] | tojson) + ', \"arguments\": ' + (call['function']['arguments'] | tojson) "
+    "+ '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
 
@@ -46,7 +74,8 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
 
 # what apply_chat_template gives the template itself (or takes as its own arguments): not keywords
 # a caller may pass through to the template
-TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize"})
+TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize",
+                                     "tools"})
 
 
 def check_template_kwargs(template_kwargs: dict | None) -> None:
@@ -73,6 +102,23 @@ def message_text(content, where: str) -> str:
         return "".join(p["text"] for p in content)
     raise InvalidRequestError(f"{where} must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
                               f"parts, got {content!r}", param=where)
+
+
+def call_for_template(call: dict, where: str) -> dict:
+    """An assistant's earlier tool call as chat templates read it: its arguments, JSON text in
+    OpenAI's messages, parsed (templates write them with tojson; transformers and vLLM pass them so)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidRequestError(f"{where} must be {{\"id\": ..., \"type\": \"function\", \"function\": "
+                                  f"{{\"name\": ..., \"arguments\": ...}}}}, got {call!r}", param=where)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as e:
+            raise InvalidRequestError(f"{where}.function.arguments must be JSON text: {e}",
+                                      param=f"{where}.function.arguments") from None
+    return {**call, "type": call.get("type", "function"), "function": {**function, "arguments": arguments}}
 
 
 class Tokenizer:
@@ -146,31 +192,52 @@ class Tokenizer:
         return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
-                            **template_kwargs) -> str | list[int]:
+                            tools: list[dict] | None = None, **template_kwargs) -> str | list[int]:
         """The messages through the chat template: its text, or (tokenize=True) that text's token
-        ids, the template having written any special tokens (transformers' signature; extra
-        keywords, e.g. Qwen3's enable_thinking, reach the template)."""
-        text = self._render(messages, add_generation_prompt, template_kwargs)
+        ids, the template having written any special tokens (transformers' signature; ``tools``,
+        OpenAI's function definitions, and extra keywords, e.g. Qwen3's enable_thinking, reach
+        the template)."""
+        text = self._render(messages, add_generation_prompt, tools, template_kwargs)
         return self.encode(text) if tokenize else text
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                template_kwargs: dict) -> str:
         import jinja2
 
         check_template_kwargs(template_kwargs)
         if self._compiled_template is None:
-            env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=False)
-            env.globals["raise_exception"] = _raise
-            self._compiled_template = env.from_string(self.chat_template)
+            self._compiled_template = _template_environment().from_string(self.chat_template)
         try:
             return self._compiled_template.render(
                 **template_kwargs,
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=_token_str(self.config.get("bos_token")) or "",
                 eos_token=_token_str(self.config.get("eos_token")) or "",
             )
         except jinja2.TemplateError as e:
             raise InvalidRequestError(f"chat template failed on these messages: {e}", param="messages") from None
+
+
+def _template_environment():
+    """The environment transformers renders chat templates in: sandboxed, trim_blocks and
+    lstrip_blocks, loop controls, a tojson that keeps unicode and takes json.dumps' options, and
+    the raise_exception and strftime_now globals; an undefined variable is empty, not an error
+    (Qwen3's template asks `if tools` of a variable that only exists when tools are passed)."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes <, >, & and ' for HTML, which would change the prompt's tool schemas
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(msg):

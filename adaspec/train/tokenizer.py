@@ -21,18 +21,14 @@ from pathlib import Path
 from typing import Iterator
 
 from adaspec.errors import AdaspecError
+from adaspec.models.tokenizer import DEFAULT_CHAT_TEMPLATE
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [EOS, MASK, IM_START, IM_END]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = DEFAULT_CHAT_TEMPLATE  # ChatML, with tools in the Hermes convention
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 

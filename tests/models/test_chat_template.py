@@ -1,0 +1,92 @@
+"""Chat templates render here as transformers renders them (what vLLM's chat runs), tools and
+earlier tool calls included, so a Hugging Face checkpoint's own template gives the same prompt."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from adaspec.errors import InvalidRequestError
+from adaspec.models.registry import resolve_model_path
+from adaspec.models.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & 'then'",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time"}}]
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"}],
+    [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
+     {"role": "tool", "content": "21C", "tool_call_id": "c1"}, {"role": "assistant", "content": "Warm."}],
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+     {"role": "assistant", "content": "Checking.", "tool_calls": [CALL]}],
+]
+
+# A template in the style of the Hugging Face hub's: blocks on lines of their own (trim_blocks and
+# lstrip_blocks decide its whitespace), `if tools` on a variable only set with tools, tojson with
+# options, loop controls, raise_exception.
+HUB_STYLE = """{%- if tools %}
+    <tools>
+    {%- for tool in tools %}
+    {{ tool | tojson(indent=1) }}
+    {%- endfor %}
+    </tools>
+{% endif %}
+{% for message in messages %}
+    {% if message['role'] == 'robot' %}{{ raise_exception('no robots') }}{% endif %}
+    {% if message['role'] == 'tool' %}{% continue %}{% endif %}
+    <{{ message['role'] }}>
+    {{ message['content'] }}
+    {% for call in message.tool_calls or [] %}
+        call {{ call.function.name }} {{ call.function.arguments | tojson }}
+    {% endfor %}
+{% endfor %}
+{% if add_generation_prompt %}<assistant>{% endif %}"""
+
+
+@pytest.fixture(scope="module", params=["default", "hub-style"])
+def pair(request, tmp_path_factory):
+    """(adaspec's Tokenizer, transformers' tokenizer) of one directory and one template."""
+    path = tmp_path_factory.mktemp(request.param)
+    src = resolve_model_path("tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, path / name)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = DEFAULT_CHAT_TEMPLATE if request.param == "default" else HUB_STYLE
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return Tokenizer.from_dir(path), transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+@pytest.mark.parametrize("tools", [None, TOOLS])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_the_prompt_is_transformers(pair, conversation, tools, add_generation_prompt):
+    ours, theirs = pair
+    want = theirs.apply_chat_template(conversation, tools=tools, tokenize=False,
+                                      add_generation_prompt=add_generation_prompt)
+    assert ours.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, tools=tools) == want
+
+
+def test_the_default_template_writes_tools_and_calls_in_the_hermes_convention():
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    assert tok.chat_template == DEFAULT_CHAT_TEMPLATE  # the shipped model carries it
+    plain = tok.apply_chat_template(CONVERSATIONS[1])
+    assert plain == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n"
+    text = tok.apply_chat_template(CONVERSATIONS[2], tools=TOOLS, add_generation_prompt=False)
+    assert "<tools>\n" + json.dumps(TOOLS[0], ensure_ascii=False) + "\n" + json.dumps(TOOLS[1]) + "\n</tools>" in text
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>'
+    assert f"<|im_start|>assistant\n{call}\n{call}<|im_end|>\n<|im_start|>tool\n21C<|im_end|>\n" in text
+    with_system = tok.apply_chat_template(CONVERSATIONS[1], tools=TOOLS)
+    assert with_system.startswith("<|im_start|>system\nbe brief\n\n# Tools\n") and with_system.count("be brief") == 1
+
+
+def test_a_template_that_raises_is_an_invalid_request(pair):
+    ours, _ = pair
+    if ours.chat_template == DEFAULT_CHAT_TEMPLATE:
+        pytest.skip("the default template raises on nothing")
+    with pytest.raises(InvalidRequestError, match="no robots"):
+        ours.apply_chat_template([{"role": "robot", "content": "x"}])
