@@ -17,6 +17,7 @@ from adaspec.serve.prepare import (chat_request_ids, completion_prompt_ids, deto
                                    prepare_completion)
 from adaspec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from adaspec.serve.state import ServeState
+from adaspec.serve.tools import tools_for_template
 
 
 # A request whose body is at most this large is parsed and tokenized on the event loop; a larger
@@ -90,9 +91,9 @@ def build_app(state: ServeState) -> FastAPI:
     async def chat_completions(request: Request):
         req, size = await _body(request, ChatCompletionRequest)
         state.check_model(req.model)
-        ids, params = await _off_loop_if_large(size, prepare_chat, state, req)
+        ids, params, tools = await _off_loop_if_large(size, prepare_chat, state, req)
         return await generate(state, request, [ids], params, chat=True, stream=bool(req.stream),
-                              stream_options=req.stream_options)
+                              stream_options=req.stream_options, tools=tools)
 
     @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize_route(request: Request):
@@ -102,7 +103,7 @@ def build_app(state: ServeState) -> FastAPI:
             raise APIError(400, "Send exactly one of prompt or messages.", "prompt")
         ids = await _off_loop_if_large(
             size, lambda: completion_prompt_ids(state, req.prompt, req.add_special_tokens) if req.prompt is not None
-            else chat_request_ids(state, req))
+            else chat_request_ids(state, req, tools_for_template(req.tools)))
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
     @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))

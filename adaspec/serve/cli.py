@@ -95,6 +95,16 @@ def add_parser(subparsers) -> None:
                    help="the API server processes decode the text of requests without stop strings, not the "
                         "engine (as vLLM's front end); needs the engine in a process of its own (default: on "
                         "with --api-server-count above 1)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let tool_choice "auto" (the default when a chat request has tools) read the calls the model '
+                        "writes out of its text, with --tool-call-parser (as vllm serve's; named and \"required\" "
+                        "calls need neither flag: structured outputs hold the text to the call's shape)")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes"],
+                   help="the format the model writes its calls in: hermes, <tool_call>{\"name\": ..., "
+                        "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, and adaspec's own chat template)")
+    p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help='keep the tools out of the chat template when tool_choice is "none" (default: the template '
+                        "sees them, as vLLM's)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds running requests get after SIGTERM before being aborted (default 30)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -162,6 +172,10 @@ def settings_from_args(args: argparse.Namespace):
         if args.max_request_body_bytes < 1:
             raise ConfigError(f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}")
         extra["max_request_body_bytes"] = args.max_request_body_bytes
+    from adaspec.serve.tools import ToolSettings
+
+    extra["tools"] = ToolSettings(getattr(args, "enable_auto_tool_choice", False), getattr(args, "tool_call_parser", None),
+                                  getattr(args, "exclude_tools_when_tool_choice_none", False))
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
                           disable_log_requests=args.disable_log_requests, engine_process=bool(engine_process),

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 from adaspec.outputs import ranked_prompt_logprobs
+from adaspec.serve.tool_parsers import merge_calls
+from adaspec.serve.tools import NO_TOOLS
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -82,8 +84,10 @@ class Formatter:
     """
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None,
-                 prompt_logprobs: int | None = None):
+                 prompt_logprobs: int | None = None, tools=None):
         self.chat, self.rid, self.created, self.model = chat, rid, created, model
+        self.tools = tools or NO_TOOLS  # a chat request's tools.ToolPlan: how calls are read out of the text
+        self._parsers: dict = {}  # per streamed choice: its tool-call parser
         self.tok, self.top = tokenizer, top_logprobs
         self.prompt_top = prompt_logprobs  # vLLM's prompt_logprobs asked for: reported with the choices
         self.echo_without_generation = False  # completions' echo with max_tokens 0 (prepare.Echo)
@@ -136,12 +140,42 @@ class Formatter:
     def choice(self, index: int, text: str, ids: list[int], lps, finish: str | None, stop_reason) -> dict:
         choice: dict = {"index": index}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"], finish = self._message(text, finish)
         else:
             choice["text"] = text
         choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish, stop_reason=stop_reason)
         self._take_prompt_json(index, choice)
         return choice
+
+    def _message(self, text: str, finish: str | None) -> tuple[dict, str | None]:
+        """A chat choice's message, and its finish_reason ("tool_calls" once the model called)."""
+        if not self.tools.reads_calls:
+            return {"role": "assistant", "content": text}, finish
+        parser = self.tools.output_parser()
+        parsed = parser.feed(text) + parser.finish()
+        calls = merge_calls(parsed.calls)
+        message = {"role": "assistant", "content": parsed.content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+        return message, self.tools.finish_reason(finish, bool(calls))
+
+    def _delta(self, index: int, text: str, finish: str | None) -> tuple[dict, str | None]:
+        """A chat chunk's delta, and its finish_reason: with tools, what the choice's parser lets out."""
+        if not self.tools.reads_calls:
+            return ({"content": text} if text or not finish else {}), finish
+        parser = self._parsers.get(index)
+        if parser is None:
+            parser = self._parsers[index] = self.tools.output_parser()
+        parsed = parser.feed(text)
+        if finish is not None:
+            parsed += parser.finish()
+            finish = self.tools.finish_reason(finish, parser.num_calls > 0)
+        delta: dict = {}
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.calls:
+            delta["tool_calls"] = [c.to_json() for c in parsed.calls]
+        return delta, finish
 
     def response(self, choices: list[dict], use: dict) -> dict:
         body = self._head("chat.completion" if self.chat else "text_completion")
@@ -159,11 +193,14 @@ class Formatter:
         return body
 
     def chunk(self, index: int, delta: str, ids, lps, finish: str | None, stop_reason, with_usage: bool,
-              use: dict | None = None) -> dict:
+              use: dict | None = None) -> dict | None:
+        """None: nothing to send (a tool-call parser holds this text back, and no logprobs came)."""
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         choice: dict = {"index": index}
         if self.chat:
-            choice["delta"] = {"content": delta} if delta or not finish else {}
+            choice["delta"], finish = self._delta(index, delta, finish)
+            if not choice["delta"] and finish is None and not (lps and ids):
+                return None
         else:
             choice["text"] = delta
         choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish)

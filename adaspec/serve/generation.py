@@ -112,8 +112,8 @@ class _ClosingStreamingResponse(StreamingResponse):
 
 
 async def generate(state: ServeState, request: Request, prompts: list[list[int]], params, *, chat: bool,
-                   stream: bool, stream_options=None, echo=None):
-    """echo: a completions request's prepare.Echo, or None."""
+                   stream: bool, stream_options=None, echo=None, tools=None):
+    """echo: a completions request's prepare.Echo, or None; tools: a chat request's tools.ToolPlan."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     include_usage = bool(stream_options and stream_options.include_usage)
     # vLLM's continuous_usage_stats: the usage so far in every chunk
@@ -123,7 +123,7 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
                  ",".join(str(len(p)) for p in prompts), params)
     gens = await _submit(state, rid, prompts, params, time.monotonic())
     fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs,
-                    params.prompt_logprobs)
+                    params.prompt_logprobs, tools)
     if echo is not None:
         n = params.n
         for g in gens:
@@ -233,8 +233,9 @@ async def _events(gens: list[_Generation], fmt: Formatter, chat: bool, include_u
                 delta, ids, lps = fmt.with_prompt(g, c.prompt_logprobs, delta, ids, lps)
             elif not delta and not c.finished and not (lps and ids):
                 continue  # nothing visible this step (e.g. a held-back partial stop string)
-            yield sse(fmt.chunk(g.index, delta, ids, lps, c.finish_reason, c.stop_reason,
-                                usage_field, so_far(g)))
+            body = fmt.chunk(g.index, delta, ids, lps, c.finish_reason, c.stop_reason, usage_field, so_far(g))
+            if body is not None:  # None: a tool-call parser holds the text back for now
+                yield sse(body)
         if include_usage:
             yield sse(fmt.usage_chunk(_usage(gens)))
     except APIError as e:  # headers are gone already: report in-band, as OpenAI does

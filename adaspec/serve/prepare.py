@@ -17,6 +17,7 @@ from adaspec.sampling_params import (UNSUPPORTED_UNLESS, SamplingParams, Structu
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from adaspec.serve.state import ServeState
+from adaspec.serve.tools import ToolPlan, plan_tools, template_messages
 
 
 MAX_BATCH = 256  # choices (prompts x n) in one request; larger batches belong in several requests
@@ -34,7 +35,7 @@ _NEUTRAL: dict[str, tuple] = {
     "guided_whitespace_pattern": (), "guided_decoding_backend": ("auto", "guidance"), "structural_tag": (),
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "echo": (False,),
+    "echo": (False,),
     "continue_final_message": (False,), "chat_template": (), "documents": ([],),
 }
 
@@ -124,7 +125,10 @@ def _logit_bias(state: ServeState, bias: dict[str, float] | None) -> dict[int, f
     return out
 
 
-def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState) -> SamplingParams:
+def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState,
+            structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    """structured_outputs: a constraint of the request's own making (a tool call's shape), else
+    whichever of its fields asked for one."""
     if req.stop_token_ids:
         _check_ids(state, req.stop_token_ids, "stop_token_ids")
     if req.allowed_token_ids:
@@ -157,7 +161,7 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
         logprobs=logprobs,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=req.skip_special_tokens is not False,
-        structured_outputs=structured_outputs_of(req),
+        structured_outputs=structured_outputs or structured_outputs_of(req),
     )
 
 
@@ -287,47 +291,44 @@ def _flag(value, name: str) -> bool | None:
 
 
 def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
-                    add_generation_prompt: bool | None = None, template_kwargs: dict | None = None) -> list[int]:
+                    add_generation_prompt: bool | None = None, template_kwargs: dict | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
     """The messages through the chat template -> token ids; the template writes the special tokens,
     so none are added unless add_special_tokens is true (vLLM's chat default). add_generation_prompt
-    (default true) and template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)
-    reach the template."""
+    (default true), the tools (OpenAI's function definitions) and template_kwargs (vLLM's
+    chat_template_kwargs, e.g. Qwen3's enable_thinking) reach the template."""
     _need_tokenizer(state, "apply a chat template", "messages")
-    msgs = []
-    for i, m in enumerate(messages):
-        if m.tool_calls:
-            raise _bad("tool_calls are not supported by adaspec.", f"messages.{i}.tool_calls", "unsupported_parameter")
-        msg = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            msg["name"] = m.name
-        msgs.append(msg)
+    msgs = template_messages(messages)
     gen = add_generation_prompt is not False
-    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **(template_kwargs or {})),
+    kwargs = dict(template_kwargs or {}, **({"tools": tools} if tools is not None else {}))
+    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **kwargs),
                 "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
     return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), "messages",
                      "tokenize the messages"))
 
 
-def chat_request_ids(state: ServeState, req) -> list[int]:
+def chat_request_ids(state: ServeState, req, tools: list[dict] | None) -> list[int]:
     """A chat or /tokenize request's messages -> token ids, with its add_special_tokens,
-    add_generation_prompt and chat_template_kwargs (vLLM's), each checked."""
+    add_generation_prompt and chat_template_kwargs (vLLM's), each checked, and the tools the
+    template sees (tools.ToolPlan.template_tools; a /tokenize request's own)."""
     check_template_kwargs(req.chat_template_kwargs)
     return chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
-                           _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs)
+                           _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools)
 
 
-def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ToolPlan]:
     _reject_unsupported(req, _NEUTRAL)
     _reject_unsupported(req, _NEUTRAL_CHAT)
     if req.stream and req.prompt_logprobs is not None:  # (vLLM refuses it too: no chunk carries them)
         raise _bad("prompt_logprobs is not available when stream is true.", "prompt_logprobs")
     if req.top_logprobs is not None and not req.logprobs:
         raise _bad("top_logprobs requires logprobs to be true.", "top_logprobs")
+    tools = plan_tools(req, state.settings.tools)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:
-        params = _params(req, max_tokens, logprobs, state)
+        params = _params(req, max_tokens, logprobs, state, tools.structured_outputs)
     except InvalidRequestError as e:
         if e.param == "logprobs":  # chat's name for the count
             raise InvalidRequestError(str(e).replace("logprobs", "top_logprobs", 1), "top_logprobs") from None
@@ -335,10 +336,13 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
             raise InvalidRequestError(str(e).replace("max_tokens", "max_completion_tokens", 1),
                                       "max_completion_tokens") from None
         raise
+    if tools.mode == "auto" and "skip_special_tokens" not in req.model_fields_set:
+        # a tokenizer may hold the call tags as special tokens: the parser must see them (vLLM's hermes)
+        params.skip_special_tokens = False
     _check_choices(1, params.n)
-    ids = truncated_prompt(chat_request_ids(state, req), params, state.max_model_len)
+    ids = truncated_prompt(chat_request_ids(state, req, tools.template_tools), params, state.max_model_len)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
         params.max_tokens = state.max_model_len - len(ids)
-    return ids, params
+    return ids, params, tools

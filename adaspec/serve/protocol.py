@@ -88,11 +88,25 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI returns it
+
+
+class ToolCall(_Strict):
+    """A call an assistant made, sent back in its message of the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None  # passed to the chat template
-    tool_calls: list[Any] | None = None  # refused when non-empty: adaspec has no tool calling
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls (serve/tools.py)
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -102,14 +116,37 @@ class ChatMessage(_Strict):
         return "".join(p.text for p in self.content)
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # absent: the rest of the context window (vLLM)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    # "none", "auto", "required" or {"type": "function", "function": {"name": ...}} (serve/tools.py)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call
     # vLLM's chat extensions at their defaults only (refused otherwise)
     echo: Any = None
     add_generation_prompt: Any = None
@@ -126,6 +163,7 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool | None = None  # vLLM's: default true for a prompt, false for messages
     add_generation_prompt: Any = None  # vLLM's, for messages: as in a chat request
     chat_template_kwargs: Any = None
+    tools: list[Tool] | None = None  # for messages: the chat template sees them, as in a chat request
 
 
 class DetokenizeRequest(_Strict):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from adaspec.serve.errors import APIError
 from adaspec.serve.prompt_bound import PromptBound
+from adaspec.serve.tools import ToolSettings
 
 # Room for a long-context prompt as token ids (~7 bytes each in JSON) or a small batch of them;
 # a larger body is refused before it is read, let alone tokenized. --max-request-body-bytes.
@@ -25,6 +26,7 @@ class ServerSettings:
     engine_process: bool = False  # the engine in a process of its own (engine_process.py), else a thread
     api_server_count: int = 1  # HTTP server processes on the one engine (api_servers.py); > 1 needs engine_process
     api_detokenize: bool = False  # the API servers decode the text, not the engine (engine_process.py); needs engine_process
+    tools: ToolSettings = field(default_factory=ToolSettings)  # tool calling's flags (serve/tools.py)
 
 
 @dataclass

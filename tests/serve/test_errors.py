@@ -66,7 +66,7 @@ ERROR_CASES = [
     (CH, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
     (CH, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
     (CH, {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
-    (CH, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
+    (CH, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools.0.function"),
     (CH, {"messages": MSG, "n": 257}, 400, "n"),
     (CH, {"messages": MSG, "n": 1.5}, 400, "n"),
     (CH, {"messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages"),

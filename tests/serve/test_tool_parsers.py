@@ -1,0 +1,133 @@
+"""The tool-call parsers (serve/tool_parsers.py): what they read out of a text, and that a
+streamed text, however it is cut, gives what the whole text gives."""
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings, strategies as st
+
+from adaspec.serve.tool_parsers import HermesCalls, NamedCall, Parsed, RequiredCalls, merge_calls
+
+
+def parse(parser, pieces) -> tuple[str, list[tuple[str, str]], list[Parsed]]:
+    """-> (content, [(name, arguments)], the Parsed of each feed and of finish)."""
+    steps = [parser.feed(p) for p in pieces] + [parser.finish()]
+    total = Parsed()
+    for s in steps:
+        total += s
+    return total.content, [(c["function"]["name"], c["function"]["arguments"]) for c in merge_calls(total.calls)], steps
+
+
+def cuts(text: str, positions: list[int]) -> list[str]:
+    at = sorted({p % (len(text) + 1) for p in positions})
+    return [text[a:b] for a, b in zip([0] + at, at + [len(text)])]
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "note": "a}b"}}\n</tool_call>'
+HERMES_PARTS = st.sampled_from([
+    "Sure.", " ", "\n", "let me check", CALL, '<tool_call>{"name": "f"}</tool_call>',
+    "<tool_call>not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>', "<tool", "<tool_call",
+    "</tool_call>", "<", "{", '"}', "é",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(HERMES_PARTS, max_size=10).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
+       st.sampled_from([None, 1]))
+def test_hermes_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
+    whole = parse(HermesCalls(max_calls), [text])[:2]
+    assert parse(HermesCalls(max_calls), cuts(text, positions))[:2] == whole
+    content, calls = whole
+    if not calls:  # no call: the content is the text exactly
+        assert content == text
+    if max_calls == 1:
+        assert len(calls) <= 1
+
+
+def test_hermes_calls_content_and_whitespace():
+    text = "Sure. " + CALL + "\n" + '<tool_call>{"name": "f"}</tool_call>' + "\n\nDone."
+    content, calls, _ = parse(HermesCalls(), [text])
+    assert calls == [("get_weather", '{"city": "Zürich", "note": "a}b"}'), ("f", "{}")]
+    assert content == "Sure.\n\nDone."  # the whitespace next to the calls goes, not the one parting content
+    assert parse(HermesCalls(), [CALL + "\n"])[:2] == ("", [calls[0]])
+
+
+def test_hermes_keeps_what_is_not_a_call_as_written():
+    text = 'a <tool_call>not json</tool_call> b <tool_call>{"name": 3}</tool_call>'
+    assert parse(HermesCalls(), [text])[:2] == (text, [])
+
+
+def test_hermes_a_block_the_text_ends_in_is_a_call_if_its_json_is_whole():
+    assert parse(HermesCalls(), ['<tool_call>{"name": "f", "arguments": {"x": 1}}'])[:2] == ("", [("f", '{"x": 1}')])
+    cut = '<tool_call>{"name": "f", "argu'
+    assert parse(HermesCalls(), [cut])[:2] == (cut, [])
+
+
+def test_hermes_after_max_calls_blocks_are_content():
+    two = CALL + CALL
+    content, calls, _ = parse(HermesCalls(max_calls=1), [two])
+    assert len(calls) == 1 and content == CALL
+
+
+def test_hermes_holds_back_only_what_may_start_a_call():
+    p = HermesCalls()
+    assert p.feed("Hi there <tool").content == "Hi there"
+    assert p.feed("box> and").content == " <toolbox> and"
+    assert p.feed(" ").content == ""
+    assert p.finish().content == " "
+
+
+def test_hermes_streams_a_call_when_its_block_closes():
+    p = HermesCalls()
+    assert p.feed(CALL[:-3]).calls == []
+    (call,) = p.feed(CALL[-3:]).calls
+    assert call.index == 0 and call.name == "get_weather" and call.id.startswith("chatcmpl-tool-")
+    assert call.to_json() == {"index": 0, "id": call.id, "type": "function",
+                              "function": {"name": "get_weather", "arguments": call.arguments}}
+
+
+ELEMENTS = [{"name": "f", "parameters": {"s": "}]{,"}}, {"name": "g", "parameters": {}},
+            {"name": "h", "parameters": {"n": [1, {"k": None}]}}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(ELEMENTS), min_size=1, max_size=3), st.sampled_from(["", " ", "\n  "]),
+       st.lists(st.integers(0, 10_000), max_size=12), st.integers(0, 200))
+def test_required_reads_each_element_once_complete_however_cut(elements, ws, positions, cut_at):
+    text = "[" + ws + ("," + ws).join(json.dumps(e, ensure_ascii=False) for e in elements) + ws + "]"
+    want = [(e["name"], json.dumps(e["parameters"], ensure_ascii=False)) for e in elements]
+    assert parse(RequiredCalls(), cuts(text, positions))[:2] == ("", want)
+    short = text[:cut_at % len(text)]  # cut short (max_tokens): the complete elements, the rest content
+    content, calls, _ = parse(RequiredCalls(), cuts(short, positions))
+    assert calls == want[:len(calls)]
+    assert parse(RequiredCalls(), [short])[:2] == (content, calls)
+    assert content.strip() == "" or short.endswith(content)
+
+
+def test_required_streams_a_call_the_moment_it_closes():
+    text = json.dumps([ELEMENTS[0], ELEMENTS[1]])
+    close = text.index("}}") + 2
+    p = RequiredCalls()
+    assert p.feed(text[:close - 1]).calls == []
+    assert [c.name for c in p.feed(text[close - 1:close]).calls] == ["f"]
+    assert [c.name for c in p.feed(text[close:]).calls] == ["g"]
+    assert p.finish() == Parsed()
+
+
+def test_required_text_that_is_not_the_array_is_content():
+    assert parse(RequiredCalls(), ['{"name": "f"}'])[:2] == ('{"name": "f"}', [])
+    assert parse(RequiredCalls(), ['[{"name": "f", "parameters": 1}]'])[:2] == ('{"name": "f", "parameters": 1}]', [])
+
+
+def test_named_call_streams_its_arguments():
+    p = NamedCall("f")
+    first = p.feed('{"a"')
+    later = p.feed(": 1}")
+    assert first.calls[0].name == "f" and first.calls[0].id and first.calls[0].arguments == '{"a"'
+    assert later.calls[0].to_json() == {"index": 0, "function": {"arguments": ": 1}"}}
+    assert p.finish() == Parsed()
+    assert merge_calls(first.calls + later.calls)[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+
+
+def test_named_call_with_no_text_is_still_a_call():
+    assert parse(NamedCall("f"), [""])[:2] == ("", [("f", "")])
