@@ -99,9 +99,11 @@ def add_parser(subparsers) -> None:
                    help='let tool_choice "auto" (the default when a chat request has tools) read the calls the model '
                         "writes out of its text, with --tool-call-parser (as vllm serve's; named and \"required\" "
                         "calls need neither flag: structured outputs hold the text to the call's shape)")
-    p.add_argument("--tool-call-parser", default=None, choices=["hermes"],
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
                    help="the format the model writes its calls in: hermes, <tool_call>{\"name\": ..., "
-                        "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, and adaspec's own chat template)")
+                        "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, Qwen3, and adaspec's own chat "
+                        "template); llama3_json, a reply of {\"name\": ..., \"parameters\": {...}} objects "
+                        "separated by ';', after <|python_tag|> or not (Llama 3.1 and 3.2)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='keep the tools out of the chat template when tool_choice is "none" (default: the template '
                         "sees them, as vLLM's)")

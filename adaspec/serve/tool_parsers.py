@@ -8,10 +8,12 @@ construction, whatever the split (tests/serve/test_tool_parsers.py checks every 
 
 - ``NamedCall``: tool_choice named one function; the text is its arguments (structured outputs
   held it to the function's schema).
-- ``RequiredCalls``: tool_choice "required"; the text is a JSON array of {"name", "parameters"}
+- ``JsonCalls``: tool_choice "required"; the text is a JSON array of {"name", "parameters"}
   objects (held to that shape); each element becomes a call once it is complete.
 - ``HermesCalls``: tool_choice "auto" with ``--tool-call-parser hermes``; calls are
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in free text.
+- ``Llama3JsonCalls``: "auto" with ``--tool-call-parser llama3_json``; a reply that begins with
+  ``<|python_tag|>`` or ``{`` is ``{"name": ..., "parameters": {...}}`` objects separated by ``;``.
 
 Nothing is dropped but whitespace around calls: text a parser cannot read as a call (a block
 that is not a call's JSON, an array cut short by max_tokens) comes back as content.
@@ -104,20 +106,32 @@ def arguments_text(value) -> str | None:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
 
 
-class RequiredCalls(_Parser):
-    """A JSON array of {"name": str, "parameters": object}: each element, once complete, is a
-    call. What cannot be read so (the array cut short) is content at the end."""
+class JsonCalls(_Parser):
+    """Calls as JSON objects {"name": str, ARGUMENT_KEYS[0] (or the next key): object}, one after
+    another: OPEN before the first, SEP between two, CLOSE after the last (None: nothing). Each
+    object is a call once complete; what cannot be read so (the text cut short by max_tokens, an
+    object that is no call) is content at the end. ``max_calls``: an object after that many calls
+    is content too. This class reads tool_choice "required"'s array."""
 
+    OPEN: str | None = "["
+    SEP = ","
+    CLOSE: str | None = "]"
+    ARGUMENT_KEYS: tuple[str, ...] = ("parameters",)
     _decoder = json.JSONDecoder()
 
-    def __init__(self) -> None:
+    def __init__(self, max_calls: int | None = None):
         super().__init__()
+        self.max_calls = max_calls
         self.text = ""
         self.pos = 0  # where reading resumes
-        self.expect = "["  # "[", "element", "separator", "end" or "bad"
+        self.expect = "open" if self.OPEN else "object"  # then "object", "separator", "end" or "bad"
+        self.tried = 0  # the text's length when an object last failed to decode: retried after a "}"
 
     def feed(self, text: str) -> Parsed:
         self.text += text
+        return Parsed(calls=self._read())
+
+    def _read(self) -> list[CallDelta]:
         calls = []
         while self.expect not in ("end", "bad"):
             while self.pos < len(self.text) and self.text[self.pos].isspace():
@@ -125,23 +139,25 @@ class RequiredCalls(_Parser):
             if self.pos == len(self.text):
                 break
             ch = self.text[self.pos]
-            if self.expect == "[":
-                self._expect(ch == "[", "element")
+            if self.expect == "open":
+                self._expect(ch == self.OPEN, "object")
             elif self.expect == "separator":
-                self._expect(ch in ",]", "element" if ch == "," else "end")
-            else:  # an element: complete only once its closing brace has come
+                self._expect(ch == self.SEP or ch == self.CLOSE, "object" if ch == self.SEP else "end")
+            else:  # an object is complete only once a closing brace has come
+                if "}" not in self.text[self.tried:]:
+                    break
                 try:
                     value, end = self._decoder.raw_decode(self.text, self.pos)
                 except json.JSONDecodeError:
+                    self.tried = len(self.text)
                     break
-                name = value.get("name") if isinstance(value, dict) else None
-                args = arguments_text(value.get("parameters")) if isinstance(value, dict) else None
-                if not isinstance(name, str) or args is None:
+                call = self._call(value)
+                if call is None:
                     self.expect = "bad"
                     break
-                calls.append(self._new_call(name, args))
+                calls.append(call)
                 self.pos, self.expect = end, "separator"
-        return Parsed(calls=calls)
+        return calls
 
     def _expect(self, ok: bool, then: str) -> None:
         if ok:
@@ -150,9 +166,54 @@ class RequiredCalls(_Parser):
         else:
             self.expect = "bad"
 
+    def _call(self, value) -> CallDelta | None:
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return None
+        if self.max_calls is not None and self.num_calls >= self.max_calls:
+            return None
+        args = arguments_text(next((value[k] for k in self.ARGUMENT_KEYS if k in value), None))
+        return None if args is None else self._new_call(value["name"], args)
+
     def finish(self) -> Parsed:
         rest = self.text[self.pos:]
         return Parsed(content=rest if rest.strip() else "")
+
+
+class Llama3JsonCalls(JsonCalls):
+    """Llama 3.1 / 3.2's JSON tool calls (``--tool-call-parser llama3_json``): a reply that begins
+    with <|python_tag|> or "{" is calls, {"name": ..., "parameters": {...}} separated by ";"
+    ("arguments" is read too); any other reply is content, exactly. The text is held back only
+    until its first characters tell which."""
+
+    OPEN, SEP, CLOSE = None, ";", None
+    ARGUMENT_KEYS = ("parameters", "arguments")
+    TAG = "<|python_tag|>"
+
+    def __init__(self, max_calls: int | None = None):
+        super().__init__(max_calls)
+        self.mode: str | None = None  # "calls" or "text" once the reply's start says
+
+    def feed(self, text: str) -> Parsed:
+        if self.mode == "text":
+            return Parsed(content=text)
+        self.text += text
+        if self.mode is None:
+            head = self.text.lstrip()
+            if head.startswith(self.TAG) or head.startswith("{"):
+                self.mode = "calls"
+                if head.startswith(self.TAG):
+                    self.pos = len(self.text) - len(head) + len(self.TAG)
+            elif not head or self.TAG.startswith(head):
+                return Parsed()  # whitespace, or the tag arriving
+            else:
+                self.mode, held, self.text = "text", self.text, ""
+                return Parsed(content=held)
+        return Parsed(calls=self._read())
+
+    def finish(self) -> Parsed:
+        if self.mode is None:  # nothing but whitespace or a piece of the tag
+            return Parsed(content=self.text)
+        return Parsed() if self.mode == "text" else super().finish()
 
 
 class HermesCalls(_Parser):
@@ -245,4 +306,4 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-TOOL_CALL_PARSERS = {"hermes": HermesCalls}
+TOOL_CALL_PARSERS = {"hermes": HermesCalls, "llama3_json": Llama3JsonCalls}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from adaspec.models.tokenizer import call_for_template
 from adaspec.sampling_params import StructuredOutputsParams
 from adaspec.serve.errors import APIError
-from adaspec.serve.tool_parsers import TOOL_CALL_PARSERS, NamedCall, RequiredCalls, _Parser
+from adaspec.serve.tool_parsers import TOOL_CALL_PARSERS, NamedCall, JsonCalls, _Parser
 
 _ANY_OBJECT = {"type": "object"}  # a function that declares no parameters takes an object all the same
 
@@ -63,7 +63,7 @@ class ToolPlan:
         if self.mode == "named":
             return NamedCall(self.name)
         if self.mode == "required":
-            return RequiredCalls()
+            return JsonCalls()
         return TOOL_CALL_PARSERS[self.parser](max_calls=self.max_calls)
 
     def finish_reason(self, finish: str | None, called: bool) -> str | None:

@@ -6,7 +6,7 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
-from adaspec.serve.tool_parsers import HermesCalls, NamedCall, Parsed, RequiredCalls, merge_calls
+from adaspec.serve.tool_parsers import HermesCalls, JsonCalls, Llama3JsonCalls, NamedCall, Parsed, merge_calls
 
 
 def parse(parser, pieces) -> tuple[str, list[tuple[str, str]], list[Parsed]]:
@@ -96,18 +96,18 @@ ELEMENTS = [{"name": "f", "parameters": {"s": "}]{,"}}, {"name": "g", "parameter
 def test_required_reads_each_element_once_complete_however_cut(elements, ws, positions, cut_at):
     text = "[" + ws + ("," + ws).join(json.dumps(e, ensure_ascii=False) for e in elements) + ws + "]"
     want = [(e["name"], json.dumps(e["parameters"], ensure_ascii=False)) for e in elements]
-    assert parse(RequiredCalls(), cuts(text, positions))[:2] == ("", want)
+    assert parse(JsonCalls(), cuts(text, positions))[:2] == ("", want)
     short = text[:cut_at % len(text)]  # cut short (max_tokens): the complete elements, the rest content
-    content, calls, _ = parse(RequiredCalls(), cuts(short, positions))
+    content, calls, _ = parse(JsonCalls(), cuts(short, positions))
     assert calls == want[:len(calls)]
-    assert parse(RequiredCalls(), [short])[:2] == (content, calls)
+    assert parse(JsonCalls(), [short])[:2] == (content, calls)
     assert content.strip() == "" or short.endswith(content)
 
 
 def test_required_streams_a_call_the_moment_it_closes():
     text = json.dumps([ELEMENTS[0], ELEMENTS[1]])
     close = text.index("}}") + 2
-    p = RequiredCalls()
+    p = JsonCalls()
     assert p.feed(text[:close - 1]).calls == []
     assert [c.name for c in p.feed(text[close - 1:close]).calls] == ["f"]
     assert [c.name for c in p.feed(text[close:]).calls] == ["g"]
@@ -115,8 +115,8 @@ def test_required_streams_a_call_the_moment_it_closes():
 
 
 def test_required_text_that_is_not_the_array_is_content():
-    assert parse(RequiredCalls(), ['{"name": "f"}'])[:2] == ('{"name": "f"}', [])
-    assert parse(RequiredCalls(), ['[{"name": "f", "parameters": 1}]'])[:2] == ('{"name": "f", "parameters": 1}]', [])
+    assert parse(JsonCalls(), ['{"name": "f"}'])[:2] == ('{"name": "f"}', [])
+    assert parse(JsonCalls(), ['[{"name": "f", "parameters": 1}]'])[:2] == ('{"name": "f", "parameters": 1}]', [])
 
 
 def test_named_call_streams_its_arguments():
@@ -131,3 +131,36 @@ def test_named_call_streams_its_arguments():
 
 def test_named_call_with_no_text_is_still_a_call():
     assert parse(NamedCall("f"), [""])[:2] == ("", [("f", "")])
+
+
+LLAMA_PARTS = st.sampled_from([
+    '{"name": "f", "parameters": {"a": "x;}"}}', '{"name": "g", "arguments": {}}', "; ", ";", " ", "\n",
+    "<|python_tag|>", "<|python", "Sure", "{", '{"name": 1}', "é",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(LLAMA_PARTS, max_size=8).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
+       st.sampled_from([None, 1]))
+def test_llama3_json_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
+    whole = parse(Llama3JsonCalls(max_calls), [text])[:2]
+    assert parse(Llama3JsonCalls(max_calls), cuts(text, positions))[:2] == whole
+    content, calls = whole
+    head = text.lstrip()
+    if not (head.startswith("{") or head.startswith("<|python_tag|>")):
+        assert (content, calls) == (text, [])  # not a call reply: the text exactly
+    if max_calls == 1:
+        assert len(calls) <= 1
+
+
+def test_llama3_json_calls():
+    text = '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "arguments": {"b": "é"}}'
+    assert parse(Llama3JsonCalls(), [text])[:2] == ("", [("f", '{"a": 1}'), ("g", '{"b": "é"}')])
+    assert parse(Llama3JsonCalls(), [' {"name": "f", "parameters": {}}\n'])[:2] == ("", [("f", "{}")])
+    assert parse(Llama3JsonCalls(), ["The answer is {x}."])[:2] == ("The answer is {x}.", [])
+    p = Llama3JsonCalls()
+    assert p.feed("<|py").content == "" and p.feed("x").content == "<|pyx"  # not the tag after all
+    cut = '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "par'
+    assert parse(Llama3JsonCalls(), [cut])[:2] == ('{"name": "g", "par', [("f", '{"a": 1}')])
+    two = '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}}'
+    assert parse(Llama3JsonCalls(max_calls=1), [two])[:2] == ('{"name": "g", "parameters": {}}', [("f", "{}")])

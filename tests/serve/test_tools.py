@@ -155,6 +155,17 @@ def test_auto_without_calls_in_the_text_is_plain_content(auto_server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
 
 
+def test_llama3_json_auto_passes_a_reply_that_is_no_call_through():
+    s = _server(enable_auto_tool_choice=True, tool_call_parser="llama3_json")
+    try:
+        client = openai_client(s)
+        r = client.chat.completions.create(model="fake", messages=MSGS, max_tokens=12, tools=[WEATHER])
+        assert r.choices[0].message.content == expected_text(_ids(MSGS, [WEATHER]), 12)
+        assert not r.choices[0].message.tool_calls
+    finally:
+        s.close()
+
+
 def test_parallel_tool_calls_false_allows_one_call_and_required_asks_for_an_array(plain):
     """The fake ignores the constraint; what the server built from the tools is in the engine's params."""
     from adaspec.serve.protocol import ChatCompletionRequest
