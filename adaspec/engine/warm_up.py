@@ -12,7 +12,7 @@ prompts together, took 701 ms with no Triton kernel compiled, against ~4 ms for 
 makes: one request alone and several together, greedy, sampled and both in one step, a request
 joined by others while it decodes (steps mixing decodes with prefill chunks), and rows with
 logprobs and top-k / top-p (whose part of a graphed step is redone eagerly after the replay:
-spec_decode/graphed_extras.py).
+spec_decode/graphed_extras.py). It also builds structured outputs' view of the vocabulary.
 
 Afterwards the engine forgets them: its counters start from zero and the speculative policy is
 built afresh (nothing it learned from dummy tokens, e.g. the online calibration or measured step
@@ -21,11 +21,13 @@ unseeded requests are the same with and without the warm-up.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 from adaspec.sampling_params import SamplingParams
 
+log = logging.getLogger("adaspec.engine")
 MAX_STEPS = 10_000  # a warm-up that has not finished by then is a bug, not a slow machine
 
 
@@ -92,8 +94,27 @@ def warm_up_serving(engine) -> WarmUpResult:
             steps += 1
             if steps > MAX_STEPS:
                 raise RuntimeError(f"the startup warm-up did not finish in {MAX_STEPS} steps")
+    _build_grammar_tokenizer(engine)
     _forget(engine)
     return WarmUpResult(requests=n, steps=steps, seconds=time.perf_counter() - t0)
+
+
+def _build_grammar_tokenizer(engine) -> None:
+    """llguidance's view of the tokenizer, made now (once per engine: 481 ms at a 152k vocabulary on
+    the 2-core development machine, BENCHMARKS.md "The masks' host cost") rather than in the step
+    that adds the first structured-outputs request, which every running request would wait for.
+    (No constrained dummy request: structured outputs have not run on a GPU yet, and a warm-up that
+    fails stops the engine from starting.) Where llguidance cannot read the tokenizer, constrained
+    requests fail alone later, with the reason."""
+    if engine.tokenizer is None or not engine.stop_checker.eos_token_ids:
+        return
+    from adaspec.sample.structured_outputs import grammar_tokenizer
+
+    try:
+        grammar_tokenizer(engine.tokenizer, engine.model_config.vocab_size, engine.stop_checker.eos_token_ids)
+    except Exception as e:  # noqa: BLE001 - whatever it is, only constrained requests need it
+        log.warning("warm-up: llguidance cannot read this tokenizer (%s: %s); structured outputs will fail",
+                    type(e).__name__, e)
 
 
 def _forget(engine) -> None:

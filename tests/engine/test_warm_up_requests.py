@@ -80,6 +80,10 @@ def test_the_warm_up_runs_every_phase_shape(pair, tmp_path):
     assert any(any(k == 20 for *_, k in rows) for rows in seen)
     assert any({t for _, t, _, _ in rows} == {0.0, 1.0} for rows in seen)
     assert eng.stats.num_steps == 0 and eng.spec.policy.budget.correction.predicted.sum() == 0
+    # structured outputs' view of the vocabulary is built before any request asks for it
+    from adaspec.sample import structured_outputs as so
+
+    assert (eng.model_config.vocab_size, tuple(sorted(eng.stop_checker.eos_token_ids))) in so._tokenizers[eng.tokenizer]
 
 
 def test_it_refuses_a_busy_engine_and_bad_config(pair, tmp_path):
