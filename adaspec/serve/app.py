@@ -91,9 +91,9 @@ def build_app(state: ServeState) -> FastAPI:
     async def chat_completions(request: Request):
         req, size = await _body(request, ChatCompletionRequest)
         state.check_model(req.model)
-        ids, params, tools = await _off_loop_if_large(size, prepare_chat, state, req)
+        ids, params, reading = await _off_loop_if_large(size, prepare_chat, state, req)
         return await generate(state, request, [ids], params, chat=True, stream=bool(req.stream),
-                              stream_options=req.stream_options, tools=tools)
+                              stream_options=req.stream_options, reading=reading)
 
     @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize_route(request: Request):

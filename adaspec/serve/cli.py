@@ -104,6 +104,10 @@ def add_parser(subparsers) -> None:
                         "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, Qwen3, and adaspec's own chat "
                         "template); llama3_json, a reply of {\"name\": ..., \"parameters\": {...}} objects "
                         "separated by ';', after <|python_tag|> or not (Llama 3.1 and 3.2)")
+    p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                   help="put what a chat reply thinks between <think> and </think> in the message's \"reasoning\" "
+                        "field (streamed as delta.reasoning), the rest in \"content\" (as vllm serve's; both "
+                        "names read the same tags, the prompt telling whether the reply starts inside them)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='keep the tools out of the chat template when tool_choice is "none" (default: the template '
                         "sees them, as vLLM's)")
@@ -178,6 +182,7 @@ def settings_from_args(args: argparse.Namespace):
 
     extra["tools"] = ToolSettings(getattr(args, "enable_auto_tool_choice", False), getattr(args, "tool_call_parser", None),
                                   getattr(args, "exclude_tools_when_tool_choice_none", False))
+    extra["reasoning_parser"] = getattr(args, "reasoning_parser", None)
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
                           disable_log_requests=args.disable_log_requests, engine_process=bool(engine_process),

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 
 from adaspec.outputs import ranked_prompt_logprobs
-from adaspec.serve.tool_parsers import merge_calls
+from adaspec.serve.reasoning import ThinkSplitter
+from adaspec.serve.tool_parsers import Parsed, merge_calls
 from adaspec.serve.tools import NO_TOOLS
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
@@ -84,10 +85,12 @@ class Formatter:
     """
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, tokenizer, top_logprobs: int | None,
-                 prompt_logprobs: int | None = None, tools=None):
+                 prompt_logprobs: int | None = None, reading=None):
         self.chat, self.rid, self.created, self.model = chat, rid, created, model
-        self.tools = tools or NO_TOOLS  # a chat request's tools.ToolPlan: how calls are read out of the text
-        self._parsers: dict = {}  # per streamed choice: its tool-call parser
+        # a chat request's prepare.ChatReading: how calls and thinking are read out of the text
+        self.tools = reading.tools if reading is not None else NO_TOOLS
+        self.thinking = reading.thinking if reading is not None else None
+        self._readers: dict = {}  # per streamed choice: its ChoiceReader
         self.tok, self.top = tokenizer, top_logprobs
         self.prompt_top = prompt_logprobs  # vLLM's prompt_logprobs asked for: reported with the choices
         self.echo_without_generation = False  # completions' echo with max_tokens 0 (prepare.Echo)
@@ -147,30 +150,42 @@ class Formatter:
         self._take_prompt_json(index, choice)
         return choice
 
+    @property
+    def _reads_text(self) -> bool:
+        return self.tools.reads_calls or self.thinking is not None
+
+    def _reader(self) -> "ChoiceReader":
+        return ChoiceReader(self.tools.output_parser() if self.tools.reads_calls else None,
+                            ThinkSplitter(self.thinking) if self.thinking is not None else None)
+
     def _message(self, text: str, finish: str | None) -> tuple[dict, str | None]:
         """A chat choice's message, and its finish_reason ("tool_calls" once the model called)."""
-        if not self.tools.reads_calls:
+        if not self._reads_text:
             return {"role": "assistant", "content": text}, finish
-        parser = self.tools.output_parser()
-        parsed = parser.feed(text) + parser.finish()
+        reader = self._reader()
+        reasoning, parsed = reader.read(text, final=True)
         calls = merge_calls(parsed.calls)
-        message = {"role": "assistant", "content": parsed.content or (None if calls else "")}
+        message = {"role": "assistant", "content": parsed.content or (None if calls or reasoning else "")}
+        if self.thinking is not None:
+            message["reasoning"] = reasoning or None
         if calls:
             message["tool_calls"] = calls
         return message, self.tools.finish_reason(finish, bool(calls))
 
     def _delta(self, index: int, text: str, finish: str | None) -> tuple[dict, str | None]:
-        """A chat chunk's delta, and its finish_reason: with tools, what the choice's parser lets out."""
-        if not self.tools.reads_calls:
+        """A chat chunk's delta, and its finish_reason: with tools or a reasoning parser, what the
+        choice's reader lets out."""
+        if not self._reads_text:
             return ({"content": text} if text or not finish else {}), finish
-        parser = self._parsers.get(index)
-        if parser is None:
-            parser = self._parsers[index] = self.tools.output_parser()
-        parsed = parser.feed(text)
+        reader = self._readers.get(index)
+        if reader is None:
+            reader = self._readers[index] = self._reader()
+        reasoning, parsed = reader.read(text, final=finish is not None)
         if finish is not None:
-            parsed += parser.finish()
-            finish = self.tools.finish_reason(finish, parser.num_calls > 0)
+            finish = self.tools.finish_reason(finish, reader.called)
         delta: dict = {}
+        if reasoning:
+            delta["reasoning"] = reasoning
         if parsed.content:
             delta["content"] = parsed.content
         if parsed.calls:
@@ -216,3 +231,26 @@ class Formatter:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         body.update(choices=[], usage=use)
         return body
+
+
+class ChoiceReader:
+    """One chat choice's text, in pieces, -> its thinking (serve/reasoning.py), then its content's
+    tool calls (serve/tool_parsers.py); either may be absent."""
+
+    def __init__(self, calls, splitter):
+        self.calls, self.splitter = calls, splitter
+
+    @property
+    def called(self) -> bool:
+        return self.calls is not None and self.calls.num_calls > 0
+
+    def read(self, text: str, final: bool) -> tuple[str, Parsed]:
+        """-> (reasoning, content and call deltas) this piece makes visible; final: the text ends."""
+        reasoning, content = self.splitter.feed(text) if self.splitter is not None else ("", text)
+        if final and self.splitter is not None:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        if self.calls is None:
+            return reasoning, Parsed(content=content)
+        parsed = self.calls.feed(content)
+        return reasoning, parsed + self.calls.finish() if final else parsed

@@ -112,8 +112,9 @@ class _ClosingStreamingResponse(StreamingResponse):
 
 
 async def generate(state: ServeState, request: Request, prompts: list[list[int]], params, *, chat: bool,
-                   stream: bool, stream_options=None, echo=None, tools=None):
-    """echo: a completions request's prepare.Echo, or None; tools: a chat request's tools.ToolPlan."""
+                   stream: bool, stream_options=None, echo=None, reading=None):
+    """echo: a completions request's prepare.Echo, or None; reading: a chat request's
+    prepare.ChatReading (its tool calls and thinking), or None."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     include_usage = bool(stream_options and stream_options.include_usage)
     # vLLM's continuous_usage_stats: the usage so far in every chunk
@@ -123,7 +124,7 @@ async def generate(state: ServeState, request: Request, prompts: list[list[int]]
                  ",".join(str(len(p)) for p in prompts), params)
     gens = await _submit(state, rid, prompts, params, time.monotonic())
     fmt = Formatter(chat, rid, int(time.time()), state.model_name, state.tokenizer, params.logprobs,
-                    params.prompt_logprobs, tools)
+                    params.prompt_logprobs, reading)
     if echo is not None:
         n = params.n
         for g in gens:

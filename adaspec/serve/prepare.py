@@ -16,6 +16,7 @@ from adaspec.sampling_params import (UNSUPPORTED_UNLESS, SamplingParams, Structu
                                      token_id, truncated_prompt)
 from adaspec.serve.errors import APIError
 from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from adaspec.serve.reasoning import prompt_opens_thinking
 from adaspec.serve.state import ServeState
 from adaspec.serve.tools import ToolPlan, plan_tools, template_messages
 
@@ -290,34 +291,53 @@ def _flag(value, name: str) -> bool | None:
     return value
 
 
-def chat_prompt_ids(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
-                    add_generation_prompt: bool | None = None, template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
-    """The messages through the chat template -> token ids; the template writes the special tokens,
-    so none are added unless add_special_tokens is true (vLLM's chat default). add_generation_prompt
-    (default true), the tools (OpenAI's function definitions) and template_kwargs (vLLM's
-    chat_template_kwargs, e.g. Qwen3's enable_thinking) reach the template."""
+def chat_prompt(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
+                add_generation_prompt: bool | None = None, template_kwargs: dict | None = None,
+                tools: list[dict] | None = None) -> tuple[list[int], str]:
+    """The messages through the chat template -> (token ids, the templated text); the template writes
+    the special tokens, so none are added unless add_special_tokens is true (vLLM's chat default).
+    add_generation_prompt (default true), the tools (OpenAI's function definitions) and
+    template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking) reach the template."""
     _need_tokenizer(state, "apply a chat template", "messages")
     msgs = template_messages(messages)
     gen = add_generation_prompt is not False
-    kwargs = dict(template_kwargs or {}, **({"tools": tools} if tools is not None else {}))
+    kwargs = _template_kwargs(template_kwargs, tools)
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **kwargs),
                 "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
     return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), "messages",
-                     "tokenize the messages"))
+                     "tokenize the messages")), text
+
+
+def _template_kwargs(template_kwargs: dict | None, tools: list[dict] | None) -> dict:
+    """What the template gets besides the messages: chat_template_kwargs, and the tools if any."""
+    return dict(template_kwargs or {}, **({"tools": tools} if tools is not None else {}))
 
 
 def chat_request_ids(state: ServeState, req, tools: list[dict] | None) -> list[int]:
-    """A chat or /tokenize request's messages -> token ids, with its add_special_tokens,
+    return chat_request_prompt(state, req, tools)[0]
+
+
+def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tuple[list[int], str]:
+    """A chat or /tokenize request's messages -> (token ids, text), with its add_special_tokens,
     add_generation_prompt and chat_template_kwargs (vLLM's), each checked, and the tools the
     template sees (tools.ToolPlan.template_tools; a /tokenize request's own)."""
     check_template_kwargs(req.chat_template_kwargs)
-    return chat_prompt_ids(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
-                           _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools)
+    return chat_prompt(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
+                       _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools)
 
 
-def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ToolPlan]:
+@dataclass(frozen=True)
+class ChatReading:
+    """How a chat choice's text is read: its tool calls (tools.ToolPlan), and with
+    --reasoning-parser whether it starts inside the thinking (reasoning.prompt_opens_thinking;
+    None: no reasoning parser)."""
+
+    tools: ToolPlan
+    thinking: bool | None = None
+
+
+def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ChatReading]:
     _reject_unsupported(req, _NEUTRAL)
     _reject_unsupported(req, _NEUTRAL_CHAT)
     if req.stream and req.prompt_logprobs is not None:  # (vLLM refuses it too: no chunk carries them)
@@ -336,13 +356,33 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
             raise InvalidRequestError(str(e).replace("max_tokens", "max_completion_tokens", 1),
                                       "max_completion_tokens") from None
         raise
-    if tools.mode == "auto" and "skip_special_tokens" not in req.model_fields_set:
-        # a tokenizer may hold the call tags as special tokens: the parser must see them (vLLM's hermes)
+    reasoning = state.settings.reasoning_parser is not None
+    if (tools.mode == "auto" or reasoning) and "skip_special_tokens" not in req.model_fields_set:
+        # a tokenizer may hold the call or thinking tags as special tokens: the parsers must see them
+        # (vLLM's hermes parser turns them on so)
         params.skip_special_tokens = False
     _check_choices(1, params.n)
-    ids = truncated_prompt(chat_request_ids(state, req, tools.template_tools), params, state.max_model_len)
+    ids, text = chat_request_prompt(state, req, tools.template_tools)
+    ids = truncated_prompt(ids, params, state.max_model_len)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
         params.max_tokens = state.max_model_len - len(ids)
-    return ids, params, tools
+    return ids, params, ChatReading(tools, _starts_thinking(state, req, tools, text, params) if reasoning else None)
+
+
+def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params: SamplingParams) -> bool:
+    """Whether the reply starts inside <think>: what the template appends as the generation
+    prompt leaves one open (the rest of the prompt may quote tags in its messages). A reply held to
+    JSON or a choice from its first token (tool calls, response_format) has no room to think (vLLM
+    lets a grammar wait for the thinking's end; adaspec does not), so it starts in content; a regex
+    or grammar may write the thinking itself."""
+    so = params.structured_outputs
+    if so is not None and so.kind in ("json", "json_object", "choice"):
+        return False
+    if _flag(req.add_generation_prompt, "add_generation_prompt") is False:
+        return prompt_opens_thinking(text)
+    kwargs = _template_kwargs(req.chat_template_kwargs, tools.template_tools)
+    before = _tok(lambda: state.tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=False,
+                                                              **kwargs), "messages", "apply the chat template")
+    return prompt_opens_thinking(text[len(before):] if text.startswith(before) else text)

@@ -27,6 +27,15 @@ class ServerSettings:
     api_server_count: int = 1  # HTTP server processes on the one engine (api_servers.py); > 1 needs engine_process
     api_detokenize: bool = False  # the API servers decode the text, not the engine (engine_process.py); needs engine_process
     tools: ToolSettings = field(default_factory=ToolSettings)  # tool calling's flags (serve/tools.py)
+    reasoning_parser: str | None = None  # --reasoning-parser: thinking to the "reasoning" field (serve/reasoning.py)
+
+
+    def __post_init__(self) -> None:
+        from adaspec.errors import ConfigError
+        from adaspec.serve.reasoning import REASONING_PARSERS
+
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"--reasoning-parser must be one of {list(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
 
 
 @dataclass
