@@ -169,6 +169,11 @@ def _params(req, max_tokens: int | None, logprobs: int | None, state: ServeState
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
+def structured_fields(req) -> list[str]:
+    """The request's fields that ask for structured outputs."""
+    return [name for name in ("structured_outputs", *_GUIDED, "response_format") if getattr(req, name) is not None]
+
+
 def structured_outputs_of(req) -> StructuredOutputsParams | None:
     """What the output must follow, from whichever field asked: vLLM's structured_outputs object,
     its older guided_json / guided_regex / guided_choice / guided_grammar, or OpenAI's
@@ -344,7 +349,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
         raise _bad("prompt_logprobs is not available when stream is true.", "prompt_logprobs")
     if req.top_logprobs is not None and not req.logprobs:
         raise _bad("top_logprobs requires logprobs to be true.", "top_logprobs")
-    tools = plan_tools(req, state.settings.tools)
+    tools = plan_tools(req, state.settings.tools, structured_fields(req))
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:

@@ -67,7 +67,9 @@ def merge_calls(deltas: list[CallDelta]) -> list[dict]:
     return [calls[i] for i in sorted(calls)]
 
 
-class _Parser:
+class ToolCallParser:
+    """Reads the calls out of one choice's text: ``feed`` each piece, then ``finish`` once."""
+
     def __init__(self) -> None:
         self.num_calls = 0
 
@@ -82,7 +84,7 @@ class _Parser:
         raise NotImplementedError
 
 
-class NamedCall(_Parser):
+class NamedCall(ToolCallParser):
     """One call to ``name``: its arguments stream as the text does (even when cut short by
     max_tokens, as vLLM: finish_reason "length" says so)."""
 
@@ -106,7 +108,7 @@ def arguments_text(value) -> str | None:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
 
 
-class JsonCalls(_Parser):
+class JsonCalls(ToolCallParser):
     """Calls as JSON objects {"name": str, ARGUMENT_KEYS[0] (or the next key): object}, one after
     another: OPEN before the first, SEP between two, CLOSE after the last (None: nothing). Each
     object is a call once complete; what cannot be read so (the text cut short by max_tokens, an
@@ -216,7 +218,7 @@ class Llama3JsonCalls(JsonCalls):
         return Parsed() if self.mode == "text" else super().finish()
 
 
-class HermesCalls(_Parser):
+class HermesCalls(ToolCallParser):
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks in free text (Hermes,
     Qwen2.5 and adaspec's own chat template). Text before, between and after the calls is content,
     but not the whitespace around the calls at its start and end; a block that is not a call's JSON is content as written;
@@ -255,7 +257,7 @@ class HermesCalls(_Parser):
                 self.pending, self.in_block = self.pending[start + len(self.START):], True
                 continue
             # what may yet be the start of a block, or whitespace before one, waits
-            held = _partial_suffix(self.pending, self.START)
+            held = partial_suffix(self.pending, self.START)
             visible = self.pending[:len(self.pending) - held].rstrip()
             out.content += self._content(visible)
             self.pending = self.pending[len(visible):]
@@ -298,7 +300,7 @@ class HermesCalls(_Parser):
         return Parsed(content=self._content(rest.rstrip()))
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of ``text`` that begins ``tag`` (the tag may be arriving)."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):

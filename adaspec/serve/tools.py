@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from adaspec.models.tokenizer import call_for_template
 from adaspec.sampling_params import StructuredOutputsParams
 from adaspec.serve.errors import APIError
-from adaspec.serve.tool_parsers import TOOL_CALL_PARSERS, NamedCall, JsonCalls, _Parser
+from adaspec.serve.tool_parsers import TOOL_CALL_PARSERS, NamedCall, JsonCalls, ToolCallParser
 
 _ANY_OBJECT = {"type": "object"}  # a function that declares no parameters takes an object all the same
 
@@ -58,7 +58,7 @@ class ToolPlan:
     def reads_calls(self) -> bool:
         return self.mode != "none"
 
-    def output_parser(self) -> _Parser:
+    def output_parser(self) -> ToolCallParser:
         """A fresh parser for one choice's text."""
         if self.mode == "named":
             return NamedCall(self.name)
@@ -81,8 +81,9 @@ def _bad(msg: str, param: str) -> APIError:
     return APIError(400, msg, param, "invalid_value")
 
 
-def plan_tools(req, settings: ToolSettings) -> ToolPlan:
-    """A chat request's tools and tool_choice -> its ToolPlan, or a 400 naming the field."""
+def plan_tools(req, settings: ToolSettings, asked: list[str] = ()) -> ToolPlan:
+    """A chat request's tools and tool_choice -> its ToolPlan, or a 400 naming the field. asked:
+    the request's fields that ask for structured outputs themselves (prepare.structured_fields)."""
     tools = req.tools
     choice = req.tool_choice
     if choice is None:
@@ -102,8 +103,6 @@ def plan_tools(req, settings: ToolSettings) -> ToolPlan:
     max_calls = 1 if req.parallel_tool_calls is False else None
     if choice == "none":
         return ToolPlan("none", None if settings.exclude_tools_when_tool_choice_none else template_tools)
-    asked = [name for name in ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                               "guided_choice", "guided_grammar") if getattr(req, name, None) is not None]
     if choice == "auto":
         if not settings.enable_auto_tool_choice:
             raise _bad('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set '
