@@ -35,11 +35,13 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of
         them, each through the model's chat template (its special tokens the template's own), then
         generate. ``tools``: OpenAI's function definitions, for the template (an assistant message's
-        tool_calls reach it too, their arguments parsed). Each output's `prompt` is the templated
+        tool_calls reach it too, their arguments parsed); ``chat_template``, a template (or the name
+        of one of the model's) in place of the model's. Each output's `prompt` is the templated
         text; reading calls out of the text is the server's (serve/tool_parsers.py)."""
         tok = self.llm_engine.tokenizer
         if tok is None:
@@ -57,7 +59,7 @@ class LLM:
                                           param="messages")
             conv = [_template_message(m, i) for i, m in enumerate(conv)]
             texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tools=tools,
-                                                 **(chat_template_kwargs or {})))
+                                                 chat_template=chat_template, **(chat_template_kwargs or {})))
         outs = self.generate([{"prompt_token_ids": tok.encode(t)} for t in texts], sampling_params, use_tqdm)
         for out, text in zip(outs, texts):
             out.prompt = text

@@ -75,7 +75,7 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
 # what apply_chat_template gives the template itself (or takes as its own arguments): not keywords
 # a caller may pass through to the template
 TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize",
-                                     "tools"})
+                                     "tools", "chat_template"})
 
 
 def check_template_kwargs(template_kwargs: dict | None) -> None:
@@ -126,9 +126,11 @@ class Tokenizer:
         self._tok = tok
         self.config = tokenizer_config
         self.eos_token_ids = eos_ids
-        self.chat_template = tokenizer_config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        # one template, or a model's named ones (Hugging Face's list of {"name", "template"})
+        self.chat_template: str | dict[str, str] = _named_templates(tokenizer_config.get("chat_template")) \
+            or DEFAULT_CHAT_TEMPLATE
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self._compiled_template = None
+        self._compiled_templates: dict[str, object] = {}
 
     @classmethod
     def from_dir(cls, path: str | Path, model_config: dict | None = None) -> "Tokenizer":
@@ -143,6 +145,9 @@ class Tokenizer:
         except Exception as e:  # the Rust library raises a plain Exception on a bad file
             raise ModelLoadError(f"corrupt tokenizer.json in {path}: {e}") from None
         tcfg = _read_optional_json(path / "tokenizer_config.json")
+        jinja = path / "chat_template.jinja"  # where transformers saves a template now; it wins, as there
+        if jinja.exists():
+            tcfg = {**tcfg, "chat_template": jinja.read_text(encoding="utf-8")}
         eos = config_eos_token_ids(path, model_config)
         name = _token_str(tcfg.get("eos_token"))
         if name is not None and tok.token_to_id(name) is not None:
@@ -192,23 +197,53 @@ class Tokenizer:
         return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
-                            tools: list[dict] | None = None, **template_kwargs) -> str | list[int]:
+                            tools: list[dict] | None = None, chat_template: str | None = None,
+                            **template_kwargs) -> str | list[int]:
         """The messages through the chat template: its text, or (tokenize=True) that text's token
         ids, the template having written any special tokens (transformers' signature; ``tools``,
         OpenAI's function definitions, and extra keywords, e.g. Qwen3's enable_thinking, reach
-        the template)."""
-        text = self._render(messages, add_generation_prompt, tools, template_kwargs)
+        the template; ``chat_template``, a template or the name of one of the model's, replaces the
+        model's)."""
+        text = self._render(messages, add_generation_prompt, tools, self.template_text(chat_template, tools),
+                            template_kwargs)
         return self.encode(text) if tokenize else text
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+    def template_text(self, chat_template: str | None = None, tools: list[dict] | None = None) -> str:
+        """Which template renders, as transformers picks: the one given (or the model's of that
+        name), else the model's own; of named ones "tool_use" when tools are given and it exists,
+        else "default"."""
+        named = self.chat_template if isinstance(self.chat_template, dict) else {"default": self.chat_template}
+        if chat_template is not None:
+            return named.get(chat_template, chat_template)
+        if tools and "tool_use" in named:
+            return named["tool_use"]
+        if "default" not in named:
+            raise InvalidRequestError(f"this model's chat templates are named {sorted(named)}, none of them "
+                                      "'default': name one as the chat template", param="chat_template")
+        return named["default"]
+
+    def compiled_template(self, text: str):
+        """The template compiled (once per text); a template that is not Jinja is an InvalidRequestError."""
+        import jinja2
+
+        template = self._compiled_templates.get(text)
+        if template is None:
+            try:
+                template = _template_environment().from_string(text)
+            except jinja2.TemplateSyntaxError as e:
+                raise InvalidRequestError(f"the chat template does not compile: {e} (line {e.lineno})",
+                                          param="chat_template") from None
+            self._compiled_templates[text] = template
+        return template
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None, template: str,
                 template_kwargs: dict) -> str:
         import jinja2
 
         check_template_kwargs(template_kwargs)
-        if self._compiled_template is None:
-            self._compiled_template = _template_environment().from_string(self.chat_template)
+        compiled = self.compiled_template(template)
         try:
-            return self._compiled_template.render(
+            return compiled.render(
                 **template_kwargs,
                 messages=messages,
                 tools=tools,
@@ -218,6 +253,13 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise InvalidRequestError(f"chat template failed on these messages: {e}", param="messages") from None
+
+
+def _named_templates(value) -> str | dict[str, str] | None:
+    """tokenizer_config's chat_template: a string, or Hugging Face's list of named templates."""
+    if isinstance(value, list):
+        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and "name" in t and "template" in t}
+    return value if isinstance(value, str) and value else None
 
 
 def _template_environment():

@@ -104,6 +104,9 @@ def add_parser(subparsers) -> None:
                         "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, Qwen3, and adaspec's own chat "
                         "template); llama3_json, a reply of {\"name\": ..., \"parameters\": {...}} objects "
                         "separated by ';', after <|python_tag|> or not (Llama 3.1 and 3.2)")
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="the chat template to use instead of the model's: a Jinja file, or the template itself (as "
+                        "vllm serve's), or the name of one of the model's named templates")
     p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                    help="put what a chat reply thinks between <think> and </think> in the message's \"reasoning\" "
                         "field (streamed as delta.reasoning), the rest in \"content\" (as vllm serve's; both "
@@ -183,10 +186,27 @@ def settings_from_args(args: argparse.Namespace):
     extra["tools"] = ToolSettings(getattr(args, "enable_auto_tool_choice", False), getattr(args, "tool_call_parser", None),
                                   getattr(args, "exclude_tools_when_tool_choice_none", False))
     extra["reasoning_parser"] = getattr(args, "reasoning_parser", None)
+    if getattr(args, "chat_template", None) is not None:
+        extra["chat_template"] = read_chat_template(args.chat_template)
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,
                           api_key=args.api_key, max_queue=args.max_queue, drain_timeout=args.drain_timeout,
                           disable_log_requests=args.disable_log_requests, engine_process=bool(engine_process),
                           api_server_count=api_servers, api_detokenize=bool(api_detokenize), **extra)
+
+
+def read_chat_template(value: str) -> str:
+    """--chat-template: a file's text, else the value itself when it reads as a template (or a name of
+    one of the model's templates: a word); a path that does not open is an error, as vLLM's."""
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--chat-template {value!r}: cannot read it: {e}") from None
+    if "{" in value or re.fullmatch(r"[\w-]+", value):
+        return value
+    raise ConfigError(f"--chat-template {value!r} looks like a file path, but there is no such file")
 
 
 def engine_process_default(args: argparse.Namespace) -> bool:

@@ -306,7 +306,7 @@ def chat_prompt(state: ServeState, messages: list[ChatMessage], add_special_toke
     _need_tokenizer(state, "apply a chat template", "messages")
     msgs = template_messages(messages)
     gen = add_generation_prompt is not False
-    kwargs = _template_kwargs(template_kwargs, tools)
+    kwargs = _template_kwargs(state, template_kwargs, tools)
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **kwargs),
                 "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
@@ -314,9 +314,15 @@ def chat_prompt(state: ServeState, messages: list[ChatMessage], add_special_toke
                      "tokenize the messages")), text
 
 
-def _template_kwargs(template_kwargs: dict | None, tools: list[dict] | None) -> dict:
-    """What the template gets besides the messages: chat_template_kwargs, and the tools if any."""
-    return dict(template_kwargs or {}, **({"tools": tools} if tools is not None else {}))
+def _template_kwargs(state: ServeState, template_kwargs: dict | None, tools: list[dict] | None) -> dict:
+    """What apply_chat_template gets besides the messages: chat_template_kwargs, the tools if any,
+    and --chat-template if set."""
+    kwargs = dict(template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
+    if state.settings.chat_template is not None:
+        kwargs["chat_template"] = state.settings.chat_template
+    return kwargs
 
 
 def chat_request_ids(state: ServeState, req, tools: list[dict] | None) -> list[int]:
@@ -387,7 +393,7 @@ def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params:
         return False
     if _flag(req.add_generation_prompt, "add_generation_prompt") is False:
         return prompt_opens_thinking(text)
-    kwargs = _template_kwargs(req.chat_template_kwargs, tools.template_tools)
+    kwargs = _template_kwargs(state, req.chat_template_kwargs, tools.template_tools)
     before = _tok(lambda: state.tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=False,
                                                               **kwargs), "messages", "apply the chat template")
     return prompt_opens_thinking(text[len(before):] if text.startswith(before) else text)

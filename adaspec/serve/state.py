@@ -28,6 +28,7 @@ class ServerSettings:
     api_detokenize: bool = False  # the API servers decode the text, not the engine (engine_process.py); needs engine_process
     tools: ToolSettings = field(default_factory=ToolSettings)  # tool calling's flags (serve/tools.py)
     reasoning_parser: str | None = None  # --reasoning-parser: thinking to the "reasoning" field (serve/reasoning.py)
+    chat_template: str | None = None  # --chat-template: a template, or a name of one of the model's, for every chat
 
 
     def __post_init__(self) -> None:
@@ -55,11 +56,24 @@ class ServeState:
         self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}) or {})
         # what tells a text that cannot fit whatever its tokenization: refused before tokenizing it
         self.prompt_bound = PromptBound.of(self.tokenizer)
+        if self.settings.chat_template is not None:
+            self._check_chat_template(self.settings.chat_template)
         self.model_name = self.settings.served_model_names[0]
         self.accepted_names = set(self.settings.served_model_names)
         # a client may name the model by its path or by the engine's name when none was set
         if self.settings.model_path and self.settings.model_path == self.model_name:
             self.accepted_names.add(str(getattr(engine, "model_name", self.model_name)))
+
+    def _check_chat_template(self, template: str) -> None:
+        """--chat-template compiles (with the model's tokenizer), or the server does not start."""
+        from adaspec.errors import ConfigError, InvalidRequestError
+
+        if self.tokenizer is None:
+            raise ConfigError("--chat-template needs a tokenizer (this server runs with --skip-tokenizer-init)")
+        try:
+            self.tokenizer.compiled_template(self.tokenizer.template_text(template))
+        except InvalidRequestError as e:
+            raise ConfigError(f"--chat-template: {e}") from None
 
     @property
     def metrics(self):

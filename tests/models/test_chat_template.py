@@ -9,7 +9,7 @@ import pytest
 
 from adaspec.errors import InvalidRequestError
 from adaspec.models.registry import resolve_model_path
-from adaspec.models.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
+from adaspec.models.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer, check_template_kwargs
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,3 +90,46 @@ def test_a_template_that_raises_is_an_invalid_request(pair):
         pytest.skip("the default template raises on nothing")
     with pytest.raises(InvalidRequestError, match="no robots"):
         ours.apply_chat_template([{"role": "robot", "content": "x"}])
+
+
+NAMED = [{"name": "default", "template": "{% for m in messages %}<{{ m.content }}>{% endfor %}"},
+         {"name": "tool_use", "template": "{{ (tools or []) | length }} tools{% for m in messages %}<{{ m.content }}>{% endfor %}"}]
+
+
+@pytest.fixture()
+def named_pair(tmp_path):
+    src = resolve_model_path("tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, tmp_path / name)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": NAMED}))
+    return Tokenizer.from_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+
+
+def test_named_templates_are_picked_as_transformers_picks_them(named_pair):
+    ours, theirs = named_pair
+    msgs = CONVERSATIONS[0]
+    for kw in ({}, {"tools": TOOLS}, {"chat_template": "tool_use"}, {"chat_template": "[{{ messages | length }}]"}):
+        want = theirs.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+        assert ours.apply_chat_template(msgs, **kw) == want, kw
+    assert ours.apply_chat_template(msgs) == "<hi>" and ours.apply_chat_template(msgs, tools=TOOLS) == "2 tools<hi>"
+
+
+def test_a_chat_template_jinja_file_wins_over_tokenizer_config(tmp_path):
+    src = resolve_model_path("tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}({{ m.content }}){% endfor %}")
+    ours, theirs = Tokenizer.from_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    want = theirs.apply_chat_template(CONVERSATIONS[1], tokenize=False)
+    assert ours.apply_chat_template(CONVERSATIONS[1]) == want == "(be brief)(weather?)"
+
+
+def test_a_template_that_does_not_compile_or_a_template_by_keyword_is_refused():
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    with pytest.raises(InvalidRequestError, match="does not compile"):
+        tok.apply_chat_template(CONVERSATIONS[0], chat_template="{% for m in messages %}")
+    with pytest.raises(InvalidRequestError, match="set by adaspec"):  # a request's chat_template_kwargs
+        check_template_kwargs({"chat_template": "{{ 1 }}"})
+    with pytest.raises(InvalidRequestError, match="none of them 'default'"):
+        Tokenizer(tok._tok, {"chat_template": [{"name": "a", "template": "x"}]}, set()).apply_chat_template([])
