@@ -36,12 +36,14 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of
         them, each through the model's chat template (its special tokens the template's own), then
         generate. ``tools``: OpenAI's function definitions, for the template (an assistant message's
         tool_calls reach it too, their arguments parsed); ``chat_template``, a template (or the name
-        of one of the model's) in place of the model's. Each output's `prompt` is the templated
+        of one of the model's) in place of the model's; ``continue_final_message``, generation continues
+        the last message (add_generation_prompt must then be false). Each output's `prompt` is the templated
         text; reading calls out of the text is the server's (serve/tool_parsers.py)."""
         tok = self.llm_engine.tokenizer
         if tok is None:
@@ -59,7 +61,9 @@ class LLM:
                                           param="messages")
             conv = [_template_message(m, i) for i, m in enumerate(conv)]
             texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tools=tools,
-                                                 chat_template=chat_template, **(chat_template_kwargs or {})))
+                                                 chat_template=chat_template,
+                                                 continue_final_message=continue_final_message,
+                                                 **(chat_template_kwargs or {})))
         outs = self.generate([{"prompt_token_ids": tok.encode(t)} for t in texts], sampling_params, use_tqdm)
         for out, text in zip(outs, texts):
             out.prompt = text

@@ -75,7 +75,9 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
 # what apply_chat_template gives the template itself (or takes as its own arguments): not keywords
 # a caller may pass through to the template
 TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize",
-                                     "tools", "chat_template"})
+                                     "tools", "chat_template", "continue_final_message"})
+# appended to the message to continue, so that the rendered text can be cut right after it
+_CONTINUE_MARK = "<<adaspec: continue the final message>> "
 
 
 def check_template_kwargs(template_kwargs: dict | None) -> None:
@@ -198,14 +200,34 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
                             tools: list[dict] | None = None, chat_template: str | None = None,
-                            **template_kwargs) -> str | list[int]:
+                            continue_final_message: bool = False, **template_kwargs) -> str | list[int]:
         """The messages through the chat template: its text, or (tokenize=True) that text's token
         ids, the template having written any special tokens (transformers' signature; ``tools``,
         OpenAI's function definitions, and extra keywords, e.g. Qwen3's enable_thinking, reach
         the template; ``chat_template``, a template or the name of one of the model's, replaces the
-        model's)."""
-        text = self._render(messages, add_generation_prompt, tools, self.template_text(chat_template, tools),
-                            template_kwargs)
+        model's). ``continue_final_message``: the text ends inside the last message, right after its
+        content (whatever the template writes after a message is cut), so that generation continues
+        it, e.g. an assistant reply begun by the caller; it excludes add_generation_prompt."""
+        template = self.template_text(chat_template, tools)
+        if not continue_final_message:
+            text = self._render(messages, add_generation_prompt, tools, template, template_kwargs)
+            return self.encode(text) if tokenize else text
+        if add_generation_prompt:
+            raise InvalidRequestError("continue_final_message continues the last message: it cannot also add a "
+                                      "generation prompt (set add_generation_prompt to false)",
+                                      param="continue_final_message")
+        final = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+        if not isinstance(final, str):
+            raise InvalidRequestError("continue_final_message needs a last message with text content to continue",
+                                      param="continue_final_message")
+        marked = list(messages[:-1]) + [{**messages[-1], "content": final + _CONTINUE_MARK}]
+        text = self._render(marked, False, tools, template, template_kwargs)
+        at = text.rfind(_CONTINUE_MARK.strip())
+        if at < 0:
+            raise InvalidRequestError("the chat template does not write the last message's content, so it cannot be "
+                                      "continued", param="continue_final_message")
+        # a template that strips a message's trailing whitespace stripped the mark's too
+        text = text[:at] if text.startswith(_CONTINUE_MARK, at) else text[:at].rstrip()
         return self.encode(text) if tokenize else text
 
     def template_text(self, chat_template: str | None = None, tools: list[dict] | None = None) -> str:

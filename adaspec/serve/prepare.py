@@ -37,7 +37,7 @@ _NEUTRAL: dict[str, tuple] = {
 }
 _NEUTRAL_CHAT: dict[str, tuple] = {
     "echo": (False,),
-    "continue_final_message": (False,), "chat_template": (), "documents": ([],),
+    "chat_template": (), "documents": ([],),
 }
 
 
@@ -298,15 +298,18 @@ def _flag(value, name: str) -> bool | None:
 
 def chat_prompt(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
                 add_generation_prompt: bool | None = None, template_kwargs: dict | None = None,
-                tools: list[dict] | None = None) -> tuple[list[int], str]:
+                tools: list[dict] | None = None, continue_final_message: bool | None = None) -> tuple[list[int], str]:
     """The messages through the chat template -> (token ids, the templated text); the template writes
     the special tokens, so none are added unless add_special_tokens is true (vLLM's chat default).
-    add_generation_prompt (default true), the tools (OpenAI's function definitions) and
-    template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking) reach the template."""
+    add_generation_prompt (default true, unless continue_final_message: then false), the tools
+    (OpenAI's function definitions) and template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's
+    enable_thinking) reach the template."""
     _need_tokenizer(state, "apply a chat template", "messages")
     msgs = template_messages(messages)
-    gen = add_generation_prompt is not False
+    gen = add_generation_prompt is not False and not (continue_final_message and add_generation_prompt is None)
     kwargs = _template_kwargs(state, template_kwargs, tools)
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
     text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **kwargs),
                 "messages", "apply the chat template")
     _check_text_length(state, text, "messages")
@@ -335,7 +338,8 @@ def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tup
     template sees (tools.ToolPlan.template_tools; a /tokenize request's own)."""
     check_template_kwargs(req.chat_template_kwargs)
     return chat_prompt(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
-                       _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools)
+                       _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools,
+                       _flag(req.continue_final_message, "continue_final_message"))
 
 
 @dataclass(frozen=True)
@@ -391,8 +395,8 @@ def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params:
     so = params.structured_outputs
     if so is not None and so.kind in ("json", "json_object", "choice"):
         return False
-    if _flag(req.add_generation_prompt, "add_generation_prompt") is False:
-        return prompt_opens_thinking(text)
+    if _flag(req.add_generation_prompt, "add_generation_prompt") is False or req.continue_final_message:
+        return prompt_opens_thinking(text)  # the reply continues the prompt's last message
     kwargs = _template_kwargs(state, req.chat_template_kwargs, tools.template_tools)
     before = _tok(lambda: state.tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=False,
                                                               **kwargs), "messages", "apply the chat template")

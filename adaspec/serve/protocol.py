@@ -150,7 +150,7 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's chat extensions at their defaults only (refused otherwise)
     echo: Any = None
     add_generation_prompt: Any = None
-    continue_final_message: Any = None
+    continue_final_message: Any = None  # vLLM's: generation continues the last message (checked in prepare)
     chat_template: Any = None
     chat_template_kwargs: Any = None
     documents: Any = None
@@ -164,6 +164,7 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: Any = None  # vLLM's, for messages: as in a chat request
     chat_template_kwargs: Any = None
     tools: list[Tool] | None = None  # for messages: the chat template sees them, as in a chat request
+    continue_final_message: Any = None  # for messages: as in a chat request
 
 
 class DetokenizeRequest(_Strict):

@@ -48,7 +48,12 @@ HUB_STYLE = """{%- if tools %}
 {% if add_generation_prompt %}<assistant>{% endif %}"""
 
 
-@pytest.fixture(scope="module", params=["default", "hub-style"])
+# one that trims what a message says (continue_final_message must then cut before the trimmed space)
+TRIMMING = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</{{ m['role'] }}>{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module", params=["default", "hub-style", "trimming"])
 def pair(request, tmp_path_factory):
     """(adaspec's Tokenizer, transformers' tokenizer) of one directory and one template."""
     path = tmp_path_factory.mktemp(request.param)
@@ -56,7 +61,7 @@ def pair(request, tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(src / name, path / name)
     cfg = json.loads((path / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = DEFAULT_CHAT_TEMPLATE if request.param == "default" else HUB_STYLE
+    cfg["chat_template"] = {"default": DEFAULT_CHAT_TEMPLATE, "hub-style": HUB_STYLE, "trimming": TRIMMING}[request.param]
     (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     return Tokenizer.from_dir(path), transformers.AutoTokenizer.from_pretrained(str(path))
 
@@ -86,8 +91,8 @@ def test_the_default_template_writes_tools_and_calls_in_the_hermes_convention():
 
 def test_a_template_that_raises_is_an_invalid_request(pair):
     ours, _ = pair
-    if ours.chat_template == DEFAULT_CHAT_TEMPLATE:
-        pytest.skip("the default template raises on nothing")
+    if ours.chat_template != HUB_STYLE:
+        pytest.skip("only the hub-style template raises")
     with pytest.raises(InvalidRequestError, match="no robots"):
         ours.apply_chat_template([{"role": "robot", "content": "x"}])
 
@@ -133,3 +138,23 @@ def test_a_template_that_does_not_compile_or_a_template_by_keyword_is_refused():
         check_template_kwargs({"chat_template": "{{ 1 }}"})
     with pytest.raises(InvalidRequestError, match="none of them 'default'"):
         Tokenizer(tok._tok, {"chat_template": [{"name": "a", "template": "x"}]}, set()).apply_chat_template([])
+
+
+@pytest.mark.parametrize("final", ["The answer is", "Ends with a space ", ""])
+def test_continue_final_message_is_transformers(pair, final):
+    ours, theirs = pair
+    conv = CONVERSATIONS[1] + [{"role": "assistant", "content": final}]
+    want = theirs.apply_chat_template(conv, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    got = ours.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True)
+    assert got == want and got.rstrip().endswith(final.rstrip())
+
+
+def test_continue_final_message_refuses_what_it_cannot_do():
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    conv = [{"role": "assistant", "content": "so"}]
+    with pytest.raises(InvalidRequestError, match="cannot also add a generation prompt"):
+        tok.apply_chat_template(conv, continue_final_message=True)
+    with pytest.raises(InvalidRequestError, match="does not write the last message"):
+        tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True, chat_template="x")
+    with pytest.raises(InvalidRequestError, match="last message with text"):
+        tok.apply_chat_template([], add_generation_prompt=False, continue_final_message=True)

@@ -67,6 +67,19 @@ def test_every_chat_request_and_tokenize_uses_it(tmp_path):
                                            chat_template=TEMPLATE)[0]
         assert offline.prompt == "[user: hello there]>" and offline.prompt_token_ids == want
         assert r["choices"][0]["message"]["content"] == offline.outputs[0].text
+        # continue_final_message: the prompt stops inside the last message, which the reply continues
+        begun = MSGS + [{"role": "assistant", "content": "It is"}]
+        cont = httpx.post(s.url + "/v1/chat/completions", json={"messages": begun, "max_tokens": 4, "temperature": 0,
+                                                                "continue_final_message": True}, timeout=60).json()
+        want = tok.encode("[user: hello there][assistant: It is")
+        assert cont["usage"]["prompt_tokens"] == len(want)
+        offline = LLM("tiny", **args).chat(begun, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
+                                           chat_template=TEMPLATE, add_generation_prompt=False,
+                                           continue_final_message=True)[0]
+        assert offline.prompt_token_ids == want and cont["choices"][0]["message"]["content"] == offline.outputs[0].text
+        both = httpx.post(s.url + "/v1/chat/completions", json={"messages": begun, "continue_final_message": True,
+                                                                "add_generation_prompt": True}, timeout=60)
+        assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
     finally:
         s.close()
 

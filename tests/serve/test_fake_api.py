@@ -318,9 +318,12 @@ def test_chat_template_keywords_and_the_generation_prompt_reach_the_template(cli
     assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == \
         len(tok.apply_chat_template(msgs, enable_thinking=False))
     assert prompt_tokens(add_generation_prompt=False) == len(tok.apply_chat_template(msgs, False))
+    # continue_final_message: the template asked to end inside the last message (no generation prompt)
+    assert prompt_tokens(continue_final_message=True) == \
+        len(tok.apply_chat_template(msgs, False, continue_final_message=True))
     for bad, param in (({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
                        ({"add_generation_prompt": "yes"}, "add_generation_prompt"),
-                       ({"continue_final_message": True}, "continue_final_message")):
+                       ({"continue_final_message": "yes"}, "continue_final_message")):
         r = httpx.post(fake_server.url + "/v1/chat/completions", json={"messages": msgs, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 

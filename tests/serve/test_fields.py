@@ -93,7 +93,7 @@ def test_neutral_values_are_accepted(http, path, field, value):
 
 @pytest.mark.parametrize("field, value", [
     ("echo", True),
-    ("continue_final_message", True), ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"messages": 1}),
+    ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"messages": 1}),
     ("chat_template_kwargs", {"add_generation_prompt": True}),
     ("documents", [{"text": "d"}]),
 ])
