@@ -75,7 +75,8 @@ def config_eos_token_ids(path: str | Path, model_config: dict | None = None) -> 
 # what apply_chat_template gives the template itself (or takes as its own arguments): not keywords
 # a caller may pass through to the template
 TEMPLATE_SET_BY_ADASPEC = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tokenize",
-                                     "tools", "chat_template", "continue_final_message"})
+                                     "tools", "documents", "chat_template", "continue_final_message"})
+_MAX_COMPILED_TEMPLATES = 64
 # appended to the message to continue, so that the rendered text can be cut right after it
 _CONTINUE_MARK = "<<adaspec: continue the final message>> "
 
@@ -199,18 +200,20 @@ class Tokenizer:
         return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False,
-                            tools: list[dict] | None = None, chat_template: str | None = None,
-                            continue_final_message: bool = False, **template_kwargs) -> str | list[int]:
+                            tools: list[dict] | None = None, documents: list[dict] | None = None,
+                            chat_template: str | None = None, continue_final_message: bool = False,
+                            **template_kwargs) -> str | list[int]:
         """The messages through the chat template: its text, or (tokenize=True) that text's token
-        ids, the template having written any special tokens (transformers' signature; ``tools``,
-        OpenAI's function definitions, and extra keywords, e.g. Qwen3's enable_thinking, reach
-        the template; ``chat_template``, a template or the name of one of the model's, replaces the
-        model's). ``continue_final_message``: the text ends inside the last message, right after its
-        content (whatever the template writes after a message is cut), so that generation continues
-        it, e.g. an assistant reply begun by the caller; it excludes add_generation_prompt."""
+        ids, the template having written any special tokens (transformers' signature). ``tools``
+        (OpenAI's function definitions), ``documents`` (for a retrieval template) and extra keywords
+        (e.g. Qwen3's enable_thinking) reach the template; ``chat_template``, a template or the name of
+        one of the model's, replaces the model's. ``continue_final_message``: the text ends inside
+        the last message, right after its content (whatever the template writes after a message is
+        cut), so that generation continues it, e.g. an assistant reply begun by the caller; it
+        excludes add_generation_prompt."""
         template = self.template_text(chat_template, tools)
         if not continue_final_message:
-            text = self._render(messages, add_generation_prompt, tools, template, template_kwargs)
+            text = self._render(messages, add_generation_prompt, tools, documents, template, template_kwargs)
             return self.encode(text) if tokenize else text
         if add_generation_prompt:
             raise InvalidRequestError("continue_final_message continues the last message: it cannot also add a "
@@ -221,7 +224,7 @@ class Tokenizer:
             raise InvalidRequestError("continue_final_message needs a last message with text content to continue",
                                       param="continue_final_message")
         marked = list(messages[:-1]) + [{**messages[-1], "content": final + _CONTINUE_MARK}]
-        text = self._render(marked, False, tools, template, template_kwargs)
+        text = self._render(marked, False, tools, documents, template, template_kwargs)
         at = text.rfind(_CONTINUE_MARK.strip())
         if at < 0:
             raise InvalidRequestError("the chat template does not write the last message's content, so it cannot be "
@@ -255,11 +258,13 @@ class Tokenizer:
             except jinja2.TemplateSyntaxError as e:
                 raise InvalidRequestError(f"the chat template does not compile: {e} (line {e.lineno})",
                                           param="chat_template") from None
+            if len(self._compiled_templates) >= _MAX_COMPILED_TEMPLATES:  # requests' own: keep a bounded few
+                self._compiled_templates.pop(next(iter(self._compiled_templates)))
             self._compiled_templates[text] = template
         return template
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None, template: str,
-                template_kwargs: dict) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                documents: list[dict] | None, template: str, template_kwargs: dict) -> str:
         import jinja2
 
         check_template_kwargs(template_kwargs)
@@ -269,6 +274,7 @@ class Tokenizer:
                 **template_kwargs,
                 messages=messages,
                 tools=tools,
+                documents=documents,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=_token_str(self.config.get("bos_token")) or "",
                 eos_token=_token_str(self.config.get("eos_token")) or "",

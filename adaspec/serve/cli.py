@@ -107,6 +107,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="the chat template to use instead of the model's: a Jinja file, or the template itself (as "
                         "vllm serve's), or the name of one of the model's named templates")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let a chat or /tokenize request bring its own chat_template (as vllm serve's; it runs in "
+                        "a sandbox, but a template can still cost the server time)")
     p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                    help="put what a chat reply thinks between <think> and </think> in the message's \"reasoning\" "
                         "field (streamed as delta.reasoning), the rest in \"content\" (as vllm serve's; both "
@@ -186,6 +189,7 @@ def settings_from_args(args: argparse.Namespace):
     extra["tools"] = ToolSettings(getattr(args, "enable_auto_tool_choice", False), getattr(args, "tool_call_parser", None),
                                   getattr(args, "exclude_tools_when_tool_choice_none", False))
     extra["reasoning_parser"] = getattr(args, "reasoning_parser", None)
+    extra["trust_request_chat_template"] = bool(getattr(args, "trust_request_chat_template", False))
     if getattr(args, "chat_template", None) is not None:
         extra["chat_template"] = read_chat_template(args.chat_template)
     return ServerSettings(served_model_names=list(args.served_model_name or [args.model]), model_path=args.model,

@@ -15,7 +15,7 @@ from adaspec.models.tokenizer import check_template_kwargs
 from adaspec.sampling_params import (UNSUPPORTED_UNLESS, SamplingParams, StructuredOutputsParams, is_neutral,
                                      token_id, truncated_prompt)
 from adaspec.serve.errors import APIError
-from adaspec.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from adaspec.serve.protocol import ChatCompletionRequest, CompletionRequest
 from adaspec.serve.reasoning import prompt_opens_thinking
 from adaspec.serve.state import ServeState
 from adaspec.serve.tools import ToolPlan, plan_tools, template_messages
@@ -35,10 +35,7 @@ _NEUTRAL: dict[str, tuple] = {
     # in structured_outputs is how to narrow JSON's whitespace
     "guided_whitespace_pattern": (), "guided_decoding_backend": ("auto", "guidance"), "structural_tag": (),
 }
-_NEUTRAL_CHAT: dict[str, tuple] = {
-    "echo": (False,),
-    "chat_template": (), "documents": ([],),
-}
+_NEUTRAL_CHAT: dict[str, tuple] = {"echo": (False,)}
 
 
 def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
@@ -296,50 +293,64 @@ def _flag(value, name: str) -> bool | None:
     return value
 
 
-def chat_prompt(state: ServeState, messages: list[ChatMessage], add_special_tokens: bool | None = None,
-                add_generation_prompt: bool | None = None, template_kwargs: dict | None = None,
-                tools: list[dict] | None = None, continue_final_message: bool | None = None) -> tuple[list[int], str]:
-    """The messages through the chat template -> (token ids, the templated text); the template writes
-    the special tokens, so none are added unless add_special_tokens is true (vLLM's chat default).
-    add_generation_prompt (default true, unless continue_final_message: then false), the tools
-    (OpenAI's function definitions) and template_kwargs (vLLM's chat_template_kwargs, e.g. Qwen3's
-    enable_thinking) reach the template."""
-    _need_tokenizer(state, "apply a chat template", "messages")
-    msgs = template_messages(messages)
-    gen = add_generation_prompt is not False and not (continue_final_message and add_generation_prompt is None)
-    kwargs = _template_kwargs(state, template_kwargs, tools)
-    if continue_final_message:
-        kwargs["continue_final_message"] = True
-    text = _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **kwargs),
-                "messages", "apply the chat template")
-    _check_text_length(state, text, "messages")
-    return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), "messages",
-                     "tokenize the messages")), text
-
-
-def _template_kwargs(state: ServeState, template_kwargs: dict | None, tools: list[dict] | None) -> dict:
-    """What apply_chat_template gets besides the messages: chat_template_kwargs, the tools if any,
-    and --chat-template if set."""
-    kwargs = dict(template_kwargs or {})
-    if tools is not None:
-        kwargs["tools"] = tools
-    if state.settings.chat_template is not None:
-        kwargs["chat_template"] = state.settings.chat_template
-    return kwargs
-
-
 def chat_request_ids(state: ServeState, req, tools: list[dict] | None) -> list[int]:
     return chat_request_prompt(state, req, tools)[0]
 
 
 def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tuple[list[int], str]:
-    """A chat or /tokenize request's messages -> (token ids, text), with its add_special_tokens,
-    add_generation_prompt and chat_template_kwargs (vLLM's), each checked, and the tools the
-    template sees (tools.ToolPlan.template_tools; a /tokenize request's own)."""
+    """A chat or /tokenize request's messages through the chat template -> (token ids, text). The
+    template writes the special tokens, so none are added unless add_special_tokens is true (vLLM's
+    chat default). The template sees add_generation_prompt (default true, but false under
+    continue_final_message), chat_template_kwargs (vLLM's, e.g. Qwen3's enable_thinking), the tools
+    (tools.ToolPlan.template_tools; a /tokenize request's own) and documents."""
+    _need_tokenizer(state, "apply a chat template", "messages")
     check_template_kwargs(req.chat_template_kwargs)
-    return chat_prompt(state, req.messages, _flag(req.add_special_tokens, "add_special_tokens"),
-                       _flag(req.add_generation_prompt, "add_generation_prompt"), req.chat_template_kwargs, tools,
-                       _flag(req.continue_final_message, "continue_final_message"))
+    add = _flag(req.add_generation_prompt, "add_generation_prompt")
+    cont = _flag(req.continue_final_message, "continue_final_message")
+    text = _render_chat(state, req, tools, add is not False and not (cont and add is None))
+    _check_text_length(state, text, "messages")
+    special = bool(_flag(req.add_special_tokens, "add_special_tokens"))
+    return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=special), "messages",
+                     "tokenize the messages")), text
+
+
+def _render_chat(state: ServeState, req, tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
+    if req.documents is not None:
+        kwargs["documents"] = _documents(req.documents)
+    if req.continue_final_message:
+        kwargs["continue_final_message"] = True
+    template = _request_template(state, req.chat_template)
+    if template is not None:
+        kwargs["chat_template"] = template
+    msgs = template_messages(req.messages)
+    return _tok(lambda: state.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **kwargs),
+                "messages", "apply the chat template")
+
+
+def _request_template(state: ServeState, asked) -> str | None:
+    """The template: the request's own (only with --trust-request-chat-template, as vLLM), else
+    --chat-template's, else None (the model's)."""
+    if asked is None:
+        return state.settings.chat_template
+    if not state.settings.trust_request_chat_template:
+        raise _bad("A chat template in a request runs only on a server started with --trust-request-chat-template; "
+                   "this one uses its own.", "chat_template", "unsupported_parameter")
+    if not isinstance(asked, str) or not asked:
+        raise _bad(f"chat_template must be a template (a string), got {asked!r}.", "chat_template")
+    return asked
+
+
+def _documents(documents) -> list[dict]:
+    """vLLM's documents, for a retrieval template: objects of strings (e.g. {"title", "text"})."""
+    if not isinstance(documents, list) or not all(
+            isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+            for d in documents):
+        raise _bad("documents must be a list of objects of strings, e.g. [{\"title\": ..., \"text\": ...}].",
+                   "documents")
+    return documents
 
 
 @dataclass(frozen=True)
@@ -397,7 +408,5 @@ def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params:
         return False
     if _flag(req.add_generation_prompt, "add_generation_prompt") is False or req.continue_final_message:
         return prompt_opens_thinking(text)  # the reply continues the prompt's last message
-    kwargs = _template_kwargs(state, req.chat_template_kwargs, tools.template_tools)
-    before = _tok(lambda: state.tokenizer.apply_chat_template(template_messages(req.messages), add_generation_prompt=False,
-                                                              **kwargs), "messages", "apply the chat template")
+    before = _render_chat(state, req, tools.template_tools, add_generation_prompt=False)
     return prompt_opens_thinking(text[len(before):] if text.startswith(before) else text)

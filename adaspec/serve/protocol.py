@@ -163,8 +163,11 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool | None = None  # vLLM's: default true for a prompt, false for messages
     add_generation_prompt: Any = None  # vLLM's, for messages: as in a chat request
     chat_template_kwargs: Any = None
-    tools: list[Tool] | None = None  # for messages: the chat template sees them, as in a chat request
-    continue_final_message: Any = None  # for messages: as in a chat request
+    # for messages, as in a chat request
+    tools: list[Tool] | None = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    documents: Any = None
 
 
 class DetokenizeRequest(_Strict):

@@ -29,6 +29,7 @@ class ServerSettings:
     tools: ToolSettings = field(default_factory=ToolSettings)  # tool calling's flags (serve/tools.py)
     reasoning_parser: str | None = None  # --reasoning-parser: thinking to the "reasoning" field (serve/reasoning.py)
     chat_template: str | None = None  # --chat-template: a template, or a name of one of the model's, for every chat
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may bring its own
 
 
     def __post_init__(self) -> None:

@@ -77,6 +77,9 @@ def test_every_chat_request_and_tokenize_uses_it(tmp_path):
                                            chat_template=TEMPLATE, add_generation_prompt=False,
                                            continue_final_message=True)[0]
         assert offline.prompt_token_ids == want and cont["choices"][0]["message"]["content"] == offline.outputs[0].text
+        own = {"messages": MSGS, "max_tokens": 2, "chat_template": "{{ messages[0]['content'] }}!"}
+        refused = httpx.post(s.url + "/v1/chat/completions", json=own, timeout=60)
+        assert refused.status_code == 400 and "--trust-request-chat-template" in refused.json()["error"]["message"]
         both = httpx.post(s.url + "/v1/chat/completions", json={"messages": begun, "continue_final_message": True,
                                                                 "add_generation_prompt": True}, timeout=60)
         assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
@@ -93,3 +96,22 @@ def test_serve_takes_the_flag(tmp_path):
     f.write_text(TEMPLATE)
     args = parser.parse_args(["serve", "m", "--chat-template", str(f), "--no-engine-process"])
     assert settings_from_args(args).chat_template == TEMPLATE
+
+
+def test_a_trusting_server_takes_a_requests_own_template():
+    from adaspec.config import EngineConfig
+    from adaspec.serve.cli import build_engine
+
+    s = LiveServer(functools.partial(build_engine, EngineConfig(model="tiny", max_num_seqs=4, max_model_len=512,
+                                                                device="cpu")),
+                   names=("tiny",), chat_template=TEMPLATE, trust_request_chat_template=True)
+    try:
+        own = {"messages": MSGS, "chat_template": "{{ messages[0]['content'] }}!"}
+        r = httpx.post(s.url + "/tokenize", json=own, timeout=60).json()
+        assert r["tokens"] == s.state.tokenizer.encode("hello there!")
+        bad = httpx.post(s.url + "/v1/chat/completions", json={**own, "chat_template": "{% if %}"}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template", bad.text
+        assert httpx.post(s.url + "/tokenize", json={"messages": MSGS}, timeout=60).json()["tokens"] == \
+            s.state.tokenizer.encode("[user: hello there]>")  # --chat-template's otherwise
+    finally:
+        s.close()

@@ -95,12 +95,21 @@ def test_neutral_values_are_accepted(http, path, field, value):
     ("echo", True),
     ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"messages": 1}),
     ("chat_template_kwargs", {"add_generation_prompt": True}),
-    ("documents", [{"text": "d"}]),
 ])
 def test_unimplemented_chat_extension_is_a_400_naming_it(http, field, value):
     r = http.post(CHAT, json={"messages": MSGS, "max_tokens": 2, field: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def test_documents_reach_the_chat_template(http):
+    docs = [{"title": "t", "text": "d"}]
+    plain = http.post(CHAT, json={"messages": MSGS, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    with_docs = http.post(CHAT, json={"messages": MSGS, "max_tokens": 1, "documents": docs}).json()
+    assert with_docs["usage"]["prompt_tokens"] == plain + len(f"[documents={docs}]")  # the fake template prints them
+    for bad in ({"t": 1}, [{"t": 1}], ["d"]):
+        r = http.post(CHAT, json={"messages": MSGS, "max_tokens": 1, "documents": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "documents", r.text
 
 
 def test_tool_choice_none_without_tools_is_neutral(http):
