@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence as Seq
 from adaspec.config import EngineConfig
 from adaspec.errors import InvalidRequestError
 from adaspec.inputs import is_single_prompt, prompt_of
-from adaspec.models.tokenizer import call_for_template, check_template_kwargs, message_text
+from adaspec.models.tokenizer import check_template_kwargs, message_for_template
 from adaspec.outputs import RequestOutput
 from adaspec.sampling_params import RequestOutputKind, SamplingParams
 
@@ -59,7 +59,7 @@ class LLM:
             if not isinstance(conv, (list, tuple)) or not all(isinstance(m, dict) for m in conv):
                 raise InvalidRequestError("each conversation must be a list of {\"role\", \"content\"} dicts",
                                           param="messages")
-            conv = [_template_message(m, i) for i, m in enumerate(conv)]
+            conv = [message_for_template(m, f"messages[{i}]") for i, m in enumerate(conv)]
             texts.append(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tools=tools,
                                                  chat_template=chat_template,
                                                  continue_final_message=continue_final_message,
@@ -165,13 +165,3 @@ class LLM:
             total += d[chosen]
         comp.logprobs, comp.cumulative_logprob = rebuilt, total
 
-
-def _template_message(m: dict, i: int) -> dict:
-    """An offline chat message as the template reads it: content text (none, beside tool calls,
-    is empty) and any tool calls' arguments parsed."""
-    content = m.get("content")
-    out = {**m, "content": "" if content is None and m.get("tool_calls") else
-           message_text("" if content is None else content, f"messages[{i}].content")}
-    if m.get("tool_calls"):
-        out["tool_calls"] = [call_for_template(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m["tool_calls"])]
-    return out

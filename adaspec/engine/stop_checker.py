@@ -9,17 +9,7 @@ from __future__ import annotations
 from adaspec.engine.sequence import Sequence
 from adaspec.models.tokenizer import Tokenizer
 from adaspec.sampling_params import RequestOutputKind
-
-
-def _partial_stop_suffix(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+from adaspec.text_holdback import partial_stop_suffix
 
 
 class StopChecker:
@@ -162,7 +152,7 @@ class StopChecker:
         text = self._decode(seq)
         if seq.finish_reason is None:
             # hold back what may still turn into a stop string, and an unfinished UTF-8 sequence
-            hold = _partial_stop_suffix(text, seq.params.stop) if seq.params.stop else 0
+            hold = partial_stop_suffix(text, seq.params.stop) if seq.params.stop else 0
             stable = text[: len(text) - hold]
             stable = stable.rstrip("\ufffd")
             if len(stable) >= len(seq.output_text):

@@ -9,6 +9,7 @@ checkpoint's own template gives the same prompt here.
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -107,6 +108,24 @@ def message_text(content, where: str) -> str:
                               f"parts, got {content!r}", param=where)
 
 
+def message_for_template(message: dict, where: str) -> dict:
+    """One chat message as templates read it (where: how errors name it, e.g. "messages.0"): its
+    content as text (none: empty); an assistant's tool_calls with their arguments parsed (only an
+    assistant's); its reasoning under both names templates read (Qwen3's reads reasoning_content),
+    as vLLM passes them; every other field as sent (name, tool_call_id)."""
+    content = message.get("content")
+    out = {**message, "content": "" if content is None else message_text(content, f"{where}.content")}
+    if message.get("tool_calls"):
+        if message.get("role") != "assistant":
+            raise InvalidRequestError(f"Only an assistant message carries tool_calls, not a {message.get('role')} "
+                                      "message", param=f"{where}.tool_calls")
+        out["tool_calls"] = [call_for_template(c, f"{where}.tool_calls.{j}") for j, c in enumerate(message["tool_calls"])]
+    reasoning = message.get("reasoning", message.get("reasoning_content"))
+    if reasoning is not None:
+        out["reasoning"] = out["reasoning_content"] = reasoning
+    return out
+
+
 def call_for_template(call: dict, where: str) -> dict:
     """An assistant's earlier tool call as chat templates read it: its arguments, JSON text in
     OpenAI's messages, parsed (templates write them with tojson; transformers and vLLM pass them so)."""
@@ -134,6 +153,14 @@ class Tokenizer:
             or DEFAULT_CHAT_TEMPLATE
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self._compiled_templates: dict[str, object] = {}
+        self._templates_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # the engine process sends its tokenizer to the API servers: compiled templates and the lock stay
+        return {k: v for k, v in self.__dict__.items() if k not in ("_compiled_templates", "_templates_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _compiled_templates={}, _templates_lock=threading.Lock())
 
     @classmethod
     def from_dir(cls, path: str | Path, model_config: dict | None = None) -> "Tokenizer":
@@ -225,7 +252,7 @@ class Tokenizer:
                                       param="continue_final_message")
         marked = list(messages[:-1]) + [{**messages[-1], "content": final + _CONTINUE_MARK}]
         text = self._render(marked, False, tools, documents, template, template_kwargs)
-        at = text.rfind(_CONTINUE_MARK.strip())
+        at = text.find(_CONTINUE_MARK.strip())  # (a template that writes the content twice: cut at the first)
         if at < 0:
             raise InvalidRequestError("the chat template does not write the last message's content, so it cannot be "
                                       "continued", param="continue_final_message")
@@ -239,7 +266,12 @@ class Tokenizer:
         else "default"."""
         named = self.chat_template if isinstance(self.chat_template, dict) else {"default": self.chat_template}
         if chat_template is not None:
-            return named.get(chat_template, chat_template)
+            if chat_template in named:
+                return named[chat_template]
+            if "{" not in chat_template:  # a name (or a path) mistaken: it would be every prompt, word for word
+                raise InvalidRequestError(f"chat template {chat_template!r} is neither one of this model's named "
+                                          f"templates ({sorted(named)}) nor a Jinja template", param="chat_template")
+            return chat_template
         if tools and "tool_use" in named:
             return named["tool_use"]
         if "default" not in named:
@@ -251,16 +283,18 @@ class Tokenizer:
         """The template compiled (once per text); a template that is not Jinja is an InvalidRequestError."""
         import jinja2
 
-        template = self._compiled_templates.get(text)
+        with self._templates_lock:  # the server renders on its event loop and in worker threads
+            template = self._compiled_templates.get(text)
         if template is None:
             try:
                 template = _template_environment().from_string(text)
             except jinja2.TemplateSyntaxError as e:
                 raise InvalidRequestError(f"the chat template does not compile: {e} (line {e.lineno})",
                                           param="chat_template") from None
-            if len(self._compiled_templates) >= _MAX_COMPILED_TEMPLATES:  # requests' own: keep a bounded few
-                self._compiled_templates.pop(next(iter(self._compiled_templates)))
-            self._compiled_templates[text] = template
+            with self._templates_lock:
+                if len(self._compiled_templates) >= _MAX_COMPILED_TEMPLATES:  # requests' own: a bounded few
+                    self._compiled_templates.pop(next(iter(self._compiled_templates)))
+                self._compiled_templates[text] = template
         return template
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
@@ -298,11 +332,27 @@ def _template_environment():
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _generation_tag()])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+def _generation_tag():
+    """transformers' {% generation %} ... {% endgeneration %} (it marks the assistant's tokens for
+    training masks): here the body renders as it stands."""
+    import jinja2.ext
+
+    class GenerationTag(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationTag
 
 
 def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:

@@ -167,8 +167,12 @@ _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
 
 
 def structured_fields(req) -> list[str]:
-    """The request's fields that ask for structured outputs."""
-    return [name for name in ("structured_outputs", *_GUIDED, "response_format") if getattr(req, name) is not None]
+    """The request's fields that ask for structured outputs (response_format "text" asks for none)."""
+    fields = [name for name in ("structured_outputs", *_GUIDED) if getattr(req, name) is not None]
+    fmt = req.response_format
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        fields.append("response_format")
+    return fields
 
 
 def structured_outputs_of(req) -> StructuredOutputsParams | None:
@@ -304,7 +308,7 @@ def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tup
     continue_final_message), chat_template_kwargs (vLLM's, e.g. Qwen3's enable_thinking), the tools
     (tools.ToolPlan.template_tools; a /tokenize request's own) and documents."""
     _need_tokenizer(state, "apply a chat template", "messages")
-    check_template_kwargs(req.chat_template_kwargs)
+    check_template_kwargs(req.chat_template_kwargs)  # an object of keywords, before it is read as one
     add = _flag(req.add_generation_prompt, "add_generation_prompt")
     cont = _flag(req.continue_final_message, "continue_final_message")
     text = _render_chat(state, req, tools, add is not False and not (cont and add is None))
@@ -383,9 +387,9 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                                       "max_completion_tokens") from None
         raise
     reasoning = state.settings.reasoning_parser is not None
-    if (tools.mode == "auto" or reasoning) and "skip_special_tokens" not in req.model_fields_set:
-        # a tokenizer may hold the call or thinking tags as special tokens: the parsers must see them
-        # (vLLM's hermes parser turns them on so)
+    if tools.mode == "auto" and "skip_special_tokens" not in req.model_fields_set:
+        # a tokenizer may hold the call tags as special tokens: the parser must see them (vLLM's hermes
+        # parser turns them on so)
         params.skip_special_tokens = False
     _check_choices(1, params.n)
     ids, text = chat_request_prompt(state, req, tools.template_tools)
@@ -400,11 +404,10 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
 def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params: SamplingParams) -> bool:
     """Whether the reply starts inside <think>: what the template appends as the generation
     prompt leaves one open (the rest of the prompt may quote tags in its messages). A reply held to
-    JSON or a choice from its first token (tool calls, response_format) has no room to think (vLLM
-    lets a grammar wait for the thinking's end; adaspec does not), so it starts in content; a regex
-    or grammar may write the thinking itself."""
-    so = params.structured_outputs
-    if so is not None and so.kind in ("json", "json_object", "choice"):
+    a constraint from its first token (a tool call, response_format, a regex) answers at once: it
+    starts in content (vLLM lets a grammar wait for the end of the thinking; adaspec does not), and
+    is reasoning only if it writes <think> itself."""
+    if params.structured_outputs is not None or "<think>" not in text:
         return False
     if _flag(req.add_generation_prompt, "add_generation_prompt") is False or req.continue_final_message:
         return prompt_opens_thinking(text)  # the reply continues the prompt's last message

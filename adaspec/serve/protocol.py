@@ -107,6 +107,9 @@ class ChatMessage(_Strict):
     name: str | None = None  # passed to the chat template
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls (serve/tools.py)
     tool_call_id: str | None = None  # a tool message: the call it answers
+    # an assistant's earlier thinking (vLLM's names; the template sees both, Qwen3's reads reasoning_content)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:

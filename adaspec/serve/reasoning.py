@@ -12,7 +12,7 @@ reads a streamed and a whole text alike.
 """
 from __future__ import annotations
 
-from adaspec.serve.tool_parsers import partial_suffix
+from adaspec.text_holdback import partial_stop_suffix
 
 START, END = "<think>", "</think>"
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # both think in <think> ... </think>
@@ -48,7 +48,7 @@ class ThinkSplitter:
             reasoning, content = self.pending[:end], self.pending[end + len(END):]
             self.state, self.pending = "content", ""
             return reasoning, content
-        held = partial_suffix(self.pending, END)
+        held = partial_stop_suffix(self.pending, (END,))
         reasoning, self.pending = self.pending[:len(self.pending) - held], self.pending[len(self.pending) - held:]
         return reasoning, ""
 

@@ -24,6 +24,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from adaspec.text_holdback import partial_stop_suffix
+
 
 def new_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's spelling
@@ -113,62 +115,77 @@ class JsonCalls(ToolCallParser):
     another: OPEN before the first, SEP between two, CLOSE after the last (None: nothing). Each
     object is a call once complete; what cannot be read so (the text cut short by max_tokens, an
     object that is no call) is content at the end. ``max_calls``: an object after that many calls
-    is content too. This class reads tool_choice "required"'s array."""
+    is content too. This class reads tool_choice "required"'s array.
+
+    The text is read once, character by character (an object's end is found by its brace depth
+    outside strings, then it is decoded once): a long argument costs time linear in its length."""
 
     OPEN: str | None = "["
     SEP = ","
     CLOSE: str | None = "]"
     ARGUMENT_KEYS: tuple[str, ...] = ("parameters",)
-    _decoder = json.JSONDecoder()
 
     def __init__(self, max_calls: int | None = None):
         super().__init__()
         self.max_calls = max_calls
-        self.text = ""
-        self.pos = 0  # where reading resumes
         self.expect = "open" if self.OPEN else "object"  # then "object", "separator", "end" or "bad"
-        self.tried = 0  # the text's length when an object last failed to decode: retried after a "}"
+        self.obj: list[str] = []  # the object being read
+        self.depth, self.in_string, self.escaped = 0, False, False
+        self.rest: list[str] = []  # after a wrong turn: everything from the object or mark that was wrong
 
     def feed(self, text: str) -> Parsed:
-        self.text += text
-        return Parsed(calls=self._read())
-
-    def _read(self) -> list[CallDelta]:
         calls = []
-        while self.expect not in ("end", "bad"):
-            while self.pos < len(self.text) and self.text[self.pos].isspace():
-                self.pos += 1
-            if self.pos == len(self.text):
+        for i, ch in enumerate(text):
+            if self.expect in ("end", "bad"):
+                if self.expect == "bad":
+                    self.rest.append(text[i:])
                 break
-            ch = self.text[self.pos]
-            if self.expect == "open":
-                self._expect(ch == self.OPEN, "object")
-            elif self.expect == "separator":
-                self._expect(ch == self.SEP or ch == self.CLOSE, "object" if ch == self.SEP else "end")
-            else:  # an object is complete only once a closing brace has come
-                if "}" not in self.text[self.tried:]:
-                    break
-                try:
-                    value, end = self._decoder.raw_decode(self.text, self.pos)
-                except json.JSONDecodeError:
-                    self.tried = len(self.text)
-                    break
-                call = self._call(value)
-                if call is None:
-                    self.expect = "bad"
-                    break
-                calls.append(call)
-                self.pos, self.expect = end, "separator"
-        return calls
+            if self.obj:
+                self.obj.append(ch)
+                if self.in_string:
+                    if self.escaped:
+                        self.escaped = False
+                    elif ch == "\\":
+                        self.escaped = True
+                    elif ch == '"':
+                        self.in_string = False
+                elif ch == '"':
+                    self.in_string = True
+                elif ch in "{[":
+                    self.depth += 1
+                elif ch in "}]":
+                    self.depth -= 1
+                    if self.depth == 0:
+                        call = self._call("".join(self.obj))
+                        if call is None:
+                            self.expect = "bad"
+                            self.rest.append("".join(self.obj))
+                        else:
+                            calls.append(call)
+                            self.expect = "separator"
+                        self.obj = []
+                continue
+            if ch.isspace():
+                continue
+            if self.expect == "object" and ch == "{":
+                self.obj, self.depth, self.in_string, self.escaped = [ch], 1, False, False
+            elif self.expect == "open" and ch == self.OPEN:
+                self.expect = "object"
+            elif self.expect == "separator" and ch == self.SEP:
+                self.expect = "object"
+            elif self.expect == "separator" and ch == self.CLOSE:
+                self.expect = "end"
+            else:
+                self.expect = "bad"
+                self.rest.append(text[i:])
+                break
+        return Parsed(calls=calls)
 
-    def _expect(self, ok: bool, then: str) -> None:
-        if ok:
-            self.pos += 1
-            self.expect = then
-        else:
-            self.expect = "bad"
-
-    def _call(self, value) -> CallDelta | None:
+    def _call(self, text: str) -> CallDelta | None:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None
         if self.max_calls is not None and self.num_calls >= self.max_calls:
@@ -177,7 +194,7 @@ class JsonCalls(ToolCallParser):
         return None if args is None else self._new_call(value["name"], args)
 
     def finish(self) -> Parsed:
-        rest = self.text[self.pos:]
+        rest = "".join(self.obj) + "".join(self.rest)
         return Parsed(content=rest if rest.strip() else "")
 
 
@@ -194,36 +211,35 @@ class Llama3JsonCalls(JsonCalls):
     def __init__(self, max_calls: int | None = None):
         super().__init__(max_calls)
         self.mode: str | None = None  # "calls" or "text" once the reply's start says
+        self.head = ""  # the reply's start, until it says
 
     def feed(self, text: str) -> Parsed:
         if self.mode == "text":
             return Parsed(content=text)
-        self.text += text
-        if self.mode is None:
-            head = self.text.lstrip()
-            if head.startswith(self.TAG) or head.startswith("{"):
-                self.mode = "calls"
-                if head.startswith(self.TAG):
-                    self.pos = len(self.text) - len(head) + len(self.TAG)
-            elif not head or self.TAG.startswith(head):
-                return Parsed()  # whitespace, or the tag arriving
-            else:
-                self.mode, held, self.text = "text", self.text, ""
-                return Parsed(content=held)
-        return Parsed(calls=self._read())
+        if self.mode == "calls":
+            return super().feed(text)
+        self.head += text
+        start = self.head.lstrip()
+        if start.startswith(self.TAG) or start.startswith("{"):
+            self.mode = "calls"
+            return super().feed(start[len(self.TAG):] if start.startswith(self.TAG) else start)
+        if not start or self.TAG.startswith(start):
+            return Parsed()  # whitespace, or the tag arriving
+        self.mode = "text"
+        return Parsed(content=self.head)
 
     def finish(self) -> Parsed:
         if self.mode is None:  # nothing but whitespace or a piece of the tag
-            return Parsed(content=self.text)
+            return Parsed(content=self.head)
         return Parsed() if self.mode == "text" else super().finish()
 
 
 class HermesCalls(ToolCallParser):
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks in free text (Hermes,
     Qwen2.5 and adaspec's own chat template). Text before, between and after the calls is content,
-    but not the whitespace around the calls at its start and end; a block that is not a call's JSON is content as written;
-    a block the text ends inside is a call if its JSON is whole. With no call at all, the content is
-    the text exactly. ``max_calls``: blocks after that many calls are content (parallel_tool_calls
+    but not the whitespace around the calls at its start and end; a block that is not a call's JSON
+    is content as written; a block the text ends inside is a call if its JSON is whole. With no call
+    at all, the content is the text exactly. ``max_calls``: blocks after that many calls are content (parallel_tool_calls
     false)."""
 
     START, END = "<tool_call>", "</tool_call>"
@@ -231,37 +247,50 @@ class HermesCalls(ToolCallParser):
     def __init__(self, max_calls: int | None = None):
         super().__init__()
         self.max_calls = max_calls
-        self.pending = ""  # text not given out yet: content held back, or a block's body
+        self.pending = ""  # content not given out yet: what may start a block, or whitespace before one
         self.in_block = False
+        self.body: list[str] = []  # the open block's text so far (in pieces: a long one is not copied per piece)
+        self.tail = ""  # its last characters, where a closing tag may have begun
         self.gap = ""  # the whitespace before the open block: content unless the block is a call
         self.after_call = False  # the whitespace that follows a call is not content either...
         self.said = False  # ...unless content came before it
 
     def feed(self, text: str) -> Parsed:
-        self.pending += text
         out = Parsed()
         while True:
             if self.in_block:
-                end = self.pending.find(self.END)
-                if end < 0:
+                closed, text = self._read_block(text)
+                if closed is None:
                     return out
-                out += self._block(self.pending[:end], closed=True)
-                self.pending, self.in_block = self.pending[end + len(self.END):], False
-                continue
+                out += closed
+            self.pending += text
             start = self.pending.find(self.START)
             if start >= 0:
                 before = self.pending[:start]
                 words = before.rstrip()
                 out.content += self._content(words)
                 self.gap = before[len(words):]
-                self.pending, self.in_block = self.pending[start + len(self.START):], True
+                text, self.pending, self.in_block = self.pending[start + len(self.START):], "", True
                 continue
             # what may yet be the start of a block, or whitespace before one, waits
-            held = partial_suffix(self.pending, self.START)
+            held = partial_stop_suffix(self.pending, (self.START,))
             visible = self.pending[:len(self.pending) - held].rstrip()
             out.content += self._content(visible)
             self.pending = self.pending[len(visible):]
             return out
+
+    def _read_block(self, text: str) -> tuple[Parsed | None, str]:
+        """More of the open block -> (what it made once closed, or None while open; the text after it)."""
+        window = self.tail + text
+        at = window.find(self.END)
+        if at < 0:
+            self.body.append(text)
+            self.tail = window[-(len(self.END) - 1):]
+            return None, ""
+        body = "".join(self.body) + text
+        cut = len(body) - len(window) + at  # where the closing tag begins
+        self.in_block, self.body, self.tail = False, [], ""
+        return self._block(body[:cut], closed=True), body[cut + len(self.END):]
 
     def _content(self, words: str) -> str:
         """words: text ending in a non-space (or empty). The whitespace after a call goes unless
@@ -294,18 +323,10 @@ class HermesCalls(ToolCallParser):
         rest, self.pending = self.pending, ""
         if self.in_block:
             self.in_block = False
-            return self._block(rest, closed=False)
+            return self._block("".join(self.body), closed=False)
         if self.num_calls == 0:
             return Parsed(content=rest)
         return Parsed(content=self._content(rest.rstrip()))
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of ``text`` that begins ``tag`` (the tag may be arriving)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 TOOL_CALL_PARSERS = {"hermes": HermesCalls, "llama3_json": Llama3JsonCalls}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaspec.models.tokenizer import call_for_template
+from adaspec.models.tokenizer import message_for_template
 from adaspec.sampling_params import StructuredOutputsParams
 from adaspec.serve.errors import APIError
 from adaspec.serve.tool_parsers import TOOL_CALL_PARSERS, NamedCall, JsonCalls, ToolCallParser
@@ -113,8 +113,7 @@ def plan_tools(req, settings: ToolSettings, asked: list[str] = ()) -> ToolPlan:
         raise _bad(f"tool_choice {_choice_text(choice)} holds the output to the tools' schemas; it cannot also "
                    f"follow {asked[0]}.", asked[0])
     if choice == "required":
-        schema = {"type": "array", "minItems": 1,
-                  "items": {"anyOf": [_call_schema(n, t.function.parameters) for n, t in by_name.items()]}}
+        schema = _required_schema(by_name)
         if max_calls == 1:
             schema["maxItems"] = 1
         return ToolPlan("required", template_tools, structured_outputs=_structured(schema, "tools"), max_calls=max_calls)
@@ -135,6 +134,27 @@ def tools_for_template(tools) -> list[dict] | None:
 
 def _choice_text(choice) -> str:
     return repr(choice) if isinstance(choice, str) else f"(the function {choice.function.name!r})"
+
+
+def _required_schema(by_name: dict) -> dict:
+    """An array of one or more calls, each {"name": a tool's, "parameters": its schema}. The tools'
+    definitions ($defs, or draft-7's definitions) move to the array's root, where their
+    "#/$defs/..." references point (Pydantic-made tools use them); one name defined two ways is a
+    400, since the one root holds them all."""
+    calls, roots = [], {}
+    for i, (name, tool) in enumerate(by_name.items()):
+        params = dict(tool.function.parameters or _ANY_OBJECT)
+        for key in ("$defs", "definitions"):
+            defs = params.pop(key, None) or {}
+            if not isinstance(defs, dict):
+                raise _bad(f"{key} must be an object of schemas.", f"tools.{i}.function.parameters.{key}")
+            root = roots.setdefault(key, {})
+            for d, sub in defs.items():
+                if root.setdefault(d, sub) != sub:
+                    raise _bad(f"Two tools define {key}/{d} differently; with tool_choice \"required\" every tool's "
+                               "definitions share one schema.", f"tools.{i}.function.parameters.{key}")
+        calls.append(_call_schema(name, params))
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **{k: v for k, v in roots.items() if v}}
 
 
 def _call_schema(name: str, parameters: dict | None) -> dict:
@@ -171,20 +191,5 @@ def _structured(schema: dict, param: str) -> StructuredOutputsParams:
 
 
 def template_messages(messages) -> list[dict]:
-    """Chat messages as the template reads them: content a string; an assistant's tool_calls with
-    their arguments parsed; a tool message's tool_call_id."""
-    out = []
-    for i, m in enumerate(messages):
-        msg = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            msg["name"] = m.name
-        if m.tool_calls:
-            if m.role != "assistant":
-                raise _bad(f"Only an assistant message carries tool_calls, not a {m.role} message.",
-                           f"messages.{i}.tool_calls")
-            msg["tool_calls"] = [call_for_template(c.model_dump(), f"messages.{i}.tool_calls.{j}")
-                                 for j, c in enumerate(m.tool_calls)]
-        if m.tool_call_id is not None:
-            msg["tool_call_id"] = m.tool_call_id
-        out.append(msg)
-    return out
+    """The request's chat messages as the template reads them (models.tokenizer.message_for_template)."""
+    return [message_for_template(m.model_dump(exclude_none=True), f"messages.{i}") for i, m in enumerate(messages)]

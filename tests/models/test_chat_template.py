@@ -28,7 +28,7 @@ CONVERSATIONS = [
 
 # A template in the style of the Hugging Face hub's: blocks on lines of their own (trim_blocks and
 # lstrip_blocks decide its whitespace), `if tools` on a variable only set with tools, tojson with
-# options, loop controls, raise_exception.
+# options, loop controls, raise_exception, transformers' generation tag.
 HUB_STYLE = """{%- if tools %}
     <tools>
     {%- for tool in tools %}
@@ -40,7 +40,7 @@ HUB_STYLE = """{%- if tools %}
     {% if message['role'] == 'robot' %}{{ raise_exception('no robots') }}{% endif %}
     {% if message['role'] == 'tool' %}{% continue %}{% endif %}
     <{{ message['role'] }}>
-    {{ message['content'] }}
+    {% generation %}{{ message['content'] }}{% endgeneration %}
     {% for call in message.tool_calls or [] %}
         call {{ call.function.name }} {{ call.function.arguments | tojson }}
     {% endfor %}
@@ -155,6 +155,23 @@ def test_continue_final_message_refuses_what_it_cannot_do():
     with pytest.raises(InvalidRequestError, match="cannot also add a generation prompt"):
         tok.apply_chat_template(conv, continue_final_message=True)
     with pytest.raises(InvalidRequestError, match="does not write the last message"):
-        tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True, chat_template="x")
+        tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True, chat_template="{{ 'x' }}")
     with pytest.raises(InvalidRequestError, match="last message with text"):
         tok.apply_chat_template([], add_generation_prompt=False, continue_final_message=True)
+
+
+def test_a_message_reaches_the_template_as_vllm_passes_it():
+    from adaspec.models.tokenizer import message_for_template
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    m = message_for_template({"role": "assistant", "content": None, "tool_calls": [call], "reasoning": "hm"}, "m")
+    assert m == {"role": "assistant", "content": "", "reasoning": "hm", "reasoning_content": "hm",
+                 "tool_calls": [{**call, "function": {"name": "f", "arguments": {"a": 1}}}]}
+    assert message_for_template({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                                "m")["content"] == "ab"
+    with pytest.raises(InvalidRequestError, match="Only an assistant message"):
+        message_for_template({"role": "user", "content": "x", "tool_calls": [call]}, "m")
+    # Qwen3's template reads an earlier reply's reasoning_content
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    thinking = "{% for m in messages %}{{ m.reasoning_content or '' }}|{{ m.content }};{% endfor %}"
+    assert tok.apply_chat_template([m], add_generation_prompt=False, chat_template=thinking) == "hm|;"

@@ -46,6 +46,8 @@ def test_a_template_that_does_not_compile_stops_the_server():
         _state("{% if x %}", tok)
     with pytest.raises(ConfigError, match="needs a tokenizer"):
         _state(TEMPLATE, None)
+    with pytest.raises(ConfigError, match="neither one of this model's named templates"):
+        _state("chatml", tok)  # a mistyped name or path would have been every prompt, word for word
 
 
 def test_every_chat_request_and_tokenize_uses_it(tmp_path):

@@ -87,6 +87,13 @@ def test_a_malformed_tool_call_in_a_message_is_a_400_naming_it(plain, messages, 
     assert r.json()["error"]["param"] == param and says in r.json()["error"]["message"]
 
 
+def test_response_format_text_asks_for_nothing_beside_a_tool_choice(plain):
+    for choice in (NAMED, "required"):
+        r = plain.post(CHAT, json={"messages": MSGS, "max_tokens": 3, "tools": [WEATHER], "tool_choice": choice,
+                                   "response_format": {"type": "text"}})
+        assert r.status_code == 200, r.text
+
+
 def test_a_conversation_with_calls_and_results_reaches_the_template(plain):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'}}
     msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]},
@@ -189,6 +196,26 @@ def test_parallel_tool_calls_false_allows_one_call_and_required_asks_for_an_arra
     auto = plan_tools(ChatCompletionRequest(messages=MSGS, tools=[WEATHER], parallel_tool_calls=False),
                       ToolSettings(True, "hermes"))
     assert (auto.mode, auto.max_calls, auto.structured_outputs) == ("auto", 1, None)
+
+
+def test_required_moves_the_tools_definitions_to_the_root():
+    """Pydantic-made tools reference "#/$defs/...": those must resolve in the array's schema."""
+    from adaspec.serve.protocol import ChatCompletionRequest
+    from adaspec.serve.tools import plan_tools
+
+    def tool(name, defs):
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "$defs": defs, "type": "object", "properties": {"at": {"$ref": "#/$defs/Place"}}}}}
+
+    place = {"type": "object", "properties": {"city": {"type": "string"}}}
+    plan = plan_tools(ChatCompletionRequest(messages=MSGS, tools=[tool("f", {"Place": place}), tool("g", {"Place": place})],
+                                            tool_choice="required"), ToolSettings())
+    schema = plan.structured_outputs.json
+    assert schema["$defs"] == {"Place": place} and all("$defs" not in c["properties"]["parameters"]
+                                                       for c in schema["items"]["anyOf"])
+    with pytest.raises(Exception, match="define \\$defs/Place differently"):
+        plan_tools(ChatCompletionRequest(messages=MSGS, tools=[tool("f", {"Place": place}), tool("g", {"Place": {}})],
+                                         tool_choice="required"), ToolSettings())
 
 
 def test_tool_settings_need_a_parser_for_auto():
