@@ -315,6 +315,9 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise InvalidRequestError(f"chat template failed on these messages: {e}", param="messages") from None
+        except (TypeError, ValueError, ArithmeticError, LookupError, RecursionError) as e:  # the template's own code
+            raise InvalidRequestError(f"chat template failed on these messages: {type(e).__name__}: {e}",
+                                      param="messages") from None
 
 
 def _named_templates(value) -> str | dict[str, str] | None:
@@ -330,14 +333,39 @@ def _template_environment():
     the raise_exception and strftime_now globals; an undefined variable is empty, not an error
     (Qwen3's template asks `if tools` of a variable that only exists when tools are passed)."""
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _generation_tag()])
+    env = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _generation_tag()])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+_MAX_REPEAT = 1_000_000  # characters or items one * may make in a template
+_MAX_POWER = 1_000
+
+
+def _sandbox():
+    """transformers' sandbox (no attribute access that could escape), which also refuses the
+    arithmetic a hostile template (a request's own, --trust-request-chat-template) could use to take
+    the server's memory: 'a' * 10**10. (jinja's sandbox already bounds range() to 100,000.)"""
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > _MAX_POWER:
+                raise SecurityError(f"a chat template may not raise to a power above {_MAX_POWER}")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_REPEAT:
+                        raise SecurityError(f"a chat template may not repeat a text or list to more than "
+                                            f"{_MAX_REPEAT:,} characters or items")
+            return super().call_binop(context, operator, left, right)
+
+    return Sandbox
 
 
 def _generation_tag():

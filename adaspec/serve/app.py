@@ -91,7 +91,9 @@ def build_app(state: ServeState) -> FastAPI:
     async def chat_completions(request: Request):
         req, size = await _body(request, ChatCompletionRequest)
         state.check_model(req.model)
-        ids, params, reading = await _off_loop_if_large(size, prepare_chat, state, req)
+        # a request's own chat template (--trust-request-chat-template) renders off the loop, whatever its size
+        ids, params, reading = await _off_loop_if_large(size if req.chat_template is None else INLINE_BODY_BYTES + 1,
+                                                        prepare_chat, state, req)
         return await generate(state, request, [ids], params, chat=True, stream=bool(req.stream),
                               stream_options=req.stream_options, reading=reading)
 

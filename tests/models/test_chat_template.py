@@ -175,3 +175,14 @@ def test_a_message_reaches_the_template_as_vllm_passes_it():
     tok = Tokenizer.from_dir(resolve_model_path("tiny"))
     thinking = "{% for m in messages %}{{ m.reasoning_content or '' }}|{{ m.content }};{% endfor %}"
     assert tok.apply_chat_template([m], add_generation_prompt=False, chat_template=thinking) == "hm|;"
+
+
+@pytest.mark.parametrize("template", ["{{ 'a' * 10**10 }}", "{{ [0] * 2000000 }}", "{{ 3 * 'ab' * 600000 }}",
+                                      "{{ 2 ** 100000 }}", "{% for i in range(10**9) %}{% endfor %}"])
+def test_a_hostile_template_is_refused_not_run(template):
+    """What a request's own template (--trust-request-chat-template) could spend the server's memory
+    or time on is an InvalidRequestError."""
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    with pytest.raises(InvalidRequestError):
+        tok.apply_chat_template(CONVERSATIONS[0], chat_template=template)
+    assert tok.apply_chat_template(CONVERSATIONS[0], chat_template="{{ 'ab' * 3 }}{{ 2 ** 10 }}") == "ababab1024"
