@@ -106,7 +106,13 @@ def build_app(state: ServeState) -> FastAPI:
         ids = await _off_loop_if_large(
             size, lambda: completion_prompt_ids(state, req.prompt, req.add_special_tokens) if req.prompt is not None
             else chat_request_ids(state, req, tools_for_template(req.tools)))
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        body = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            if state.tokenizer is None:
+                raise APIError(400, "This server runs with --skip-tokenizer-init: it has no token strings.",
+                               "return_token_strs")
+            body["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+        return body
 
     @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize_route(request: Request):

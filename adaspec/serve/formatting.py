@@ -90,6 +90,7 @@ class Formatter:
         # a chat request's prepare.ChatReading: how calls and thinking are read out of the text
         self.tools = reading.tools if reading is not None else NO_TOOLS
         self.thinking = reading.thinking if reading is not None else None
+        self.chat_echo = reading.echo if reading is not None else None  # before each choice's content
         self._readers: dict = {}  # per streamed choice: its ChoiceReader
         self.tok, self.top = tokenizer, top_logprobs
         self.prompt_top = prompt_logprobs  # vLLM's prompt_logprobs asked for: reported with the choices
@@ -144,6 +145,8 @@ class Formatter:
         choice: dict = {"index": index}
         if self.chat:
             choice["message"], finish = self._message(text, finish)
+            if self.chat_echo:
+                choice["message"]["content"] = self.chat_echo + (choice["message"]["content"] or "")
         else:
             choice["text"] = text
         choice.update(logprobs=self._logprobs(index, ids, lps), finish_reason=finish, stop_reason=stop_reason)
@@ -200,9 +203,10 @@ class Formatter:
         return body
 
     def role_chunk(self, index: int, with_usage: bool, use: dict | None = None) -> dict:
+        """A choice's first chunk: its role, and under chat echo the message it continues."""
         body = self._head("chat.completion.chunk")
-        body["choices"] = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None}]
+        body["choices"] = [{"index": index, "delta": {"role": "assistant", "content": self.chat_echo or ""},
+                            "logprobs": None, "finish_reason": None}]
         if with_usage:
             body["usage"] = use
         return body

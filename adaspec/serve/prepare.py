@@ -35,7 +35,6 @@ _NEUTRAL: dict[str, tuple] = {
     # in structured_outputs is how to narrow JSON's whitespace
     "guided_whitespace_pattern": (), "guided_decoding_backend": ("auto", "guidance"), "structural_tag": (),
 }
-_NEUTRAL_CHAT: dict[str, tuple] = {"echo": (False,)}
 
 
 def _bad(msg: str, param: str | None, code: str = "invalid_value") -> APIError:
@@ -365,11 +364,11 @@ class ChatReading:
 
     tools: ToolPlan
     thinking: bool | None = None
+    echo: str | None = None  # vLLM's chat echo: the assistant message the reply continues, before it
 
 
 def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ChatReading]:
     _reject_unsupported(req, _NEUTRAL)
-    _reject_unsupported(req, _NEUTRAL_CHAT)
     if req.stream and req.prompt_logprobs is not None:  # (vLLM refuses it too: no chunk carries them)
         raise _bad("prompt_logprobs is not available when stream is true.", "prompt_logprobs")
     if req.top_logprobs is not None and not req.logprobs:
@@ -398,7 +397,18 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     if params.max_tokens is None:  # vLLM's default for chat: the rest of the context window
         params.max_tokens = state.max_model_len - len(ids)
-    return ids, params, ChatReading(tools, _starts_thinking(state, req, tools, text, params) if reasoning else None)
+    return ids, params, ChatReading(tools, _starts_thinking(state, req, tools, text, params) if reasoning else None,
+                                    _echo(req))
+
+
+def _echo(req) -> str | None:
+    """vLLM's chat echo: the last message's content before the reply's, where the reply continues it
+    (no generation prompt added, and it is the assistant's: adaspec's replies are the assistant's)."""
+    if not _flag(req.echo, "echo"):
+        return None
+    last = req.messages[-1]
+    continues = req.add_generation_prompt is False or (req.continue_final_message and req.add_generation_prompt is None)
+    return last.text() if continues and last.role == "assistant" and last.text() else None
 
 
 def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params: SamplingParams) -> bool:

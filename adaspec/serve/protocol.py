@@ -166,6 +166,7 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool | None = None  # vLLM's: default true for a prompt, false for messages
     add_generation_prompt: Any = None  # vLLM's, for messages: as in a chat request
     chat_template_kwargs: Any = None
+    return_token_strs: bool | None = False  # vLLM's: the tokens' strings too ("token_strs")
     # for messages, as in a chat request
     tools: list[Tool] | None = None
     continue_final_message: Any = None

@@ -115,5 +115,7 @@ def test_a_trusting_server_takes_a_requests_own_template():
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template", bad.text
         assert httpx.post(s.url + "/tokenize", json={"messages": MSGS}, timeout=60).json()["tokens"] == \
             s.state.tokenizer.encode("[user: hello there]>")  # --chat-template's otherwise
+        strs = httpx.post(s.url + "/tokenize", json={"prompt": "hello there", "return_token_strs": True}, timeout=60).json()
+        assert strs["token_strs"] == s.state.tokenizer.convert_ids_to_tokens(strs["tokens"]) and len(strs["tokens"]) > 1
     finally:
         s.close()

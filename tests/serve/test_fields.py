@@ -92,7 +92,7 @@ def test_neutral_values_are_accepted(http, path, field, value):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("echo", True),
+
     ("chat_template", "{{ messages }}"), ("chat_template_kwargs", {"messages": 1}),
     ("chat_template_kwargs", {"add_generation_prompt": True}),
 ])
@@ -110,6 +110,22 @@ def test_documents_reach_the_chat_template(http):
     for bad in ({"t": 1}, [{"t": 1}], ["d"]):
         r = http.post(CHAT, json={"messages": MSGS, "max_tokens": 1, "documents": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "documents", r.text
+
+
+def test_chat_echo_puts_the_continued_message_before_the_reply(http):
+    begun = MSGS + [{"role": "assistant", "content": "It is"}]
+    body = {"messages": begun, "max_tokens": 5, "echo": True, "continue_final_message": True}
+    whole = http.post(CHAT, json=body).json()["choices"][0]["message"]["content"]
+    plain = http.post(CHAT, json={**body, "echo": False}).json()["choices"][0]["message"]["content"]
+    assert whole == "It is" + plain and plain
+    with http.stream("POST", CHAT, json={**body, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "It is"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
+    # a reply that does not continue an assistant message echoes nothing (vLLM's: no matching role)
+    fresh = http.post(CHAT, json={"messages": MSGS, "max_tokens": 5, "echo": True}).json()
+    assert fresh["choices"][0]["message"]["content"] == http.post(CHAT, json={"messages": MSGS, "max_tokens": 5}).json(
+    )["choices"][0]["message"]["content"]
 
 
 def test_tool_choice_none_without_tools_is_neutral(http):
