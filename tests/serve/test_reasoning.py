@@ -161,3 +161,31 @@ def test_a_constrained_reply_is_content(served):
                                        tool_choice={"type": "function", "function": {"name": "f"}})
     assert r.choices[0].message.reasoning is None
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["a"] in ("x", "y")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10_000), max_size=12))
+def test_thinking_then_calls_read_the_same_streamed_or_whole(positions):
+    """--reasoning-parser with --tool-call-parser hermes: the thinking goes to reasoning, then the
+    content's calls are read (formatting.ChoiceReader), chunk by chunk as at once."""
+    from adaspec.serve.formatting import Formatter
+    from adaspec.serve.prepare import ChatReading
+    from adaspec.serve.tools import ToolPlan
+
+    text = ('<think>\nmaybe f</think>\n\nSure.\n<tool_call>\n{"name": "f", "arguments": {"a": "<think>"}}\n'
+            '</tool_call>')
+    reading = ChatReading(ToolPlan("auto", parser="hermes"), thinking=False)
+    whole = Formatter(True, "r", 0, "m", None, None, reading=reading).choice(0, text, [], None, "stop", None)
+    msg = whole["message"]
+    assert (msg["reasoning"], msg["content"], whole["finish_reason"]) == ("\nmaybe f", "\n\nSure.", "tool_calls")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [("f", '{"a": "<think>"}')]
+    fmt = Formatter(True, "r", 0, "m", None, None, reading=reading)
+    pieces = cuts(text, positions)
+    deltas = [fmt.chunk(0, p, [], None, "stop" if i == len(pieces) - 1 else None, None, False)
+              for i, p in enumerate(pieces)]
+    got = [d["choices"][0] for d in deltas if d is not None]
+    assert "".join(c["delta"].get("reasoning", "") for c in got) == msg["reasoning"]
+    assert "".join(c["delta"].get("content", "") for c in got) == msg["content"]
+    calls = [t for c in got for t in c["delta"].get("tool_calls", [])]
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in calls] == [("f", '{"a": "<think>"}')]
+    assert got[-1]["finish_reason"] == "tool_calls"
