@@ -99,11 +99,12 @@ def add_parser(subparsers) -> None:
                    help='let tool_choice "auto" (the default when a chat request has tools) read the calls the model '
                         "writes out of its text, with --tool-call-parser (as vllm serve's; named and \"required\" "
                         "calls need neither flag: structured outputs hold the text to the call's shape)")
-    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "pythonic"],
                    help="the format the model writes its calls in: hermes, <tool_call>{\"name\": ..., "
                         "\"arguments\": {...}}</tool_call> (Hermes, Qwen2.5, Qwen3, and adaspec's own chat "
                         "template); llama3_json, a reply of {\"name\": ..., \"parameters\": {...}} objects "
-                        "separated by ';', after <|python_tag|> or not (Llama 3.1 and 3.2)")
+                        "separated by ';', after <|python_tag|> or not (Llama 3.1 and 3.2); pythonic, a reply "
+                        "that is a Python list of calls, [f(a=1), g()] (Llama 3.2 and 4)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="the chat template to use instead of the model's: a Jinja file, or the template itself (as "
                         "vllm serve's), or the name of one of the model's named templates")

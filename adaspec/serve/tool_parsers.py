@@ -14,6 +14,8 @@ construction, whatever the split (tests/serve/test_tool_parsers.py checks every 
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in free text.
 - ``Llama3JsonCalls``: "auto" with ``--tool-call-parser llama3_json``; a reply that begins with
   ``<|python_tag|>`` or ``{`` is ``{"name": ..., "parameters": {...}}`` objects separated by ``;``.
+- ``PythonicCalls``: "auto" with ``--tool-call-parser pythonic``; a reply that begins with ``[`` is a
+  Python list of calls with keyword arguments.
 
 Nothing is dropped but whitespace around calls: text a parser cannot read as a call (a block
 that is not a call's JSON, an array cut short by max_tokens) comes back as content.
@@ -110,6 +112,33 @@ def arguments_text(value) -> str | None:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
 
 
+class Nesting:
+    """The bracket depth of code read a character at a time, strings (and their escapes) skipped:
+    where an object or a list that began at depth 0 ends."""
+
+    def __init__(self, quotes: str, opens: str, closes: str):
+        self.quotes, self.opens, self.closes = quotes, opens, closes
+        self.depth, self.quote, self.escaped = 0, "", False
+
+    def closes_with(self, ch: str) -> bool:
+        """Read ch; True when it closes the outermost bracket."""
+        if self.quote:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == self.quote:
+                self.quote = ""
+        elif ch in self.quotes:
+            self.quote = ch
+        elif ch in self.opens:
+            self.depth += 1
+        elif ch in self.closes:
+            self.depth -= 1
+            return self.depth == 0
+        return False
+
+
 class JsonCalls(ToolCallParser):
     """Calls as JSON objects {"name": str, ARGUMENT_KEYS[0] (or the next key): object}, one after
     another: OPEN before the first, SEP between two, CLOSE after the last (None: nothing). Each
@@ -130,7 +159,7 @@ class JsonCalls(ToolCallParser):
         self.max_calls = max_calls
         self.expect = "open" if self.OPEN else "object"  # then "object", "separator", "end" or "bad"
         self.obj: list[str] = []  # the object being read
-        self.depth, self.in_string, self.escaped = 0, False, False
+        self.nesting = Nesting('"', "{[", "}]")
         self.rest: list[str] = []  # after a wrong turn: everything from the object or mark that was wrong
 
     def feed(self, text: str) -> Parsed:
@@ -142,33 +171,21 @@ class JsonCalls(ToolCallParser):
                 break
             if self.obj:
                 self.obj.append(ch)
-                if self.in_string:
-                    if self.escaped:
-                        self.escaped = False
-                    elif ch == "\\":
-                        self.escaped = True
-                    elif ch == '"':
-                        self.in_string = False
-                elif ch == '"':
-                    self.in_string = True
-                elif ch in "{[":
-                    self.depth += 1
-                elif ch in "}]":
-                    self.depth -= 1
-                    if self.depth == 0:
-                        call = self._call("".join(self.obj))
-                        if call is None:
-                            self.expect = "bad"
-                            self.rest.append("".join(self.obj))
-                        else:
-                            calls.append(call)
-                            self.expect = "separator"
-                        self.obj = []
+                if self.nesting.closes_with(ch):
+                    call = self._call("".join(self.obj))
+                    if call is None:
+                        self.expect = "bad"
+                        self.rest.append("".join(self.obj))
+                    else:
+                        calls.append(call)
+                        self.expect = "separator"
+                    self.obj = []
                 continue
             if ch.isspace():
                 continue
             if self.expect == "object" and ch == "{":
-                self.obj, self.depth, self.in_string, self.escaped = [ch], 1, False, False
+                self.obj, self.nesting = [ch], Nesting('"', "{[", "}]")
+                self.nesting.closes_with(ch)
             elif self.expect == "open" and ch == self.OPEN:
                 self.expect = "object"
             elif self.expect == "separator" and ch == self.SEP:
@@ -329,4 +346,98 @@ class HermesCalls(ToolCallParser):
         return Parsed(content=self._content(rest.rstrip()))
 
 
-TOOL_CALL_PARSERS = {"hermes": HermesCalls, "llama3_json": Llama3JsonCalls}
+class PythonicCalls(ToolCallParser):
+    """Llama 3.2 / 4's pythonic calls (``--tool-call-parser pythonic``): a reply that begins with "["
+    is a Python list of calls, ``[get_weather(city="Paris"), get_time()]``, keyword arguments of
+    literal values (JSON's true / false / null read too). The list is read once its closing bracket
+    comes (its text held back until then); one that is not such a list is content as written, and
+    so is what follows it; any other reply is content, exactly, held back only until its first
+    character tells."""
+
+    def __init__(self, max_calls: int | None = None):
+        super().__init__()
+        self.max_calls = max_calls
+        self.mode: str | None = None  # "list" while the list is read, then "text"
+        self.parts: list[str] = []  # the list so far (or what came before the first character)
+        self.nesting = Nesting("'\"", "([{", ")]}")
+
+    def feed(self, text: str) -> Parsed:
+        if self.mode == "text":
+            return Parsed(content=text)
+        if self.mode is None:
+            head = ("".join(self.parts) + text).lstrip()
+            if not head:
+                self.parts.append(text)
+                return Parsed()
+            if head[0] != "[":
+                self.mode, held, self.parts = "text", "".join(self.parts) + text, []
+                return Parsed(content=held)
+            self.mode, self.parts, text = "list", [], head
+        for i, ch in enumerate(text):
+            if self.nesting.closes_with(ch):
+                self.parts.append(text[:i + 1])
+                self.mode = "text"
+                return self._list("".join(self.parts)) + Parsed(content=text[i + 1:])
+        self.parts.append(text)
+        return Parsed()
+
+    def _list(self, source: str) -> Parsed:
+        calls = _pythonic_calls(source)
+        if calls is None:
+            return Parsed(content=source)
+        keep = calls if self.max_calls is None else calls[:self.max_calls]
+        out = Parsed(calls=[self._new_call(name, json.dumps(args, ensure_ascii=False)) for name, args, _ in keep])
+        if len(keep) < len(calls):  # past max_calls: the calls' own text is content
+            out.content = "[" + ", ".join(text for _, _, text in calls[len(keep):]) + "]"
+        return out
+
+    def finish(self) -> Parsed:
+        rest = "".join(self.parts)  # a list the reply ended inside, or only whitespace
+        self.parts = []
+        return Parsed(content=rest) if self.mode != "text" else Parsed()
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _pythonic_calls(source: str) -> list[tuple[str, dict, str]] | None:
+    """[f(a=1), g()] -> [("f", {"a": 1}, "f(a=1)"), ("g", {}, "g()")]; None when it is not a list of
+    such calls."""
+    import ast
+
+    source = source.strip()
+    try:
+        tree = ast.parse(source, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for call in tree.elts:
+        if not isinstance(call, ast.Call) or call.args or not isinstance(call.func, (ast.Name, ast.Attribute)):
+            return None
+        try:
+            args = {kw.arg: _literal(kw.value) for kw in call.keywords if kw.arg is not None}
+        except ValueError:
+            return None
+        if len(args) != len(call.keywords):  # a **mapping
+            return None
+        calls.append((ast.unparse(call.func), args, ast.get_source_segment(source, call)))
+    return calls
+
+
+def _literal(node):
+    import ast
+
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.List):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("a ** in a literal")
+        return {ast.literal_eval(k): _literal(v) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)  # ValueError on anything that is not a literal
+
+
+TOOL_CALL_PARSERS = {"hermes": HermesCalls, "llama3_json": Llama3JsonCalls, "pythonic": PythonicCalls}

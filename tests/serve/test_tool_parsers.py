@@ -6,7 +6,8 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
-from adaspec.serve.tool_parsers import HermesCalls, JsonCalls, Llama3JsonCalls, NamedCall, Parsed, merge_calls
+from adaspec.serve.tool_parsers import (HermesCalls, JsonCalls, Llama3JsonCalls, NamedCall, Parsed, PythonicCalls,
+                                        merge_calls)
 
 
 def parse(parser, pieces) -> tuple[str, list[tuple[str, str]], list[Parsed]]:
@@ -164,3 +165,36 @@ def test_llama3_json_calls():
     assert parse(Llama3JsonCalls(), [cut])[:2] == ('{"name": "g", "par', [("f", '{"a": 1}')])
     two = '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}}'
     assert parse(Llama3JsonCalls(max_calls=1), [two])[:2] == ('{"name": "g", "parameters": {}}', [("f", "{}")])
+
+
+PYTHONIC_PARTS = st.sampled_from([
+    "[", "]", "f(a=1)", 'g(s="x]) ,\\"")', "h()", ", ", "(", ")", " ", "\n", "Sure", "'", "k(v=[1, {'a': true}])",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PYTHONIC_PARTS, max_size=8).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
+       st.sampled_from([None, 1]))
+def test_pythonic_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
+    whole = parse(PythonicCalls(max_calls), [text])[:2]
+    assert parse(PythonicCalls(max_calls), cuts(text, positions))[:2] == whole
+    content, calls = whole
+    if not text.lstrip().startswith("["):
+        assert (content, calls) == (text, [])  # not a call list: the text exactly
+    if max_calls == 1:
+        assert len(calls) <= 1
+
+
+def test_pythonic_calls():
+    text = ' [get_weather(city="Paris, \\"FR\\")", unit=\'c\'), get_time(), ns.f(x=[1, {"a": true}], y=null)]'
+    assert parse(PythonicCalls(), [text])[:2] == ("", [
+        ("get_weather", '{"city": "Paris, \\"FR\\")", "unit": "c"}'), ("get_time", "{}"),
+        ("ns.f", '{"x": [1, {"a": true}], "y": null}')])
+    for not_calls in ("[1, 2]", "[f(1)]", "[f(a=g())]", "[f(**kw)]", "[]", "[f(a=1)"):  # content as written
+        assert parse(PythonicCalls(), [not_calls])[:2] == (not_calls, []), not_calls
+    assert parse(PythonicCalls(), ["[f(a=1)] and more"])[:2] == (" and more", [("f", '{"a": 1}')])
+    escaped = r'[f(s="\")")]'  # an escaped quote, then a bracket, inside the string
+    assert parse(PythonicCalls(), list(escaped))[:2] == ("", [("f", r'{"s": "\")"}')])
+    assert parse(PythonicCalls(max_calls=1), ["[f(a=1), g(b='x'), h()]"])[:2] == ("[g(b='x'), h()]", [("f", '{"a": 1}')])
+    p = PythonicCalls()
+    assert p.feed("[f(a=").calls == [] and p.feed("1)").calls == [] and [c.name for c in p.feed("]").calls] == ["f"]
