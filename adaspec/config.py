@@ -114,6 +114,9 @@ class EngineConfig:
     # first-use compiles do not stall the first real requests (engine/warm_up.py). None: on where
     # the engine compiles (CUDA graphs on, tensor_parallel_size 1)
     warm_up_requests: bool | None = None
+    # vLLM's: a thinking model's tags (adaspec/reasoning_tags.py); a request's structured output then
+    # holds only after the end of its thinking, as vLLM's structured outputs wait for it
+    reasoning_parser: str | None = None
     tensor_parallel_size: int = 1  # ranks (GPUs of one host; CPU processes) sharing the model (adaspec/distributed)
     speculative_config: dict[str, Any] | None = None
 
@@ -136,6 +139,11 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.reasoning_parser is not None:
+            from adaspec.reasoning_tags import REASONING_TAGS
+
+            if self.reasoning_parser not in REASONING_TAGS:
+                raise ConfigError(f"reasoning_parser must be one of {sorted(REASONING_TAGS)}, got {self.reasoning_parser!r}")
         if self.warm_up_requests is not None and not isinstance(self.warm_up_requests, bool):
             raise ConfigError(f"warm_up_requests must be true, false or unset, got {self.warm_up_requests!r}")
         g = self.gpu_memory_utilization

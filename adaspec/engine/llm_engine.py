@@ -115,6 +115,7 @@ class LLMEngine:
             tok_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
             self.tokenizer = Tokenizer.from_dir(tok_path, read_json(path / "config.json", "config.json"))
             eos_ids = self.tokenizer.eos_token_ids
+        self._thinking_tags = self._thinking_tag_ids(config.reasoning_parser)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         if self.max_model_len > self.model_config.max_position_embeddings:
             raise ConfigError(
@@ -204,6 +205,38 @@ class LLMEngine:
         log.info("engine ready: %s on %s (%s), %d KV blocks of %d, attention=%s, spec=%s",
                  self.model_name, self.device, self.dtype, self.num_blocks, config.block_size, backend,
                  "on" if self.spec else "off")
+
+    def _thinking_tag_ids(self, parser: str | None) -> tuple[int, int] | None:
+        """reasoning_parser's (opening, closing) tags as token ids: the grammar waits for the closing
+        one, so each must be one token of the vocabulary."""
+        if parser is None:
+            return None
+        if self.tokenizer is None:
+            raise ConfigError("reasoning_parser needs a tokenizer (this engine runs with skip_tokenizer_init)")
+        from adaspec.reasoning_tags import REASONING_TAGS
+
+        ids = []
+        for tag in REASONING_TAGS[parser]:
+            tid = self.tokenizer.token_to_id(tag)
+            if tid is None:
+                raise ConfigError(f"reasoning_parser {parser!r}: {tag!r} is not one token of this model's vocabulary "
+                                  "(structured outputs wait for the end of the thinking as one token)")
+            ids.append(tid)
+        return ids[0], ids[1]
+
+    @property
+    def grammar_waits_for_thinking(self) -> bool:
+        """Whether a constrained request's grammar waits for the end of its thinking (reasoning_parser)."""
+        return self._thinking_tags is not None
+
+    def _grammar_waits_for(self, params, prompt_ids: list[int]) -> int | None:
+        """The token a request's structured output waits for: the end of the thinking, unless the
+        prompt already closed it (Qwen3's template with thinking off writes <think></think>)."""
+        if self._thinking_tags is None or params.structured_outputs is None:
+            return None
+        opening, closing = self._thinking_tags
+        last = {t: i for i, t in enumerate(prompt_ids) if t in (opening, closing)}
+        return None if last.get(closing, -1) > last.get(opening, -1) else closing
 
     def _warm_up_requests(self, asked: bool | None):
         """Dummy requests through step() before the engine is ready (engine/warm_up.py): by
@@ -372,7 +405,7 @@ class LLMEngine:
         except ValueError as e:  # a seed outside the 64-bit range
             raise InvalidRequestError(str(e), param="seed") from None
         seq.logits_rule = LogitsRule.of(params, self.stop_checker.eos_token_ids, self.model_config.vocab_size,
-                                        self.tokenizer)
+                                        self.tokenizer, self._grammar_waits_for(params, ids))
         self.requests[request_id] = seq
         if seq.seed is None:
             self._unseeded.append(seq)

@@ -68,10 +68,12 @@ class LogitsRule:
         return t
 
     @classmethod
-    def of(cls, params, eos_token_ids, vocab_size: int, tokenizer=None) -> "LogitsRule | None":
+    def of(cls, params, eos_token_ids, vocab_size: int, tokenizer=None,
+           grammar_after: int | None = None) -> "LogitsRule | None":
         """The rule of a request's (validated) SamplingParams; token ids are checked against the
         model's vocabulary here (SamplingParams cannot know it), and bad words are tokenized
-        (tokenizer: the engine's; None without one). None: nothing to do."""
+        (tokenizer: the engine's; None without one). grammar_after: a token the structured output's
+        grammar waits for (a thinking model's end of thinking). None: nothing to do."""
         bad_words = ()
         if params.bad_words:
             if tokenizer is None:
@@ -94,7 +96,7 @@ class LogitsRule:
             ban = tuple(sorted(t for t in stops if 0 <= t < vocab_size))
         grammar = None
         if params.structured_outputs is not None:
-            grammar = Grammar.of(params.structured_outputs, tokenizer, vocab_size, eos_token_ids)
+            grammar = Grammar.of(params.structured_outputs, tokenizer, vocab_size, eos_token_ids, grammar_after)
         rule = cls(allowed, bad_words, bias, min_tokens if ban else 0, ban,
                    float(params.repetition_penalty if params.repetition_penalty is not None else 1.0),
                    float(params.frequency_penalty or 0.0), float(params.presence_penalty or 0.0),

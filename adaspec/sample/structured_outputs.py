@@ -111,9 +111,12 @@ class Grammar:
     text: str
     tokenizer: object = field(compare=False, repr=False)
     template: object = field(compare=False, repr=False, default=None)
+    # a thinking model's end-of-thinking token (--reasoning-parser): the grammar holds the output only
+    # after it, as vLLM's structured outputs wait for the end of the reasoning; None: from the start
+    starts_after: int | None = None
 
     @classmethod
-    def of(cls, params, tokenizer, vocab_size: int, eos_token_ids) -> "Grammar":
+    def of(cls, params, tokenizer, vocab_size: int, eos_token_ids, starts_after: int | None = None) -> "Grammar":
         """Compile and check a StructuredOutputsParams (InvalidRequestError names what is wrong)."""
         if tokenizer is None:
             raise InvalidRequestError("structured_outputs need a tokenizer, and this engine runs without one "
@@ -127,7 +130,7 @@ class Grammar:
         if template.is_error():
             raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: "
                                       f"{template.get_error().strip()}", param=_PARAM)
-        return cls(text, ll_tok, template)
+        return cls(text, ll_tok, template, starts_after)
 
     def matcher(self):
         """A fresh matcher (a copy of the template: no second compilation)."""
@@ -135,19 +138,37 @@ class Grammar:
 
 
 class GrammarState:
-    """A request's matcher and how many of its output tokens it has consumed (a Sequence's
-    grammar_state, kept between steps)."""
+    """A request's matcher and how many of its output tokens it has read (a Sequence's
+    grammar_state, kept between steps). A grammar that starts after a token (Grammar.starts_after)
+    reads the output for that token first: ``start`` is where the grammar's output begins, None
+    while the token has not come."""
 
     def __init__(self, grammar: Grammar):
         self.grammar = grammar
         self.matcher = grammar.matcher()
         self.num_consumed = 0
+        self.start: int | None = 0 if grammar.starts_after is None else None
+
+    def active_from(self, drafts) -> int | None:
+        """Where in these drafts (tokens after the output read so far) the grammar holds: 0 once it
+        has started, just past its start token among them, None if it has not started by their end."""
+        if self.start is not None:
+            return 0
+        marker = self.grammar.starts_after
+        return next((j + 1 for j, t in enumerate(drafts) if t == marker), None)
 
     def advance(self, output: list[int], request_id="?") -> None:
-        """Consume the output tokens appended since the last call."""
+        """Read the output tokens appended since the last call."""
         if len(output) < self.num_consumed:  # the output shrank (it never does): start again
             self.matcher.reset()
             self.num_consumed = 0
+            self.start = 0 if self.grammar.starts_after is None else None
+        if self.start is None:
+            begins = self.active_from(output[self.num_consumed:])
+            if begins is None:
+                self.num_consumed = len(output)
+                return
+            self.start = self.num_consumed = self.num_consumed + begins
         new = output[self.num_consumed:]
         if new:
             if not self.matcher.consume_tokens(new):
@@ -188,7 +209,11 @@ def grammar_reach(seqs, drafts: list[list[int]]) -> list[int]:
             reach.append(len(block))
             continue
         state = _state(seq, rule.grammar, seq.token_ids[len(seq.prompt_token_ids):])
-        reach.append(min(len(block), state.matcher.validate_tokens(list(block)) + 1))
+        begins = state.active_from(block)
+        if begins is None:  # the grammar does not start within these drafts: all may be accepted
+            reach.append(len(block))
+        else:
+            reach.append(min(len(block), begins + state.matcher.validate_tokens(list(block[begins:])) + 1))
     return reach
 
 
@@ -224,19 +249,28 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
     plain, drafted = [], []  # llguidance's batched calls: (matcher, first mask index[, drafts])
     for key, positions in groups.items():
         first = rows[first_row[key]]
-        matcher = _state(first.history, first.rule.grammar, first.output).matcher
+        state = _state(first.history, first.rule.grammar, first.output)
+        matcher = state.matcher
         ordered = sorted(positions, key=len)
         longest = ordered[-1]
         if len(ordered) == len(longest) + 1 and all(d == longest[:j] for j, d in enumerate(ordered)):
-            # one block's verification positions (or one plain row): one call, drafts rolled back
-            if longest:
-                drafted.append((matcher, positions[()], list(longest)))
+            # one block's verification positions (or one plain row): one call, drafts rolled back;
+            # positions before the grammar starts (a thinking's end among the drafts) stay unmasked
+            begins = state.active_from(longest)
+            if begins is None:
+                continue
+            if begins < len(longest):
+                drafted.append((matcher, positions[longest[:begins]], list(longest[begins:])))
             else:
-                plain.append((matcher, positions[()]))
+                plain.append((matcher, positions[longest]))
             continue
         for extra in ordered:  # any other shape: one position at a time
-            consumed = matcher.try_consume_tokens(list(extra)) if extra else 0
-            if consumed == len(extra):
+            begins = state.active_from(extra)
+            if begins is None:
+                continue
+            tokens = list(extra[begins:])
+            consumed = matcher.try_consume_tokens(tokens) if tokens else 0
+            if consumed == len(tokens):
                 matcher.unsafe_compute_mask_ptr(bits[positions[extra]].data_ptr(), words * 4)
             if consumed:
                 matcher.rollback(consumed)

@@ -113,8 +113,9 @@ def add_parser(subparsers) -> None:
                         "a sandbox, but a template can still cost the server time)")
     p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                    help="put what a chat reply thinks between <think> and </think> in the message's \"reasoning\" "
-                        "field (streamed as delta.reasoning), the rest in \"content\" (as vllm serve's; both "
-                        "names read the same tags, the prompt telling whether the reply starts inside them)")
+                        "field (streamed as delta.reasoning), the rest in \"content\", and let structured outputs "
+                        "wait for the end of the thinking (as vllm serve's; both names read the same tags, which must "
+                        "be single tokens)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='keep the tools out of the chat template when tool_choice is "none" (default: the template '
                         "sees them, as vLLM's)")
@@ -130,7 +131,7 @@ _ENGINE_FLAGS = ("tokenizer", "max_num_seqs", "max_model_len", "max_num_batched_
                  "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization", "enforce_eager", "async_scheduling",
                  "cudagraph_mode", "dtype", "device",
                  "attention_backend", "seed", "speculative_config", "skip_tokenizer_init", "load_format",
-                 "tensor_parallel_size", "generation_config")
+                 "tensor_parallel_size", "generation_config", "reasoning_parser")
 
 
 def _speculative_config(text: str) -> dict:

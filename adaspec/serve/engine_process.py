@@ -76,6 +76,7 @@ class EngineInfo:
     max_model_len: int
     model_name: str
     sampling_defaults: dict = field(default_factory=dict)  # the model's recommended sampling (models/generation_defaults.py)
+    grammar_waits_for_thinking: bool = False  # EngineConfig.reasoning_parser set (LLMEngine's property)
 
 
 @dataclass
@@ -232,7 +233,8 @@ def _engine_main(factory: Callable[[], Any], conns, log_level: int = logging.INF
         conns[0].send(("load_error", _picklable_error(e)))
         return
     info = EngineInfo(engine.tokenizer, int(engine.max_model_len), str(getattr(engine, "model_name", "")),
-                      dict(getattr(engine, "sampling_defaults", {}) or {}))
+                      dict(getattr(engine, "sampling_defaults", {}) or {}),
+                      bool(getattr(engine, "grammar_waits_for_thinking", False)))
     for conn in conns:
         conn.send(("ready", info))
     gc.collect()  # as the server's freeze_startup_objects: full collections then skip the model's objects

@@ -413,11 +413,11 @@ def _echo(req) -> str | None:
 
 def _starts_thinking(state: ServeState, req, tools: ToolPlan, text: str, params: SamplingParams) -> bool:
     """Whether the reply starts inside <think>: what the template appends as the generation
-    prompt leaves one open (the rest of the prompt may quote tags in its messages). A reply held to
-    a constraint from its first token (a tool call, response_format, a regex) answers at once: it
-    starts in content (vLLM lets a grammar wait for the end of the thinking; adaspec does not), and
-    is reasoning only if it writes <think> itself."""
-    if params.structured_outputs is not None or "<think>" not in text:
+    prompt leaves one open (the rest of the prompt may quote tags in its messages). A constrained
+    reply (a tool call, response_format, a regex) thinks first where the engine's grammars wait for
+    the end of the thinking (its reasoning_parser, which `adaspec serve --reasoning-parser` sets);
+    held to the constraint from its first token, it answers at once, in content."""
+    if (params.structured_outputs is not None and not state.grammar_waits_for_thinking) or "<think>" not in text:
         return False
     if _flag(req.add_generation_prompt, "add_generation_prompt") is False or req.continue_final_message:
         return prompt_opens_thinking(text)  # the reply continues the prompt's last message

@@ -12,10 +12,11 @@ reads a streamed and a whole text alike.
 """
 from __future__ import annotations
 
+from adaspec.reasoning_tags import REASONING_TAGS
 from adaspec.text_holdback import partial_stop_suffix
 
-START, END = "<think>", "</think>"
-REASONING_PARSERS = ("deepseek_r1", "qwen3")  # both think in <think> ... </think>
+START, END = REASONING_TAGS["qwen3"]
+REASONING_PARSERS = tuple(REASONING_TAGS)  # all of them think in <think> ... </think>
 
 
 def prompt_opens_thinking(prompt_text: str) -> bool:

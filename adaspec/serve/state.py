@@ -55,6 +55,8 @@ class ServeState:
         self.max_model_len = int(engine.max_model_len)
         # the model's recommended sampling, for fields a request leaves out (vLLM's generation_config)
         self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}) or {})
+        # the engine's grammars wait for the end of a reply's thinking (its reasoning_parser)
+        self.grammar_waits_for_thinking = bool(getattr(engine, "grammar_waits_for_thinking", False))
         # what tells a text that cannot fit whatever its tokenization: refused before tokenizing it
         self.prompt_bound = PromptBound.of(self.tokenizer)
         if self.settings.chat_template is not None:

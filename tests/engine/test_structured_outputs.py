@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.errors import InvalidRequestError
+from adaspec.config import EngineConfig
+from adaspec.errors import ConfigError, InvalidRequestError
 from adaspec.models.loader import load_target
 from adaspec.models.tokenizer import Tokenizer
 from adaspec.sample import structured_outputs
@@ -150,6 +151,49 @@ def test_the_drafters_first_slot_follows_the_grammar_and_the_others_do_not(tiny_
     others = torch.zeros(V)
     others[5] = 2.0
     assert torch.equal(bias[0, 1], others)
+
+
+def waiting_reference_mask(grammar, history: list[int], marker: int, V: int) -> list[bool] | None:
+    """A grammar that starts after ``marker``: every token allowed until it has come, then the
+    grammar's mask of what followed it."""
+    if marker not in history:
+        return [True] * V
+    return reference_mask(grammar, history[history.index(marker) + 1:], V)
+
+
+def test_a_grammar_that_waits_for_a_token_masks_only_after_it(tiny_tokenizer):
+    """--reasoning-parser: the grammar holds after the end of the thinking, found in the output or
+    among a block's drafts; every position's mask is the reference's for its own history, in one
+    block or position by position, and the verification reach counts from where it starts."""
+    from adaspec.sample.structured_outputs import grammar_reach
+
+    V = tiny_tokenizer.vocab_size
+    eos = {tiny_tokenizer.eos_token_id}
+    marker = tiny_tokenizer.encode("Q")[0]
+    rule = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="[0-9]+")), eos, V, tiny_tokenizer,
+                         grammar_after=marker)
+    one, two, x = (tiny_tokenizer.encode(c)[0] for c in "12x")
+    cases = [([x, x], [x, marker, one, two]),  # the thinking ends among the drafts
+             ([x], [x, x, x]),  # not yet
+             ([x, marker], [one, two, x]),  # ended in the output; a refused draft
+             ([x], [marker])]
+    for output, drafts in cases:
+        for block in (True, False):
+            hist = History()
+            rows = [RuleRow(rule, 1.0, [], output, drafts[:j], history=hist) for j in range(len(drafts) + 1)]
+            if not block:
+                rows = rows[::2]  # not one block: masked one position at a time
+            got = apply_logits_rules(torch.zeros(len(rows), V), rows)
+            for r, row in enumerate(rows):
+                want = waiting_reference_mask(rule.grammar, row.output + row.extra, marker, V)
+                if want is not None:
+                    assert (got[r] > -float("inf")).tolist() == want, (output, drafts, block, r)
+
+    class Seq:
+        logits_rule, prompt_token_ids, request_id, grammar_state = rule, [1], "s", None
+        token_ids = [1, x]
+
+    assert grammar_reach([Seq(), Seq(), Seq()], [[x, marker, one, x, one], [x, x, x], [marker, x, one]]) == [4, 3, 2]
 
 
 def test_verification_reaches_the_first_refused_draft_and_no_further(tiny_tokenizer):
@@ -410,6 +454,87 @@ def grammar_samples(pair, tmp_path):
 def test_speculative_engine_under_a_grammar_is_lossless(lossless_micro_pair, tmp_path):
     p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path), exact_constrained_law(lossless_micro_pair[0]), n=N)
     assert p > 1e-3
+
+
+# a grammar that waits for the end of a thinking (EngineConfig.reasoning_parser): here "!" (id 4)
+# ends it and '"' (id 5) opens it, so the first tokens are free until a "!", the grammar's after it;
+# min_tokens keeps the end of sequence out of the first L tokens (free positions allow it)
+MARK = 4
+WAITING_PROMPT = [5, 2]  # opens the thinking ('"') and does not close it: the grammar waits
+WAITING = SamplingParams(temperature=1.0, max_tokens=5, min_tokens=L, structured_outputs=SO(regex=MICRO_REGEX))
+
+
+def exact_waiting_law(target_dir):
+    model, _ = load_target(target_dir)
+    tok = Tokenizer.from_dir(target_dir)
+    lt = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=[tok.eos_token_id])
+    grammar = llguidance.grammar_from("regex", MICRO_REGEX)
+
+    def next_probs(ctx):
+        out = list(ctx[len(WAITING_PROMPT):])
+        with torch.no_grad():
+            logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
+        allowed = torch.ones(logits.shape[-1], dtype=torch.bool)
+        if len(out) < L:
+            allowed[sorted(tok.eos_token_ids)] = False
+        if MARK in out:
+            m = llguidance.LLMatcher(lt, grammar)
+            assert m.consume_tokens(out[out.index(MARK) + 1:])
+            bits = m.compute_bitmask()
+            allowed &= torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(logits.shape[-1])])
+        return processed_probs(logits.masked_fill(~allowed, -float("inf")), torch.tensor([1.0]), torch.tensor([1.0]),
+                               torch.tensor([0]))[0].tolist()
+
+    return enumerate_joint(next_probs, L, prefix=tuple(WAITING_PROMPT))
+
+
+def test_speculative_engine_under_a_grammar_that_waits_for_the_thinking_is_lossless(lossless_micro_pair, tmp_path,
+                                                                                     monkeypatch):
+    """The end of the thinking comes among a block's drafts as often as not: its positions before
+    it are free, after it masked from where it came; the law is still the target's."""
+    from adaspec import reasoning_tags
+
+    monkeypatch.setitem(reasoning_tags.REASONING_TAGS, "qwen3", ('"', "!"))
+    cfg = {"method": "dspark", "model": lossless_micro_pair[1], "num_speculative_tokens": 3,
+           "cost_model_cache_dir": str(tmp_path)}
+    llm = LLM(lossless_micro_pair[0], speculative_config=cfg, max_num_seqs=2048, max_num_batched_tokens=16384,
+              reasoning_parser="qwen3")
+    assert llm.llm_engine.grammar_waits_for_thinking
+
+    def run(n):
+        torch.manual_seed(4321)
+        outs = llm.generate([WAITING_PROMPT] * n, WAITING, use_tqdm=False)
+        assert llm.llm_engine.stats.num_accepted_tokens > 0
+        assert sum(MARK in o.outputs[0].token_ids[:L - 1] for o in outs) > n // 10  # the grammar did start
+        return [o.outputs[0].token_ids[:L] for o in outs]
+
+    p = lossless_pvalue(run, exact_waiting_law(lossless_micro_pair[0]), n=N)
+    assert p > 1e-3
+
+
+def test_a_prompt_that_closed_the_thinking_holds_the_reply_from_its_start(lossless_micro_pair, monkeypatch):
+    """Qwen3's template with thinking off writes <think></think>: the grammar does not wait then."""
+    from adaspec import reasoning_tags
+
+    monkeypatch.setitem(reasoning_tags.REASONING_TAGS, "qwen3", ('"', "!"))
+    llm = LLM(lossless_micro_pair[0], reasoning_parser="qwen3")
+    tok = Tokenizer.from_dir(lossless_micro_pair[0])
+
+    def starts(prompt) -> list[bool]:  # the reply begins as the grammar does
+        params = [SamplingParams(temperature=1.0, max_tokens=5, seed=i, structured_outputs=SO(regex=MICRO_REGEX))
+                  for i in range(64)]
+        outs = llm.generate([prompt] * 64, params, use_tqdm=False)
+        return [bool(re.match(r'(!"|"!|#[!-$])', tok.decode(o.outputs[0].token_ids))) for o in outs]
+
+    assert all(starts(WAITING_PROMPT + [MARK]))  # closed in the prompt: held from the first token
+    assert not all(starts(WAITING_PROMPT))  # open: free until the reply closes it
+
+
+def test_reasoning_parser_needs_its_tags_as_single_tokens():
+    with pytest.raises(ConfigError, match="'<think>' is not one token"):
+        LLM("tiny", reasoning_parser="qwen3")
+    with pytest.raises(ConfigError, match="reasoning_parser must be one of"):
+        EngineConfig(model="tiny", reasoning_parser="granite")
 
 
 def test_masks_from_the_wrong_history_stop_the_engine_loudly(lossless_micro_pair, tmp_path, monkeypatch):

@@ -189,3 +189,39 @@ def test_thinking_then_calls_read_the_same_streamed_or_whole(positions):
     calls = [t for c in got for t in c["delta"].get("tool_calls", [])]
     assert [(t["function"]["name"], t["function"]["arguments"]) for t in calls] == [("f", '{"a": "<think>"}')]
     assert got[-1]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_constrained_reply_thinks_first_where_the_engines_grammar_waits(waits):
+    """adaspec serve --reasoning-parser sets the engine's too: its grammars wait for the end of the
+    thinking, so a constrained reply after a prompt that opened <think> starts in reasoning; an
+    engine whose grammars do not wait holds it from its first token, so it is content."""
+    from types import SimpleNamespace
+
+    from adaspec.models.registry import resolve_model_path
+    from adaspec.models.tokenizer import Tokenizer
+    from adaspec.serve.prepare import prepare_chat
+    from adaspec.serve.protocol import ChatCompletionRequest
+
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    engine = SimpleNamespace(tokenizer=tok, max_model_len=1024, sampling_defaults={}, model_name="m",
+                             grammar_waits_for_thinking=waits)
+    from adaspec.serve.state import ServeState
+
+    state = ServeState(ServerSettings(served_model_names=["m"], reasoning_parser="qwen3", chat_template=OPENING),
+                       SimpleNamespace(engine=engine))
+    req = ChatCompletionRequest(messages=MSGS, max_tokens=8, guided_regex="[a-z]+</think>[A-Z]")
+    assert prepare_chat(state, req)[2].thinking is waits
+    plain = ChatCompletionRequest(messages=MSGS, max_tokens=8)
+    assert prepare_chat(state, plain)[2].thinking is True  # unconstrained: the prompt decides
+
+
+def test_serve_passes_the_reasoning_parser_to_the_engine():
+    import argparse
+
+    from adaspec.serve.cli import add_parser, engine_config_from_args, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "tiny", "--reasoning-parser", "qwen3", "--no-engine-process"])
+    assert engine_config_from_args(args).reasoning_parser == settings_from_args(args).reasoning_parser == "qwen3"
