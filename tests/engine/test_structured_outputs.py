@@ -418,23 +418,30 @@ MICRO_REGEX = r'(!"|"!|#[!-$])[#$]+'
 MICRO = SamplingParams(temperature=1.0, max_tokens=5, structured_outputs=SO(regex=MICRO_REGEX))
 
 
-def exact_constrained_law(target_dir):
+def exact_constrained_law(target_dir, prompt=PROMPT, mark: int | None = None, min_tokens: int = 0):
+    """The exact law of the first L tokens under MICRO_REGEX: with ``mark``, the grammar holds only
+    after that token (a thinking's end); with ``min_tokens``, no end of sequence before then."""
     model, _ = load_target(target_dir)
     tok = Tokenizer.from_dir(target_dir)
     lt = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=[tok.eos_token_id])
     grammar = llguidance.grammar_from("regex", MICRO_REGEX)
 
     def next_probs(ctx):
+        out = list(ctx[len(prompt):])
         with torch.no_grad():
             logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
-        m = llguidance.LLMatcher(lt, grammar)
-        assert m.consume_tokens(list(ctx[len(PROMPT):]))
-        bits = m.compute_bitmask()
-        allowed = torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(logits.shape[-1])])
+        allowed = torch.ones(logits.shape[-1], dtype=torch.bool)
+        if len(out) < min_tokens:
+            allowed[sorted(tok.eos_token_ids)] = False
+        if mark is None or mark in out:
+            m = llguidance.LLMatcher(lt, grammar)
+            assert m.consume_tokens(out if mark is None else out[out.index(mark) + 1:])
+            bits = m.compute_bitmask()
+            allowed &= torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(logits.shape[-1])])
         return processed_probs(logits.masked_fill(~allowed, -float("inf")), torch.tensor([1.0]), torch.tensor([1.0]),
                                torch.tensor([0]))[0].tolist()
 
-    return enumerate_joint(next_probs, L, prefix=tuple(PROMPT))
+    return enumerate_joint(next_probs, L, prefix=tuple(prompt))
 
 
 def grammar_samples(pair, tmp_path):
@@ -464,30 +471,6 @@ WAITING_PROMPT = [5, 2]  # opens the thinking ('"') and does not close it: the g
 WAITING = SamplingParams(temperature=1.0, max_tokens=5, min_tokens=L, structured_outputs=SO(regex=MICRO_REGEX))
 
 
-def exact_waiting_law(target_dir):
-    model, _ = load_target(target_dir)
-    tok = Tokenizer.from_dir(target_dir)
-    lt = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=[tok.eos_token_id])
-    grammar = llguidance.grammar_from("regex", MICRO_REGEX)
-
-    def next_probs(ctx):
-        out = list(ctx[len(WAITING_PROMPT):])
-        with torch.no_grad():
-            logits = model.compute_logits(model.forward_dense(torch.tensor([list(ctx)])))[:, -1]
-        allowed = torch.ones(logits.shape[-1], dtype=torch.bool)
-        if len(out) < L:
-            allowed[sorted(tok.eos_token_ids)] = False
-        if MARK in out:
-            m = llguidance.LLMatcher(lt, grammar)
-            assert m.consume_tokens(out[out.index(MARK) + 1:])
-            bits = m.compute_bitmask()
-            allowed &= torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(logits.shape[-1])])
-        return processed_probs(logits.masked_fill(~allowed, -float("inf")), torch.tensor([1.0]), torch.tensor([1.0]),
-                               torch.tensor([0]))[0].tolist()
-
-    return enumerate_joint(next_probs, L, prefix=tuple(WAITING_PROMPT))
-
-
 def test_speculative_engine_under_a_grammar_that_waits_for_the_thinking_is_lossless(lossless_micro_pair, tmp_path,
                                                                                      monkeypatch):
     """The end of the thinking comes among a block's drafts as often as not: its positions before
@@ -508,7 +491,7 @@ def test_speculative_engine_under_a_grammar_that_waits_for_the_thinking_is_lossl
         assert sum(MARK in o.outputs[0].token_ids[:L - 1] for o in outs) > n // 10  # the grammar did start
         return [o.outputs[0].token_ids[:L] for o in outs]
 
-    p = lossless_pvalue(run, exact_waiting_law(lossless_micro_pair[0]), n=N)
+    p = lossless_pvalue(run, exact_constrained_law(lossless_micro_pair[0], WAITING_PROMPT, MARK, L), n=N)
     assert p > 1e-3
 
 
