@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from adaspec.serve.tool_parsers import (HermesCalls, JsonCalls, Llama3JsonCalls, NamedCall, Parsed, PythonicCalls,
@@ -30,19 +31,6 @@ HERMES_PARTS = st.sampled_from([
     "<tool_call>not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>', "<tool", "<tool_call",
     "</tool_call>", "<", "{", '"}', "é",
 ])
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(HERMES_PARTS, max_size=10).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
-       st.sampled_from([None, 1]))
-def test_hermes_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
-    whole = parse(HermesCalls(max_calls), [text])[:2]
-    assert parse(HermesCalls(max_calls), cuts(text, positions))[:2] == whole
-    content, calls = whole
-    if not calls:  # no call: the content is the text exactly
-        assert content == text
-    if max_calls == 1:
-        assert len(calls) <= 1
 
 
 def test_hermes_calls_content_and_whitespace():
@@ -140,20 +128,6 @@ LLAMA_PARTS = st.sampled_from([
 ])
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(LLAMA_PARTS, max_size=8).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
-       st.sampled_from([None, 1]))
-def test_llama3_json_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
-    whole = parse(Llama3JsonCalls(max_calls), [text])[:2]
-    assert parse(Llama3JsonCalls(max_calls), cuts(text, positions))[:2] == whole
-    content, calls = whole
-    head = text.lstrip()
-    if not (head.startswith("{") or head.startswith("<|python_tag|>")):
-        assert (content, calls) == (text, [])  # not a call reply: the text exactly
-    if max_calls == 1:
-        assert len(calls) <= 1
-
-
 def test_llama3_json_calls():
     text = '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "arguments": {"b": "é"}}'
     assert parse(Llama3JsonCalls(), [text])[:2] == ("", [("f", '{"a": 1}'), ("g", '{"b": "é"}')])
@@ -172,19 +146,6 @@ PYTHONIC_PARTS = st.sampled_from([
 ])
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(PYTHONIC_PARTS, max_size=8).map("".join), st.lists(st.integers(0, 10_000), max_size=12),
-       st.sampled_from([None, 1]))
-def test_pythonic_reads_the_same_however_the_text_is_cut(text, positions, max_calls):
-    whole = parse(PythonicCalls(max_calls), [text])[:2]
-    assert parse(PythonicCalls(max_calls), cuts(text, positions))[:2] == whole
-    content, calls = whole
-    if not text.lstrip().startswith("["):
-        assert (content, calls) == (text, [])  # not a call list: the text exactly
-    if max_calls == 1:
-        assert len(calls) <= 1
-
-
 def test_pythonic_calls():
     text = ' [get_weather(city="Paris, \\"FR\\")", unit=\'c\'), get_time(), ns.f(x=[1, {"a": true}], y=null)]'
     assert parse(PythonicCalls(), [text])[:2] == ("", [
@@ -198,3 +159,31 @@ def test_pythonic_calls():
     assert parse(PythonicCalls(max_calls=1), ["[f(a=1), g(b='x'), h()]"])[:2] == ("[g(b='x'), h()]", [("f", '{"a": 1}')])
     p = PythonicCalls()
     assert p.feed("[f(a=").calls == [] and p.feed("1)").calls == [] and [c.name for c in p.feed("]").calls] == ["f"]
+
+
+def _starts_with(*marks):
+    return lambda text: text.lstrip().startswith(marks)
+
+
+# per parser: the pieces its texts are made of, and which texts must come back as content exactly,
+# with no call (hermes: any text it reads no call in; the others: a reply that does not begin as calls)
+PARSERS = {
+    HermesCalls: (HERMES_PARTS, None),
+    Llama3JsonCalls: (LLAMA_PARTS, _starts_with("{", "<|python_tag|>")),
+    PythonicCalls: (PYTHONIC_PARTS, _starts_with("[")),
+}
+
+
+@pytest.mark.parametrize("parser", list(PARSERS), ids=lambda c: c.__name__)
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), positions=st.lists(st.integers(0, 10_000), max_size=12), max_calls=st.sampled_from([None, 1]))
+def test_an_auto_parser_reads_the_same_however_the_text_is_cut(parser, data, positions, max_calls):
+    parts, calls_start = PARSERS[parser]
+    text = data.draw(st.lists(parts, max_size=10).map("".join))
+    whole = parse(parser(max_calls), [text])[:2]
+    assert parse(parser(max_calls), cuts(text, positions))[:2] == whole
+    content, calls = whole
+    if (not calls) if calls_start is None else not calls_start(text):
+        assert (content, calls) == (text, [])
+    if max_calls == 1:
+        assert len(calls) <= 1
