@@ -52,7 +52,7 @@ class Sequence:
         # what its sampling parameters do to the logits (sample/logits_rules.py), set by the engine
         # when it adds the request (the rule's token ids are checked against the model's vocabulary)
         self.logits_rule = None
-        self.logits_rule_state = None  # its penalty counts on the device, kept between steps (logits_rules.py)
+        self.logits_rule_state = None  # its penalty counts row on the device, kept between steps (sample/penalty_counts.py)
         self.grammar_state = None  # structured outputs: its matcher, kept between steps (structured_outputs.py)
         # StopChecker: whether appends take its fast path (no text until the end); None: not yet decided
         self.appends_without_text: bool | None = None

@@ -16,13 +16,13 @@ not hold.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
 from adaspec.errors import InvalidRequestError
 from adaspec.h2d import to_device
+from adaspec.sample.penalty_counts import pool_for, to_device_many
 from adaspec.sample.structured_outputs import Grammar, grammar_keep_mask
 
 # penalized rows are processed in chunks of about this many logits: their token counts are dense
@@ -299,85 +299,40 @@ def _ban_bad_words(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_t
 def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None) -> None:
     """vLLM's penalties for these rows: a repeated token's logit is divided by the repetition
     penalty (multiplied, when negative), then frequency x its output count and presence x (count
-    > 0) are subtracted. Counts are dense: one [V] row per distinct history (prompt and output,
-    built once however many verification positions share it), gathered per row, plus the row's
-    own extra tokens and pending token."""
+    > 0) are subtracted. Counts are dense [V] rows kept on the device per history (prompt and
+    output; penalty_counts.py: brought up to date for every history at once), gathered per row,
+    plus the row's own extra tokens and pending token."""
     dev, V = out.device, out.shape[-1]
-    slot: dict[int, int] = {}  # history -> its row in the base tensors
+    slot: dict[int, int] = {}  # history -> its index among the distinct histories
     histories: list[RuleRow] = []
     for _, row in rows:
         key = id(row.history) if row.history is not None else id(row)
         if key not in slot:
             slot[key] = len(histories)
             histories.append(row)
-
-    def ids(values):
-        return to_device(values, dev, torch.int64)
-
-    kept = [_history_counts(row, V, dev) for row in histories]
-    base, base_prompt = torch.stack([k[0] for k in kept]), torch.stack([k[1] for k in kept])
-    of_row = ids([slot[id(r.history) if r.history is not None else id(r)] for _, r in rows])
-    counts, in_prompt = base[of_row], base_prompt[of_row]
+    of_row = [slot[id(r.history) if r.history is not None else id(r)] for _, r in rows]
+    counts, in_prompt = pool_for(V, dev).rows(histories, of_row)
     extra = [(n, t) for n, (_, row) in enumerate(rows) for t in row.extra]
-    if extra:
-        counts.index_put_((ids([e[0] for e in extra]), ids([e[1] for e in extra])),
-                          torch.ones(len(extra), device=dev), accumulate=True)
     pend = [(n, row.pending) for n, (_, row) in enumerate(rows) if row.pending >= 0]
+    if pend and pending_tokens is None:
+        raise ValueError("a row counts a pending token, but no pending_tokens were given")
+    extra_rows, extra_tokens, pend_rows, pend_at, at = to_device_many(
+        [[e[0] for e in extra], [e[1] for e in extra], [p[0] for p in pend], [p[1] for p in pend],
+         [i for i, _ in rows]], dev)
+    if extra:
+        counts.index_put_((extra_rows, extra_tokens), torch.ones(len(extra), device=dev), accumulate=True)
     if pend:
-        if pending_tokens is None:
-            raise ValueError("a row counts a pending token, but no pending_tokens were given")
-        which = pending_tokens[ids([p[1] for p in pend])].long()
-        counts.index_put_((ids([p[0] for p in pend]), which),
-                          torch.ones(len(pend), device=dev), accumulate=True)
-    at = ids([i for i, _ in rows])
+        counts.index_put_((pend_rows, pending_tokens[pend_at].long()), torch.ones(len(pend), device=dev),
+                          accumulate=True)
     x = out[at]
-    rep = to_device([r.rule.repetition for _, r in rows], dev, torch.float32).unsqueeze(-1)
-    freq = to_device([r.rule.frequency for _, r in rows], dev, torch.float32).unsqueeze(-1)
-    pres = to_device([r.rule.presence for _, r in rows], dev, torch.float32).unsqueeze(-1)
+    rep, freq, pres = (t.unsqueeze(-1) for t in to_device_many(
+        [[r.rule.repetition for _, r in rows], [r.rule.frequency for _, r in rows],
+         [r.rule.presence for _, r in rows]], dev, torch.float32))
     seen = counts > 0
     repeated = (seen | in_prompt) & (rep != 1.0)
     x = torch.where(repeated, torch.where(x > 0, x / rep, x * rep), x)
     x = x - freq * counts - pres * seen.float()
     out[at] = x
-
-
-class HistoryCounts:
-    """A request's output token counts [V] float32 and prompt mask [V] bool on the device, kept
-    between steps and brought up to date with the tokens appended since (a Sequence's
-    logits_rule_state): rebuilt from the whole history every step, a 12k-token history cost
-    ~6 ms of host work per request and step."""
-
-    def __init__(self, V: int, device, prompt: list[int]):
-        self.counts = torch.zeros(V, dtype=torch.float32, device=device)
-        self.in_prompt = torch.zeros(V, dtype=torch.bool, device=device)
-        if prompt:
-            self.in_prompt[to_device(sorted(set(prompt)), device, torch.int64)] = True
-        self.num_counted = 0
-
-    def update(self, output: list[int]) -> None:
-        if len(output) < self.num_counted:  # the history shrank (it never does): count it afresh
-            self.counts.zero_()
-            self.num_counted = 0
-        new = output[self.num_counted:]
-        if new:
-            c = Counter(new)
-            self.counts.index_put_((to_device(list(c), self.counts.device, torch.int64),),
-                                   to_device([float(v) for v in c.values()], self.counts.device, torch.float32),
-                                   accumulate=True)
-            self.num_counted = len(output)
-
-
-def _history_counts(row: RuleRow, V: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output counts [V], prompt mask [V]) of a row's history: kept on the history object when
-    it can hold them (an engine Sequence: logits_rule_state), else built for this call."""
-    state = getattr(row.history, "logits_rule_state", False)
-    if state is False:  # no history that keeps state (tests' rows)
-        state = HistoryCounts(V, device, row.prompt)
-    elif state is None or state.counts.shape[0] != V or state.counts.device != torch.device(device):
-        state = HistoryCounts(V, device, row.prompt)
-        row.history.logits_rule_state = state
-    state.update(row.output)
-    return state.counts, state.in_prompt
 
 
 def rows_of(seqs, extras: list[list[int]] | None = None,

@@ -1,0 +1,128 @@
+"""The penalties' token counts of every penalized request, kept on the device between steps as
+rows of two shared tensors, and brought up to date for all requests of a step at once.
+
+Why shared rows: with one [V] tensor per request, each step paid an upload and an index_put per
+request (~150 us of host time each on CUDA; 64 penalized requests of the tiny pair ran at 0.09x
+the plain rate on an H100, benchmarks/probes/ruled_step_profile.py). Here a step pays one upload
+of every request's new tokens and one scatter for them all, and the rows it needs are gathered
+in one indexing.
+
+A request's row is held by a `CountsSlot` on its history (an engine Sequence's
+logits_rule_state) and given back when that is dropped (weakref.finalize), then zeroed when it is
+handed out again. Rows of histories that cannot keep state (tests' plain rows) are taken for one
+call.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from adaspec.h2d import to_device
+
+
+def to_device_many(lists, device, dtype=torch.int64) -> list[torch.Tensor]:
+    """Several host lists of numbers as device tensors, through one copy (each copy of its own
+    costs a pinned buffer and a launch)."""
+    sizes = [len(x) for x in lists]
+    np_dtype = np.float64 if dtype.is_floating_point else np.int64  # float32's overflow to inf is torch's cast
+    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np_dtype, count=sum(sizes))
+    return list(torch.split(to_device(flat, device, dtype), sizes))
+
+
+class CountsSlot:
+    """One history's row in a PenaltyCounts pool and how much of its output the row counts."""
+
+    def __init__(self, pool: PenaltyCounts, slot: int):
+        self.pool, self.slot, self.num_counted = pool, slot, 0
+        weakref.finalize(self, pool.release, slot)
+
+
+class PenaltyCounts:
+    """Output token counts [slots, V] float32 and prompt masks [slots, V] bool on one device."""
+
+    def __init__(self, vocab_size: int, device):
+        self.V, self.device = int(vocab_size), torch.device(device)
+        self.counts = torch.zeros(0, self.V, dtype=torch.float32, device=self.device)
+        self.in_prompt = torch.zeros(0, self.V, dtype=torch.bool, device=self.device)
+        self._free: list[int] = []
+        self._lock = threading.Lock()  # engines of one process (threads) share a device's pool
+
+    @property
+    def capacity(self) -> int:
+        return self.counts.shape[0]
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)  # list.append is atomic: finalizers may run on any thread
+
+    def _acquire(self) -> int:
+        if not self._free:
+            old = self.capacity
+            new = max(8, 2 * old)
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(new - old, self.V)])
+            self.in_prompt = torch.cat([self.in_prompt, self.in_prompt.new_zeros(new - old, self.V)])
+            self._free.extend(range(new - 1, old - 1, -1))
+        return self._free.pop()
+
+    def rows(self, histories: list, of_row: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """histories: objects with .prompt and .output (RuleRows, one per distinct history, whose
+        .history keeps a CountsSlot where it can); of_row[n]: the history of output row n. ->
+        (counts [n, V] float32, in_prompt [n, V] bool), copies the caller may change."""
+        temporary: list[CountsSlot] = []
+        with self._lock:
+            slots, fresh, recount = [], [], []
+            prompt_slots, prompt_tokens, new_slots, new_tokens = [], [], [], []
+            for row in histories:
+                holder = row.history
+                state = getattr(holder, "logits_rule_state", None)
+                if not isinstance(state, CountsSlot) or state.pool is not self:
+                    state = CountsSlot(self, self._acquire())
+                    fresh.append(state.slot)
+                    uniq = sorted(set(row.prompt))
+                    prompt_slots.extend([state.slot] * len(uniq))
+                    prompt_tokens.extend(uniq)
+                    if holder is not None and hasattr(holder, "logits_rule_state"):
+                        holder.logits_rule_state = state
+                    else:
+                        temporary.append(state)
+                elif len(row.output) < state.num_counted:  # the history shrank (it never does): count afresh
+                    recount.append(state.slot)
+                    state.num_counted = 0
+                new = row.output[state.num_counted:]
+                new_slots.extend([state.slot] * len(new))
+                new_tokens.extend(new)
+                state.num_counted = len(row.output)
+                slots.append(state.slot)
+            (fresh_t, recount_t, ps, pt, ns, nt, slots_t, of_row_t) = to_device_many(
+                [fresh, recount, prompt_slots, prompt_tokens, new_slots, new_tokens, slots, of_row], self.device)
+            if fresh:
+                self.counts[fresh_t] = 0.0
+                self.in_prompt[fresh_t] = False
+            if recount:
+                self.counts[recount_t] = 0.0
+            if prompt_slots:
+                self.in_prompt[ps, pt] = True
+            if new_slots:
+                self.counts.index_put_((ns, nt), torch.ones(len(new_slots), device=self.device), accumulate=True)
+            at = slots_t[of_row_t]
+            out = self.counts[at], self.in_prompt[at]
+        # `temporary` rows go back to the pool on return; whoever takes one next zeroes it in an
+        # operation queued after this gather
+        return out
+
+
+_POOLS: dict[tuple[str, int], PenaltyCounts] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_for(vocab_size: int, device) -> PenaltyCounts:
+    """The process's pool for this vocabulary size and device."""
+    key = (str(torch.device(device)), int(vocab_size))
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = PenaltyCounts(vocab_size, device)
+        return pool

@@ -1,0 +1,113 @@
+"""The penalties' shared count rows (adaspec/sample/penalty_counts.py): kept up to date across
+calls, grown without losing rows, and handed back and zeroed when a request is gone."""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaspec.sample.penalty_counts import PenaltyCounts, to_device_many
+
+V = 17
+
+
+class Holder:  # an engine Sequence's part that keeps state
+    logits_rule_state = None
+
+
+@dataclass
+class Row:
+    prompt: list[int]
+    output: list[int]
+    history: object = field(default_factory=Holder)
+
+
+def expected(rows: list[Row], of_row: list[int]):
+    counts = torch.zeros(len(of_row), V)
+    in_prompt = torch.zeros(len(of_row), V, dtype=torch.bool)
+    for n, h in enumerate(of_row):
+        for t in rows[h].output:
+            counts[n, t] += 1
+        for t in rows[h].prompt:
+            in_prompt[n, t] = True
+    return counts, in_prompt
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, V - 1), max_size=6),
+                          st.lists(st.lists(st.integers(0, V - 1), max_size=4), min_size=1, max_size=4)),
+                min_size=1, max_size=12),
+       st.integers(0, 3))
+def test_counts_follow_histories_over_steps(requests, seed):
+    """Requests whose outputs grow step by step (some leaving, some joining): every call's rows
+    equal counts made from scratch."""
+    pool = PenaltyCounts(V, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    live = [Row(prompt, list(steps[0])) for prompt, steps in requests]
+    steps = [list(s[1:]) for _, s in requests]
+    while live:
+        of_row = torch.randint(0, len(live), (len(live) + 2,), generator=g).tolist()
+        counts, in_prompt = pool.rows(live, of_row)
+        want = expected(live, of_row)
+        assert torch.equal(counts, want[0]) and torch.equal(in_prompt, want[1])
+        keep_rows, keep_steps = [], []
+        for row, more in zip(live, steps):
+            if more:
+                row.output += more.pop(0)
+                keep_rows.append(row)
+                keep_steps.append(more)
+        live, steps = keep_rows, keep_steps
+        gc.collect()
+
+
+def test_a_finished_requests_row_is_zeroed_for_the_next():
+    pool = PenaltyCounts(V, "cpu")
+    a = Row([1, 2], [3, 3, 4])
+    pool.rows([a], [0])
+    slot = a.history.logits_rule_state.slot
+    del a
+    gc.collect()
+    b = Row([5], [6])
+    counts, in_prompt = pool.rows([b], [0])
+    assert b.history.logits_rule_state.slot == slot  # the row came back and went to b
+    assert counts[0].nonzero().flatten().tolist() == [6] and in_prompt[0].nonzero().flatten().tolist() == [5]
+
+
+def test_growing_keeps_the_rows_already_counted():
+    pool = PenaltyCounts(V, "cpu")
+    first = [Row([i % V], [i % V, (i + 1) % V]) for i in range(5)]
+    pool.rows(first, list(range(5)))
+    more = first + [Row([], [i % V] * 2) for i in range(20)]  # past the first capacity of 8
+    counts, in_prompt = pool.rows(more, list(range(len(more))))
+    assert pool.capacity >= len(more)
+    want = expected(more, list(range(len(more))))
+    assert torch.equal(counts, want[0]) and torch.equal(in_prompt, want[1])
+
+
+def test_rows_without_a_state_holder_are_lent_for_one_call():
+    pool = PenaltyCounts(V, "cpu")
+    rows = [Row([1], [2, 2], history=None), Row([], [3], history=None)]
+    for _ in range(3):
+        counts, _ = pool.rows(rows, [0, 1, 0])
+        assert counts[:, 2].tolist() == [2.0, 0.0, 2.0]
+    gc.collect()
+    assert pool.capacity == 8  # the same two rows every call, not two more each time
+
+
+def test_a_shrunk_history_is_counted_afresh():
+    pool = PenaltyCounts(V, "cpu")
+    a = Row([], [1, 1, 2])
+    pool.rows([a], [0])
+    a.output = [4]
+    counts, _ = pool.rows([a], [0])
+    assert counts[0].nonzero().flatten().tolist() == [4]
+
+
+def test_to_device_many_splits_as_given():
+    a, b, c = to_device_many([[1, 2], [], [3]], "cpu")
+    assert a.tolist() == [1, 2] and b.tolist() == [] and c.tolist() == [3] and a.dtype == torch.int64
+    (f,) = to_device_many([[1e300, 0.5]], "cpu", torch.float32)
+    assert f.dtype == torch.float32 and f.tolist() == [float("inf"), 0.5]
