@@ -21,7 +21,9 @@ requests run without async scheduling's overlap.
 from __future__ import annotations
 
 import json
+import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +33,12 @@ from adaspec.h2d import to_device
 
 _PARAM = "structured_outputs"
 _tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): LLTokenizer}
+_templates: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): {text: matcher}}
+_templates_lock = threading.Lock()
+# compiled grammars kept per tokenizer: requests that share a schema (the same tools, the same
+# response_format) compile it once. Compiling costs 1 ms (a regex) to 5 ms (20 tools' "required"
+# array) at a 152k vocabulary (BENCHMARKS.md), on the engine's loop when a request is added
+MAX_COMPILED_PER_TOKENIZER = 128
 _executor = None
 
 
@@ -106,7 +114,8 @@ def grammar_text(params) -> str:
 @dataclass(frozen=True)
 class Grammar:
     """A request's compiled constraint: llguidance's grammar, the tokenizer it was checked with,
-    and a matcher in its initial state that each request's matcher is copied from (compiled once)."""
+    and a matcher in its initial state that each request's matcher is copied from (compiled once,
+    shared by the requests with the same grammar: it is never advanced itself)."""
 
     text: str
     tokenizer: object = field(compare=False, repr=False)
@@ -126,10 +135,21 @@ class Grammar:
                                       "and this model names none", param=_PARAM)
         ll_tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
         text = grammar_text(params)
-        template = _llguidance().LLMatcher(ll_tok, text, log_level=0)
-        if template.is_error():
-            raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: "
-                                      f"{template.get_error().strip()}", param=_PARAM)
+        with _templates_lock:
+            compiled = _templates.setdefault(tokenizer, {}).setdefault((vocab_size, tuple(sorted(eos_token_ids))),
+                                                                      OrderedDict())
+            template = compiled.get(text)
+            if template is not None:
+                compiled.move_to_end(text)
+        if template is None:
+            template = _llguidance().LLMatcher(ll_tok, text, log_level=0)
+            if template.is_error():
+                raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: "
+                                          f"{template.get_error().strip()}", param=_PARAM)
+            with _templates_lock:
+                compiled[text] = template
+                while len(compiled) > MAX_COMPILED_PER_TOKENIZER:
+                    compiled.popitem(last=False)
         return cls(text, ll_tok, template, starts_after)
 
     def matcher(self):

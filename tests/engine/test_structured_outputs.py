@@ -268,6 +268,37 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_reason(t
     assert e.value.param == "structured_outputs"
 
 
+def test_requests_with_the_same_constraint_compile_it_once(tiny_tokenizer, monkeypatch):
+    """Compiled grammars are kept per tokenizer (the same tools or response_format on every
+    request): a second request's grammar is the first's template, its matcher its own; the least
+    recently used go past MAX_COMPILED_PER_TOKENIZER, and a constraint that fails is not kept."""
+    compiles = []
+    real = llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: compiles.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(structured_outputs, "MAX_COMPILED_PER_TOKENIZER", 2)
+
+    def rule(regex):
+        return LogitsRule.of(SamplingParams(structured_outputs=SO(regex=regex)), {0}, tiny_tokenizer.vocab_size,
+                             tiny_tokenizer)
+
+    a, b = rule("a{2}b{7}"), rule("a{2}b{7}")
+    assert len(compiles) == 1 and a.grammar.template is b.grammar.template
+    ma, mb = structured_outputs.GrammarState(a.grammar), structured_outputs.GrammarState(b.grammar)
+    assert ma.matcher is not mb.matcher
+    tok = tiny_tokenizer.encode("a", add_special_tokens=False)[0]
+    assert ma.matcher.consume_token(tok) and mb.matcher.compute_bitmask() == a.grammar.matcher().compute_bitmask()
+    rule("x{3}"), rule("a{2}b{7}"), rule("y{3}")  # x{3} is now the least recently used of three
+    assert len(compiles) == 3
+    rule("a{2}b{7}")
+    assert len(compiles) == 3
+    rule("x{3}")
+    assert len(compiles) == 4
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError):
+            rule("((((")
+    assert len(compiles) == 6
+
+
 def test_params_take_exactly_one_constraint_and_vllms_dict_form():
     assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs == SO(regex="a+")
     for bad, says in (({"regex": "a", "choice": ["a"]}, "exactly one"), ({}, "exactly one"),
