@@ -16,13 +16,14 @@ not hold.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import torch
 
 from adaspec.errors import InvalidRequestError
-from adaspec.h2d import to_device
-from adaspec.sample.penalty_counts import pool_for, to_device_many
+from adaspec.h2d import to_device, to_device_many
+from adaspec.sample.penalty_counts import pool_for
 from adaspec.sample.structured_outputs import Grammar, grammar_keep_mask
 
 # penalized rows are processed in chunks of about this many logits: their token counts are dense
@@ -236,9 +237,8 @@ def apply_logits_rules(logits: torch.Tensor, rows: list[RuleRow | None],
     if ban:
         out[where(ban)] = float("-inf")
     penalized = [i for i in ruled if rows[i].rule.penalizes]
-    chunk = max(1, CHUNK_ELEMENTS // V)
-    for c in range(0, len(penalized), chunk):
-        _penalize(out, [(i, rows[i]) for i in penalized[c:c + chunk]], pending_tokens)
+    if penalized:
+        _penalize(out, [(i, rows[i]) for i in penalized], pending_tokens, max(1, CHUNK_ELEMENTS // V))
     # a bias or a tiny repetition penalty can overflow float32 to +inf, whose softmax is NaN (a
     # silent token 0): the largest float32 instead, which keeps the token the likeliest
     out.clamp_(max=torch.finfo(torch.float32).max)
@@ -296,12 +296,14 @@ def _ban_bad_words(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_t
                         to_device([m[3] for m in maybe], dev, torch.int64)), add, accumulate=True)
 
 
-def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None) -> None:
+def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens: torch.Tensor | None,
+              chunk: int) -> None:
     """vLLM's penalties for these rows: a repeated token's logit is divided by the repetition
     penalty (multiplied, when negative), then frequency x its output count and presence x (count
     > 0) are subtracted. Counts are dense [V] rows kept on the device per history (prompt and
     output; penalty_counts.py: brought up to date for every history at once), gathered per row,
-    plus the row's own extra tokens and pending token."""
+    plus the row's own extra tokens and pending token; `chunk` rows at a time (their dense counts
+    bound the memory), with one upload for them all."""
     dev, V = out.device, out.shape[-1]
     slot: dict[int, int] = {}  # history -> its index among the distinct histories
     histories: list[RuleRow] = []
@@ -310,29 +312,39 @@ def _penalize(out: torch.Tensor, rows: list[tuple[int, RuleRow]], pending_tokens
         if key not in slot:
             slot[key] = len(histories)
             histories.append(row)
-    of_row = [slot[id(r.history) if r.history is not None else id(r)] for _, r in rows]
-    counts, in_prompt = pool_for(V, dev).rows(histories, of_row)
+    pool = pool_for(V, dev)
+    slots_t, lent = pool.update(histories)
     extra = [(n, t) for n, (_, row) in enumerate(rows) for t in row.extra]
     pend = [(n, row.pending) for n, (_, row) in enumerate(rows) if row.pending >= 0]
     if pend and pending_tokens is None:
         raise ValueError("a row counts a pending token, but no pending_tokens were given")
-    extra_rows, extra_tokens, pend_rows, pend_at, at = to_device_many(
-        [[e[0] for e in extra], [e[1] for e in extra], [p[0] for p in pend], [p[1] for p in pend],
-         [i for i, _ in rows]], dev)
-    if extra:
-        counts.index_put_((extra_rows, extra_tokens), torch.ones(len(extra), device=dev), accumulate=True)
-    if pend:
-        counts.index_put_((pend_rows, pending_tokens[pend_at].long()), torch.ones(len(pend), device=dev),
-                          accumulate=True)
-    x = out[at]
-    rep, freq, pres = (t.unsqueeze(-1) for t in to_device_many(
+    extra_n, pend_n = [e[0] for e in extra], [p[0] for p in pend]
+    extra_rows, extra_tokens, pend_rows, pend_at, at_all, of_row = to_device_many(
+        [extra_n, [e[1] for e in extra], pend_n, [p[1] for p in pend], [i for i, _ in rows],
+         [slot[id(r.history) if r.history is not None else id(r)] for _, r in rows]], dev)
+    rep_all, freq_all, pres_all = (t.unsqueeze(-1) for t in to_device_many(
         [[r.rule.repetition for _, r in rows], [r.rule.frequency for _, r in rows],
          [r.rule.presence for _, r in rows]], dev, torch.float32))
-    seen = counts > 0
-    repeated = (seen | in_prompt) & (rep != 1.0)
-    x = torch.where(repeated, torch.where(x > 0, x / rep, x * rep), x)
-    x = x - freq * counts - pres * seen.float()
-    out[at] = x
+    slot_of_row = slots_t[of_row]
+    for c in range(0, len(rows), chunk):
+        end = c + chunk
+        counts, in_prompt = pool.gather(slot_of_row[c:end])
+        e0, e1 = bisect_left(extra_n, c), bisect_left(extra_n, end)
+        if e1 > e0:
+            counts.index_put_((extra_rows[e0:e1] - c, extra_tokens[e0:e1]), torch.ones(e1 - e0, device=dev),
+                              accumulate=True)
+        p0, p1 = bisect_left(pend_n, c), bisect_left(pend_n, end)
+        if p1 > p0:
+            counts.index_put_((pend_rows[p0:p1] - c, pending_tokens[pend_at[p0:p1]].long()),
+                              torch.ones(p1 - p0, device=dev), accumulate=True)
+        at, rep, freq, pres = at_all[c:end], rep_all[c:end], freq_all[c:end], pres_all[c:end]
+        x = out[at]
+        seen = counts > 0
+        repeated = (seen | in_prompt) & (rep != 1.0)
+        x = torch.where(repeated, torch.where(x > 0, x / rep, x * rep), x)
+        x = x - freq * counts - pres * seen.float()
+        out[at] = x
+    del lent  # the rows lent for this call go back to the pool, after its gathers were queued
 
 
 def rows_of(seqs, extras: list[list[int]] | None = None,

@@ -16,23 +16,12 @@ batches) and is not shrunk: at a 152k vocabulary a row is 0.76 MB.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
 
-import numpy as np
 import torch
 
-from adaspec.h2d import to_device
-
-
-def to_device_many(lists, device, dtype=torch.int64) -> list[torch.Tensor]:
-    """Several host lists of numbers as device tensors, through one copy (each copy of its own
-    costs a pinned buffer and a launch)."""
-    sizes = [len(x) for x in lists]
-    np_dtype = np.float64 if dtype.is_floating_point else np.int64  # float32's overflow to inf is torch's cast
-    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np_dtype, count=sum(sizes))
-    return list(torch.split(to_device(flat, device, dtype), sizes))
+from adaspec.h2d import to_device_many
 
 
 class CountsSlot:
@@ -69,10 +58,12 @@ class PenaltyCounts:
             self._free.extend(range(new - 1, old - 1, -1))
         return self._free.pop()
 
-    def rows(self, histories: list, of_row: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """histories: objects with .prompt and .output (RuleRows, one per distinct history, whose
-        .history keeps a CountsSlot where it can); of_row[n]: the history of output row n. ->
-        (counts [n, V] float32, in_prompt [n, V] bool), copies the caller may change."""
+    def update(self, histories: list) -> tuple[torch.Tensor, list[CountsSlot]]:
+        """Bring the rows of these histories up to date (objects with .prompt and .output, e.g.
+        RuleRows, one per distinct history, whose .history keeps a CountsSlot where it can): one
+        upload, one scatter. -> (each history's row, int64 on the device; the rows lent for this
+        call, which go back to the pool once the caller drops them: keep them until its gathers
+        are queued)."""
         temporary: list[CountsSlot] = []
         with self._lock:
             slots, fresh, recount = [], [], []
@@ -98,8 +89,8 @@ class PenaltyCounts:
                 new_tokens.extend(new)
                 state.num_counted = len(row.output)
                 slots.append(state.slot)
-            (fresh_t, recount_t, ps, pt, ns, nt, slots_t, of_row_t) = to_device_many(
-                [fresh, recount, prompt_slots, prompt_tokens, new_slots, new_tokens, slots, of_row], self.device)
+            (fresh_t, recount_t, ps, pt, ns, nt, slots_t) = to_device_many(
+                [fresh, recount, prompt_slots, prompt_tokens, new_slots, new_tokens, slots], self.device)
             if fresh:
                 self.counts[fresh_t] = 0.0
                 self.in_prompt[fresh_t] = False
@@ -109,10 +100,20 @@ class PenaltyCounts:
                 self.in_prompt[ps, pt] = True
             if new_slots:
                 self.counts.index_put_((ns, nt), torch.ones(len(new_slots), device=self.device), accumulate=True)
-            at = slots_t[of_row_t]
-            out = self.counts[at], self.in_prompt[at]
-        # `temporary` rows go back to the pool on return; whoever takes one next zeroes it in an
-        # operation queued after this gather
+        return slots_t, temporary
+
+    def gather(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(counts [n, V] float32, in_prompt [n, V] bool) of rows `at` (device int64): copies the
+        caller may change."""
+        with self._lock:  # (another engine's update may be growing the tensors)
+            return self.counts[at], self.in_prompt[at]
+
+    def rows(self, histories: list, of_row: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """update(histories), then the rows of output rows n, each of history of_row[n]."""
+        slots_t, lent = self.update(histories)
+        (of_row_t,) = to_device_many([of_row], self.device)
+        out = self.gather(slots_t[of_row_t])
+        del lent  # back to the pool: whoever takes a row next zeroes it in an operation queued after this gather
         return out
 
 

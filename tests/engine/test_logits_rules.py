@@ -114,6 +114,25 @@ def test_chunks_of_penalized_rows_give_the_same_logits(monkeypatch):
     assert whole[8, 6] < whole[0, 6] - 7  # eight drafts of token 6 counted in the last row
 
 
+def test_chunks_of_penalized_rows_count_their_own_pending_tokens(monkeypatch):
+    """Async scheduling's pending tokens (still on the device) land in their own row's counts
+    whatever chunk the row falls in."""
+    g = torch.Generator().manual_seed(2)
+    V = 16
+    logits = torch.randn(9, V, generator=g)
+    rule = LogitsRule.of(SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.3), set(), V)
+    pending_tokens = torch.tensor([3, 9, 12, 7])
+    rows = [RuleRow(rule, 1.0, [1], [4, j % V], [], pending=(j % 4 if j % 3 else -1)) for j in range(9)]
+    whole = apply_logits_rules(logits, rows, pending_tokens)
+    monkeypatch.setattr(logits_rules, "CHUNK_ELEMENTS", 2 * V)
+    assert torch.equal(apply_logits_rules(logits, rows, pending_tokens), whole)
+    for j in (4, 5, 7, 8):  # rows with a pending token in later chunks: it is penalized there
+        tok = int(pending_tokens[j % 4])
+        alone = apply_logits_rules(logits[j:j + 1], [dataclasses.replace(rows[j], output=rows[j].output + [tok],
+                                                                          pending=-1)])
+        assert torch.allclose(whole[j], alone[0])
+
+
 def test_no_rule_leaves_the_logits_alone():
     logits = torch.randn(3, 8)
     assert apply_logits_rules(logits, [None, None, None]) is logits

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaspec.sample.penalty_counts import PenaltyCounts, to_device_many
+from adaspec.h2d import to_device_many
+from adaspec.sample.penalty_counts import PenaltyCounts
 
 V = 17
 
@@ -116,14 +117,16 @@ def test_to_device_many_splits_as_given():
 def test_a_steps_uploads_do_not_grow_with_the_penalized_requests(monkeypatch):
     """A step's host-to-device copies for the penalties are a fixed few, however many requests
     it penalizes (one each per request cost 0.05-0.09x the plain rate on an H100, H100 run 46)."""
-    from adaspec.sample import logits_rules, penalty_counts
+    from adaspec.sample import logits_rules
     from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
     from adaspec.sampling_params import SamplingParams
 
     uploads = []
-    for module in (logits_rules, penalty_counts):
-        real = module.to_device
-        monkeypatch.setattr(module, "to_device", lambda *a, _real=real, **k: uploads.append(1) or _real(*a, **k))
+    from adaspec import h2d
+
+    real = h2d.to_device
+    monkeypatch.setattr(h2d, "to_device", lambda *a, **k: uploads.append(1) or real(*a, **k))
+    monkeypatch.setattr(logits_rules, "to_device", h2d.to_device)
     rule = LogitsRule.of(SamplingParams(frequency_penalty=0.5, presence_penalty=0.2, repetition_penalty=1.2), set(), V)
 
     def step_uploads(n: int) -> int:

@@ -66,6 +66,18 @@ def test_prompt_logprobs_match_a_dense_forward_in_every_arm(arm, dense):
             _check(out, prompt, dense[i])
 
 
+def test_rows_computed_a_few_at_a_time_give_the_same_entries(dense, monkeypatch):
+    """The log-softmax runs over CHUNK_ELEMENTS logits at a time (a long prompt chunk of a large
+    vocabulary): every piece lands in its own rows of the results."""
+    from adaspec.engine import prompt_logprobs
+
+    llm = LLM("tiny")
+    monkeypatch.setattr(prompt_logprobs, "CHUNK_ELEMENTS", 3 * llm.llm_engine.model_config.vocab_size)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=N))
+    for i, (out, prompt) in enumerate(zip(outs, PROMPTS)):
+        _check(out, prompt, dense[i])
+
+
 def test_a_recomputed_prompt_keeps_one_entry_per_token(dense):
     """Preemption recomputes the prompt: its positions already have entries and are not added twice."""
     llm = LLM("tiny", max_num_seqs=16, num_kv_blocks=10, max_model_len=128, max_num_batched_tokens=16)
