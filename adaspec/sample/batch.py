@@ -62,27 +62,36 @@ class SamplingBatch:
         return any(w is not None for w in self.logprobs)
 
 
-class SamplingBatchCache:
-    """The last SamplingBatch built, handed out again while a step samples the same requests in
-    the same order: in steady decoding the plain step samples the same running requests step
-    after step, and rebuilding their batch (four host lists, four host-to-device copies) was a
-    fifth of the plain step's host sampling time at 256 requests (benchmarks/host_step_bench.py
-    --temperature 1). A request's parameters and seed do not change once it is sampled (the seed
-    is drawn before its first step). The cache holds the sequences themselves, compared by
+class SameRequestsCache:
+    """The last value built from a step's requests (build(seqs, device)), handed out again while a
+    step has the same requests in the same order: in steady decoding the same running requests
+    come step after step. For values that depend only on what a request fixes before its first
+    step (its parameters, its seed). The cache holds the sequences themselves, compared by
     identity: a finished request cannot be mistaken for a new one that Python placed at its
     address, since the cached one is still alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, build) -> None:
+        self._build = build
         self._seqs: list = []
-        self._batch: SamplingBatch | None = None
+        self._value = None
         self._device = None
+        self._filled = False
 
-    def get(self, seqs: list, device) -> SamplingBatch:
-        """seqs: the rows' Sequence objects (their params and seed)."""
+    def get(self, seqs: list, device):
         cached = self._seqs
-        if (self._batch is not None and device == self._device and len(seqs) == len(cached)
+        if (self._filled and device == self._device and len(seqs) == len(cached)
                 and all(a is b for a, b in zip(seqs, cached))):
-            return self._batch
-        self._batch = SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], device)
-        self._seqs, self._device = list(seqs), device
-        return self._batch
+            return self._value
+        self._value = self._build(seqs, device)
+        self._seqs, self._device, self._filled = list(seqs), device, True
+        return self._value
+
+
+class SamplingBatchCache(SameRequestsCache):
+    """The plain step's SamplingBatch: rebuilding it (four host lists, four host-to-device copies)
+    was a fifth of the plain step's host sampling time at 256 requests (benchmarks/host_step_bench.py
+    --temperature 1)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda seqs, device: SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs],
+                                                                  device))

@@ -27,7 +27,7 @@ from adaspec.engine.scheduler import ScheduledSeq
 from adaspec.errors import ConfigError
 from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
-from adaspec.sample.batch import SamplingBatch
+from adaspec.sample.batch import SameRequestsCache, SamplingBatch
 from adaspec.sample.logits_rules import draft_bias, logits_with_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
@@ -119,6 +119,9 @@ class SpeculativeDecoder:
         self.draft_widths = draft_widths(self.num_spec_tokens, bool(self.cfg.enable_adaptive_verification)
                                          and self.cfg.adaptive_draft_width == "budget")
         self.graphed = None  # graphed_step.GraphedSpecStep: the decode path in CUDA graphs
+        # the graphed launch's rows with top-k / top-p or logprobs, kept while the requests stay the
+        # same (rebuilt every launch, 7 uploads with a filtered row: a helper's audit)
+        self._row_extras = SameRequestsCache(RowExtras.of)
         self._decided: bool | None = None  # decide_drafting's answer for the step about to run
         if engine.use_cuda_graphs and getattr(engine, "tp", None) is None:  # TP: the mirrored eager step
             from adaspec.spec_decode.graphed_step import GraphedSpecStep
@@ -569,7 +572,7 @@ class SpeculativeDecoder:
                 slots = np.minimum(slots, width)
             max_tokens = min(len(scheduled) + int(slots.sum()), len(scheduled) + budget)
         key = g.pick(len(scheduled), max_tokens, drafting)
-        extras = RowExtras.of(seqs, eng.device)  # rows with top-k / top-p or logprobs (graphed_extras.py)
+        extras = self._row_extras.get(seqs, eng.device)  # rows with top-k / top-p or logprobs (graphed_extras.py)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
                  [q.block_table for q in seqs], drafting, budget, carried, first_tokens, draft_width=width,

@@ -118,8 +118,13 @@ def test_filters_and_logprobs_run_in_the_graphs_as_in_the_eager_step(pair, tmp_p
         _prompts(), params)
     llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=True, arrivals=arrivals)
     _no_eager_decodes(llm)
+    cache, builds = llm.llm_engine.spec._row_extras, []
+    build = cache._build
+    cache._build = lambda seqs, device: builds.append(1) or build(seqs, device)
     graphed = llm.generate(_prompts(), params)
     assert llm.llm_engine.stats.num_graphed_steps > 10
+    # the rows' extras are built again only when the launch's requests change, not every launch
+    assert 0 < len(builds) < llm.llm_engine.stats.num_graphed_steps
     for e, g, sp in zip(eager, graphed, params):
         assert g.outputs[0].token_ids == e.outputs[0].token_ids
         if sp.logprobs is None:
