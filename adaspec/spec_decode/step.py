@@ -27,7 +27,7 @@ from adaspec.engine.scheduler import ScheduledSeq
 from adaspec.errors import ConfigError
 from adaspec.h2d import to_device
 from adaspec.models.registry import DEFAULT_DRAFTERS
-from adaspec.sample.batch import SameRequestsCache, SamplingBatch
+from adaspec.sample.batch import SameRequestsCache, SamplingBatch, SamplingBatchCache
 from adaspec.sample.logits_rules import draft_bias, logits_with_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.rejection import rejection_sample
@@ -122,6 +122,7 @@ class SpeculativeDecoder:
         # the graphed launch's rows with top-k / top-p or logprobs, kept while the requests stay the
         # same (rebuilt every launch, 7 uploads with a filtered row: a helper's audit)
         self._row_extras = SameRequestsCache(RowExtras.of)
+        self._eager_sampling = SamplingBatchCache()  # the eager step's drafted rows, likewise
         self._decided: bool | None = None  # decide_drafting's answer for the step about to run
         if engine.use_cuda_graphs and getattr(engine, "tp", None) is None:  # TP: the mirrored eager step
             from adaspec.spec_decode.graphed_step import GraphedSpecStep
@@ -469,7 +470,7 @@ class SpeculativeDecoder:
         proposal = conf = sampling = None
         draft_host: list[list[int]] = []
         if drafted:
-            sampling = SamplingBatch.build([s.params for s in drafted_seqs], [s.seed for s in drafted_seqs], eng.device)
+            sampling = self._eager_sampling.get(drafted_seqs, eng.device)
             ids = [s.request_id for s in drafted_seqs]
             limits = np.array([scheduled[i].spec_slots for i in drafted], dtype=np.int64)
             base_tokens = sum(s.num_tokens for s in scheduled)
