@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaspec.h2d import to_device
+from adaspec.h2d import to_device, to_device_many
 from adaspec.models.attention import build_attention_metadata
 
 
@@ -94,17 +94,18 @@ class ModelRunner:
             self.backend, [it.block_table for it in items], qlens.tolist(), (starts + qlens).tolist(),
             None, self.block_size, self.device,
         )
-        ids_dev = to_device(ids, self.device)
-        if fill is not None:
-            rows, src, prev = fill
-            fill_in(ids_dev, to_device(rows, self.device), to_device(src, self.device), prev)
-        pos_dev = to_device(positions, self.device)
-        hidden, captured = self.model(ids_dev, pos_dev, self.kv_caches, meta, capture_layers)
-        rows = np.concatenate(
+        logit_rows = np.concatenate(
             [np.arange(qstart[b + 1] - it.num_logits, qstart[b + 1]) for b, it in enumerate(items)]
             + [np.zeros(0, dtype=np.int64)]
         )
-        logits = self.model.compute_logits(hidden[to_device(rows, self.device)])
+        fill_rows, fill_src = (fill[0], fill[1]) if fill is not None else ([], [])
+        # one upload (on CUDA each of its own costs a pinned buffer and a launch)
+        ids_dev, pos_dev, logit_rows_dev, fill_rows_dev, fill_src_dev = to_device_many(
+            [ids, positions, logit_rows, fill_rows, fill_src], self.device)
+        if fill is not None:
+            fill_in(ids_dev, fill_rows_dev, fill_src_dev, fill[2])
+        hidden, captured = self.model(ids_dev, pos_dev, self.kv_caches, meta, capture_layers)
+        logits = self.model.compute_logits(hidden[logit_rows_dev])
         return ForwardResult(logits, hidden, captured, qstart, pos_dev, meta.slot_mapping)
 
     @torch.inference_mode()

@@ -9,7 +9,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaspec.h2d import to_device_many
 from adaspec.sample.penalty_counts import PenaltyCounts
 
 V = 17
@@ -105,13 +104,6 @@ def test_a_shrunk_history_is_counted_afresh():
     a.output = [4]
     counts, _ = pool.rows([a], [0])
     assert counts[0].nonzero().flatten().tolist() == [4]
-
-
-def test_to_device_many_splits_as_given():
-    a, b, c = to_device_many([[1, 2], [], [3]], "cpu")
-    assert a.tolist() == [1, 2] and b.tolist() == [] and c.tolist() == [3] and a.dtype == torch.int64
-    (f,) = to_device_many([[1e300, 0.5]], "cpu", torch.float32)
-    assert f.dtype == torch.float32 and f.tolist() == [float("inf"), 0.5]
 
 
 def test_a_steps_uploads_do_not_grow_with_the_penalized_requests(monkeypatch):
