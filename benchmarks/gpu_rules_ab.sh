@@ -9,7 +9,8 @@
 #   OLD_SHA=e6304eb NEW_SHA=$(git rev-parse --short HEAD) bash benchmarks/gpu_rules_ab.sh   # on the device,
 #       carry [".whl/llg", ".ab"]
 #
-# DEVICE=cpu (with BENCH_ARGS="--requests 4 --max-tokens 8 --repeats 1") runs it here as a smoke test.
+# DEVICE=cpu (with BENCH_ARGS="--requests 4 --max-tokens 8 --repeats 1": the rule has min_tokens 8) runs it
+# here as a smoke test (tests/bench/test_gpu_scripts.py).
 # Writes to $OUT: gpu.txt, gpu_suite.txt, lr_new.json/.txt, lr_old.json/.txt (at most 8 files).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"

@@ -148,3 +148,23 @@ def test_require_pair_stops_at_once_where_no_pair_was_built(tmp_path):
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"no built pair in {tmp_path / 'nopair'}" in r.stderr and "REQUIRE_PAIR=1" in r.stderr
     assert "building the pair" not in r.stdout
+
+
+def test_rules_ab_runs_both_trees_and_records_each_ones_commit(tmp_path):
+    """benchmarks/gpu_rules_ab.sh on the CPU: the GPU suite's run (everything deselected or skipped
+    here), then the bench for this tree and for an 'older' one (this tree's package linked under
+    OLD_TREE), each result naming the commit it was given; at most 8 files, all named as the device
+    returns them."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "adaspec").symlink_to(ROOT / "adaspec")
+    out = tmp_path / "out"
+    run_script(["benchmarks/gpu_rules_ab.sh"],
+               {"OUT": str(out), "DEVICE": "cpu", "SUITE_S": "300", "OLD_TREE": os.path.relpath(old, ROOT),
+                "OLD_SHA": "0ld0001", "NEW_SHA": "new0002",
+                "BENCH_ARGS": "--arms none --variants plain,ruled --requests 2 --max-tokens 8 --repeats 1"}, tmp_path)
+    assert returned_files(out) == ["gpu.txt", "gpu_suite.txt", "lr_new.json", "lr_new.txt", "lr_old.json", "lr_old.txt"]
+    for side, sha in (("new", "new0002"), ("old", "0ld0001")):
+        result = json.loads((out / f"lr_{side}.json").read_text())
+        assert result["conditions"]["engine_commit"].startswith(sha)
+        assert {r["rule"] for r in result["results"]} == {"plain", "ruled"}
