@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,39 @@ from adaspec.sample.structured_outputs import Grammar, grammar_keep_mask
 # [rows, V] tensors (64 MB of float32 a chunk: 110 rows of a 151k vocabulary), while a
 # verification step may have thousands of rows
 CHUNK_ELEMENTS = 1 << 24
+
+
+class SharedTensors:
+    """Device tensors of rules' contents, shared by the requests whose rules hold the same contents
+    (least recently used dropped past `capacity`): requests sent with the same allowed_token_ids or
+    logit_bias (one client's settings, a benchmark's) make one mask and upload it once, not once
+    each. A rule keeps the tensors it got, so a dropped entry only stops being shared."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key, make):
+        t = self._entries.get(key)
+        if t is None:
+            t = self._entries[key] = make()
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return t
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_shared_tensors = SharedTensors()
+
+
+def _allowed_mask(allowed: tuple[int, ...], V: int, device) -> torch.Tensor:
+    t = torch.zeros(V, dtype=torch.bool, device=device)
+    t[to_device(list(allowed), device, torch.int64)] = True
+    return t
 
 
 @dataclass(frozen=True)
@@ -51,21 +85,22 @@ class LogitsRule:
     _tensors: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def allowed_mask(self, V: int, device) -> torch.Tensor:
-        """[V] bool: the tokens it allows."""
+        """[V] bool: the tokens it allows (read only: requests with the same ids share it)."""
         key = ("allowed", V, str(device))
         t = self._tensors.get(key)
         if t is None:
-            t = self._tensors[key] = torch.zeros(V, dtype=torch.bool, device=device)
-            t[to_device(list(self.allowed), device, torch.int64)] = True
+            t = self._tensors[key] = _shared_tensors.get((*key, self.allowed), lambda: _allowed_mask(
+                self.allowed, V, device))
         return t
 
     def bias_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token ids [n] int64, biases [n] float32) of its logit_bias."""
+        """(token ids [n] int64, biases [n] float32) of its logit_bias (read only, shared as above)."""
         key = ("bias", str(device))
         t = self._tensors.get(key)
         if t is None:
-            t = self._tensors[key] = (to_device([b[0] for b in self.bias], device, torch.int64),
-                                      to_device([b[1] for b in self.bias], device, torch.float32))
+            t = self._tensors[key] = _shared_tensors.get((*key, self.bias), lambda: (
+                to_device([b[0] for b in self.bias], device, torch.int64),
+                to_device([b[1] for b in self.bias], device, torch.float32)))
         return t
 
     @classmethod

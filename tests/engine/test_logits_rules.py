@@ -373,3 +373,34 @@ def test_rules_that_leave_no_token_or_overflow_are_caught():
     assert out.token_ids == [11, 11, 11]
     tiny_penalty = SamplingParams(temperature=1.0, seed=0, max_tokens=8, ignore_eos=True, repetition_penalty=1e-40)
     assert 0 not in llm.generate([PROMPTS[0]], tiny_penalty)[0].outputs[0].token_ids
+
+
+def test_requests_with_the_same_allowed_ids_and_bias_share_one_upload(monkeypatch):
+    """Requests sent with the same allowed_token_ids / logit_bias make their mask and bias tensors
+    once; other contents get their own, and the shared entries are bounded (least recently used
+    dropped), while a rule keeps what it got."""
+    monkeypatch.setattr(logits_rules, "_shared_tensors", logits_rules.SharedTensors(capacity=2))
+    uploads = []
+    real = logits_rules.to_device
+    monkeypatch.setattr(logits_rules, "to_device", lambda x, *a, **k: uploads.append(len(x)) or real(x, *a, **k))
+    V = 50
+
+    def rule(allowed, bias=None):
+        return LogitsRule.of(SamplingParams(allowed_token_ids=allowed, logit_bias=bias), {0}, V)
+
+    a, b = rule([3, 1, 2], {4: 1.5}), rule([1, 2, 3], {4: 1.5})  # same contents, other order
+    mask_a, bias_a = a.allowed_mask(V, "cpu"), a.bias_tensors("cpu")
+    assert len(uploads) == 3  # the mask's ids, the bias's ids and values
+    assert b.allowed_mask(V, "cpu") is mask_a and b.bias_tensors("cpu") is bias_a
+    assert len(uploads) == 3
+    assert mask_a.nonzero().flatten().tolist() == [1, 2, 3] and bias_a[1].tolist() == [1.5]
+    mask_c = rule([5, 6]).allowed_mask(V, "cpu")  # entries: a's bias, c's mask (a's mask dropped)
+    assert mask_c is not mask_a and mask_c.nonzero().flatten().tolist() == [5, 6]
+    assert len(logits_rules._shared_tensors) == 2
+    assert a.allowed_mask(V, "cpu") is mask_a  # a keeps its own
+    again = rule([1, 2, 3]).allowed_mask(V, "cpu")
+    assert again is not mask_a and again.equal(mask_a)  # made again: it was no longer shared
+    assert rule([5, 6]).allowed_mask(V, "cpu") is mask_c  # c's used last now, then a's second mask
+    rule([7]).allowed_mask(V, "cpu")  # drops the least recently used: `again`, not c's
+    assert rule([5, 6]).allowed_mask(V, "cpu") is mask_c
+    assert rule([1, 2, 3]).allowed_mask(V, "cpu") is not again
