@@ -79,7 +79,7 @@ def main() -> int:
     first_ms = 1e3 * (time.perf_counter() - t0)  # llguidance's view of the tokenizer, then the grammar
 
     def compile_afresh():
-        so._templates.clear()  # the compiled grammars kept per tokenizer: time a compile, not a hit
+        so._pools.clear()  # the compiled grammars kept per tokenizer: time a compile, not a hit
         LogitsRule.of(params, eos, V, tok)
 
     compile_ms = median_ms(compile_afresh, args.repeats)

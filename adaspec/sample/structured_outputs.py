@@ -33,12 +33,14 @@ from adaspec.h2d import to_device
 
 _PARAM = "structured_outputs"
 _tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): LLTokenizer}
-_templates: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): {text: matcher}}
-_templates_lock = threading.Lock()
+_pools: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): {text: pool}}
+_pools_lock = threading.Lock()
 # compiled grammars kept per tokenizer: requests that share a schema (the same tools, the same
-# response_format) compile it once. Compiling costs 1 ms (a regex) to 5 ms (20 tools' "required"
-# array) at a 152k vocabulary (BENCHMARKS.md), on the engine's loop when a request is added
-MAX_COMPILED_PER_TOKENIZER = 128
+# response_format) reuse matchers compiled for earlier ones. Compiling costs 1 ms (a regex) to 5 ms
+# (20 tools' "required" array) at a 152k vocabulary (BENCHMARKS.md), on the engine's loop when a
+# request is added
+MAX_COMPILED_PER_TOKENIZER = 128  # grammar texts
+MAX_FREE_MATCHERS = 256  # per grammar text: matchers of finished requests kept for the next ones
 _executor = None
 
 
@@ -111,15 +113,49 @@ def grammar_text(params) -> str:
         raise InvalidRequestError(f"structured_outputs.grammar: {e}", param=_PARAM) from None
 
 
+class MatcherPool:
+    """Matchers of one grammar, each compiled on its own, lent to requests (GrammarState) and taken
+    back reset when a request's state is dropped, for the next request with that grammar.
+
+    Why not copies of one compiled matcher (LLMatcher.deep_copy): llguidance's copies share the
+    original's lexer behind a mutex that a mask's computation holds, so the executor's threads
+    computed the masks of requests with the same grammar one at a time (H100 run 47: 64 requests of
+    one regex, 418 ms of llguidance per 64 steps with copies of one matcher against 61 ms with one
+    compile per request). Here every live request's matcher has a lexer of its own, and a returned
+    one keeps its lexer's warm cache for the next request."""
+
+    def __init__(self, ll_tok, text: str, first):
+        self.ll_tok, self.text = ll_tok, text
+        self._free = [first]
+        self._lock = threading.Lock()
+
+    def take(self):
+        """A matcher in its initial state that no one else holds."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return _llguidance().LLMatcher(self.ll_tok, self.text, log_level=0)
+
+    def give_back(self, matcher) -> None:
+        """A request's matcher, once the request is done with it (kept if it resets cleanly)."""
+        if matcher.reset() and not matcher.is_error():
+            with self._lock:
+                if len(self._free) < MAX_FREE_MATCHERS:
+                    self._free.append(matcher)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+
 @dataclass(frozen=True)
 class Grammar:
     """A request's compiled constraint: llguidance's grammar, the tokenizer it was checked with,
-    and a matcher in its initial state that each request's matcher is copied from (compiled once,
-    shared by the requests with the same grammar: it is never advanced itself)."""
+    and the pool of matchers compiled for it (shared by the requests with the same grammar)."""
 
     text: str
     tokenizer: object = field(compare=False, repr=False)
-    template: object = field(compare=False, repr=False, default=None)
+    pool: MatcherPool = field(compare=False, repr=False, default=None)
     # a thinking model's end-of-thinking token (--reasoning-parser): the grammar holds the output only
     # after it, as vLLM's structured outputs wait for the end of the reasoning; None: from the start
     starts_after: int | None = None
@@ -135,26 +171,27 @@ class Grammar:
                                       "and this model names none", param=_PARAM)
         ll_tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
         text = grammar_text(params)
-        with _templates_lock:
-            compiled = _templates.setdefault(tokenizer, {}).setdefault((vocab_size, tuple(sorted(eos_token_ids))),
-                                                                      OrderedDict())
-            template = compiled.get(text)
-            if template is not None:
-                compiled.move_to_end(text)
-        if template is None:
-            template = _llguidance().LLMatcher(ll_tok, text, log_level=0)
-            if template.is_error():
+        with _pools_lock:
+            pools = _pools.setdefault(tokenizer, {}).setdefault((vocab_size, tuple(sorted(eos_token_ids))),
+                                                                OrderedDict())
+            pool = pools.get(text)
+            if pool is not None:
+                pools.move_to_end(text)
+        if pool is None:
+            first = _llguidance().LLMatcher(ll_tok, text, log_level=0)
+            if first.is_error():
                 raise InvalidRequestError(f"structured_outputs.{params.kind} does not compile: "
-                                          f"{template.get_error().strip()}", param=_PARAM)
-            with _templates_lock:
-                compiled[text] = template
-                while len(compiled) > MAX_COMPILED_PER_TOKENIZER:
-                    compiled.popitem(last=False)
-        return cls(text, ll_tok, template, starts_after)
+                                          f"{first.get_error().strip()}", param=_PARAM)
+            pool = MatcherPool(ll_tok, text, first)
+            with _pools_lock:
+                pools[text] = pool
+                while len(pools) > MAX_COMPILED_PER_TOKENIZER:
+                    pools.popitem(last=False)
+        return cls(text, ll_tok, pool, starts_after)
 
     def matcher(self):
-        """A fresh matcher (a copy of the template: no second compilation)."""
-        return self.template.deep_copy()
+        """A matcher in its initial state, the caller's own (GrammarState gives it back)."""
+        return self.pool.take()
 
 
 class GrammarState:
@@ -166,6 +203,9 @@ class GrammarState:
     def __init__(self, grammar: Grammar):
         self.grammar = grammar
         self.matcher = grammar.matcher()
+        # back to the pool when the request drops its state (the engine's Sequence, or a row's
+        # state that no Sequence keeps); not at interpreter exit
+        weakref.finalize(self, grammar.pool.give_back, self.matcher).atexit = False
         self.num_consumed = 0
         self.start: int | None = 0 if grammar.starts_after is None else None
 

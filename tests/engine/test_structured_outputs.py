@@ -3,8 +3,10 @@ a fresh matcher fed the same history, the engine's outputs against their constra
 adaptive, async scheduling, n > 1), bad constraints refused request by request, and losslessness:
 the speculative engine's law of the first tokens under a grammar against the target's exact
 constrained law, with a harness shown to catch masks computed from the wrong history."""
+import gc
 import json
 import re
+import weakref
 
 import llguidance
 import pytest
@@ -273,11 +275,12 @@ def test_a_constraint_that_does_not_compile_is_refused_with_llguidances_reason(t
 
 def test_requests_with_the_same_constraint_compile_it_once(tiny_tokenizer, monkeypatch):
     """Compiled grammars are kept per tokenizer (the same tools or response_format on every
-    request): a second request's grammar is the first's template, its matcher its own; the least
-    recently used go past MAX_COMPILED_PER_TOKENIZER, and a constraint that fails is not kept."""
+    request): a second request's grammar is the first's, without a compile; the least recently used
+    go past MAX_COMPILED_PER_TOKENIZER, and a constraint that fails is not kept."""
     compiles = []
     real = llguidance.LLMatcher
     monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: compiles.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(structured_outputs, "_pools", weakref.WeakKeyDictionary())  # no other test's
     monkeypatch.setattr(structured_outputs, "MAX_COMPILED_PER_TOKENIZER", 2)
 
     def rule(regex):
@@ -285,11 +288,7 @@ def test_requests_with_the_same_constraint_compile_it_once(tiny_tokenizer, monke
                              tiny_tokenizer)
 
     a, b = rule("a{2}b{7}"), rule("a{2}b{7}")
-    assert len(compiles) == 1 and a.grammar.template is b.grammar.template
-    ma, mb = structured_outputs.GrammarState(a.grammar), structured_outputs.GrammarState(b.grammar)
-    assert ma.matcher is not mb.matcher
-    tok = tiny_tokenizer.encode("a", add_special_tokens=False)[0]
-    assert ma.matcher.consume_token(tok) and mb.matcher.compute_bitmask() == a.grammar.matcher().compute_bitmask()
+    assert len(compiles) == 1 and a.grammar.pool is b.grammar.pool
     rule("x{3}"), rule("a{2}b{7}"), rule("y{3}")  # x{3} is now the least recently used of three
     assert len(compiles) == 3
     rule("a{2}b{7}")
@@ -300,6 +299,46 @@ def test_requests_with_the_same_constraint_compile_it_once(tiny_tokenizer, monke
         with pytest.raises(InvalidRequestError):
             rule("((((")
     assert len(compiles) == 6
+
+
+def test_live_requests_hold_matchers_of_their_own_compile_and_finished_ones_give_them_back(tiny_tokenizer,
+                                                                                            monkeypatch):
+    """Every live request's matcher is a compile of its own (llguidance's copies of one matcher
+    share its lexer behind a lock: their masks would be computed one at a time), none is lent
+    twice, and a finished request's matcher goes back to the pool reset, for the next request; one
+    that broke is dropped, and the pool keeps at most MAX_FREE_MATCHERS."""
+    compiles = []
+    real = llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: compiles.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(structured_outputs, "_pools", weakref.WeakKeyDictionary())  # no other test's
+    monkeypatch.setattr(structured_outputs, "MAX_FREE_MATCHERS", 2)
+    V = tiny_tokenizer.vocab_size
+    grammar = LogitsRule.of(SamplingParams(structured_outputs=SO(regex="a{2}b{7}")), {0}, V, tiny_tokenizer).grammar
+    fresh = grammar.matcher().compute_bitmask()  # the validating compile's matcher, not given back
+    assert len(compiles) == 1
+    states = [structured_outputs.GrammarState(grammar) for _ in range(3)]
+    assert len(compiles) == 4 and len({id(s.matcher) for s in states}) == 3
+    a = tiny_tokenizer.encode("a", add_special_tokens=False)[0]
+    assert states[0].matcher.consume_token(a) and states[1].matcher.compute_bitmask() == fresh
+    assert states[0].matcher.compute_bitmask() != fresh
+    lent = [s.matcher for s in states]
+    del states[0]  # the advanced one finishes first (then it is among the two kept)
+    gc.collect()
+    states.clear()
+    gc.collect()
+    assert grammar.pool.num_free == 2  # three finished, two kept
+    again = [structured_outputs.GrammarState(grammar) for _ in range(3)]
+    assert len(compiles) == 5  # two from the pool, one compiled
+    assert sum(any(s.matcher is m for m in lent) for s in again) == 2
+    assert all(s.matcher.compute_bitmask() == fresh for s in again)  # reset: the advanced one too
+    assert not again[0].matcher.consume_token(tiny_tokenizer.encode("c", add_special_tokens=False)[0])
+    del again[0]  # the broken one finishes first
+    gc.collect()
+    assert grammar.pool.num_free == 0
+    again.clear()
+    gc.collect()
+    assert grammar.pool.num_free == 2  # the broken one not among them
+    assert all(grammar.matcher().compute_bitmask() == fresh for _ in range(2))
 
 
 def test_params_take_exactly_one_constraint_and_vllms_dict_form():
