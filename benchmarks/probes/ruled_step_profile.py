@@ -3,6 +3,10 @@ plain requests: H100 run of 2026-12-05 measured ruled rows at 0.05-0.09x plain t
 tiny pair (benchmarks/logits_rules_bench.py), far more than leaving the CUDA graphs should cost.
 
     python3 benchmarks/probes/ruled_step_profile.py [ARMS] [VARIANTS]   (writes $OUT/ruled_profile_*.txt)
+
+PYTHONPATH=OTHER_TREE profiles another tree's package (this checkout's comes after it on the path;
+each file's first line names the package that ran: H100 run 47's "old" profile was this tree's
+because the checkout came first).
 """
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # after PYTHONPATH: another tree may be profiled
 
 from logits_rules_bench import RULE, STRUCTURED_REGEX, prompts, speculative_config  # noqa: E402
 
+import adaspec  # noqa: E402
 from adaspec import LLM, SamplingParams  # noqa: E402
 from adaspec.sampling_params import StructuredOutputsParams  # noqa: E402
 
@@ -49,9 +54,10 @@ def main() -> int:
             st = pstats.Stats(prof, stream=s)
             st.sort_stats("tottime").print_stats(22)
             st.sort_stats("cumulative").print_stats(30)
-            text = f"{arm} {v}: {plain_s * 1000:.0f} ms unprofiled for 64 x 64 tokens\n" + s.getvalue()
+            text = (f"package {adaspec.__file__}\n{arm} {v}: {plain_s * 1000:.0f} ms unprofiled for 64 x 64 tokens\n"
+                    + s.getvalue())
             (out / f"ruled_profile_{arm.replace(':', '')}_{v}.txt").write_text(text)
-            print(text[:200].splitlines()[0])
+            print(text[:400].splitlines()[1])
             top = [ln for ln in s.getvalue().splitlines() if ln.strip()][6:20]
             print("\n".join(x[:160] for x in top))
         del llm
