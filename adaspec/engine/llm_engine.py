@@ -868,6 +868,10 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         self.scheduler.remove(seq)
         self.requests.pop(seq.request_id, None)
+        # its grammar's matcher back to the pool now (when the state is dropped), not when the
+        # Sequence is: a step, a cache or a cycle may hold finished Sequences for a while, and every
+        # matcher still lent makes a later request of that grammar compile one of its own
+        seq.grammar_state = None
         self.stats.num_requests_finished += 1
         if self.spec is not None:
             self.spec.forget(seq)

@@ -34,13 +34,18 @@ from adaspec.h2d import to_device
 _PARAM = "structured_outputs"
 _tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): LLTokenizer}
 _pools: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine tokenizer -> {(V, eos): {text: pool}}
-_pools_lock = threading.Lock()
+# re-entrant: a request's state given back by the collector may run its finalizer on a thread that
+# holds the lock already
+_pools_lock = threading.RLock()
 # compiled grammars kept per tokenizer: requests that share a schema (the same tools, the same
 # response_format) reuse matchers compiled for earlier ones. Compiling costs 1 ms (a regex) to 5 ms
 # (20 tools' "required" array) at a 152k vocabulary (BENCHMARKS.md), on the engine's loop when a
 # request is added
 MAX_COMPILED_PER_TOKENIZER = 128  # grammar texts
-MAX_FREE_MATCHERS = 256  # per grammar text: matchers of finished requests kept for the next ones
+# matchers of finished requests kept for the next ones, over all grammars and tokenizers: about
+# the most requests with structured outputs that run at once (2,048 in the lossless tests, whose
+# waves compiled 5x more matchers with room for 256)
+MAX_FREE_MATCHERS = 2048
 _executor = None
 
 
@@ -113,6 +118,12 @@ def grammar_text(params) -> str:
         raise InvalidRequestError(f"structured_outputs.grammar: {e}", param=_PARAM) from None
 
 
+def _free_matchers() -> int:
+    """The matchers all pools keep (under _pools_lock; at most 128 grammars per tokenizer)."""
+    return sum(pool.num_free for by_vocab in _pools.values() for pools in by_vocab.values()
+               for pool in pools.values())
+
+
 class MatcherPool:
     """Matchers of one grammar, each compiled on its own, lent to requests (GrammarState) and taken
     back reset when a request's state is dropped, for the next request with that grammar.
@@ -126,21 +137,22 @@ class MatcherPool:
 
     def __init__(self, ll_tok, text: str, first):
         self.ll_tok, self.text = ll_tok, text
-        self._free = [first]
-        self._lock = threading.Lock()
+        self._free = []
+        self.give_back(first)
 
     def take(self):
         """A matcher in its initial state that no one else holds."""
-        with self._lock:
+        with _pools_lock:
             if self._free:
                 return self._free.pop()
         return _llguidance().LLMatcher(self.ll_tok, self.text, log_level=0)
 
     def give_back(self, matcher) -> None:
-        """A request's matcher, once the request is done with it (kept if it resets cleanly)."""
+        """A request's matcher, once the request is done with it (kept if it resets cleanly and
+        all pools hold fewer than MAX_FREE_MATCHERS)."""
         if matcher.reset() and not matcher.is_error():
-            with self._lock:
-                if len(self._free) < MAX_FREE_MATCHERS:
+            with _pools_lock:
+                if _free_matchers() < MAX_FREE_MATCHERS:
                     self._free.append(matcher)
 
     @property

@@ -623,3 +623,24 @@ def test_harness_catches_masks_that_stay_in_the_grammar_but_drop_a_token(lossles
     monkeypatch.setattr("adaspec.sample.logits_rules.grammar_keep_mask", one_fewer)
     p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path), exact_constrained_law(lossless_micro_pair[0]), n=N // 4)
     assert p < 1e-6
+
+
+def test_a_finished_request_gives_its_matcher_back_while_its_sequence_is_still_held(monkeypatch):
+    """The engine drops a finished request's grammar state (LLMEngine._finish), so its matcher
+    returns to the pool even while something still holds the Sequence (a step in flight, a cache):
+    the next requests of that grammar reuse the matchers instead of compiling their own."""
+    monkeypatch.setattr(structured_outputs, "_pools", weakref.WeakKeyDictionary())
+    llm = LLM("tiny", max_num_seqs=4)
+    eng = llm.llm_engine
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=6, structured_outputs=SO(regex="[a-z]{2,8}"))
+    held = []
+    for wave in range(3):
+        for i in range(4):
+            eng.add_request(f"w{wave}-{i}", [1, 2, 3], params)
+            held.append(eng.requests[f"w{wave}-{i}"])
+        while eng.has_unfinished_requests():
+            eng.step()
+    assert all(s.finished for s in held)
+    pool = held[0].logits_rule.grammar.pool
+    assert pool.num_free == 4  # the four matchers the first wave compiled, all back, reused since
+    assert all(s.grammar_state is None for s in held)
