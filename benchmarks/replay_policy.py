@@ -22,7 +22,11 @@ what the confidences can buy over the best fixed k at each C under the tables. T
 from the drawn blocks' own confidences (the engine takes it from each request's previous step, and
 allocates with the current ones as here), so the adaptive figure is an upper bound of the policy's.
 Beside each adaptive row, the rate its confidences expected (the survivals of the slots it verified):
-the gap to the realized rate is the calibration's error on the slots the policy chose.
+the gap to the realized rate is the calibration's error on the slots the policy chose. The row
+`oracle:K (knows acceptance)` runs the same objective with survivals that know each block's
+outcome (1 up to its accepted drafts, 0 after): what perfect confidences would buy under the same
+tables, so the gap between it and adaptive:K is what the confidences' power to tell blocks apart
+costs, and the gap between it and the best fixed k what the pair's acceptance leaves to win.
 
 The tables price the GPU work only. A served step also pays the host (scheduling, bookkeeping, the
 prefill chunks that ride along): H200 run 30's no-spec server took 5.3 / 7.0 ms per step at 128 /
@@ -158,13 +162,32 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
                 slots += b / c
             row[name] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms,
                              predicted_tokens=predicted / steps, predicted_rate=predicted / ms)
+        row[f"oracle:{k} (knows acceptance)"] = oracle_rate(priced, acc, k, c, extra)
         best = max((n for n in row if n.startswith("fixed:")), key=lambda n: row[n]["rate"], default=None)
         row["adaptive_over_best_fixed"] = row[f"adaptive:{k}"]["rate"] / row[best]["rate"] if best else None
+        row["oracle_over_best_fixed"] = row[f"oracle:{k} (knows acceptance)"]["rate"] / row[best]["rate"] \
+            if best else None
         if extra:
             row["priced_overhead_over_best_fixed"] = \
                 row[f"adaptive:{k} priced overhead"]["rate"] / row[best]["rate"] if best else None
         rows.append(row)
     return rows
+
+
+def oracle_rate(cost: GraphPaddedCost, acc: np.ndarray, k: int, c: int, extra: float) -> dict:
+    """The objective's choice per drawn step (acc [steps, c]: each block's accepted drafts) with
+    survivals that know the outcome: 1 for the accepted drafts, 0 after. It verifies accepted drafts
+    only, as many as pay for their verify time (each is one more token), and never a rejected one."""
+    tokens = ms = slots = 0.0
+    for a in acc:
+        surv = (np.arange(k)[None, :] < a[:, None]).astype(np.float64)
+        b = choose_budget(surv, c, c, c, cost)
+        lengths = allocate(surv, b)
+        tokens += float(np.sum(np.minimum(a, lengths) + 1))
+        ms += step_ms(cost, c, c + b, need=int(lengths.max()) if b else 0) + extra
+        slots += b / c
+    n = len(acc)
+    return dict(slots=slots / n, tokens=tokens / n, ms=ms / n, rate=tokens / ms)
 
 
 def parse_overhead(text: str | None, concurrency: list[int]) -> dict[int, float]:
@@ -301,11 +324,12 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
           + (f"; host overhead per step (ms): {', '.join(f'C={c}: {v:g}' for c, v in overhead.items())}" if overhead else ""))
     print("realized decode-step rate, tokens per ms [slots verified per request, step ms]:")
     for r in rows:
-        names = [n for n in r if n not in ("concurrency", "adaptive_over_best_fixed", "priced_overhead_over_best_fixed")]
-        best = max(names, key=lambda n: r[n]["rate"])
+        names = [n for n in r if not n.endswith("over_best_fixed") and n != "concurrency"]
+        best = max((n for n in names if not n.startswith("oracle")), key=lambda n: r[n]["rate"])
         priced = r.get("priced_overhead_over_best_fixed")
         print(f"C={r['concurrency']}  (adaptive / best fixed: {r['adaptive_over_best_fixed']:.3f}"
-              + (f"; priced overhead: {priced:.3f}" if priced is not None else "") + ")")
+              + (f"; priced overhead: {priced:.3f}" if priced is not None else "")
+              + f"; oracle / best fixed: {r['oracle_over_best_fixed']:.3f})")
         for n in names:
             v = r[n]
             expected = f" (the confidences expected {v['predicted_rate']:.2f})" if "predicted_rate" in v else ""

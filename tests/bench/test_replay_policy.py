@@ -108,6 +108,24 @@ def test_replay_over_blocks_that_tell_requests_apart(replay, tmp_path):
     assert json.loads(out.read_text())["rows"][0]["adaptive_over_best_fixed"] == pytest.approx(1.0, abs=0.03)
 
 
+def test_the_oracle_row_knows_each_blocks_outcome(replay, tmp_path, capsys):
+    """Blocks that all look alike (the same confidences) but accept 0 to 7 drafts: the policy can
+    only do as well as the best fixed k, while the oracle verifies accepted drafts only (every
+    verified slot is a token) and beats both; it is not an arm, so it is never marked best."""
+    n = 2000
+    p = _blocks(tmp_path, np.tile(np.linspace(0.9, 0.8, 7), (n, 1)), np.arange(n) % 8)
+    out = tmp_path / "rows.json"
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--concurrency", "64", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    oracle = row["oracle:7 (knows acceptance)"]
+    assert oracle["tokens"] == pytest.approx(64 * (1 + oracle["slots"]))  # no rejected draft verified
+    assert oracle["slots"] <= 3.5 + 1e-9  # at most every accepted draft (mean 3.5 per block)
+    assert row["adaptive_over_best_fixed"] == pytest.approx(1.0, abs=0.03)
+    assert row["oracle_over_best_fixed"] > 1.1 and oracle["rate"] > row["adaptive:7"]["rate"]
+    printed = capsys.readouterr().out
+    assert "oracle / best fixed" in printed and not any("oracle" in ln and "<- best" in ln for ln in printed.splitlines())
+
+
 def test_the_replay_says_what_the_confidences_expected_of_the_slots_it_verified(replay, tmp_path):
     """Half the blocks are sure (.97, accept all 7), half doubtful (.3, accept none): the objective
     verifies the sure half's drafts only, so what it expected is the sure half's survivals alone,
