@@ -16,6 +16,7 @@ not hold.
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,16 +43,18 @@ class SharedTensors:
     def __init__(self, capacity: int = 32):
         self.capacity = capacity
         self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()  # engines of one process (threads) share it
 
     def get(self, key, make):
-        t = self._entries.get(key)
-        if t is None:
-            t = self._entries[key] = make()
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-        return t
+        with self._lock:
+            t = self._entries.get(key)
+            if t is None:
+                t = self._entries[key] = make()
+                while len(self._entries) > self.capacity:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
+            return t
 
     def __len__(self) -> int:
         return len(self._entries)
