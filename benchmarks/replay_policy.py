@@ -174,6 +174,24 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
     return rows
 
 
+def slot_auc(conf: np.ndarray, accepted: np.ndarray) -> list[float | None]:
+    """Per draft slot j, how well the calibrated confidence tells the blocks whose draft j is
+    accepted from those whose is not, among the blocks that reach it (accepted >= j): the area
+    under the ROC curve (0.5: no better than chance; 1: perfect), None where one side is empty."""
+    out = []
+    for j in range(conf.shape[1]):
+        reached = accepted >= j
+        score, label = conf[reached, j], accepted[reached] > j
+        pos, neg = int(label.sum()), int((~label).sum())
+        if pos == 0 or neg == 0:
+            out.append(None)
+            continue
+        _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+        ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, ties at their mean rank
+        out.append(float((ranks[label].sum() - pos * (pos + 1) / 2) / (pos * neg)))
+    return out
+
+
 def oracle_rate(cost: GraphPaddedCost, acc: np.ndarray, k: int, c: int, extra: float) -> dict:
     """The objective's choice per drawn step (acc [steps, c]: each block's accepted drafts) with
     survivals that know the outcome: 1 for the accepted drafts, 0 after. It verifies accepted drafts
@@ -322,6 +340,9 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
     print(f"cost tables of {arm} in {a.sweep}; {len(accepted)} blocks of {a.blocks} at T={a.temperature:g} "
           f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C"
           + (f"; host overhead per step (ms): {', '.join(f'C={c}: {v:g}' for c, v in overhead.items())}" if overhead else ""))
+    auc = slot_auc(np.asarray(conf, dtype=np.float64), np.asarray(accepted, dtype=np.int64))
+    print("how well the confidences tell accepted drafts from rejected ones, per slot (ROC AUC among the "
+          "blocks that reach it): " + ", ".join("-" if v is None else f"{v:.3f}" for v in auc))
     print("realized decode-step rate, tokens per ms [slots verified per request, step ms]:")
     for r in rows:
         names = [n for n in r if not n.endswith("over_best_fixed") and n != "concurrency"]
@@ -337,7 +358,7 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
     if a.json:
         Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "blocks": a.blocks,
                                             "temperature": a.temperature, "step_overhead_ms": overhead,
-                                            "rows": rows}, indent=1))
+                                            "slot_auc": auc, "rows": rows}, indent=1))
     return 0
 
 

@@ -214,3 +214,20 @@ def test_a_bad_step_overhead_is_refused_by_name(replay, tmp_path, text, message)
 def test_a_step_overhead_needs_blocks(replay, tmp_path):
     with pytest.raises(SystemExit):
         replay.main([str(_sweep(tmp_path)), "--step-overhead-ms", "2"])
+
+
+def test_slot_auc_matches_counting_every_pair(replay):
+    """The AUC per slot against its definition: over every (accepted, rejected) pair of blocks that
+    reach the slot, the share where the accepted one has the higher confidence (ties count half)."""
+    rng = np.random.default_rng(5)
+    n, k = 300, 4
+    conf = np.round(rng.random((n, k)), 1)  # coarse values: many ties
+    accepted = rng.integers(0, k + 1, n)
+    got = replay.slot_auc(conf, accepted)
+    for j in range(k):
+        reached = accepted >= j
+        pos = conf[reached & (accepted > j), j]
+        neg = conf[reached & (accepted == j), j]
+        want = float(np.mean((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])))
+        assert got[j] == pytest.approx(want)
+    assert replay.slot_auc(np.ones((5, 2)), np.full(5, 2)) == [None, None]  # every block accepts both
