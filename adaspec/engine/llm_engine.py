@@ -868,10 +868,11 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         self.scheduler.remove(seq)
         self.requests.pop(seq.request_id, None)
-        # its grammar's matcher back to the pool now (when the state is dropped), not when the
-        # Sequence is: a step, a cache or a cycle may hold finished Sequences for a while, and every
-        # matcher still lent makes a later request of that grammar compile one of its own
-        seq.grammar_state = None
+        # its grammar's matcher and its penalty counts' row back to their pools now (when the
+        # states are dropped), not when the Sequence is: a step, a cache or a cycle may hold finished
+        # Sequences for a while, and every matcher still lent makes a later request of that grammar
+        # compile one of its own, every row still held grows the counts (0.76 MB a row at 152k)
+        seq.grammar_state = seq.logits_rule_state = None
         self.stats.num_requests_finished += 1
         if self.spec is not None:
             self.spec.forget(seq)

@@ -8,11 +8,10 @@ of every request's new tokens and one scatter for them all, and the rows it need
 in one indexing.
 
 A request's row is held by a `CountsSlot` on its history (an engine Sequence's
-logits_rule_state) and given back when that is dropped (weakref.finalize), then zeroed when it is
-handed out again. Rows of histories that cannot keep state (tests' plain rows) are taken for one
-call. The pool grows to the most rows held at once (penalized requests running, and finished ones
-the engine still references for a step: on the CPU, 32 rows for max_num_seqs 16 through repeated
-batches) and is not shrunk: at a 152k vocabulary a row is 0.76 MB.
+logits_rule_state, which the engine drops when the request finishes) and given back when that is
+dropped (weakref.finalize), then zeroed when it is handed out again. Rows of histories that cannot
+keep state (tests' plain rows) are taken for one call. The pool grows to the most rows held at
+once (the penalized requests running) and is not shrunk: at a 152k vocabulary a row is 0.76 MB.
 """
 from __future__ import annotations
 

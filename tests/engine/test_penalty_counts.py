@@ -131,3 +131,26 @@ def test_a_steps_uploads_do_not_grow_with_the_penalized_requests(monkeypatch):
         return len(uploads)
 
     assert step_uploads(2) == step_uploads(40) <= 4
+
+
+def test_a_finished_requests_row_goes_back_while_its_sequence_is_still_held():
+    """The engine drops a finished request's counts row (LLMEngine._finish), so the pool does not
+    grow with finished Sequences something still holds: three waves of four penalized requests,
+    every Sequence kept, leave no more rows held than before them."""
+    from adaspec import LLM, SamplingParams
+    from adaspec.sample.penalty_counts import pool_for
+
+    llm = LLM("tiny", max_num_seqs=4)
+    eng = llm.llm_engine
+    pool = pool_for(eng.model_config.vocab_size, eng.device)
+    held_before = pool.capacity - len(pool._free)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=6, presence_penalty=0.5, ignore_eos=True)
+    held = []
+    for wave in range(3):
+        for i in range(4):
+            eng.add_request(f"w{wave}-{i}", [1, 2, 3], params)
+            held.append(eng.requests[f"w{wave}-{i}"])
+        while eng.has_unfinished_requests():
+            eng.step()
+    assert all(s.finished and s.logits_rule_state is None for s in held)
+    assert pool.capacity - len(pool._free) == held_before
