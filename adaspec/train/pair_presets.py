@@ -77,8 +77,13 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               every stage's seconds land in
               pair.json. Over the issue's ~4-5 minutes by about one: the drafter's acceptance is worth it.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
-design of the time limit. If it does not reach a useful loss, the lead picks a shallower shape with --set
-(e.g. target.layers=12) and names the preset after its shape.
+design of the time limit. Depths compared at equal time (benchmarks/target_shapes.py, H100 run 49,
+BENCHMARKS.md: 100 s each, same data and schedule): val loss 3.32 / 2.77 / 2.33 / 2.11 at 28 / 20 / 14
+/ 10 layers, so a shallower target is the better language model in this budget. The preset keeps 28
+layers all the same: a pair on the 14-layer target (val loss 2.42) gave held-out tau 4.56 / 3.15,
+inside or just under the 28-layer builds' 4.35-4.91 / 3.16-3.33 (the drafter, not the target's loss,
+bounds acceptance here), and its cheaper steps made each draft worth less (per-user speed at one
+request 1.81x no-spec at T = 1 against 2.65x). `--set target.layers=14` builds that pair.
 """
 from __future__ import annotations
 
