@@ -27,6 +27,11 @@ the gap to the realized rate is the calibration's error on the slots the policy 
 outcome (1 up to its accepted drafts, 0 after): what perfect confidences would buy under the same
 tables, so the gap between it and adaptive:K is what the confidences' power to tell blocks apart
 costs, and the gap between it and the best fixed k what the pair's acceptance leaves to win.
+At T > 0 no confidence can know a sampled outcome: where the blocks file holds each slot's
+acceptance probability (`T{t}_alpha`, builds since 2026-12-05), the row `ideal:K (knows acceptance
+probabilities)` runs the objective with survivals that are those probabilities' products, the best
+any confidence head could predict, and the AUC line gets their AUC beside the confidences'; the gap
+between ideal and oracle is the sampling's share, which no drafter's confidence can close.
 
 The tables price the GPU work only. A served step also pays the host (scheduling, bookkeeping, the
 prefill chunks that ride along): H200 run 30's no-spec server took 5.3 / 7.0 ms per step at 128 /
@@ -120,16 +125,22 @@ def replay(cost_tables: dict, curve: list[float], concurrency: list[int], level_
     return rows
 
 
+IDEAL = "ideal:{k} (knows acceptance probabilities)"
+
+
 def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, concurrency: list[int],
                   fixed_ks: list[int], max_num_seqs: int, steps: int = 200, seed: int = 0,
-                  overhead_ms: dict[int, float] | None = None) -> list[dict]:
+                  overhead_ms: dict[int, float] | None = None, alpha: np.ndarray | None = None) -> list[dict]:
     """Steps of C requests drawn from real blocks (conf [N, k] calibrated, accepted [N]): the tokens
     per ms that plain steps, each fixed k and the adaptive objective (every query level) realize.
     overhead_ms[C] (default 0): host time every step pays beyond the tables; with it a second
-    adaptive row whose policy prices it (`adaptive:K priced overhead`)."""
+    adaptive row whose policy prices it (`adaptive:K priced overhead`). alpha [N, k] (optional):
+    each slot's acceptance probability given the block's prefix; with it the `ideal:K` row, the
+    objective deciding on the survivals those give (the same draws, the same outcomes)."""
     cost = CostModel.from_dict(cost_tables)
     k = conf.shape[1]
     conf = np.asarray(conf, dtype=np.float64)
+    ideal_surv = None if alpha is None else np.cumprod(np.clip(np.asarray(alpha, dtype=np.float64), 0.0, 1.0), axis=1)
     accepted = np.asarray(accepted, dtype=np.int64)
     sizes = capture_sizes(max_num_seqs)
     rng = np.random.default_rng(seed)
@@ -145,13 +156,16 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
             tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
             row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
         priced = padded_cost(cost, sizes, list(range(1, k + 2)))
-        policies = {f"adaptive:{k}": priced}
+        confidences = lambda d: survival(conf[d])  # noqa: E731 - the engine's survivals of the drawn blocks
+        policies = {f"adaptive:{k}": (priced, confidences)}
         if extra:
-            policies[f"adaptive:{k} priced overhead"] = OverheadCost(priced, StepOverhead(extra))
-        for name, policy_cost in policies.items():
+            policies[f"adaptive:{k} priced overhead"] = (OverheadCost(priced, StepOverhead(extra)), confidences)
+        if ideal_surv is not None:
+            policies[IDEAL.format(k=k)] = (priced, lambda d: ideal_surv[d])
+        for name, (policy_cost, survivals_of) in policies.items():
             tokens = ms = slots = predicted = 0.0
             for s in range(steps):
-                surv = survival(conf[draws[s]])
+                surv = survivals_of(draws[s])
                 b = choose_budget(surv, c, c, c, policy_cost)
                 lengths = allocate(surv, b)
                 tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
@@ -170,6 +184,8 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
         if extra:
             row["priced_overhead_over_best_fixed"] = \
                 row[f"adaptive:{k} priced overhead"]["rate"] / row[best]["rate"] if best else None
+        if ideal_surv is not None:
+            row["ideal_over_best_fixed"] = row[IDEAL.format(k=k)]["rate"] / row[best]["rate"] if best else None
         rows.append(row)
     return rows
 
@@ -334,31 +350,40 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
         if f"{key}_conf" not in blocks.files:
             raise SystemExit(f"{a.blocks} has no blocks at temperature {a.temperature:g} (it has {sorted(blocks.files)})")
         conf, accepted = blocks[f"{key}_conf"], blocks[f"{key}_accepted"]
+        alpha = blocks[f"{key}_alpha"] if f"{key}_alpha" in blocks.files else None  # builds since 2026-12-05
     overhead = parse_overhead(a.step_overhead_ms, conc)
     rows = replay_blocks(tables, conf, accepted, conc, [int(x) for x in a.fixed.split(",")],
-                         a.max_num_seqs or max(conc), steps=a.steps, overhead_ms=overhead)
+                         a.max_num_seqs or max(conc), steps=a.steps, overhead_ms=overhead, alpha=alpha)
     print(f"cost tables of {arm} in {a.sweep}; {len(accepted)} blocks of {a.blocks} at T={a.temperature:g} "
           f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C"
           + (f"; host overhead per step (ms): {', '.join(f'C={c}: {v:g}' for c, v in overhead.items())}" if overhead else ""))
     auc = slot_auc(np.asarray(conf, dtype=np.float64), np.asarray(accepted, dtype=np.int64))
+    fmt = lambda vals: ", ".join("-" if v is None else f"{v:.3f}" for v in vals)  # noqa: E731
     print("how well the confidences tell accepted drafts from rejected ones, per slot (ROC AUC among the "
-          "blocks that reach it): " + ", ".join("-" if v is None else f"{v:.3f}" for v in auc))
+          "blocks that reach it): " + fmt(auc))
+    ideal_auc = None
+    if alpha is not None:
+        ideal_auc = slot_auc(np.asarray(alpha, dtype=np.float64), np.asarray(accepted, dtype=np.int64))
+        print("the same for the acceptance probabilities themselves (the most any confidence can tell): "
+              + fmt(ideal_auc))
     print("realized decode-step rate, tokens per ms [slots verified per request, step ms]:")
     for r in rows:
         names = [n for n in r if not n.endswith("over_best_fixed") and n != "concurrency"]
-        best = max((n for n in names if not n.startswith("oracle")), key=lambda n: r[n]["rate"])
-        priced = r.get("priced_overhead_over_best_fixed")
+        best = max((n for n in names if not n.startswith(("oracle", "ideal"))), key=lambda n: r[n]["rate"])
+        priced, ideal = r.get("priced_overhead_over_best_fixed"), r.get("ideal_over_best_fixed")
         print(f"C={r['concurrency']}  (adaptive / best fixed: {r['adaptive_over_best_fixed']:.3f}"
               + (f"; priced overhead: {priced:.3f}" if priced is not None else "")
+              + (f"; ideal / best fixed: {ideal:.3f}" if ideal is not None else "")
               + f"; oracle / best fixed: {r['oracle_over_best_fixed']:.3f})")
         for n in names:
             v = r[n]
-            expected = f" (the confidences expected {v['predicted_rate']:.2f})" if "predicted_rate" in v else ""
+            what = "probabilities" if n.startswith("ideal") else "confidences"
+            expected = f" (the {what} expected {v['predicted_rate']:.2f})" if "predicted_rate" in v else ""
             print(f"  {n:<28} {v['rate']:8.2f} [{v['slots']:.2f}, {v['ms']:.2f} ms]{expected}{'  <- best' if n == best else ''}")
     if a.json:
         Path(a.json).write_text(json.dumps({"sweep": a.sweep, "arm": arm, "blocks": a.blocks,
                                             "temperature": a.temperature, "step_overhead_ms": overhead,
-                                            "slot_auc": auc, "rows": rows}, indent=1))
+                                            "slot_auc": auc, "slot_auc_ideal": ideal_auc, "rows": rows}, indent=1))
     return 0
 
 

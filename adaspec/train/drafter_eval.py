@@ -202,8 +202,10 @@ def save_blocks(path, runs: list[tuple[BlockResults, list | None]]) -> None:
     """Every block the walk reaches, per temperature, for replays of the adaptive policy over real
     per-request confidences (benchmarks/replay_policy.py --blocks): `T{t}_conf` [N, k] float16 the
     confidences the engine would see (the calibration temperatures applied, as propose() does),
-    `T{t}_accepted` [N] uint8 the accepted drafts. Small: the walk reaches one block in tau_walk, so
-    a build's 250 prompts x 128 tokens give ~9-11k blocks per temperature, ~15 bytes each."""
+    `T{t}_accepted` [N] uint8 the accepted drafts, `T{t}_alpha` [N, k] float16 each slot's acceptance
+    probability given the block's prefix (the accepted drafts were drawn from it; 0 / 1 at T = 0):
+    what a confidence head that knew it exactly would say. Small: the walk reaches one block in
+    tau_walk, so a build's 250 prompts x 128 tokens give ~9-11k blocks per temperature, ~30 bytes each."""
     from adaspec.spec_decode.policy import apply_temperature
 
     arrays = {}
@@ -212,6 +214,7 @@ def save_blocks(path, runs: list[tuple[BlockResults, list | None]]) -> None:
         key = "T%g" % res.temperature
         arrays[f"{key}_conf"] = np.asarray(apply_temperature(res.conf_logits[idx], temps), dtype=np.float16)
         arrays[f"{key}_accepted"] = np.asarray(res.accepted[idx], dtype=np.uint8)
+        arrays[f"{key}_alpha"] = np.asarray(res.alpha[idx], dtype=np.float16)
     np.savez_compressed(path, **arrays)
 
 

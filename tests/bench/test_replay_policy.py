@@ -231,3 +231,42 @@ def test_slot_auc_matches_counting_every_pair(replay):
         want = float(np.mean((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])))
         assert got[j] == pytest.approx(want)
     assert replay.slot_auc(np.ones((5, 2)), np.full(5, 2)) == [None, None]  # every block accepts both
+
+
+def test_the_ideal_row_decides_on_the_acceptance_probabilities(replay, tmp_path, capsys):
+    """Half the blocks accept each draft with probability .95, half with .2, the outcomes drawn from
+    those; the confidences are alike for all (.6): the policy is left at the best fixed k, the ideal
+    row (which knows the probabilities, not the draws) verifies the likely half's drafts and beats it,
+    and the oracle (which knows the draws) beats the ideal row; neither is ever marked best."""
+    n, k = 4000, 7
+    rng = np.random.default_rng(0)
+    alpha = np.where((np.arange(n) % 2 == 0)[:, None], 0.95, 0.2) * np.ones((n, k))
+    accepted = np.cumprod(rng.random((n, k)) < alpha, axis=1).sum(1)
+    p = tmp_path / "heldout_blocks.npz"
+    np.savez_compressed(p, T1_conf=np.full((n, k), 0.6, dtype=np.float16), T1_accepted=accepted.astype(np.uint8),
+                        T1_alpha=alpha.astype(np.float16))
+    out = tmp_path / "rows.json"
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--temperature", "1", "--concurrency", "64",
+                        "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    row = res["rows"][0]
+    ideal, oracle = row["ideal:7 (knows acceptance probabilities)"], row["oracle:7 (knows acceptance)"]
+    assert row["adaptive_over_best_fixed"] == pytest.approx(1.0, abs=0.03)
+    assert row["ideal_over_best_fixed"] > 1.1 and oracle["rate"] > ideal["rate"] > row["adaptive:7"]["rate"]
+    # its expectation is the probabilities' own, so it comes true within the draws' noise
+    assert ideal["predicted_tokens"] == pytest.approx(ideal["tokens"], rel=0.05)
+    # slot 1 (every block reaches it): accepted blocks are the likely kind with odds .95 / 1.15, rejected
+    # ones with .05 / .85; the AUC counts likely-over-unlikely pairs and half the ties
+    good_pos, good_neg = 0.95 / 1.15, 0.05 / 0.85
+    expected = good_pos * (1 - good_neg) + 0.5 * (good_pos * good_neg + (1 - good_pos) * (1 - good_neg))
+    assert res["slot_auc_ideal"][0] == pytest.approx(expected, abs=0.02)
+    assert all(a == pytest.approx(0.5) for a in res["slot_auc"])  # alike confidences tell nothing
+    printed = capsys.readouterr().out
+    assert "ideal / best fixed" in printed and "the most any confidence can tell" in printed
+    assert not any(("ideal" in ln or "oracle" in ln) and "<- best" in ln for ln in printed.splitlines())
+    # blocks without the probabilities (builds before them): no ideal row
+    np.savez_compressed(p, T1_conf=np.full((n, k), 0.6, dtype=np.float16), T1_accepted=accepted.astype(np.uint8))
+    assert replay.main([str(_sweep(tmp_path)), "--blocks", str(p), "--temperature", "1", "--concurrency", "64",
+                        "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert "ideal_over_best_fixed" not in res["rows"][0] and res["slot_auc_ideal"] is None

@@ -130,11 +130,17 @@ def test_commands_end_to_end(trained_target, tmp_path, capsys):
     assert "confidence_calibrated" in runs[0]
     # the walk's blocks: their mean accepted length + 1 is the run's tau_walk, confidences calibrated
     with np.load(npz) as blocks:
-        assert sorted(blocks.files) == ["T0_accepted", "T0_conf", "T1_accepted", "T1_conf"]
+        assert sorted(blocks.files) == ["T0_accepted", "T0_alpha", "T0_conf", "T1_accepted", "T1_alpha", "T1_conf"]
         for r, t in zip(runs, ("T0", "T1")):
-            conf, acc = blocks[f"{t}_conf"], blocks[f"{t}_accepted"]
-            assert conf.shape == (len(acc), 3) and ((conf >= 0) & (conf <= 1)).all() and (acc <= 3).all()
+            conf, acc, alpha = blocks[f"{t}_conf"], blocks[f"{t}_accepted"], blocks[f"{t}_alpha"].astype(np.float64)
+            assert conf.shape == alpha.shape == (len(acc), 3) and ((conf >= 0) & (conf <= 1)).all() and (acc <= 3).all()
             assert float(np.mean(acc + 1.0)) == pytest.approx(r["tau_walk"])
+            # each block's accepted drafts were drawn from its acceptance probabilities: none past a 0
+            assert ((alpha >= 0) & (alpha <= 1)).all()
+            assert all((alpha[i, : a] > 0).all() for i, a in enumerate(acc))
+        a0, acc0 = blocks["T0_alpha"].astype(np.float64), blocks["T0_accepted"]
+        assert set(np.unique(a0)) <= {0.0, 1.0}  # greedy: accepted or not, and the walk took all of them
+        assert (np.cumprod(a0, axis=1).sum(1) == acc0).all()
 
 
 def test_train_drafter_compile_falls_back_to_eager(trained_target, tmp_path, capsys, monkeypatch):
