@@ -156,12 +156,14 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
             tokens = float(np.mean(np.sum(np.minimum(acc, fk) + 1, axis=1)))
             row[f"fixed:{fk}"] = dict(slots=float(fk), tokens=tokens, ms=ms, rate=tokens / ms)
         priced = padded_cost(cost, sizes, list(range(1, k + 2)))
-        confidences = lambda d: survival(conf[d])  # noqa: E731 - the engine's survivals of the drawn blocks
+        def confidences(drawn):  # the survivals the engine would see for the drawn blocks
+            return survival(conf[drawn])
+
         policies = {f"adaptive:{k}": (priced, confidences)}
         if extra:
             policies[f"adaptive:{k} priced overhead"] = (OverheadCost(priced, StepOverhead(extra)), confidences)
         if ideal_surv is not None:
-            policies[IDEAL.format(k=k)] = (priced, lambda d: ideal_surv[d])
+            policies[IDEAL.format(k=k)] = (priced, ideal_surv.__getitem__)
         for name, (policy_cost, survivals_of) in policies.items():
             tokens = ms = slots = predicted = 0.0
             for s in range(steps):
@@ -358,7 +360,10 @@ def replay_blocks_main(a, sweep: dict, tables: dict, arm: str, conc: list[int]) 
           f"(walk tau {float(np.mean(accepted + 1.0)):.2f}); {a.steps} steps drawn per C"
           + (f"; host overhead per step (ms): {', '.join(f'C={c}: {v:g}' for c, v in overhead.items())}" if overhead else ""))
     auc = slot_auc(np.asarray(conf, dtype=np.float64), np.asarray(accepted, dtype=np.int64))
-    fmt = lambda vals: ", ".join("-" if v is None else f"{v:.3f}" for v in vals)  # noqa: E731
+
+    def fmt(vals):
+        return ", ".join("-" if v is None else f"{v:.3f}" for v in vals)
+
     print("how well the confidences tell accepted drafts from rejected ones, per slot (ROC AUC among the "
           "blocks that reach it): " + fmt(auc))
     ideal_auc = None

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adaspec.train.pair import build_pair  # noqa: E402
-from adaspec.train.pair_presets import apply_overrides, preset  # noqa: E402
+from adaspec.train.pair_presets import PRESETS, apply_overrides, preset  # noqa: E402
 
 
 def parse_layers(text: str) -> list[int]:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, help="seconds of every shape's target stage (target.time_budget); "
                                                   "without it every shape trains the preset's steps")
     ap.add_argument("--max-steps", type=int, default=4000, help="step cap under --budget (default 4000)")
-    ap.add_argument("--preset", default="code-0.6b")
+    ap.add_argument("--preset", default="code-0.6b", choices=list(PRESETS))
     ap.add_argument("--source", action="append", dest="sources", help="corpus source (replaces the preset's)")
     ap.add_argument("--set", action="append", dest="overrides", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--device", default="auto")
