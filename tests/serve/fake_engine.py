@@ -29,6 +29,9 @@ class FakeTokenizer:
     def decode(self, ids) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:  # /tokenize's return_token_strs
+        return [chr(i) for i in ids]
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
         extra = "".join(f"[{k}={v}]" for k, v in sorted(template_kwargs.items()))
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + extra + (

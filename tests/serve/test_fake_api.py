@@ -146,6 +146,8 @@ def test_models_health_tokenize(fake_server, client):
     assert httpx.get(fake_server.url + "/health").status_code == 200
     r = httpx.post(fake_server.url + "/tokenize", json={"prompt": "abc"})
     assert r.json() == {"count": 3, "max_model_len": 256, "tokens": [97, 98, 99]}
+    r = httpx.post(fake_server.url + "/tokenize", json={"prompt": "abc", "return_token_strs": True})
+    assert r.json()["token_strs"] == ["a", "b", "c"]
     r = httpx.post(fake_server.url + "/detokenize", json={"tokens": [97, 98, 99]})
     assert r.json() == {"prompt": "abc"}
 
