@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from adaspec.bench.aggregate import Cell
@@ -22,6 +23,8 @@ from adaspec.bench.plot import X, cell_points
 
 ACCEPTED = "spec_mean_accepted_length"
 NEWEST_GPU_RUNS = 3  # the GPU runs of BENCHMARKS.md the reading names (the rest are counted)
+# a BENCHMARKS.md section measured on a GPU: it says so, or names the card (H100 run 49, H200 run 41)
+GPU_SECTION = re.compile(r"\bGPU\b|\bH[12]00\b")
 
 
 def edge_arms(cells: dict[tuple[str, int], Cell]) -> dict[int, list[str]]:
@@ -140,7 +143,7 @@ def reading_lines(cells: dict[tuple[str, int], Cell], arms: list[str], model: st
     gpu = []
     if bm.is_file():  # its runs (second-level sections, newest first), not their subsections
         gpu = [ln[3:].strip() for ln in bm.read_text(encoding="utf-8").splitlines()
-               if ln.startswith("## ") and ("GPU" in ln or "H200" in ln)]
+               if ln.startswith("## ") and GPU_SECTION.search(ln)]
     shown = "; ".join(f"\"{h}\"" for h in gpu[:NEWEST_GPU_RUNS])
     if len(gpu) > NEWEST_GPU_RUNS:
         shown += f"; and {len(gpu) - NEWEST_GPU_RUNS} earlier GPU runs"

@@ -42,8 +42,8 @@ def test_reading_lines_from_data(tmp_path):
     _write_cost_model(tmp_path / "cm")
     _write_cost_model(tmp_path / "cm", model="other")
     bm = tmp_path / "BENCHMARKS.md"
-    bm.write_text("# Figures\n## CPU thing\n## GPU, offline engine (H200)\n### GPU tests\n"
-                  + "".join(f"## H200 run {n}\n" for n in range(3, 0, -1)))
+    bm.write_text("# Figures\n## CPU thing\n## A pair built (H100 run 4)\n## GPU, offline engine (H200)\n"
+                  "### GPU tests\n" + "".join(f"## H200 run {n}\n" for n in range(3, 0, -1)))
     text = "\n".join(reading_lines(cells(), ["none", "fixed:7"], "m", "dr", tmp_path / "cm", bm))
     assert "C=1: `none`; C=4: `none`, `fixed:7`" in text
     assert "C=1: 5.00 target steps for 2.50 tokens" in text and "C=4: 2.57 target steps for 3.00 tokens" in text
@@ -55,7 +55,8 @@ def test_reading_lines_from_data(tmp_path):
     assert "R=4: draft 12.00 ms = 1.50 x a target step (8.00 ms)" in text
     assert "Measured mean accepted length of `fixed:7`: C=1: 2.50; C=4: 3.00; below the break-even everywhere" in text
     # the newest GPU runs (second-level sections), the rest counted; no subsection, no CPU section
-    assert '"GPU, offline engine (H200)"; "H200 run 3"; "H200 run 2"; and 1 earlier GPU runs' in text
+    # (a section naming its card only counts: the H100's as the H200's)
+    assert '"A pair built (H100 run 4)"; "GPU, offline engine (H200)"; "H200 run 3"; and 2 earlier GPU runs' in text
     assert "CPU thing" not in text and "GPU tests" not in text and "run 1" not in text
     # other numbers, other reading
     slow = "\n".join(reading_lines(cells(v_spec=10.0), ["none", "fixed:7"], None))
