@@ -208,6 +208,20 @@ def record_proposals(drafter) -> list:
     return out
 
 
+def run_waves_keeping_sequences(engine, params, waves: int = 3, per_wave: int = 4, prompt=(1, 2, 3)) -> list:
+    """Run `waves` waves of `per_wave` requests with `params` to their end on `engine` (an
+    LLMEngine), each wave after the last, and return every request's Sequence, all still held:
+    for tests that what a finished request gives back does not wait for its Sequence to go."""
+    held = []
+    for wave in range(waves):
+        for i in range(per_wave):
+            engine.add_request(f"w{wave}-{i}", list(prompt), params)
+            held.append(engine.requests[f"w{wave}-{i}"])
+        while engine.has_unfinished_requests():
+            engine.step()
+    return held
+
+
 def assert_same_proposals(want: list, got: list, atol: float = 1e-5) -> None:
     """Two record_proposals lists: the same drafts, and confidences within atol."""
     import torch

@@ -139,18 +139,13 @@ def test_a_finished_requests_row_goes_back_while_its_sequence_is_still_held():
     every Sequence kept, leave no more rows held than before them."""
     from adaspec import LLM, SamplingParams
     from adaspec.sample.penalty_counts import pool_for
+    from adaspec.testing import run_waves_keeping_sequences
 
-    llm = LLM("tiny", max_num_seqs=4)
-    eng = llm.llm_engine
+    eng = LLM("tiny", max_num_seqs=4).llm_engine
     pool = pool_for(eng.model_config.vocab_size, eng.device)
     held_before = pool.capacity - len(pool._free)
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=6, presence_penalty=0.5, ignore_eos=True)
-    held = []
-    for wave in range(3):
-        for i in range(4):
-            eng.add_request(f"w{wave}-{i}", [1, 2, 3], params)
-            held.append(eng.requests[f"w{wave}-{i}"])
-        while eng.has_unfinished_requests():
-            eng.step()
+    held = run_waves_keeping_sequences(eng, params)
+    assert len(held) == 12
     assert all(s.finished and s.logits_rule_state is None for s in held)
     assert pool.capacity - len(pool._free) == held_before

@@ -21,6 +21,7 @@ from adaspec.sample import structured_outputs
 from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
 from adaspec.sample.probs import processed_probs
 from adaspec.sampling_params import StructuredOutputsParams as SO
+from adaspec.testing import run_waves_keeping_sequences
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 
 # a test dependency (pyproject's test extra); a GPU machine without it runs `pytest -m gpu` past
@@ -630,17 +631,10 @@ def test_a_finished_request_gives_its_matcher_back_while_its_sequence_is_still_h
     returns to the pool even while something still holds the Sequence (a step in flight, a cache):
     the next requests of that grammar reuse the matchers instead of compiling their own."""
     monkeypatch.setattr(structured_outputs, "_pools", weakref.WeakKeyDictionary())
-    llm = LLM("tiny", max_num_seqs=4)
-    eng = llm.llm_engine
+    eng = LLM("tiny", max_num_seqs=4).llm_engine
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=6, structured_outputs=SO(regex="[a-z]{2,8}"))
-    held = []
-    for wave in range(3):
-        for i in range(4):
-            eng.add_request(f"w{wave}-{i}", [1, 2, 3], params)
-            held.append(eng.requests[f"w{wave}-{i}"])
-        while eng.has_unfinished_requests():
-            eng.step()
-    assert all(s.finished for s in held)
+    held = run_waves_keeping_sequences(eng, params)
+    assert len(held) == 12 and all(s.finished for s in held)
     pool = held[0].logits_rule.grammar.pool
     assert pool.num_free == 4  # the four matchers the first wave compiled, all back, reused since
     assert all(s.grammar_state is None for s in held)
