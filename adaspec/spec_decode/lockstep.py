@@ -24,6 +24,11 @@ hence the default of 1e-6. A plain draw of a top-k / top-p row is also judged by
 the cutoff itself lies within rounding (filter_margin), the two sides may keep different tokens
 and their draws part at any margin (the verification's rows are judged by their draws only).
 
+A plain engine's seeded draws part the same way (its graphed decode step samples inside sampling
+graphs, engine/graphed_sampling.py): `draw_margin_after` judges any output token's draw by
+replaying the request alone on the eager engine, the tokens before it as prompt (H100 run 50: the
+plain graphed engine parted from the eager one at a margin of ~5e-7).
+
 The two engines must schedule alike: keep the token budget wide enough that it never binds (the
 graphed engine's draft slots are verified apart and take nothing from it, the eager engine's do:
 engine/scheduler.py), or their prefill chunks differ and so do their steps.
@@ -110,8 +115,10 @@ class Divergence:
 
 
 class _EagerTap:
-    """Records the eager engine's draws of one step by request id: its proposals (drafts and q),
-    its rejection-sampling inputs, and its plain samples."""
+    """Records the eager engine's draws of one step by request id: its proposals (drafts and q)
+    and its rejection-sampling inputs (a speculative engine), and its plain samples (any engine:
+    the plain step and the speculative step's rows that did not draft both sample through
+    LLMEngine._sample_on_device)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -119,8 +126,29 @@ class _EagerTap:
         self.verify: dict[str, dict] = {}
         self.plain: dict[str, dict] = {}
         spec = engine.spec
-        propose, accept, sample = spec.propose, spec._accept, engine.sample
+        sample_on_device = engine._sample_on_device
         self._drafted_ids: list[str] = []
+
+        def tap_sample(logits, seqs, batch=None, ruled=False):
+            out = sample_on_device(logits, seqs, batch, ruled)
+            if batch is None and all(s.params.greedy for s in seqs):
+                return out
+            rows = None if ruled else step_module.rows_of(seqs)
+            ruled_logits = apply_logits_rules(logits, rows) if rows is not None else logits  # what was sampled
+            if batch is None:
+                batch = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device)
+            probs = batch.probs(ruled_logits)
+            for n, s in enumerate(seqs):
+                sp = s.params
+                self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids),
+                                                logits=ruled_logits[n].float().cpu(),
+                                                filters=(sp.temperature, sp.top_p, sp.top_k))
+            return out
+
+        engine._sample_on_device = tap_sample
+        if spec is None:
+            return
+        propose, accept = spec.propose, spec._accept
 
         def tap_propose(seqs, anchor_ids, anchor_pos, *a, **kw):
             prop = propose(seqs, anchor_ids, anchor_pos, *a, **kw)
@@ -136,24 +164,13 @@ class _EagerTap:
             finally:
                 self._drafted_ids = []
 
-        def tap_sample(logits, seqs, batch=None):
-            out = sample(logits, seqs, batch)
-            if batch is None and all(s.params.greedy for s in seqs):
-                return out
-            ruled = step_module.rows_of(seqs)  # the distribution sampled: with the rows' logits rules
-            probs = step_module.SamplingBatch.build([s.params for s in seqs], [s.seed for s in seqs], logits.device).probs(
-                apply_logits_rules(logits, ruled) if ruled is not None else logits)
-            for n, s in enumerate(seqs):
-                sp = s.params
-                self.plain[s.request_id] = dict(probs=probs[n].float().cpu(), seed=int(s.seed), pos=len(s.token_ids),
-                                                logits=logits[n].float().cpu(),
-                                                filters=(sp.temperature, sp.top_p, sp.top_k))
-            return out
-
-        spec.propose, spec._accept, engine.sample = tap_propose, tap_accept, tap_sample
+        spec.propose, spec._accept = tap_propose, tap_accept
 
     def remove(self) -> None:
-        for obj, name in ((self.engine.spec, "propose"), (self.engine.spec, "_accept"), (self.engine, "sample")):
+        taps = [(self.engine, "_sample_on_device")]
+        if self.engine.spec is not None:
+            taps += [(self.engine.spec, "propose"), (self.engine.spec, "_accept")]
+        for obj, name in taps:
             obj.__dict__.pop(name, None)  # the instance attribute set above; the method shows again
 
     def rejection_sample(self, original):
@@ -267,17 +284,35 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
 
 
 def first_draw_margin(eager, prompt: list[int], params) -> tuple[int | None, float]:
-    """One request alone on an eager speculative engine (LLMEngine), its first token only: that
-    token (the prefill's plain draw; None if it was a stop token) and the draw's margin (or its
-    top-k / top-p filter's, where that is nearer a tie). Engines
-    that batch a prefill differently (a pipelined engine prefills arrivals beside speculative rows,
-    a synchronous one all at once) compute its probabilities only to within rounding, so a first
-    token on which they differ is explained when this margin is a near-tie."""
+    """One request alone on an eager engine (LLMEngine, speculative or plain), its first token
+    only: that token (the prefill's plain draw; None if it was a stop token) and the draw's margin
+    (or its top-k / top-p filter's, where that is nearer a tie). Engines that batch a prefill
+    differently (a pipelined engine prefills arrivals beside speculative rows, a synchronous one
+    all at once) compute its probabilities only to within rounding, so a first token on which they
+    differ is explained when this margin is a near-tie."""
+    return draw_margin_after(eager, prompt, [], params)
+
+
+def draw_margin_after(eager, prompt: list[int], generated: list[int], params) -> tuple[int | None, float]:
+    """The draw of a request's output token number len(generated), after the tokens `generated`
+    (which both engines produced alike), judged as first_draw_margin judges a first token: the
+    request is run alone on the eager engine with prompt + generated as its prompt and one token
+    to draw. The uniform is the same (keyed by the seed and the absolute position:
+    sample/random.py) and the probabilities those of a prefill instead of a decode step, equal to
+    within rounding, which is all a margin of 1e-6 asks. -> (the token drawn, its margin).
+
+    Only for requests whose distribution does not depend on which tokens were output rather than
+    prompted: presence / frequency penalties, min_tokens and structured outputs do, and are refused."""
+    if params.presence_penalty or params.frequency_penalty or params.min_tokens > len(generated) \
+            or params.structured_outputs is not None or params.guided_decoding is not None:
+        raise ValueError("draw_margin_after replays the draw with the generated tokens as prompt: not for "
+                         "requests with presence / frequency penalties, min_tokens or structured outputs")
     tap = _EagerTap(eager)
-    rid = "first-draw"
+    rid = f"draw-after-{len(generated)}"
     token = None
     try:
-        eager.add_request(rid, prompt, replace(params, max_tokens=1, stop_token_ids=[], ignore_eos=True))
+        eager.add_request(rid, list(prompt) + list(generated),
+                          replace(params, max_tokens=1, stop_token_ids=[], ignore_eos=True, min_tokens=0))
         while eager.has_unfinished_requests():
             for o in eager.step():
                 if o.finished and o.outputs[0].token_ids:

@@ -1,9 +1,8 @@
 """CUDA graphs on the GPU: replays give the same greedy tokens as the eager engine (decode, and
 the speculative step's propose + verify graphs with mixed draft lengths, at batch sizes that
-pad), the plain decode step's seeded samples drawn in its sampling graphs equal the eager
-sampler's, the same seeded samples as the eager speculative step except at near-ties (float32
-rounding of a padded batch can flip a draw whose uniform sits within ~1e-7 of a CDF boundary:
-spec_decode/lockstep.py), and one decode or speculative step makes exactly one device-to-host
+pad), the plain decode step's seeded samples drawn in its sampling graphs and the eager
+speculative step's are the eager engines' except at near-ties (float32 rounding of a padded batch
+can flip a draw whose uniform sits within ~1e-7 of a CDF boundary: spec_decode/lockstep.py), and one decode or speculative step makes exactly one device-to-host
 sync (its results read back; under async scheduling, the wait for the previous step's tokens).
 The plain graphed engine runs with async scheduling (its default on CUDA) and is compared with
 the eager engine without it."""
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec_decode.lockstep import NEAR_TIE, first_draw_margin, run_lockstep
+from adaspec.spec_decode.lockstep import NEAR_TIE, draw_margin_after, first_draw_margin, run_lockstep
 from adaspec.testing import device_sync_sites
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -80,9 +79,24 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
     assert graphed.llm_engine.async_scheduling and (not spec or graphed.llm_engine._pipelines_spec())
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
-    same = sum(a == b for a, b in zip(want, got))
-    first = next(((i, a, b) for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
-    assert same == len(want), f"{same}/{len(want)} requests identical; first difference {first}"
+    if temperature:
+        # the graph pads the batch, so its float32 probabilities differ from the eager ones by
+        # rounding, and a seeded draw whose uniform lies within that of a CDF boundary may flip
+        # (spec_decode/lockstep.py): H100 run 50, request 10's token 10, eager margin ~5e-7. A
+        # request may part only at such a draw of the eager engine's (draw_margin_after); a wrong
+        # seed, position or temperature parts at margins from 1e-5 up
+        for i, (w, g) in enumerate(zip(want, got)):
+            if w != g:
+                j = next((n for n, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+                token, margin = draw_margin_after(eager.llm_engine, prompts[i], w[:j], params[i])
+                print(f"request {i}: token {j} {g[j:j + 1]} against {w[j:j + 1]}; eager draws {token}, margin {margin:.2e}")
+                assert margin < NEAR_TIE, f"request {i} parted at a margin of {margin:.2e}: not rounding; " \
+                                          + _divergence(got, want, params)
+        assert sum(a == b for a, b in zip(want, got)) >= len(want) - 2, _divergence(got, want, params)
+    else:
+        same = sum(a == b for a, b in zip(want, got))
+        first = next(((i, a, b) for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+        assert same == len(want), f"{same}/{len(want)} requests identical; first difference {first}"
     assert _graph_steps(graphed) > 5
     if temperature and not spec:  # the plain step sampled inside its sampling graphs (graphed_sampling.py)
         assert graphed.llm_engine._decode_sampler.num_replays > 5

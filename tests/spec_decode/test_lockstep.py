@@ -108,3 +108,56 @@ def test_first_draw_margin_judges_the_draw_the_engine_made(monkeypatch):
     monkeypatch.setattr(lockstep, "_u", lambda seed, pos, stream, anchor=None: real(seed, pos + 1, stream, anchor))
     wrong = [first_draw_margin(eng, prompt, params)[1] for _, prompt, params in reqs]
     assert sum(m == float("inf") for m in wrong) >= len(reqs) // 2, wrong
+
+
+def _tiny_prompts(n: int) -> list[list[int]]:  # test_cuda_graphs_gpu._prompts(n)
+    g = torch.Generator().manual_seed(n)
+    return [torch.randint(1, 8000, (int(L),), generator=g).tolist() for L in torch.randint(5, 60, (n,), generator=g)]
+
+
+def test_draw_margin_after_judges_every_draw_of_a_plain_engines_run(monkeypatch):
+    """Any output token of a plain engine's seeded run (top-p rows too), replayed alone with the
+    tokens before it as prompt: the same token, at a margin in [0, 1); a uniform keyed to the
+    wrong position judges nothing (inf), so the replay's position is the run's."""
+    from adaspec import LLM, SamplingParams
+    from adaspec.spec_decode.lockstep import draw_margin_after
+
+    eng = LLM("tiny", enforce_eager=True, dtype="float32", device="cpu").llm_engine
+    prompts = _tiny_prompts(6)
+    params = [SamplingParams(temperature=1.0, top_p=0.9 if i % 2 else 1.0, max_tokens=6, ignore_eos=True, seed=i)
+              for i in range(6)]
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    out = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out[int(o.request_id)] = list(o.outputs[0].token_ids)
+    judged = [(i, j, draw_margin_after(eng, prompts[i], out[i][:j], params[i])) for i in range(6) for j in (0, 3, 5)]
+    assert [t for _, _, (t, _) in judged] == [out[i][j] for i, j, _ in judged]
+    assert all(0 <= m < 1 for _, _, (_, m) in judged), judged
+    real = lockstep._u
+    monkeypatch.setattr(lockstep, "_u", lambda seed, pos, stream, anchor=None: real(seed, pos + 1, stream, anchor))
+    wrong = [draw_margin_after(eng, prompts[i], out[i][:j], params[i])[1] for i, j, _ in judged]
+    assert sum(m == float("inf") for m in wrong) >= len(judged) // 2, wrong
+    with pytest.raises(ValueError, match="presence / frequency penalties"):
+        draw_margin_after(eng, prompts[0], out[0][:2], replace(params[0], frequency_penalty=0.5))
+
+
+def test_the_plain_graphed_engines_parting_on_an_h100_is_a_near_tie():
+    """H100 run 50: the plain graphed engine at T = 1 (tests/engine/test_cuda_graphs_gpu.py,
+    test_graphs_match_eager) drew token 4863 where the eager engine drew 4867, request 10's output
+    token 10, after ten equal tokens. Replayed on the CPU in float32 from the H100 eager engine's
+    tokens: a third token (4865) at a margin under 1e-6, three CDF boundaries within rounding of the
+    uniform, while the draws before and after it (262, 1393) are the H100's at wide margins."""
+    from adaspec import LLM, SamplingParams
+    from adaspec.spec_decode.lockstep import draw_margin_after
+
+    eager_h100 = [4939, 11, 86, 798, 72, 1362, 11, 69, 5, 262, 4867, 1393, 261]
+    params = SamplingParams(temperature=1.0, max_tokens=23, ignore_eos=True, seed=10)
+    eng = LLM("tiny", enforce_eager=True, dtype="float32", device="cpu").llm_engine
+    prompt = _tiny_prompts(19)[10]
+    token, margin = draw_margin_after(eng, prompt, eager_h100[:10], params)
+    assert token in (4863, 4865, 4867) and margin < NEAR_TIE, (token, margin)
+    for j in (9, 11):
+        token, margin = draw_margin_after(eng, prompt, eager_h100[:j], params)
+        assert token == eager_h100[j] and margin > 100 * NEAR_TIE, (j, token, margin)
