@@ -240,8 +240,9 @@ class SpeculativeConfig:
     # its expected extra tokens against what its extra time makes in decode-only steps) and runs a
     # step it does not draft as ONE forward with the chunks (the plain engine's mixed graphs), as
     # no-spec does. Why: on the Qwen3-8B shape at 256 requests the speculative arms lost their point
-    # in such steps, 30 of ~100 ms each against no-spec's 24 of 94 (H200 run 41). Opt-in until
-    # measured on the GPU
+    # in such steps, 30 of ~100 ms each against no-spec's 24 of 94 (H200 run 41). Opt-in: on the
+    # real code-0.6b pair it made 20-43% less than "separate" at 64-256 requests (H100 run 50; the
+    # tables' decode-only rate, which no real step reaches, kept every chunk step plain)
     adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
