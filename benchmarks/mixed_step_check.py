@@ -11,7 +11,9 @@ steps plain that would pay to draft: compare the table's `ref` with the sweep's 
 (offline_sweep.py --step-trace). With linear tables, verify(n) = a + b n and a draft of d ms,
 the rule drafts iff S / T > (a + d) / (b T) + B / T (T decoding rows, B* = B slots), which no S <= B
 meets: beside chunks that run as a forward of their own it drafts only where the tables' steps
-make verification cheaper than linear (tests/bench/test_mixed_step_check.py). Every request is taken to decode with the same survivals (the
+make verification cheaper than linear (tests/bench/test_mixed_step_check.py). The last column: the
+per-step overhead (adaptive_verification_step_overhead_ms, or "measured") from which the rule
+drafts, since an overhead lowers the decode-only rate the extra time is valued at. Every request is taken to decode with the same survivals (the
 curve's running products), as replay_policy.py's curve mode does.
 
     python3 benchmarks/mixed_step_check.py SWEEP.json[.xz] --pair pair.json [--arm adaptive-fused:7]
@@ -36,6 +38,7 @@ from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import query_levels  # noqa: E402
 from adaspec.spec_decode.policy import budget_objective, mixed_step_drafts, step_verify_ms  # noqa: E402
+from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
 
 
 def load_json(path: Path) -> dict:
@@ -66,6 +69,28 @@ def decide(cost, survivals: np.ndarray, requests: int, prompt_tokens: int) -> di
                 ref_times_extra=ref * (t_draft - t_plain))
 
 
+def break_even_overhead(cost, survivals: np.ndarray, requests: int, prompt_tokens: int, limit: float = 100.0) -> float | None:
+    """The least per-step overhead (ms added to every step's price, as
+    adaptive_verification_step_overhead_ms adds it) at which the rule drafts beside these chunks:
+    an overhead lowers the decode-only rate the extra time is valued at, not the extra time (the
+    two forwards of a drafting step count it once). None: not below `limit` ms."""
+    grid = np.tile(survivals, (requests, 1))
+
+    def drafts(o: float) -> bool:
+        priced = OverheadCost(cost, StepOverhead(o))
+        return mixed_step_drafts(grid, requests, requests, prompt_tokens, requests, priced, True)[0]
+
+    if drafts(0.0):
+        return 0.0
+    if not drafts(limit):
+        return None
+    lo, hi = 0.0, limit
+    while hi - lo > 0.01:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if drafts(mid) else (mid, hi)
+    return hi
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path, help="an offline sweep's JSON (.json or .json.xz) with cost_tables")
@@ -94,11 +119,13 @@ def main(argv=None) -> int:
         survivals = np.cumprod(np.clip(np.asarray(held["cond_acceptance"][:k], dtype=np.float64), 0.0, 1.0))
         for r in map(int, args.requests.split(",")):
             for p in map(int, args.prompt_tokens.split(",")):
-                d = decide(cost, survivals, r, p) | {"temperature": t_key}
+                d = decide(cost, survivals, r, p) | {"temperature": t_key,
+                                                     "break_even_overhead_ms": break_even_overhead(cost, survivals, r, p)}
                 rows.append(d)
                 print(f"{t_key} R={r:4d} P={p:5d}: drafts={str(d['drafts']):5s} B*={d['budget']:5d} "
                       f"gain={d['gain']:7.0f}  ref={d['ref_tokens_per_ms']:6.1f} tok/ms  t_plain={d['t_plain_ms']:6.2f} "
-                      f"t_draft={d['t_draft_ms']:6.2f} ms  ref x extra={d['ref_times_extra']:7.0f}")
+                      f"t_draft={d['t_draft_ms']:6.2f} ms  ref x extra={d['ref_times_extra']:7.0f}  drafts from an overhead of "
+                      + ("> 100 ms" if d["break_even_overhead_ms"] is None else f"{d['break_even_overhead_ms']:.2f} ms"))
     if args.json:
         args.json.write_text(json.dumps({"sweep": str(args.sweep), "pair": str(args.pair), "arm": arm, "rows": rows},
                                         indent=1))

@@ -9,8 +9,10 @@ whose budget scales the confidences by what the target accepted lately, per posi
 counting a request no step drafted for yet at the running average of the observed confidences
 instead of 1.0: "adaptive_verification_unobserved_confidence": "population"), `adaptive-fused:K`
 (adaptive verification judging a step with prompt chunks at the margin and running one it does not
-draft as one forward with the chunks: "adaptive_verification_mixed_steps": "fused"), and the
---speculative-config each one gets."""
+draft as one forward with the chunks: "adaptive_verification_mixed_steps": "fused"),
+`adaptive-fused-overhead:K` (the fused mode priced with the measured per-step overhead: an overhead
+lowers the decode-only rate its margin values the extra time at, benchmarks/mixed_step_check.py),
+and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from adaspec.errors import AdaspecError
 
 ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
-                  "adaptive-population", "adaptive-fused")
+                  "adaptive-population", "adaptive-fused", "adaptive-fused-overhead")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
@@ -51,13 +53,13 @@ class Arm:
             cfg["adaptive_verification_step_costs"] = "measured"
         if self.kind == "adaptive-narrow":
             cfg["adaptive_draft_width"] = "budget"
-        if self.kind == "adaptive-overhead":
+        if self.kind in ("adaptive-overhead", "adaptive-fused-overhead"):
             cfg["adaptive_verification_step_overhead_ms"] = "measured"
         if self.kind == "adaptive-tracked":
             cfg["adaptive_verification_online_calibration"] = True
         if self.kind == "adaptive-population":
             cfg["adaptive_verification_unobserved_confidence"] = "population"
-        if self.kind == "adaptive-fused":
+        if self.kind in ("adaptive-fused", "adaptive-fused-overhead"):
             cfg["adaptive_verification_mixed_steps"] = "fused"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
@@ -70,7 +72,8 @@ def parse_arm(text: str) -> Arm:
     m = _ARM.match(t)
     if not m:
         raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K or adaptive-fused:K (K >= 1)")
+                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K, adaptive-fused:K or "
+                       "adaptive-fused-overhead:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

@@ -196,6 +196,12 @@ def test_arm_parsing_and_configs():
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_mixed_steps": "fused", "draft_sample_method": "greedy"}
     assert all("adaptive_verification_mixed_steps" not in a.speculative_config("d", 1.0) for a in arms[1:])
+    fused_overhead = parse_arm("adaptive-fused-overhead:7")
+    assert fused_overhead.kind == "adaptive-fused-overhead"
+    assert fused_overhead.speculative_config("d", 1.0) == {
+        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+        "adaptive_verification_step_overhead_ms": "measured", "adaptive_verification_mixed_steps": "fused",
+        "draft_sample_method": "probabilistic"}
     assert arms[3].speculative_config("d", 0.0) == {
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}
