@@ -87,6 +87,29 @@ def test_where_the_chunk_and_the_rows_together_cost_a_step_more_the_rule_drafts(
     assert all(r["drafts"] == (r["gain"] > r["ref_times_extra"]) for r in rows.values())
 
 
+def test_the_break_even_overhead_is_where_the_rule_turns(check, tmp_path):
+    """The overhead the table reports for each shape: priced with a little more the rule drafts,
+    with a little less it does not (an overhead lowers the rate the extra time is valued at)."""
+    import numpy as np
+    from adaspec.spec_decode.cost_model import CostModel
+    from adaspec.spec_decode.policy import mixed_step_drafts
+    from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
+
+    rows = _rows(check, tmp_path, H100_RUN50)
+    assert all(r["break_even_overhead_ms"] is not None and 0 < r["break_even_overhead_ms"] < 10 for r in rows)
+    cost = check.padded_cost(CostModel.from_dict(H100_RUN50), check.capture_sizes(256), check.query_levels(7))
+    for r in rows[:4] + rows[-4:]:
+        grid = np.tile(np.cumprod(PAIR["heldout"][r["temperature"]]["cond_acceptance"]), (r["requests"], 1))
+
+        def drafts(o):
+            return mixed_step_drafts(grid, r["requests"], r["requests"], r["prompt_tokens"], r["requests"],
+                                     OverheadCost(cost, StepOverhead(o)), True)[0]
+
+        be = r["break_even_overhead_ms"]
+        assert drafts(be) and not drafts(be - 0.011), r  # bisected to 0.01 ms, the drafting end kept
+    assert all(r["break_even_overhead_ms"] == 0.0 for r in _rows(check, tmp_path, STEP) if r["drafts"])
+
+
 def test_bad_input_is_named(check, tmp_path):
     sweep, pair = _files(tmp_path, H100_RUN50)
     with pytest.raises(SystemExit):
