@@ -258,3 +258,15 @@ def triton_kernels_or_skip():
             pytest.skip(f"triton {triton.__version__}'s interpreter fails with numpy {np.__version__}: "
                         "needs triton>=3.7 for the CPU tests", allow_module_level=True)
     return triton
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py of this checkout as a module, for the tests of a script (the benchmarks
+    are files beside the package, not a package; the suite runs from a checkout)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,13 +1,12 @@
 """benchmarks/mixed_step_check.py: what the fused mode's rule (policy.mixed_step_drafts) decides
 for a step with prompt chunks, under a sweep's cost tables and a pair's held-out curve."""
-import importlib.util
 import json
 import lzma
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from adaspec.testing import load_benchmark
+
 # the adaptive-fused:7 arm's tables of H100 run 50 (code-0.6b pair, 256 graphs), every 2nd size
 H100_RUN50 = {"verify": {"sizes": [1, 3, 6, 12, 24, 48, 96, 192, 384, 768, 1536, 2048],
                          "ms": [1.675, 1.750, 1.756, 1.835, 1.850, 2.009, 2.044, 2.265, 2.688, 3.956, 6.403, 8.151]},
@@ -25,10 +24,7 @@ PAIR = {"heldout": {"T=0": {"cond_acceptance": [0.92, 0.85, 0.82, 0.80, 0.82, 0.
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("mixed_step_check", ROOT / "benchmarks" / "mixed_step_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("mixed_step_check")
 
 
 def _files(tmp_path, tables, xz=False):

@@ -1,12 +1,11 @@
 """benchmarks/replay_policy.py: the adaptive policy replayed against a sweep's cost tables."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from adaspec.testing import load_benchmark
+
 # the Qwen3-8B shape's tables on the H200 (run 17, up to 64 requests), its synthetic curve
 TABLES = {"verify": {"sizes": [1, 64, 128, 192, 256, 384, 512], "ms": [5.65, 6.76, 7.19, 8.53, 9.45, 12.92, 16.67]},
           "draft": {"sizes": [1, 16, 64], "ms": [0.89, 1.18, 2.38]}}
@@ -15,10 +14,7 @@ CURVE = "0.8751,0.7492,0.7491,0.7454,0.7573,0.7834,0.7974"
 
 @pytest.fixture(scope="module")
 def replay():
-    spec = importlib.util.spec_from_file_location("replay_policy", ROOT / "benchmarks" / "replay_policy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("replay_policy")
 
 
 def _sweep(tmp_path, **extra):

@@ -1,7 +1,6 @@
 """benchmarks/slim_sweep_archive.py: a sweep archive loses its points' per-request chunk arrays and
 its server logs' per-request lines and nothing else, and is refused when slimming would change the
 report."""
-import importlib.util
 import json
 import sys
 import tarfile
@@ -10,16 +9,13 @@ from pathlib import Path
 import pytest
 
 from adaspec.bench.report import write_report
+from adaspec.testing import load_benchmark
 from tests.bench.test_pareto_report import SYN, write_points
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "slim_sweep_archive.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("slim_sweep_archive", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("slim_sweep_archive")
 
 
 # a server's log: two requests (each an access line and a request line) among the lines that stay

@@ -1,15 +1,12 @@
 """benchmarks/target_shapes.py: several target depths on one corpus and tokenizer, their val losses
 tabled (at micro size on the CPU, so that its plumbing works the first time it meets the GPU)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "target_shapes.py"
-_spec = importlib.util.spec_from_file_location("target_shapes", _PATH)
-target_shapes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(target_shapes)
+from adaspec.testing import load_benchmark
+
+target_shapes = load_benchmark("target_shapes")
 
 
 def test_shapes_share_one_corpus_and_tokenizer_and_table_their_own_losses(tmp_path, make_tree, capsys):
