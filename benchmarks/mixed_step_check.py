@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import sys
 from pathlib import Path
 
@@ -34,17 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from replay_policy import padded_cost  # noqa: E402
 
+from adaspec.bench.json_file import read_json  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import query_levels  # noqa: E402
 from adaspec.spec_decode.policy import budget_objective, mixed_step_drafts, step_verify_ms  # noqa: E402
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
-
-
-def load_json(path: Path) -> dict:
-    opener = lzma.open if path.name.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def _ms(values) -> float:
@@ -101,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=256, help="the graphs' capture sizes (the sweep's engines)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    sweep, pair = load_json(args.sweep), load_json(args.pair)
+    sweep, pair = read_json(args.sweep), read_json(args.pair)
     tables = sweep.get("cost_tables") or {}
     if not tables:
         ap.error(f"{args.sweep} has no cost_tables (an offline sweep with an adaptive arm writes them)")

@@ -59,6 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from adaspec.bench.json_file import read_json  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = {"cost_tables": {a.arm or "adaptive": tables_from_log(a.server_log)}, "args": {}}
         a.sweep = a.server_log
     else:
-        sweep = json.loads(Path(a.sweep).read_text())
+        sweep = read_json(a.sweep)
     tables = sweep.get("cost_tables") or {}
     if not tables:
         raise SystemExit(f"{a.sweep} has no cost_tables (sweeps record them since 8406820)")

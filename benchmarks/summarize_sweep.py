@@ -11,12 +11,13 @@ the repeat spreads, and each arm's distance to the Pareto edge).
     python3 benchmarks/summarize_sweep.py SWEEP.json [--png frontier.png]
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adaspec.bench.json_file import read_json  # noqa: E402
 
 
 def plot(doc: dict, path: str) -> None:
@@ -93,7 +94,7 @@ def frontier_cells(rows: list[dict]) -> dict:
 
 
 def main(path: str, png: str | None = None) -> None:
-    doc = json.load(open(path))
+    doc = read_json(path)
     if png:
         plot(doc, png)
     rows = doc["rows"]
