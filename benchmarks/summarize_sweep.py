@@ -25,6 +25,7 @@ def plot(doc: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from adaspec.figures import save_png
 
     rows = doc["rows"]
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -52,7 +53,7 @@ def plot(doc: dict, path: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def repeats_note(doc: dict) -> str:

@@ -176,6 +176,7 @@ def plot_phased(whole: dict[str, Stats], per: dict[tuple[str, int], Stats], arms
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from adaspec.figures import save_png
 
     from adaspec.bench.plot import ERROR_BARS, arm_color
 
@@ -200,6 +201,6 @@ def plot_phased(whole: dict[str, Stats], per: dict[tuple[str, int], Stats], arms
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    save_png(fig, path)
     plt.close(fig)
     return path

@@ -45,6 +45,7 @@ def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str
 
     matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
+    from adaspec.figures import save_png
 
     pts = cell_points(cells)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
@@ -73,6 +74,6 @@ def plot_frontier(cells: dict[tuple[str, int], Cell], arms: list[str], path: str
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_png(fig, path)
     plt.close(fig)
     return path

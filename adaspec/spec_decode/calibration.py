@@ -192,6 +192,7 @@ def plot_reliability(curves: Mapping[str, tuple], path: str | os.PathLike, n_bin
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from adaspec.figures import save_png
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], ls="--", c="gray", lw=1)
@@ -212,7 +213,7 @@ def plot_reliability(curves: Mapping[str, tuple], path: str | os.PathLike, n_bin
         ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 

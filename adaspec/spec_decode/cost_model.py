@@ -381,6 +381,7 @@ def plot_cost_model(model: CostModel, path: str | os.PathLike) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from adaspec.figures import save_png
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     by_axis = [[("verify", model.verify, "tokens")], [row for row in model.tables() if row[0] != "verify"]]
@@ -388,7 +389,7 @@ def plot_cost_model(model: CostModel, path: str | os.PathLike) -> None:
         for name, t, unit in rows:
             _plot_table(ax, name, t, unit, label=len(rows) > 1)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -144,8 +144,7 @@ def test_md_to_html_escapes():
 
 
 def test_arm_colours_are_the_same_in_every_plot(tmp_path, monkeypatch):
-    import matplotlib.figure
-
+    from adaspec import figures
     from adaspec.bench.plot import plot_frontier
 
     seen = []
@@ -153,7 +152,7 @@ def test_arm_colours_are_the_same_in_every_plot(tmp_path, monkeypatch):
     def record(fig, path, *a, **k):
         seen.append({c.get_label(): c.lines[0].get_color() for c in fig.axes[0].containers})
 
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    monkeypatch.setattr(figures, "save_png", record)
     full = ["none", "fixed:3", "fixed:7", "adaptive:7"]
     pts = [synthetic_point(a, c, 0, 100.0 - c, 10.0 * (i + 1) + c) for i, a in enumerate(full) for c in (1, 4)]
     cells = aggregate(pts)
