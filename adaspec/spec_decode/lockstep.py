@@ -26,8 +26,12 @@ and their draws part at any margin (the verification's rows are judged by their 
 
 A plain engine's seeded draws part the same way (its graphed decode step samples inside sampling
 graphs, engine/graphed_sampling.py): `draw_margin_after` judges any output token's draw by
-replaying the request alone on the eager engine, the tokens before it as prompt (H100 run 50: the
-plain graphed engine parted from the eager one at a margin of ~5e-7).
+replaying the request alone on the eager engine, the tokens before it as prompt, against the
+engine's own token (`token_margin`: the engine sums in float32, and deep in the vocabulary its
+cumulative sums lie ~1e-6 from float64's, so its token may be a rare neighbour of the float64
+draw). H100 run 50: the plain graphed engine parted from the eager one at request 10's token 10,
+in a cluster of rare tokens; on the CPU's probabilities the H100 eager token lies 5e-7 and the
+graph's 8e-7 from the uniform, the CPU's own draw a third token at 4.8e-7.
 
 The two engines must schedule alike: keep the token budget wide enough that it never binds (the
 graphed engine's draft slots are verified apart and take nothing from it, the eager engine's do:
@@ -86,6 +90,26 @@ def filter_margin(logits: torch.Tensor, temperature: float, top_p: float, top_k:
         p = torch.softmax(s[:k], 0)
         margins.append(float(((p.cumsum(0) - p)[1:] - top_p).abs().min()))
     return min(margins)
+
+
+def token_margin(weights: torch.Tensor, u: float, token: int) -> float:
+    """How far u * total lies from drawing `token` otherwise than the float64 draw does, / total:
+    where the float64 draw is `token`, its distance to the nearest boundary (draw_margin); where it
+    is another token, its distance to `token`'s own CDF interval. An engine draws in float32 (on
+    CUDA a Triton kernel with its own summation order), whose cumulative sums lie ~1e-6 from
+    float64's deep in an 8,000-token vocabulary, so a uniform that close to a cluster of rare
+    tokens can give the engine a neighbour of the float64 draw (H100 run 50: the eager engine
+    4867, the CPU 4865, the graph 4863, all within 1.5e-6); a wrong seed or position lands the
+    token's interval far from u * total."""
+    idx, cum, t = _inverse_cdf(weights, u)
+    total = float(cum[-1])
+    if total <= 0:
+        return float("inf")
+    if idx == token:
+        return draw_margin(weights, u)
+    lo = float(cum[token - 1]) if token > 0 else 0.0
+    hi = float(cum[token])
+    return (lo - t if t < lo else t - hi) / total
 
 
 def _plain_margin(s: dict) -> float:
@@ -322,8 +346,10 @@ def draw_margin_after(eager, prompt: list[int], generated: list[int], params) ->
     s = tap.plain.get(rid)
     if s is None:
         return token, float("inf")
-    drawn = _inverse_cdf(s["probs"], _u(s["seed"], s["pos"], SAMPLE))[0]
-    # the margin speaks for this draw only if the recorded probabilities and uniform give the
-    # engine's token again (a wrong position or stream would judge some other draw); a top-k /
-    # top-p row's filter is judged too (filter_margin)
-    return token, _plain_margin(s) if drawn == token else float("inf")
+    if token is None:
+        return token, float("inf")
+    # judged against the engine's own token: how far the uniform lies from drawing it otherwise
+    # (token_margin; a wrong position or stream lands it far away); a top-k / top-p row's filter
+    # is judged too (filter_margin)
+    return token, min(token_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE), token),
+                      filter_margin(s["logits"], *s["filters"]))
