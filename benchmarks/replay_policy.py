@@ -60,6 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adaspec.bench.json_file import read_json  # noqa: E402
+from adaspec.spec_decode.calibration import auc  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
@@ -200,14 +201,8 @@ def slot_auc(conf: np.ndarray, accepted: np.ndarray) -> list[float | None]:
     out = []
     for j in range(conf.shape[1]):
         reached = accepted >= j
-        score, label = conf[reached, j], accepted[reached] > j
-        pos, neg = int(label.sum()), int((~label).sum())
-        if pos == 0 or neg == 0:
-            out.append(None)
-            continue
-        _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-        ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, ties at their mean rank
-        out.append(float((ranks[label].sum() - pos * (pos + 1) / 2) / (pos * neg)))
+        a = auc(conf[reached, j], accepted[reached] > j)
+        out.append(None if np.isnan(a) else a)
     return out
 
 
