@@ -7,9 +7,10 @@ is what the adaptive policy lives on (replay_policy.py's ideal row: the confiden
 
 On the target's greedy continuations of eval-code prompts (teacher forcing: every anchor, every
 slot), this fits the head's own form (one linear layer on [h_j ; W1[x_{j-1}]], shared by the slots)
-twice on the same rows, once on the soft T = 1 label and once on the greedy event, and reports
-each slot's ROC AUC for the greedy event on held-out sequences, among the blocks whose earlier
-slots were accepted (as the replay counts), beside the drafter's own head.
+twice on the same rows, once on the soft T = 1 label and once on the greedy event, plus a wider
+head (one hidden layer) on the greedy event, and reports each slot's ROC AUC for the greedy event
+on held-out sequences, among the blocks whose earlier slots were accepted (as the replay counts),
+beside the drafter's own head.
 
     python3 benchmarks/confidence_label_study.py --target tiny --drafter tiny-dspark \\
         [--num-prompts 120] [--gen-len 96] [--steps 300] [--json OUT.json]
@@ -90,6 +91,31 @@ def fit_head(x: torch.Tensor, label: torch.Tensor, steps: int, lr: float = 0.05,
     return head
 
 
+def fit_mlp(x: torch.Tensor, label: torch.Tensor, steps: int, hidden: int = 256, lr: float = 0.01,
+            seed: int = 0) -> torch.nn.Module:
+    """A wider head than DSpark's: one hidden layer of `hidden` SiLU units on the same features,
+    fitted as fit_head is; whether a head that can read more of the drafter's state ranks better."""
+    torch.manual_seed(seed)
+    mu, sd = x.mean((0, 1)), x.std((0, 1)).clamp_min(1e-6)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[-1], hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=1e-4)
+    z = (x - mu) / sd
+    for _ in range(steps):
+        opt.zero_grad()
+        F.binary_cross_entropy_with_logits(net(z).squeeze(-1), label).backward()
+        opt.step()
+    return torch.nn.Sequential(_Standardize(mu, sd), net)
+
+
+class _Standardize(torch.nn.Module):
+    def __init__(self, mu: torch.Tensor, sd: torch.Tensor):
+        super().__init__()
+        self.mu, self.sd = mu, sd
+
+    def forward(self, x):
+        return (x - self.mu) / self.sd
+
+
 def slot_aucs(score: np.ndarray, event: np.ndarray) -> list[float]:
     """Per slot j, the AUC of score for the event among the blocks whose slots before j all hold."""
     reached = np.cumprod(np.concatenate([np.ones((event.shape[0], 1)), event[:, :-1]], 1), 1) > 0
@@ -122,6 +148,9 @@ def main(argv=None) -> int:
         head = fit_head(x[fit], label[fit], args.steps)
         with torch.no_grad():
             scores[f"refitted on the {name}"] = head(x[~fit]).squeeze(-1).numpy()
+    mlp = fit_mlp(x[fit], greedy[fit], args.steps)
+    with torch.no_grad():
+        scores["a one-hidden-layer MLP on the greedy event"] = mlp(x[~fit]).squeeze(-1).numpy()
     event = greedy.numpy()[~fit]
     rows = {name: slot_aucs(s, event) for name, s in scores.items()}
     print(f"{args.target} / {args.drafter}: {int(fit.sum())} fitted and {int((~fit).sum())} held-out blocks of "
@@ -129,7 +158,7 @@ def main(argv=None) -> int:
           + " ".join(f"{v:.2f}" for v in event.mean(0)))
     print("per-slot ROC AUC for the greedy event, among the blocks that reach the slot:")
     for name, r in rows.items():
-        print(f"  {name:45s} " + " ".join(f"{v:.3f}" for v in r) + f"   mean {np.nanmean(r):.3f}")
+        print(f"  {name:52s} " + " ".join(f"{v:.3f}" for v in r) + f"   mean {np.nanmean(r):.3f}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "blocks_fitted": int(fit.sum()),
                                          "blocks_held_out": int((~fit).sum()), "slot_auc": rows}, indent=1))

@@ -34,7 +34,7 @@ def test_the_study_on_the_tiny_pair_writes_every_heads_auc(tmp_path, capsys):
     assert study.main(["--num-prompts", "8", "--gen-len", "24", "--steps", "20", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["blocks_fitted"] > 0 and doc["blocks_held_out"] > 0
-    assert len(doc["slot_auc"]) == 3 and all(len(r) == 7 for r in doc["slot_auc"].values())
+    assert len(doc["slot_auc"]) == 4 and all(len(r) == 7 for r in doc["slot_auc"].values())
     assert all(0.0 <= a <= 1.0 for r in doc["slot_auc"].values() for a in r if a == a)
     assert "refitted on the greedy event" in capsys.readouterr().out
     with pytest.raises(SystemExit):
