@@ -49,7 +49,7 @@ def decide(cost, survivals: np.ndarray, requests: int, prompt_tokens: int) -> di
     """One decision of the graphed pipelined step (prompt chunks as a forward of their own), with
     the terms the rule weighs, recomputed here from the same tables for the table."""
     grid = np.tile(survivals, (requests, 1))
-    drafts, b = mixed_step_drafts(grid, requests, requests, prompt_tokens, requests, cost, True)
+    drafts = mixed_step_drafts(grid, requests, requests, prompt_tokens, requests, cost, True)[0]
     objective = budget_objective(grid, requests, requests, requests, cost)
     best = int(np.argmax(objective))
     gain = float(np.sort(grid.ravel())[::-1][:best].sum())
