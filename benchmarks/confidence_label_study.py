@@ -73,40 +73,6 @@ def block_rows(target, drafter, seqs: list[list[int]], starts: list[int], batch_
     return torch.cat(feats), torch.cat(greedy), torch.cat(soft), torch.cat(conf), torch.cat(seq_of)
 
 
-def fit_head(x: torch.Tensor, label: torch.Tensor, steps: int, lr: float = 0.05, seed: int = 0) -> torch.nn.Linear:
-    """One linear head shared by the slots (the confidence head's form), fitted by full-batch
-    Adam on BCE against label (soft or 0/1), features standardized first."""
-    torch.manual_seed(seed)
-    mu, sd = x.mean((0, 1)), x.std((0, 1)).clamp_min(1e-6)
-    head = torch.nn.Linear(x.shape[-1], 1)
-    opt = torch.optim.Adam(head.parameters(), lr=lr)
-    z = (x - mu) / sd
-    for _ in range(steps):
-        opt.zero_grad()
-        F.binary_cross_entropy_with_logits(head(z).squeeze(-1), label).backward()
-        opt.step()
-    with torch.no_grad():  # fold the standardization into the head
-        head.weight /= sd
-        head.bias -= (head.weight * mu).sum()
-    return head
-
-
-def fit_mlp(x: torch.Tensor, label: torch.Tensor, steps: int, hidden: int = 256, lr: float = 0.01,
-            seed: int = 0) -> torch.nn.Module:
-    """A wider head than DSpark's: one hidden layer of `hidden` SiLU units on the same features,
-    fitted as fit_head is; whether a head that can read more of the drafter's state ranks better."""
-    torch.manual_seed(seed)
-    mu, sd = x.mean((0, 1)), x.std((0, 1)).clamp_min(1e-6)
-    net = torch.nn.Sequential(torch.nn.Linear(x.shape[-1], hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, 1))
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=1e-4)
-    z = (x - mu) / sd
-    for _ in range(steps):
-        opt.zero_grad()
-        F.binary_cross_entropy_with_logits(net(z).squeeze(-1), label).backward()
-        opt.step()
-    return torch.nn.Sequential(_Standardize(mu, sd), net)
-
-
 class _Standardize(torch.nn.Module):
     def __init__(self, mu: torch.Tensor, sd: torch.Tensor):
         super().__init__()
@@ -114,6 +80,35 @@ class _Standardize(torch.nn.Module):
 
     def forward(self, x):
         return (x - self.mu) / self.sd
+
+
+def _fit(net: torch.nn.Module, x: torch.Tensor, label: torch.Tensor, steps: int, lr: float,
+         weight_decay: float = 0.0) -> torch.nn.Module:
+    """net fitted by full-batch Adam on BCE against label (soft or 0/1), on features standardized
+    over the fitted rows; returned with the standardization in front, for raw features."""
+    std = _Standardize(x.mean((0, 1)), x.std((0, 1)).clamp_min(1e-6))
+    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    z = std(x)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.binary_cross_entropy_with_logits(net(z).squeeze(-1), label).backward()
+        opt.step()
+    return torch.nn.Sequential(std, net)
+
+
+def fit_head(x: torch.Tensor, label: torch.Tensor, steps: int, lr: float = 0.05, seed: int = 0) -> torch.nn.Module:
+    """One linear head shared by the slots: the confidence head's form."""
+    torch.manual_seed(seed)
+    return _fit(torch.nn.Linear(x.shape[-1], 1), x, label, steps, lr)
+
+
+def fit_mlp(x: torch.Tensor, label: torch.Tensor, steps: int, hidden: int = 256, lr: float = 0.01,
+            seed: int = 0) -> torch.nn.Module:
+    """A wider head than DSpark's: one hidden layer of `hidden` SiLU units on the same features;
+    whether a head that can read more of the drafter's state ranks better."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[-1], hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, 1))
+    return _fit(net, x, label, steps, lr, weight_decay=1e-4)
 
 
 def slot_aucs(score: np.ndarray, event: np.ndarray) -> list[float]:

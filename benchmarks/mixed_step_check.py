@@ -37,30 +37,17 @@ from adaspec.bench.json_file import read_json  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import query_levels  # noqa: E402
-from adaspec.spec_decode.policy import budget_objective, mixed_step_drafts, step_verify_ms  # noqa: E402
+from adaspec.spec_decode.policy import mixed_step_drafts, mixed_step_terms  # noqa: E402
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
-
-
-def _ms(values) -> float:
-    return float(np.ravel(values)[0])
 
 
 def decide(cost, survivals: np.ndarray, requests: int, prompt_tokens: int) -> dict:
     """One decision of the graphed pipelined step (prompt chunks as a forward of their own), with
-    the terms the rule weighs, recomputed here from the same tables for the table."""
-    grid = np.tile(survivals, (requests, 1))
-    drafts = mixed_step_drafts(grid, requests, requests, prompt_tokens, requests, cost, True)[0]
-    objective = budget_objective(grid, requests, requests, requests, cost)
-    best = int(np.argmax(objective))
-    gain = float(np.sort(grid.ravel())[::-1][:best].sum())
-    verify_b = _ms(step_verify_ms(cost, requests, requests + best))
-    draft = (requests + gain) / float(objective[best]) - verify_b
-    t_plain = _ms(cost.verify_ms(requests + prompt_tokens))
-    t_draft = draft + verify_b + _ms(cost.verify_ms(prompt_tokens))
-    ref = max(float(objective[best]), requests / max(_ms(step_verify_ms(cost, requests, requests)), 1e-12))
-    return dict(requests=requests, prompt_tokens=prompt_tokens, drafts=bool(drafts), budget=best, gain=gain,
-                ref_tokens_per_ms=ref, t_plain_ms=t_plain, t_draft_ms=t_draft,
-                ref_times_extra=ref * (t_draft - t_plain))
+    the terms the rule weighs (policy.mixed_step_terms)."""
+    t = mixed_step_terms(np.tile(survivals, (requests, 1)), requests, requests, prompt_tokens, requests, cost, True)
+    return dict(requests=requests, prompt_tokens=prompt_tokens, drafts=t.drafts, budget=t.budget, gain=t.gain,
+                ref_tokens_per_ms=t.ref, t_plain_ms=t.t_plain, t_draft_ms=t.t_draft,
+                ref_times_extra=t.ref * (t.t_draft - t.t_plain))
 
 
 def break_even_overhead(cost, survivals: np.ndarray, requests: int, prompt_tokens: int, limit: float = 100.0) -> float | None:

@@ -101,21 +101,23 @@ def token_margin(weights: torch.Tensor, u: float, token: int) -> float:
     tokens can give the engine a neighbour of the float64 draw (H100 run 50: the eager engine
     4867, the CPU 4865, the graph 4863, all within 1.5e-6); a wrong seed or position lands the
     token's interval far from u * total."""
-    idx, cum, t = _inverse_cdf(weights, u)
+    _, cum, t = _inverse_cdf(weights, u)
     total = float(cum[-1])
     if total <= 0:
         return float("inf")
-    if idx == token:
-        return draw_margin(weights, u)
     lo = float(cum[token - 1]) if token > 0 else 0.0
     hi = float(cum[token])
+    if lo <= t < hi:  # the float64 draw is `token`: its distance to the nearer boundary
+        return min(t - lo, hi - t) / total
     return (lo - t if t < lo else t - hi) / total
 
 
-def _plain_margin(s: dict) -> float:
-    """A recorded plain draw's margin: its draw's, or its filter's where that is nearer a tie."""
-    return min(draw_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE)),
-               filter_margin(s["logits"], *s["filters"]))
+def _plain_margin(s: dict, token: int | None = None) -> float:
+    """A recorded plain draw's margin: its draw's (judged against the engine's token where given:
+    token_margin), or its filter's where that is nearer a tie."""
+    u = _u(s["seed"], s["pos"], SAMPLE)
+    drawn = draw_margin(s["probs"], u) if token is None else token_margin(s["probs"], u, token)
+    return min(drawn, filter_margin(s["logits"], *s["filters"]))
 
 
 def accept_margin(p_x: float, q_x: float, u: float) -> float:
@@ -323,7 +325,7 @@ def draw_margin_after(eager, prompt: list[int], generated: list[int], params) ->
     request is run alone on the eager engine with prompt + generated as its prompt and one token
     to draw. The uniform is the same (keyed by the seed and the absolute position:
     sample/random.py) and the probabilities those of a prefill instead of a decode step, equal to
-    within rounding, which is all a margin of 1e-6 asks. -> (the token drawn, its margin).
+    within rounding, which is all a near-tie's margin asks. -> (the token drawn, its margin).
 
     Only for requests whose distribution does not depend on which tokens were output rather than
     prompted: presence / frequency penalties, min_tokens and structured outputs do, and are refused."""
@@ -351,5 +353,4 @@ def draw_margin_after(eager, prompt: list[int], generated: list[int], params) ->
     # judged against the engine's own token: how far the uniform lies from drawing it otherwise
     # (token_margin; a wrong position or stream lands it far away); a top-k / top-p row's filter
     # is judged too (filter_margin)
-    return token, min(token_margin(s["probs"], _u(s["seed"], s["pos"], SAMPLE), token),
-                      filter_margin(s["logits"], *s["filters"]))
+    return token, _plain_margin(s, token)

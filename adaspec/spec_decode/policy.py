@@ -46,6 +46,7 @@ The optional EMA only smooths the stored (old) confidences, so it keeps B* draft
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -166,10 +167,31 @@ def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_
     return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
 
 
+@dataclass(frozen=True)
+class MixedStepTerms:
+    """What mixed_step_drafts weighs (benchmarks/mixed_step_check.py tables them)."""
+    budget: int  # B*, the decode-only objective's (0: the drafts would all be thrown away)
+    gain: float = 0.0  # S(B*): the expected extra tokens of drafting
+    ref: float = 0.0  # r_ref, tokens per ms the extra time is valued at
+    t_plain: float = 0.0  # ms of the step without drafts
+    t_draft: float = 0.0  # ms of the step with them
+
+    @property
+    def drafts(self) -> bool:
+        return self.budget > 0 and self.gain > self.ref * (self.t_draft - self.t_plain)
+
+
 def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int, prefill_tokens: int,
                       num_requests: int, cost: Any, prefill_apart: bool) -> tuple[bool, int]:
+    """(drafts, B*) of mixed_step_terms."""
+    terms = mixed_step_terms(survivals, n_sampling, decode_tokens, prefill_tokens, num_requests, cost, prefill_apart)
+    return terms.drafts, terms.budget
+
+
+def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int, prefill_tokens: int,
+                     num_requests: int, cost: Any, prefill_apart: bool) -> MixedStepTerms:
     """Whether the decoding rows of a step that also carries prefill_tokens of prompt chunks should
-    draft, and B* if they do (adaptive_verification_mixed_steps "fused").
+    draft, and B* if they do (adaptive_verification_mixed_steps "fused"), with the terms weighed.
 
     The chunks cost the step their forward whichever way it goes, so the rate of the whole step
     (what the decode-only objective maximizes) is the wrong yardstick: diluted by the chunks' time,
@@ -185,7 +207,7 @@ def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int
     objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
     b = int(np.argmax(objective))
     if b == 0:  # the drafts would all be thrown away
-        return False, 0
+        return MixedStepTerms(0)
     gain = float(np.sort(np.asarray(survivals, dtype=np.float64).ravel())[::-1][:b].sum())
     verify_b = float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens + b))[0])
     draft = (n_sampling + gain) / float(objective[b]) - verify_b  # the draft as the objective priced it
@@ -197,7 +219,7 @@ def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int
         t_draft = draft + verify_b + float(np.ravel(cost.verify_ms(prefill_tokens))[0]) - overhead
     else:
         t_draft = draft + float(np.ravel(cost.verify_ms(decode_tokens + b + prefill_tokens))[0])
-    return gain > ref * (t_draft - t_plain), b
+    return MixedStepTerms(b, gain, ref, t_plain, t_draft)
 
 
 def draft_widths(k: int, narrow: bool) -> list[int]:

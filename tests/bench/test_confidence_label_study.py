@@ -18,7 +18,7 @@ def test_a_fitted_head_ranks_a_separable_event_and_keeps_its_standardization():
     head = study.fit_head(x, label, steps=200)
     logits = head(x).squeeze(-1).detach()
     assert all(a > 0.99 for a in study.slot_aucs(logits.numpy(), label.numpy()))
-    # fitted on standardized features, applied to raw ones: the scale is folded into the weights
+    # fitted on standardized features, applied to raw ones: the standardization travels with the head
     assert float(torch.nn.functional.binary_cross_entropy_with_logits(logits, label)) < 0.2
 
 
