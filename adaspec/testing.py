@@ -270,3 +270,29 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def use_eager_spec_graphs(llm, batch_sizes: list[int]):
+    """Route a speculative LLM's decode steps through the graphed speculative step, its graphs
+    captured eagerly (graphed_step.GraphedSpecStep.capture(eager=True): the same functions over the
+    same static buffers, on the CPU). -> the GraphedSpecStep."""
+    from adaspec.spec_decode.graphed_step import GraphedSpecStep
+
+    eng = llm.llm_engine
+    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=batch_sizes)
+    steps.capture(eager=True)
+    eng.spec.use_graphs(steps)
+    return steps
+
+
+def no_eager_decodes(llm) -> None:
+    """Make a speculative engine fail if its eager speculative step ever runs a decoding row (one
+    the graphed step should have served)."""
+    spec = llm.llm_engine.spec
+    eager = spec._launch_eager
+
+    def launch_eager(scheduled, *args):
+        assert not any(s.num_tokens == 1 and s.samples for s in scheduled), "a decoding row left the graphs"
+        return eager(scheduled, *args)
+
+    spec._launch_eager = launch_eager

@@ -512,7 +512,7 @@ class LLMEngine:
         if self._in_flight is not None and _has_grammar(self._in_flight.seqs):
             outputs += self._resolve(self._in_flight)
             self._in_flight = None
-        spec = self._spec_in_flight  # (a grammar's rows are never graphed: its prefill rows only)
+        spec = self._spec_in_flight  # (a grammar's decoding rows are never pipelined: its prefill rows only)
         if spec is not None and spec.prefill is not None and _has_grammar(spec.prefill.seqs):
             self.stats.num_pipeline_drains += 1
             outputs += self._drain_spec()

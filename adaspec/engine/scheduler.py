@@ -211,9 +211,7 @@ class Scheduler:
         running, running_need = self.running, self._running_need  # (this loop runs for every request every step)
         while i < len(running) and budget > 0:
             seq = running[i]
-            # a row with a logits rule is verified in the eager forward (spec_decode/step.py,
-            # _row_covered): its slots take their share of the budget
-            apart = apart_left > 0 and seq.logits_rule is None
+            apart = apart_left > 0
             need = running_need(seq, drafts, budget, apart)
             if need is None:  # async scheduling: its last token, in flight, ends it
                 i += 1

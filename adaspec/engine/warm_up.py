@@ -11,8 +11,8 @@ prompts together, took 701 ms with no Triton kernel compiled, against ~4 ms for 
 13-24 was slow by 0.1-0.7 s. Rather than chase each shape, the engine serves the shapes traffic
 makes: one request alone and several together, greedy, sampled and both in one step, a request
 joined by others while it decodes (steps mixing decodes with prefill chunks), and rows with
-logprobs and top-k / top-p (whose part of a graphed step is redone eagerly after the replay:
-spec_decode/graphed_extras.py). It also builds structured outputs' view of the vocabulary.
+logprobs, top-k / top-p or a logits rule (whose part of a graphed step is redone eagerly after
+the replay: spec_decode/graphed_extras.py). It also builds structured outputs' view of the vocabulary.
 
 Afterwards the engine forgets them: its counters start from zero and the speculative policy is
 built afresh (nothing it learned from dummy tokens, e.g. the online calibration or measured step
@@ -58,6 +58,7 @@ def _phases(max_tokens: int) -> list[tuple[list[SamplingParams], int]]:
         ([p(0.0) for _ in range(4)], 2),
         ([p(1.0, logprobs=1)], 0),  # rows redone after the graphs' replay (graphed_extras.py)
         ([p(1.0, top_p=0.9, top_k=20) for _ in range(2)], 0),
+        ([p(1.0, repetition_penalty=1.1), p(0.0, presence_penalty=0.5)], 0),  # ruled rows, redone likewise
     ]
 
 

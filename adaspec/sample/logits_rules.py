@@ -9,9 +9,10 @@ have, the request's output plus the drafts before it (`RuleRow.extra`). The draf
 rule's additive part at the block's anchor (draft_bias); rejection sampling is exact for any q,
 so that is for acceptance only.
 
-The rows a rule touches run eagerly (the engine keeps them out of the CUDA-graphed sampling and
-the graphed speculative step): the rule reads each request's whole history, which the graphs do
-not hold.
+The rule reads each request's whole history, which CUDA graphs do not hold, so it is applied
+eagerly, after the graphs: the plain engine keeps ruled rows out of its graphed sampling, and the
+graphed speculative step redoes a ruled row's verification from the verify graph's hidden states
+(spec_decode/graphed_extras.py), in steps that are not pipelined.
 """
 from __future__ import annotations
 

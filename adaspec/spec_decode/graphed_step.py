@@ -2,8 +2,8 @@
 
 For the requests of a step that decode one token (the speculative step hands any others, e.g.
 prefill chunks, to its eager path in the same engine step), the step is at most two graph replays
-and one device-to-host copy (rows with top-k / top-p or logprobs add a few eager kernels after the
-verify replay: graphed_extras.py):
+and one device-to-host copy (rows with top-k / top-p, logits rules or logprobs add a few eager
+kernels after the verify replay, and ruled rows one more wait, for their drafts: graphed_extras.py):
 
 1. ``propose[B]``: the drafter's backbone pass, Markov loop and confidences for B (padded)
    requests, then each request's query count ``1 + l_r``: the reserved slots (fixed k) or
@@ -358,8 +358,9 @@ class GraphedSpecStep:
         (rows, rows of `tokens`, tokens on the device) for requests whose last token a prefill of
         that step sampled (their positions are the host's). draft_width: the draft slots to run (one
         of self.widths; default k), with every request's slots already capped at it. extras:
-        graphed_extras.RowExtras of the rows with top-k / top-p or logprobs, whose part of the step
-        is redone right after the verify replay (their logprobs come back with read_back)."""
+        graphed_extras.RowExtras of the rows with top-k / top-p, logits rules or logprobs, whose part
+        of the step is redone right after the verify replay (their logprobs come back with read_back;
+        a ruled row's drafts are copied to the host after the propose replay, for its rule)."""
         if len(self._launched) == 2:
             raise RuntimeError("a graphed step was launched while two launched ones were not read back: "
                                "their pinned mirrors may still be in flight")
@@ -392,12 +393,15 @@ class GraphedSpecStep:
         if first_tokens is not None and len(first_tokens[0]):
             self._take_first_tokens(m, *first_tokens)
         m.copied.record()
+        drafts = None
         if drafting:
             self.propose_graphs[(b, self.k if draft_width is None else draft_width)].replay()
+            if extras is not None and extras.ruled is not None:  # their histories need the drafts on the host
+                drafts = graphed_extras.DraftsOnHost(self, extras)
         self.verify_graphs[key].replay()
         logprobs = None
         if extras is not None:
-            on_device = graphed_extras.fix_up(self, b, key[1], extras)
+            on_device = graphed_extras.fix_up(self, b, key[1], extras, drafts)
             if on_device is not None:  # copied out beside the read back, waited for with it
                 pin = self.device.type == "cuda"
                 logprobs = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in on_device)

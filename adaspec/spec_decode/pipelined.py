@@ -19,7 +19,8 @@ What the host does not know when it launches step t + 1 is how many drafts step 
 - no preemption while a step is in flight (the scheduler raises DrainFirst): the engine reads step
   t back first and schedules again, and so it does for a step with more decoding rows than the
   graphs hold, which runs synchronously (rows with logprobs or top-k / top-p stay in the graphs:
-  graphed_extras.py).
+  graphed_extras.py), and for a step with a decoding row that has a logits rule (its rule reads
+  the request's history on the host: such a step runs synchronously, in the graphs).
 Greedy outputs equal a synchronous engine's, token for token; seeded sampled outputs keep their
 distribution (the adaptive policy plans from confidences one step older, so its budgets differ).
 """

@@ -362,7 +362,7 @@ class SpeculativeDecoder:
     # -- pipelined steps (pipelined.py) --------------------------------------------------------
     def can_pipeline(self, scheduled: list[ScheduledSeq]) -> bool:
         g = self.graphed
-        return g is not None and pipelinable(scheduled, self._row_covered, g.batch_sizes[-1])
+        return g is not None and pipelinable(scheduled, self._row_pipelined, g.batch_sizes[-1])
 
     def launch_pipelined(self, scheduled: list[ScheduledSeq], prev: InFlightSpecStep | None,
                          serial: int) -> InFlightSpecStep:
@@ -373,7 +373,7 @@ class SpeculativeDecoder:
         sampled tokens left on the device behind such placeholders. The graphed rows are marked in
         flight (Sequence.in_flight_max)."""
         t0 = time.perf_counter()
-        graphed = [i for i, s in enumerate(scheduled) if self._row_covered(s)]
+        graphed = [i for i, s in enumerate(scheduled) if self._row_pipelined(s)]
         graphed_set = set(graphed)
         prefill = [i for i in range(len(scheduled)) if i not in graphed_set]
         finish = None
@@ -545,13 +545,17 @@ class SpeculativeDecoder:
     # -- the graphed decode path (graphed_step.py) ----------------------------------------------
     @staticmethod
     def _row_covered(s: ScheduledSeq) -> bool:
-        """Decodes one token, and has no logits rule (sample/logits_rules.py: it reads the request's
-        whole history, which the graphs do not hold; such rows run in the eager step). Other
-        sampling parameters do not matter: the graphs sample with the temperature alone, and a row
-        with top-k / top-p or logprobs has its part of the step redone right after the replay, on
-        the device (graphed_extras.py; until then such a row sent its whole step to the eager
-        speculative step)."""
-        return s.num_tokens == 1 and s.samples and s.seq.logits_rule is None
+        """Decodes one token. Its sampling parameters do not matter: the graphs sample with the
+        temperature alone, and a row with top-k / top-p, a logits rule or logprobs has its part of
+        the step redone right after the replay (graphed_extras.py; until then such a row sent its
+        whole step to the eager speculative step, and ruled rows ran in it until the redo took rules)."""
+        return s.num_tokens == 1 and s.samples
+
+    @classmethod
+    def _row_pipelined(cls, s: ScheduledSeq) -> bool:
+        """A row the graphs serve in a pipelined step: not one with a logits rule, which reads the
+        request's whole history on the host, the tokens of the step still in flight included."""
+        return cls._row_covered(s) and s.seq.logits_rule is None
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
                         first_tokens=None):
@@ -573,7 +577,7 @@ class SpeculativeDecoder:
                 slots = np.minimum(slots, width)
             max_tokens = min(len(scheduled) + int(slots.sum()), len(scheduled) + budget)
         key = g.pick(len(scheduled), max_tokens, drafting)
-        extras = self._row_extras.get(seqs, eng.device)  # rows with top-k / top-p or logprobs (graphed_extras.py)
+        extras = self._row_extras.get(seqs, eng.device)  # rows with top-k / top-p, rules or logprobs (graphed_extras.py)
         g.launch(key, [q.token_ids[-1] for q in seqs], [len(q.token_ids) - 1 for q in seqs], slots,
                  [q.seed for q in seqs], [0.0 if q.params.greedy else float(q.params.temperature) for q in seqs],
                  [q.block_table for q in seqs], drafting, budget, carried, first_tokens, draft_width=width,

@@ -15,7 +15,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.spec_decode.lockstep import NEAR_TIE, draw_margin_after, first_draw_margin, run_lockstep
-from adaspec.testing import device_sync_sites
+from adaspec.testing import device_sync_sites, no_eager_decodes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -384,16 +384,20 @@ def test_a_failed_sampling_graph_capture_leaves_the_eager_sampler(monkeypatch):
 @pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
 def test_rows_with_logits_rules_beside_graphed_rows_match_the_eager_engine(spec, tmp_path):
     """Penalties, logit_bias and min_tokens (sample/logits_rules.py) on every other request: those
-    rows leave the sampling graphs and the graphed speculative step for the eager step (mixed
-    steps, drained pipelines; under async scheduling their last token counted from the device),
-    and every request's greedy tokens are the eager engine's."""
+    rows leave the plain engine's sampling graphs (under async scheduling their last token counted
+    from the device); the speculative step's graphs serve them, their verification redone after
+    the replay (spec_decode/graphed_extras.py; such steps synchronous), no decoding row left to
+    the eager step; every request's greedy tokens are the eager engine's."""
     prompts = _prompts(12)
     ruled = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.8, frequency_penalty=0.4,
                            repetition_penalty=1.3, logit_bias={202: -3.0, 11: 2.0}, min_tokens=5)
     plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     params = [ruled if i % 2 else plain for i in range(len(prompts))]
     want = [o.outputs[0].token_ids for o in _llm(True, spec, tmp=tmp_path).generate(prompts, params)]
-    got = [o.outputs[0].token_ids for o in _llm(False, spec, tmp=tmp_path).generate(prompts, params)]
+    graphed = _llm(False, spec, tmp=tmp_path)
+    if spec:
+        no_eager_decodes(graphed)
+    got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
     assert got == want, _divergence(got, want, params)
 
 
@@ -420,9 +424,10 @@ def test_prompt_logprobs_with_graphs_match_the_eager_engine(spec, tmp_path):
 @pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
 def test_structured_outputs_beside_graphed_rows_match_the_eager_engine(spec, tmp_path):
     """A regex and a choice constraint (sample/structured_outputs.py) on some requests: their rows
-    run eagerly, a step in flight that sampled for one is read back before the next (async
-    scheduling, pipelined speculative steps), and every request's greedy tokens are the eager
-    engine's; the constrained outputs follow their constraint."""
+    sample eagerly in the plain engine and are redone after the speculative step's verify replay
+    (no decoding row left to its eager step), a step in flight that sampled for one is read back
+    before the next (async scheduling, pipelined speculative steps), and every request's greedy
+    tokens are the eager engine's; the constrained outputs follow their constraint."""
     import re
 
     from adaspec.sampling_params import StructuredOutputsParams as SO
@@ -433,7 +438,10 @@ def test_structured_outputs_beside_graphed_rows_match_the_eager_engine(spec, tmp
     plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     params = [(plain, regex, plain, choice)[i % 4] for i in range(len(prompts))]
     want = [o.outputs[0] for o in _llm(True, spec, tmp=tmp_path).generate(prompts, params)]
-    got = [o.outputs[0] for o in _llm(False, spec, tmp=tmp_path).generate(prompts, params)]
+    graphed = _llm(False, spec, tmp=tmp_path)
+    if spec:
+        no_eager_decodes(graphed)
+    got = [o.outputs[0] for o in graphed.generate(prompts, params)]
     assert [o.token_ids for o in got] == [o.token_ids for o in want], \
         _divergence([o.token_ids for o in got], [o.token_ids for o in want], params)
     for o, p in zip(got, params):

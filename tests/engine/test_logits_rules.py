@@ -12,6 +12,7 @@ from adaspec import LLM, SamplingParams
 from adaspec.errors import InvalidRequestError
 from adaspec.sample import logits_rules
 from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules, bad_word_ids
+from adaspec.testing import no_eager_decodes, use_eager_spec_graphs
 
 INF = float("inf")
 
@@ -281,23 +282,26 @@ def test_allowed_token_ids_and_logit_bias_in_sampled_speculation():
     assert all(not {202, 262} & set(o.outputs[0].token_ids) for o in banned)
 
 
-def test_graphed_speculative_step_sends_ruled_rows_to_the_eager_step():
-    """A row with a rule is not one the graphs serve (_row_covered): in a batch with plain rows the
-    step is mixed, the plain rows graphed (captured eagerly on CPU), the ruled ones eager, and
-    each gets the tokens an engine without graphs gives it (greedy)."""
-    from adaspec.spec_decode.graphed_step import GraphedSpecStep
-
-    cfg = {"method": "dspark", "num_speculative_tokens": 4}
-    ruled, plain = _ruled_params(temperature=0.0), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+@pytest.mark.parametrize("variant", ["fixed", "adaptive", "async"])
+def test_graphed_speculative_step_runs_ruled_rows_in_its_graphs(variant):
+    """A row with a rule decodes in the graphs (captured eagerly on CPU) beside plain rows, its
+    verification redone after the replay with its drafts in its history (graphed_extras.py); no
+    decoding row goes to the eager step, and each gets the tokens an engine without graphs gives it
+    (greedy: the same target argmax under the same rule, whatever the drafts). Under async
+    scheduling a step with a ruled row runs synchronously (its rule reads the tokens of the step
+    before on the host), and the plain rows pipeline once the ruled ones end."""
+    cfg = {"method": "dspark", "num_speculative_tokens": 4, "enable_adaptive_verification": variant == "adaptive"}
+    ruled = _ruled_params(temperature=0.0, max_tokens=12)
+    plain = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     params = [ruled, plain, ruled]
     want = [o.outputs[0].token_ids for o in LLM("tiny", speculative_config=cfg).generate(PROMPTS, params)]
-    llm = LLM("tiny", speculative_config=cfg)
-    eng = llm.llm_engine
-    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 4])
-    steps.capture(eager=True)
-    eng.spec.use_graphs(steps)
+    llm = LLM("tiny", speculative_config=cfg, async_scheduling=variant == "async")
+    use_eager_spec_graphs(llm, [1, 4])
+    no_eager_decodes(llm)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    assert eng.stats.num_graphed_steps > 0
+    st = llm.llm_engine.stats
+    assert st.num_graphed_steps > 5 and st.num_accepted_tokens > 0
+    assert (st.num_pipelined_steps > 0) == (variant == "async")
     assert got == want
 
 

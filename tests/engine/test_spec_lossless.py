@@ -15,6 +15,7 @@ from adaspec.models.loader import load_target
 from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.sample.rejection import RejectionOutput
 from adaspec.sample.logits_rules import LogitsRule
+from adaspec.testing import use_eager_spec_graphs
 from tests.engine.test_logits_rules import reference_row
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 from tests.spec_decode.micro import broken_sampler
@@ -49,12 +50,7 @@ def sample_fn(pair, params, tmp_path, graphed: bool = False, **spec):
            "cost_model_cache_dir": str(tmp_path), **spec}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=2048, max_num_batched_tokens=16384)
     if graphed:
-        from adaspec.spec_decode.graphed_step import GraphedSpecStep
-
-        eng = llm.llm_engine
-        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 16, 256, 2048])
-        steps.capture(eager=True)
-        eng.spec.use_graphs(steps)
+        use_eager_spec_graphs(llm, [1, 16, 256, 2048])
     if spec.get("enable_adaptive_verification"):
         # fixed tables: the profiled ones are timed on the machine at hand, and on a loaded one they
         # made the policy skip so many drafts that the harness saw too few (CI: 4,096 verified of
@@ -96,8 +92,11 @@ RULED = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, presence_
     (T07, {"graphed": True}),
     (T07, {"graphed": True, "enable_adaptive_verification": True}),
     (RULED, {}),
+    # the graphed path: the ruled rows' positions judged after the replay with their drafts' history
+    (RULED, {"graphed": True, "enable_adaptive_verification": True}),
 ], ids=["fixed-T1", "fixed-T0.7-top_p0.8", "adaptive-T1", "greedy-drafts-T1", "graphed-fixed-T0.7-top_p0.8",
-        "graphed-adaptive-T0.7-top_p0.8", "fixed-T1-penalties-bias-min_tokens"])
+        "graphed-adaptive-T0.7-top_p0.8", "fixed-T1-penalties-bias-min_tokens",
+        "graphed-adaptive-T1-penalties-bias-min_tokens"])
 def test_speculative_engine_is_lossless(lossless_micro_pair, tmp_path, params, spec):
     p = lossless_pvalue(sample_fn(lossless_micro_pair, params, tmp_path, **spec), exact_law(lossless_micro_pair[0], params), n=N)
     assert p > 1e-3

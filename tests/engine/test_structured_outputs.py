@@ -21,7 +21,7 @@ from adaspec.sample import structured_outputs
 from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
 from adaspec.sample.probs import processed_probs
 from adaspec.sampling_params import StructuredOutputsParams as SO
-from adaspec.testing import run_waves_keeping_sequences
+from adaspec.testing import run_waves_keeping_sequences, use_eager_spec_graphs
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 
 # a test dependency (pyproject's test extra); a GPU machine without it runs `pytest -m gpu` past
@@ -518,22 +518,29 @@ def exact_constrained_law(target_dir, prompt=PROMPT, mark: int | None = None, mi
     return enumerate_joint(next_probs, L, prefix=tuple(prompt))
 
 
-def grammar_samples(pair, tmp_path):
+def grammar_samples(pair, tmp_path, graphed: bool = False):
+    """graphed: decode steps through the speculative step's graphed path, captured eagerly (CPU),
+    whose constrained rows are judged after the replay (spec_decode/graphed_extras.py)."""
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "cost_model_cache_dir": str(tmp_path)}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=2048, max_num_batched_tokens=16384)
+    if graphed:
+        use_eager_spec_graphs(llm, [1, 16, 256, 2048])
 
     def run(n):
         torch.manual_seed(1234)
         outs = llm.generate([PROMPT] * n, MICRO, use_tqdm=False)
         st = llm.llm_engine.stats
         assert st.num_verified_tokens > n // 4 and st.num_accepted_tokens > 0  # speculation really ran
+        assert (st.num_graphed_steps > 0) == graphed
         return [o.outputs[0].token_ids[:L] for o in outs]
 
     return run
 
 
-def test_speculative_engine_under_a_grammar_is_lossless(lossless_micro_pair, tmp_path):
-    p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path), exact_constrained_law(lossless_micro_pair[0]), n=N)
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
+def test_speculative_engine_under_a_grammar_is_lossless(lossless_micro_pair, tmp_path, graphed):
+    p = lossless_pvalue(grammar_samples(lossless_micro_pair, tmp_path, graphed),
+                        exact_constrained_law(lossless_micro_pair[0]), n=N)
     assert p > 1e-3
 
 

@@ -57,8 +57,8 @@ def test_rows_with_logprobs_or_filters_are_verified_apart_too():
         assert slots == [K] * 4 and chunk == BUDGET - 4
 
 
-def test_rows_with_logits_rules_take_their_slots_from_the_budget():
-    # the eager step verifies them (sample/logits_rules.py: the graphs do not serve them)
+def test_rows_with_logits_rules_are_verified_apart_too():
+    # the graphs serve them, their verification redone after the replay (spec_decode/graphed_extras.py)
     sch = Scheduler(BlockManager(256, 4), 16, BUDGET, 400, num_spec_tokens=K, draft_lookahead=K)
     sch.set_verify_apart(16)
     seqs = [_decoding(sch, i, presence_penalty=0.5 if i % 2 else 0.0) for i in range(4)]
@@ -67,7 +67,7 @@ def test_rows_with_logits_rules_take_their_slots_from_the_budget():
     sch.add(Sequence("p", None, list(range(1, 201)), SamplingParams(max_tokens=8)))
     out = sch.schedule()
     assert [s.spec_slots for s in out[:4]] == [K] * 4
-    assert out[-1].num_tokens == BUDGET - 4 - 2 * K
+    assert out[-1].num_tokens == BUDGET - 4
 
 
 def test_at_most_max_rows_are_verified_apart():

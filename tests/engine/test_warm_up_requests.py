@@ -39,7 +39,7 @@ def test_a_warmed_up_engine_forgets_the_dummy_requests(pair, tmp_path):
     eng = warm.llm_engine
     assert cold.llm_engine.warm_up_result is None  # CPU: off unless asked for
     result = eng.warm_up_result
-    assert result.requests == 21 and result.steps >= 9  # nine phases, each at least one step
+    assert result.requests == 23 and result.steps >= 10  # ten phases, each at least one step
     # nothing of them is left: no request, every block free, counters at zero, a policy that saw nothing
     assert not eng.has_unfinished_requests() and not eng.requests
     assert eng._in_flight is None and eng._spec_in_flight is None
@@ -97,5 +97,5 @@ def test_it_refuses_a_busy_engine_and_bad_config(pair, tmp_path):
 
 def test_a_plain_engine_warms_up_too(micro_qwen3):
     llm = LLM(str(micro_qwen3), warm_up_requests=True)
-    assert llm.llm_engine.warm_up_result.requests == 21
+    assert llm.llm_engine.warm_up_result.requests == 23
     assert llm.llm_engine.stats.num_steps == 0

@@ -15,7 +15,7 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.spec_decode.graphed_step import GraphedSpecStep, GraphPaddedCost, packed_layout, query_levels
 from adaspec.spec_decode.policy import AdaptivePolicy
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, no_eager_decodes
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +91,6 @@ def test_graphed_seeded_sampling_equals_eager_step(pair, tmp_path, k, adaptive, 
     assert (a.num_verified_tokens, a.verify_len_hist) == (b.num_verified_tokens, b.verify_len_hist)
 
 
-def _no_eager_decodes(llm):
-    """Make the engine fail if its eager speculative step ever runs a decoding row."""
-    spec = llm.llm_engine.spec
-    eager = spec._launch_eager
-
-    def launch_eager(scheduled, *args):
-        assert not any(s.num_tokens == 1 and s.samples for s in scheduled), "a decoding row left the graphs"
-        return eager(scheduled, *args)
-
-    spec._launch_eager = launch_eager
-
-
 FILTERED = [dict(top_p=0.9), dict(top_k=5), dict(logprobs=2), dict(top_p=0.8, top_k=3, logprobs=0), {}]
 
 
@@ -117,7 +105,7 @@ def test_filters_and_logprobs_run_in_the_graphs_as_in_the_eager_step(pair, tmp_p
     eager = _llm(pair, tmp_path, k, adaptive, graphed=False, greedy_drafts=True, arrivals=arrivals).generate(
         _prompts(), params)
     llm = _llm(pair, tmp_path, k, adaptive, graphed=True, greedy_drafts=True, arrivals=arrivals)
-    _no_eager_decodes(llm)
+    no_eager_decodes(llm)
     cache, builds = llm.llm_engine.spec._row_extras, []
     build = cache._build
     cache._build = lambda seqs, device: builds.append(1) or build(seqs, device)
@@ -144,7 +132,7 @@ def test_top_k_one_and_a_tiny_top_p_sample_the_argmax_in_the_graphs(pair, plain_
     llm = _llm(pair, tmp_path, 7, True, graphed=True)
     if not drafts:
         llm.llm_engine.spec.policy.should_draft = lambda *a, **kw: False
-    _no_eager_decodes(llm)
+    no_eager_decodes(llm)
     params = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=i,
                              **(dict(top_k=1) if i % 2 else dict(top_p=1e-6))) for i in range(len(_prompts()))]
     outs = llm.generate(_prompts(), params)
@@ -154,13 +142,16 @@ def test_top_k_one_and_a_tiny_top_p_sample_the_argmax_in_the_graphs(pair, plain_
     assert (st.num_verified_tokens > 0) == drafts
 
 
-@pytest.mark.parametrize("variant", ["fixed", "pipelined", "adaptive-narrow"])
-def test_a_filter_that_removes_nothing_redoes_the_graphs_own_step(pair, tmp_path, monkeypatch, variant):
-    """top_k above the vocabulary filters nothing, yet sends its row through graphed_extras' redo:
-    with the same distributions, drafts, draft distributions and uniforms, the redo must write back
-    exactly what the graph wrote (tokens, accepted drafts, carry), row by row, with sampled drafts,
-    such rows among plain ones, carried rows (pipelined) and narrow drafts. A redo that read
-    another row's drafts, draft distributions, positions or packed rows would differ."""
+@pytest.mark.parametrize("variant, redo", [("fixed", "filter"), ("pipelined", "filter"), ("adaptive-narrow", "filter"),
+                                           ("fixed", "rule"), ("adaptive-narrow", "rule")])
+def test_a_filter_or_rule_that_removes_nothing_redoes_the_graphs_own_step(pair, tmp_path, monkeypatch, variant, redo):
+    """top_k above the vocabulary filters nothing, and allowed_token_ids of the whole vocabulary
+    masks nothing, yet each sends its row through graphed_extras' redo (a rule with its drafts read
+    back for its history): with the same distributions, drafts, draft distributions and uniforms,
+    the redo must write back exactly what the graph wrote (tokens, accepted drafts, carry), row by
+    row, with sampled drafts, such rows among plain ones, carried rows (pipelined; ruled rows are
+    never pipelined) and narrow drafts. A redo that read another row's drafts, draft
+    distributions, positions or packed rows would differ."""
     from adaspec.spec_decode import graphed_extras
 
     k = 3 if variant != "adaptive-narrow" else 7
@@ -178,18 +169,20 @@ def test_a_filter_that_removes_nothing_redoes_the_graphs_own_step(pair, tmp_path
         eng.spec.policy.should_draft = lambda *a, **kw: True
     real, compared = graphed_extras.fix_up, []
 
-    def checked(g, b, q, extras):
-        rows = extras.filtered_rows
+    def checked(g, b, q, extras, drafts=None):
+        rows = extras.redo_rows
+        assert (extras.ruled is not None) == (redo == "rule")
         before = g.readback[rows, : g.k + 2].clone(), g.carry[rows].clone()
-        out = real(g, b, q, extras)
+        out = real(g, b, q, extras, drafts)
         assert torch.equal(g.readback[rows, : g.k + 2], before[0]) and torch.equal(g.carry[rows], before[1])
         compared.append((q, len(rows)))
         return out
 
     monkeypatch.setattr(graphed_extras, "fix_up", checked)
     vocab = eng.model_config.vocab_size
+    removes_nothing = dict(top_k=vocab + 7) if redo == "filter" else dict(allowed_token_ids=list(range(vocab)))
     params = [SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True, seed=300 + i,
-                             top_k=vocab + 7 if i % 3 else 0) for i in range(len(_prompts()))]
+                             **(removes_nothing if i % 3 else {})) for i in range(len(_prompts()))]
     llm.generate(_prompts(), params)
     assert sum(n for q, n in compared if q > 1) > 20, compared  # drafting steps' rows compared
     if variant == "pipelined":
@@ -201,7 +194,7 @@ def test_logprobs_of_a_step_that_does_not_draft(pair, tmp_path):
     among them, equal to the plain engine's."""
     llm = _llm(pair, tmp_path, 3, False, graphed=True)
     llm.llm_engine.spec.policy.should_draft = lambda *a, **kw: False
-    _no_eager_decodes(llm)
+    no_eager_decodes(llm)
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
     out = llm.generate(_prompts(3), sp)
     plain = LLM(pair[0]).generate(_prompts(3), sp)
