@@ -7,9 +7,12 @@ per arm, in one process, repeats interleaved so that a drift of the machine's sp
         [--variants plain,ruled,structured] [--requests 64] [--max-tokens 64] [--repeats 3]
         [--temperature 0] [--device auto] [--out FILE]
 
-Rows with a rule run eagerly (outside the CUDA graphs) and the drafter proposes without the rule,
-so on a GPU the ruled arm pays the eager step and maybe some acceptance; on a CPU, where every step
-is eager, it pays the rule's own work. Structured outputs also read every step back before the next
+A rule is applied eagerly after the CUDA graphs: the plain engine samples ruled rows outside its
+sampling graphs; the speculative step's graphs serve them and redo their verification after the
+replay, in steps that are not pipelined and wait for the drafts (spec_decode/graphed_extras.py),
+and there the drafter proposes without the rule (its additive part guides it in the eager step
+only), so the ruled arm pays the redo and maybe some acceptance; on a CPU, where every step is
+eager, it pays the rule's own work. Structured outputs also read every step back before the next
 is scheduled (no async overlap) and compute the grammar's masks on the host. Prints the median
 output tokens/s per (arm, variant) with the spread over repeats, the ratio to plain, and the
 acceptance of the speculative arms.
