@@ -8,7 +8,7 @@ from graph_buffers_common import _prompts, check_graph_buffers_match_eager, make
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine.cuda_graphs import GraphedForward
-from adaspec.testing import assert_same_proposals, record_proposals
+from adaspec.testing import assert_same_proposals, record_proposals, use_eager_spec_graphs
 
 pytestmark = needs_kernels
 pair = pytest.fixture(scope="module", name="pair")(make_pair)
@@ -26,8 +26,6 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
     for every row. Tokens equal the plain engine's (lossless either way), and the drafter's context
     cache, written from those layers, equals the one written after an eager prefill: a wrong row or
     layer there would only lower acceptance, which the tokens cannot show."""
-    from adaspec.spec_decode.graphed_step import GraphedSpecStep
-
     prompts = _prompts(7)  # 7 requests into 4 slots: three arrive while others decode
     params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(7)]
     kw = dict(max_num_seqs=4, max_num_batched_tokens=40, device="cpu", skip_tokenizer_init=True)
@@ -41,9 +39,7 @@ def test_spec_engine_prefill_chunks_replay_mixed_graphs(pair):
                                                "draft_sample_method": "greedy"},
                   attention_backend="triton" if mixed else "reference", **kw)
         eng = llm.llm_engine
-        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
-        steps.capture(eager=True)
-        eng.spec.use_graphs(steps)
+        use_eager_spec_graphs(llm, [1, 2, 4])
         if mixed:
             g = GraphedForward(eng.model, eng.kv_caches, eng.config.block_size, eng.device, 4, query_lens=(1,),
                                max_model_len=eng.max_model_len,

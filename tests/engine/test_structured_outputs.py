@@ -407,10 +407,9 @@ def test_logprobs_are_taken_after_the_grammars_mask(engines, arm):
 
 def test_pipelined_steps_read_a_grammars_token_back(engines):
     """The speculative step's graphs (captured eagerly on the CPU) under async scheduling:
-    constrained rows leave the graphs, a pipelined step that sampled a constrained request's first
-    token is drained before the next, and every greedy output is the synchronous engine's."""
-    from adaspec.spec_decode.graphed_step import GraphedSpecStep
-
+    constrained rows run in the graphs, in steps that are not pipelined, a pipelined step that
+    sampled a constrained request's first token is drained before the next, and every greedy
+    output is the synchronous engine's."""
     prompts = [PROMPTS[i % 3] * (1 + i % 4) for i in range(12)]
     kinds = [None, "regex", None, "choice", None, "json"]
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True) if kinds[i % 6] is None else
@@ -421,9 +420,7 @@ def test_pipelined_steps_read_a_grammars_token_back(engines):
                                                                                         use_tqdm=False)]
     llm = LLM("tiny", speculative_config=cfg, async_scheduling=True, max_num_seqs=6, max_num_batched_tokens=64)
     eng = llm.llm_engine
-    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
-    steps.capture(eager=True)
-    eng.spec.use_graphs(steps)
+    use_eager_spec_graphs(llm, [1, 2, 4, 6])
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert eng.stats.num_pipeline_drains > 0 and eng.stats.num_graphed_steps > 0

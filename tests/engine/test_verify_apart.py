@@ -9,8 +9,7 @@ from adaspec.engine.scheduler import Scheduler
 from adaspec.engine.sequence import Sequence
 from adaspec.sample.logits_rules import LogitsRule
 from adaspec.sampling_params import SamplingParams
-from adaspec.spec_decode.graphed_step import GraphedSpecStep
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, use_eager_spec_graphs
 
 K = 7
 BUDGET = 64
@@ -172,9 +171,7 @@ def test_no_eager_forward_exceeds_the_budget(pair, pipelined, served_only):
     llm = LLM(pair[0], speculative_config={"method": "dspark", "model": pair[1], "num_speculative_tokens": K},
               max_num_seqs=6, max_num_batched_tokens=budget, block_size=8, async_scheduling=pipelined)
     eng = llm.llm_engine
-    graphs = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 3])
-    graphs.capture(eager=True)  # replayed eagerly over the same buffers, apart from runner.execute
-    eng.spec.use_graphs(graphs)
+    use_eager_spec_graphs(llm, [1, 2, 3])  # replayed eagerly over the same buffers, apart from runner.execute
     sizes = []
     execute = eng.runner.execute
 

@@ -15,7 +15,7 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.spec_decode.graphed_step import GraphedSpecStep, GraphPaddedCost, packed_layout, query_levels
 from adaspec.spec_decode.policy import AdaptivePolicy
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, no_eager_decodes
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, no_eager_decodes, use_eager_spec_graphs
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +162,7 @@ def test_a_filter_or_rule_that_removes_nothing_redoes_the_graphs_own_step(pair, 
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8,
               async_scheduling=variant == "pipelined")
     eng = llm.llm_engine
-    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
-    steps.capture(eager=True)
-    eng.spec.use_graphs(steps)
+    use_eager_spec_graphs(llm, [1, 2, 4, 6])
     if variant == "adaptive-narrow":  # every step drafts (the micro pair's tables would skip most)
         eng.spec.policy.should_draft = lambda *a, **kw: True
     real, compared = graphed_extras.fix_up, []
@@ -285,9 +283,7 @@ def test_budget_draft_width_profiles_a_table_per_width(pair, tmp_path):
     assert sorted(spec.cost_model.draft_narrow) == [2, 4]  # the eager engine's (CPU) tables
     [cached] = tmp_path.glob("cost_model_*.json")
     assert json.loads(cached.read_text())["key"]["draft_widths"] == [2, 4]
-    steps = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4])
-    steps.capture(eager=True)
-    spec.use_graphs(steps)
+    steps = use_eager_spec_graphs(llm, [1, 2, 4])
     replayed = []
     for key, graph in steps.propose_graphs.items():
         graph.replay = (lambda inner, key: lambda: (replayed.append(key), inner())[1])(graph.replay, key)
@@ -387,10 +383,7 @@ def test_synthetic_method_through_the_graphs(pair, extra):
     cfg = {"method": "synthetic", "num_speculative_tokens": 4, "synthetic_acceptance": curve,
            "synthetic_confidence_noise": 0.0}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
-    spec = llm.llm_engine.spec
-    graphed = GraphedSpecStep(spec, llm.llm_engine, batch_sizes=[1, 2, 4, 6])
-    graphed.capture(eager=True)
-    spec.use_graphs(graphed)
+    use_eager_spec_graphs(llm, [1, 2, 4, 6])
     outs = llm.generate(_prompts(6), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True, **extra))
     st = llm.llm_engine.stats
     assert llm.llm_engine.stats.num_graphed_steps > 20 and st.synthetic_acceptance

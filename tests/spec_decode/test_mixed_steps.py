@@ -10,10 +10,9 @@ from adaspec import LLM, SamplingParams
 from adaspec.config import SpeculativeConfig
 from adaspec.errors import ConfigError
 from adaspec.spec_decode.cost_model import CostModel, CostTable
-from adaspec.spec_decode.graphed_step import GraphedSpecStep
 from adaspec.spec_decode.policy import (AdaptivePolicy, allocate, budget_objective, mixed_step_drafts, survival)
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, use_eager_spec_graphs
 
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
@@ -193,9 +192,7 @@ def _fused_llm(pair, tmp_path, async_scheduling, graphs=False, **kw):
     llm = LLM(pair[0], speculative_config=cfg, async_scheduling=async_scheduling, **kw)
     eng = llm.llm_engine
     if graphs:  # the pipelined graphed path, its graphs replayed eagerly on the CPU (test_pipelined.py)
-        steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4])
-        steps.capture(eager=True)
-        eng.spec.use_graphs(steps)
+        use_eager_spec_graphs(llm, [1, 2, 4])
     eng.spec.policy = AdaptivePolicy(_knee_cost(), k=7, probe_every=1000, mixed_steps="fused")
     return llm, _recording(eng.spec.policy)
 

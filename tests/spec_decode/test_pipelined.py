@@ -13,8 +13,7 @@ from adaspec.engine.async_step import PENDING
 from adaspec.engine.scheduler import DrainFirst, Scheduler
 from adaspec.engine.block_manager import BlockManager
 from adaspec.engine.sequence import Sequence
-from adaspec.spec_decode.graphed_step import GraphedSpecStep
-from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, use_eager_spec_graphs
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +34,7 @@ def _llm(pair, k=3, adaptive=False, pipelined=True, **kw):
            "enable_adaptive_verification": adaptive, "cost_model_cache_dir": pair[2]}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8,
               async_scheduling=pipelined, **kw)
-    eng = llm.llm_engine
-    steps = GraphedSpecStep(eng.spec, eng, batch_sizes=[1, 2, 4, 6])
-    steps.capture(eager=True)
-    eng.spec.use_graphs(steps)
+    use_eager_spec_graphs(llm, [1, 2, 4, 6])
     return llm
 
 
