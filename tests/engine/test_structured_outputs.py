@@ -21,7 +21,7 @@ from adaspec.sample import structured_outputs
 from adaspec.sample.logits_rules import LogitsRule, RuleRow, apply_logits_rules
 from adaspec.sample.probs import processed_probs
 from adaspec.sampling_params import StructuredOutputsParams as SO
-from adaspec.testing import run_waves_keeping_sequences, use_eager_spec_graphs
+from adaspec.testing import no_eager_decodes, run_waves_keeping_sequences, use_eager_spec_graphs
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 
 # a test dependency (pyproject's test extra); a GPU machine without it runs `pytest -m gpu` past
@@ -384,12 +384,18 @@ def grammar_of(llm, kind: str):
                                          eng.stop_checker.eos_token_ids)
 
 
-@pytest.mark.parametrize("arm", ["none", "fixed"])
+@pytest.mark.parametrize("arm", ["none", "fixed", "graphed"])
 def test_logprobs_are_taken_after_the_grammars_mask(engines, arm):
     """As vLLM's (its bitmask goes on the logits before the sampler): a choice's top logprobs are
     tokens it allows, the greedy token is the top one, and the end of a complete output, the only
-    token allowed there, has logprob 0."""
-    llm = engines[arm]
+    token allowed there, has logprob 0; also where the speculative step's graphs (captured eagerly)
+    serve the rows and their logprobs come from the redo after the replay."""
+    if arm == "graphed":
+        llm = LLM("tiny", speculative_config=ARMS["fixed"])
+        use_eager_spec_graphs(llm, [1, 2, 4])
+        no_eager_decodes(llm)
+    else:
+        llm = engines[arm]
     eos = llm.llm_engine.tokenizer.eos_token_id
     params = SamplingParams(temperature=0, max_tokens=20, logprobs=3, structured_outputs=SO(choice=CHOICES))
     for out in llm.generate(PROMPTS, params, use_tqdm=False):
