@@ -26,6 +26,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from adaspec.errors import InvalidRequestError
@@ -361,12 +362,15 @@ def grammar_keep_mask(rows: list, vocab_size: int, device) -> torch.Tensor:
 def _end_where_nothing_fits(bits: torch.Tensor, vocab_size: int, eos_tokens) -> None:
     """A mask that allows no token below the logits' width (a grammar whose only continuations are
     tokens the tokenizer has and the model cannot produce) allows the end of sequence instead: the
-    output ends there, where a row of -inf would sample garbage that the matcher then refuses."""
+    output ends there, where a row of -inf would sample garbage that the matcher then refuses.
+    In numpy: torch's CPU ops on these few words took ~1 ms a call on the H100 machine's 16-core
+    host (H100 run 51's profile: 2 ms of a structured step), numpy's tens of microseconds."""
     full, rest = divmod(vocab_size, 32)
-    some = (bits[:, :full] != 0).any(1)
+    words = bits.numpy()
+    some = (words[:, :full] != 0).any(1)
     if rest:
-        some |= (bits[:, full] & ((1 << rest) - 1)) != 0
-    for r in (~some).nonzero().flatten().tolist():
+        some |= (words[:, full] & ((1 << rest) - 1)) != 0
+    for r in np.flatnonzero(~some).tolist():
         for t in eos_tokens:
             bits[r, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
 

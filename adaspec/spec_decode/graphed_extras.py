@@ -194,7 +194,8 @@ def fix_up(g, b: int, q: int, extras: RowExtras, drafts: DraftsOnHost | None = N
         r_logits = logits[extras.redo]
         if extras.ruled is not None:
             shown, r_logits = _with_rules(r_logits, extras.ruled, K, drafts)
-            logits[extras.redo] = shown.to(logits.dtype)  # (the logprobs show the grammars' masks only, as vLLM's)
+            if extras.any_logprobs:  # (the logprobs show the grammars' masks only, as vLLM's)
+                logits[extras.redo] = shown.to(logits.dtype)
         _redo(g, b, K, extras.redo_rows, r_logits, extras.batch)
     if not extras.any_logprobs:
         return None
