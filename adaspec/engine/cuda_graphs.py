@@ -120,8 +120,11 @@ class GraphedForward:
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, max_num_seqs: int,
                  query_lens: tuple[int, ...], max_model_len: int, max_blocks_per_seq: int, scratch_block: int,
                  capture_layers: list[int] | None, batch_sizes: list[int] | None = None,
-                 mixed_sizes: list[tuple[int, int]] | None = None, write_context=None):
+                 mixed_sizes: list[tuple[int, int]] | None = None, write_context=None, backend: str = "triton"):
         self.model, self.kv_caches, self.block_size, self.device = model, kv_caches, block_size, device
+        # the attention backend the graphs run: the Triton kernel (its grid depends on (B, T) only);
+        # "paged_torch" (its contract in plain torch) for CPU tests of code that captures eagerly
+        self.backend = backend
         # write_context(captured, positions, slot_mapping): a speculative engine's drafter context
         # write (spec_decode/step.DrafterSetup), run inside every graph after the forward, for all
         # T rows (padding writes the scratch block). A plain step of adaptive speculation then costs
@@ -165,7 +168,7 @@ class GraphedForward:
     # -- capture -------------------------------------------------------------------------------
     def _meta(self, b: int, t: int, q: int) -> AttentionMetadata:
         return AttentionMetadata(
-            backend="triton", slot_mapping=self.slot_mapping[:t], num_seqs=b, max_q=q, max_k=self.max_model_len,
+            backend=self.backend, slot_mapping=self.slot_mapping[:t], num_seqs=b, max_q=q, max_k=self.max_model_len,
             cu_q=self.query_start[: b + 1], block_tables=self.block_tables[:b], kv_lens=self.kv_lens[:b],
             causal=True, block_size=self.block_size,
         )

@@ -65,6 +65,38 @@ def test_sampled_rows_follow_the_seed_and_keep_the_prompts(model):
     assert rect.shape == (2, 3 + GEN) and rect[0].tolist() == greedy_by_recompute(model, [5, 9, 2], GEN)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_graphed_decode_gives_the_eager_loops_rows(model, temperature):
+    """The decode steps as the graph's forward over its static buffers (run eagerly here: the same
+    buffers, block tables, positions and input tokens as a CUDA replay) give the eager loop's rows,
+    token for token, for ragged prompts over two batches (3 rows, then 1)."""
+    want = sample_ragged(model, PROMPTS, GEN, temperature=temperature, seed=5, batch_size=3, cuda_graphs=False)
+    got = sample_ragged(model, PROMPTS, GEN, temperature=temperature, seed=5, batch_size=3, cuda_graphs="eager")
+    assert got == want
+    if temperature == 0.0:
+        assert got == [greedy_by_recompute(model, p, GEN) for p in PROMPTS]
+
+
+def test_a_failed_capture_decodes_the_batch_eagerly(model, monkeypatch, capsys):
+    """The pair build must not be lost to a graph capture (out of memory, say): the batch decodes
+    eagerly, with a warning naming the failure."""
+    from adaspec.engine.cuda_graphs import GraphedForward
+
+    def no_capture(self, eager=False):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(GraphedForward, "capture", no_capture)
+    got = sample_ragged(model, PROMPTS, GEN, temperature=0.0, batch_size=4, cuda_graphs="eager")
+    assert got == [greedy_by_recompute(model, p, GEN) for p in PROMPTS]
+    err = capsys.readouterr().err
+    assert "capturing the decode graph of 4 rows failed (OutOfMemoryError: CUDA out of memory (simulated))" in err
+
+
+def test_cuda_graphs_takes_true_false_or_eager(model):
+    with pytest.raises(ValueError, match="cuda_graphs must be True, False or 'eager'"):
+        sample_ragged(model, PROMPTS, 2, cuda_graphs="yes")
+
+
 def test_an_unknown_backend_is_refused_by_name(model):
     with pytest.raises(Exception, match="varlen"):
         sample_ragged(model, PROMPTS, 2, temperature=0.0, attention_backend="varlen")
@@ -81,6 +113,24 @@ def test_the_triton_backend_gives_the_reference_backends_greedy_rows_on_gpu(micr
     tri = sample_ragged(m, prompts, 24, temperature=0.0, batch_size=64, attention_backend="auto")
     same = sum(r == t for r, t in zip(ref, tri))
     assert same >= 0.9 * len(prompts), f"{same} of {len(prompts)} rows equal"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_decode_graph_gives_the_eager_loops_rows_on_gpu(micro_qwen3):
+    """A captured graph of the decode step against the eager loop, on the same Triton kernel:
+    greedy rows agree (a near tie may flip a token, as the kernels' split counts may differ), and
+    sampled rows with one seed are the eager loop's where the greedy ones are."""
+    m, _ = load_target(micro_qwen3, dtype="bfloat16", device="cuda")
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(3 + i % 11)] for i in range(64)]
+    eager = sample_ragged(m, prompts, 24, temperature=0.0, batch_size=48, cuda_graphs=False)
+    graphed = sample_ragged(m, prompts, 24, temperature=0.0, batch_size=48)
+    same = sum(a == b for a, b in zip(eager, graphed))
+    assert same >= 0.9 * len(prompts), f"{same} of {len(prompts)} rows equal"
+    eager = sample_ragged(m, prompts, 24, temperature=1.0, seed=2, batch_size=48, cuda_graphs=False)
+    graphed = sample_ragged(m, prompts, 24, temperature=1.0, seed=2, batch_size=48)
+    same = sum(a == b for a, b in zip(eager, graphed))
+    assert same >= 0.9 * len(prompts), f"{same} of {len(prompts)} sampled rows equal"
 
 
 @pytest.mark.gpu
@@ -115,10 +165,10 @@ def test_auto_falls_back_to_the_reference_attention_when_its_kernel_fails(model,
 
     run_batch = sd._sample_batch
 
-    def kernel_fails(*args):
+    def kernel_fails(*args, **kwargs):
         if args[-1] != "reference":
             raise RuntimeError("no kernel image is available")
-        return run_batch(*args)
+        return run_batch(*args, **kwargs)
 
     monkeypatch.setattr(sd, "_sample_batch", kernel_fails)
     monkeypatch.setattr(llm_engine, "choose_attention_backend", lambda name, device, dtype: "triton")
