@@ -85,6 +85,10 @@ def add_subparser(sub) -> None:
                         "every epoch; corpus rows of a mixed batch still run it). Needs rows one --seq-len long; "
                         "costs rows x seq_len x (target layers + 1) x hidden x 2 bytes (bf16): without that much "
                         "free device memory training goes on without the cache, with a note")
+    p.add_argument("--cuda-graph-step", action="store_true",
+                   help="on CUDA, after a few ordinary steps replay the whole training step (features, forward, loss, "
+                        "backward, clipping, AdamW) as one captured CUDA graph: the same kernels without the host's "
+                        "launches between them (train/captured_step.py); a capture that fails trains on as before")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="wall-clock budget for the optimization: --steps is lowered to fit after a short probe "
                         "and fitted again every 100 steps (the cosine schedule follows the total)")
@@ -169,15 +173,66 @@ def uncompile_drafter_training(drafter) -> None:
     drafter.__dict__.pop("forward_train", None)
 
 
-def drafter_optimizer(params, lr: float, device, impl: str = "auto"):
-    """AdamW (betas 0.9 / 0.95, no weight decay); impl as --adamw-impl."""
+# ordinary steps before the step is captured: the first compiles, AdamW's state appears at the first
+# opt.step(), and the capture must see every kernel's workspace already allocated
+GRAPH_WARM_STEPS = 3
+
+
+def graph_step_mode(args, device) -> str | None:
+    """"cuda" where --cuda-graph-step applies (on CUDA), else None. ("eager": the captured step's
+    buffers and replays run eagerly, for CPU tests of the loop; never from the command line.)"""
+    return "cuda" if getattr(args, "cuda_graph_step", False) and device.type == "cuda" else None
+
+
+def capture_step(train_step, inputs: dict, opt, eager: bool = False):
+    """The CapturedStep of train_step on inputs' shapes, or False (with a warning) where the
+    capture failed: training goes on with ordinary steps, the gradients reset."""
+    import torch
+    from tqdm import tqdm
+
+    from adaspec.train.captured_step import CapturedStep
+
+    captured = CapturedStep(train_step, inputs, lambda: opt.zero_grad(set_to_none=True), eager=eager)
+    t0 = time.time()
+    try:
+        captured.capture()
+    except Exception as e:  # noqa: BLE001 - an optimization: never lose the run to it
+        captured.release()
+        opt.zero_grad(set_to_none=True)
+        if not eager:
+            torch.cuda.synchronize()
+        tqdm.write(f"WARNING: capturing the training step as a CUDA graph failed ({type(e).__name__}: "
+                   f"{str(e)[:300]}); training with ordinary steps")
+        return False
+    tqdm.write(f"the training step runs as one CUDA graph from here (captured in {time.time() - t0:.1f} s)")
+    return captured
+
+
+def drafter_optimizer(params, lr: float, device, impl: str = "auto", capturable: bool = False):
+    """AdamW (betas 0.9 / 0.95, no weight decay); impl as --adamw-impl. capturable: its step
+    count and learning rate live on the device (a CUDA graph replays it; set_lr updates the rate)."""
     import torch
 
     if impl not in ("auto", "fused", "foreach"):
         raise AdaspecError(f"unknown AdamW implementation {impl!r}; use auto, fused or foreach")
     fused = impl == "fused" or (impl == "auto" and device.type == "cuda")
     kernels = {"fused": True} if fused else {"foreach": True} if impl == "foreach" else {}
+    if capturable:
+        kernels["capturable"] = True
+        lr = torch.tensor(lr, dtype=torch.float32, device=device)
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **kernels)
+
+
+def set_lr(opt, lr: float) -> None:
+    """The learning rate of every group: written into the device tensor of a capturable
+    optimizer (which a captured step reads), else replaced."""
+    import torch
+
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 def forward_backward(target, drafter, loss_fn, amp, ids, anchors, gamma: float, features=None):
@@ -310,14 +365,20 @@ def build_feature_cache(args, target, sampler, layer_ids: list[int], amp, device
     return cache
 
 
-def batch_features(cache, target, sampler, ids, layer_ids: list[int], amp):
-    """The batch's target features: the cached rows' gathered, the rest (a mixed batch's corpus
-    windows, after them in the batch) computed."""
+def cached_rows(cache, sampler, seq_len: int):
+    """The cache rows of the batch just drawn, on the device (its windows checked: train/feature_cache.py)."""
+    rows, starts = _row_sampler(sampler).last_draw
+    return cache.rows_on_device(rows, starts, seq_len)
+
+
+def batch_features(cache, target, rows, ids, layer_ids: list[int], amp):
+    """The batch's target features: the cached rows' (rows: their indices, on the device) gathered,
+    the rest (a mixed batch's corpus windows, after them in the batch) computed."""
     import torch
 
     from adaspec.train.drafter_loss import target_features
 
-    hidden, feats = cache.gather(*_row_sampler(sampler).last_draw, ids.shape[1])
+    hidden, feats = cache.take(rows)
     n = hidden.shape[0]
     if ids.shape[0] > n:
         with torch.no_grad(), amp:
@@ -405,7 +466,8 @@ def run(args) -> int:
     drafter.to(device)
     drafter.rope.build_tables(device=device)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = drafter_optimizer(params, args.lr, device, args.adamw_impl)
+    graph_step = graph_step_mode(args, device)
+    opt = drafter_optimizer(params, args.lr, device, args.adamw_impl, capturable=graph_step == "cuda")
     sampler, heldout = _build_sampler(args, target_dir, out, target, device)
     anchor_gen = torch.Generator().manual_seed(args.seed + 7)
     if heldout:  # the same anchors at every measurement
@@ -415,7 +477,7 @@ def run(args) -> int:
     step = 0
     if ckpt is not None:
         drafter.load_state_dict(ckpt["model"], strict=False)
-        opt.load_state_dict(ckpt["optim"])
+        opt.load_state_dict(ckpt["optim"])  # (a capturable optimizer's rate: set_lr writes it every step)
         sampler.set_state(ckpt["sampler_rng"])
         anchor_gen.set_state(ckpt["anchor_rng"])
         step = ckpt["step"]
@@ -436,7 +498,10 @@ def run(args) -> int:
     n_train = sum(p.numel() for p in params)
     print(f"drafter: {cfg.num_layers} layer(s), k={cfg.block_size}, rank {cfg.markov_rank}, target layers "
           f"{cfg.target_layer_ids}, {n_train / 1e6:.2f}M trainable params; device {device}", flush=True)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    # a captured step needs autocast without its cache of cast weights (the cache lives across a
+    # capture's end); the ordinary steps before it run the same way, so every step is alike
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=graph_step != "cuda") if device.type == "cuda"
+           else torch.autocast("cpu", enabled=False))
     def train_eagerly(e: Exception) -> None:
         """A compiler failure: the target, the loss and the drafter's pass run eagerly from now on."""
         nonlocal loss_fn, compiled
@@ -444,6 +509,15 @@ def run(args) -> int:
         loss_fn, compiled = dspark_loss, False
         _uncompile_layers(target)
         uncompile_drafter_training(drafter)
+
+    def train_step(ids, anchors, rows=None):
+        """One optimizer step on a batch already on the device (rows: its cached rows' indices).
+        Reads nothing back, so it can be captured (train/captured_step.py)."""
+        features = batch_features(cache, target, rows, ids, cfg.target_layer_ids, amp) if cache is not None else None
+        loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss, stats
 
     cache = None
     if args.cache_target_features:  # after the compile: built in training-batch chunks, the target's shape
@@ -457,6 +531,8 @@ def run(args) -> int:
             train_eagerly(e)
             cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device)
     history = []
+    captured = None  # the CapturedStep once the step is replayed as a graph; False: not (any more)
+    capture_at = step + GRAPH_WARM_STEPS if graph_step else None
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
     # time box (train/time_box.py): the step count is fitted to --max-minutes after 10 warmup steps
@@ -483,24 +559,25 @@ def run(args) -> int:
         anchors = to_device(sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq,
                                            anchor_gen), device)
         lr = cosine_lr(step, args.steps, args.lr, args.warmup)
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-
-        def step_loss():
-            features = batch_features(cache, target, sampler, ids, cfg.target_layer_ids, amp) if cache else None
-            return forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
-
-        try:
-            loss, stats = step_loss()
-        except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
-            if not compiled:
-                raise
-            train_eagerly(e)
+        set_lr(opt, lr)
+        inputs = {"ids": ids, "anchors": anchors}
+        if cache is not None:
+            inputs["rows"] = cached_rows(cache, sampler, ids.shape[1])
+        if step == capture_at and captured is None:
+            captured = capture_step(train_step, inputs, opt, eager=graph_step == "eager")
+        if captured:
+            captured.load(**inputs)
+            loss, stats = captured.replay()
+        else:
             opt.zero_grad(set_to_none=True)
-            loss, stats = step_loss()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+            try:
+                loss, stats = train_step(**inputs)
+            except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
+                if not compiled:
+                    raise
+                train_eagerly(e)
+                opt.zero_grad(set_to_none=True)
+                loss, stats = train_step(**inputs)
         step += 1
         bar.update(1)
         if profile.maybe_stop(step) is not None:
@@ -518,6 +595,8 @@ def run(args) -> int:
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             save_ckpt()
     bar.close()
+    if captured:
+        captured.release()
     save_ckpt()
     drafter.eval()
     save_drafter(drafter, cfg, out, dtype=getattr(torch, args.save_dtype))

@@ -58,11 +58,16 @@ class TargetFeatureCache:
             raise AdaspecError("--cache-target-features: no rows to cache")
         return cls(hidden, features)
 
-    def gather(self, rows: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows [starts, starts + seq_len) of the given rows -> (hidden [B, T, d], features
-        [B, T, m*d]); starts must be 0 (rows one window long: the module's docstring)."""
+    def rows_on_device(self, rows: torch.Tensor, starts: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """The windows [starts, starts + seq_len) of the given rows (host tensors) -> the rows'
+        indices on the device, for take(); starts must be 0 (rows one window long: the module's
+        docstring)."""
         if bool((starts != 0).any()) or seq_len != self.hidden.shape[1]:
             raise AdaspecError("--cache-target-features: the cached rows are one window long; a window that "
                                "starts inside a row (rows longer than --seq-len) cannot use them")
-        r = to_device(rows, self.hidden.device)  # pinned: a pageable copy would wait for the GPU's queue
-        return self.hidden[r], self.features[r]
+        return to_device(rows, self.hidden.device)  # pinned: a pageable copy would wait for the GPU's queue
+
+    def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows: indices on the device -> (hidden [B, T, d], features [B, T, m*d]). No host read:
+        a captured training step (train/captured_step.py) runs it."""
+        return self.hidden[rows], self.features[rows]

@@ -131,6 +131,10 @@ _CODE_06B = {
         # against 169-185 s; held-out tau 4.698 / 3.244, inside the 4.57-4.91 / 3.20-3.33 that this
         # recipe's builds gave without it (runs 34-40)
         "cache_target_features": True,
+        # the whole step (features, forward, loss, backward, clipping, AdamW) replayed as one CUDA graph
+        # after 3 ordinary steps (train/captured_step.py): H100 run 51's build ran ~30 ms a step for
+        # 25.5 ms of kernels, the host's launches setting the pace; a failed capture trains on as before
+        "cuda_graph_step": True,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
     # distribution as the held-out figures, disjoint prompts); "val", windows of the val split, made the

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaspec.errors import AdaspecError
-from adaspec.train.drafter import batch_features, build_feature_cache
+from adaspec.train.drafter import batch_features, build_feature_cache, cached_rows
 from adaspec.train.drafter_data import MixedSampler, RowSampler, StreamSampler
 from adaspec.train.drafter_loss import target_features
 from adaspec.train.feature_cache import TargetFeatureCache, cache_bytes
@@ -32,7 +32,7 @@ def test_a_mixed_batch_gathers_its_cached_rows_and_computes_the_rest(trained_tar
     cache = build_feature_cache(_Args, target, sampler, layers, AMP, torch.device("cpu"))
     for _ in range(3):
         ids = sampler.next()
-        got = batch_features(cache, target, sampler, ids, layers, AMP)
+        got = batch_features(cache, target, cached_rows(cache, sampler, 24), ids, layers, AMP)
         with torch.no_grad():
             want = target_features(target, ids, layers)
         assert got[0].shape == want[0].shape and got[1].shape == want[1].shape
@@ -72,7 +72,7 @@ def test_rows_longer_than_a_window_and_corpus_only_runs_are_refused(trained_targ
         build_feature_cache(_Args, target, stream, [0], AMP, torch.device("cpu"))
     cache = TargetFeatureCache(torch.zeros(3, 24, 4), torch.zeros(3, 24, 8))
     with pytest.raises(AdaspecError, match="one window long"):
-        cache.gather(torch.tensor([0]), torch.tensor([2]), 24)
+        cache.rows_on_device(torch.tensor([0]), torch.tensor([2]), 24)
 
 
 def test_training_with_the_cache_follows_the_same_losses(trained_target, tmp_path):
