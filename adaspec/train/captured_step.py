@@ -17,7 +17,10 @@ Capture rules this relies on (PyTorch's "whole network capture"):
 - gradients are None when the capture starts: autograd then allocates them inside the graph's
   memory pool and every replay writes them afresh (it assigns a None .grad, never accumulates),
   so nothing zeroes them while the graph lives;
-- no host read inside the step (a sync fails the capture), and autocast without its weight cache.
+- no host read inside the step (a sync fails the capture), and autocast without its weight cache;
+- one stream for the ordinary steps and the capture, and no autograd graph of an earlier step kept
+  alive (the step returns its loss detached): a parameter's AccumulateGrad node made on another
+  stream makes the capture's backward wait on that stream, which invalidates the capture.
 A capture that fails leaves training as it was: the step runs as before, with a warning.
 """
 from __future__ import annotations
@@ -51,7 +54,9 @@ class CapturedStep:
         self.zero_grad()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # recorded on the stream the ordinary steps ran on (the caller's side stream), not the
+        # graph API's own: what autograd made in those steps is on this stream (drafter.py)
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
             outputs = self.fn(**self.inputs)
         self.graph, self.outputs = graph, outputs
 

@@ -13,6 +13,7 @@ will have to predict at serving time.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -517,7 +518,11 @@ def run(args) -> int:
         loss, stats = forward_backward(target, drafter, loss_fn, amp, ids, anchors, args.gamma, features)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        return loss, stats
+        # detached: a loss kept with its autograd graph keeps the parameters' AccumulateGrad nodes
+        # alive, on the stream of the step that made them, and a capture's backward then waits on
+        # that stream, which invalidates the capture (cudaErrorStreamCaptureInvalidated, PyTorch's
+        # "AccumulateGrad node's stream does not match" warning; H200, the first GPU test)
+        return loss.detach(), stats
 
     cache = None
     if args.cache_target_features:  # after the compile: built in training-batch chunks, the target's shape
@@ -533,6 +538,13 @@ def run(args) -> int:
     history = []
     captured = None  # the CapturedStep once the step is replayed as a graph; False: not (any more)
     capture_at = step + GRAPH_WARM_STEPS if graph_step else None
+    loop_stream = contextlib.ExitStack()
+    if graph_step == "cuda":
+        # every step on one side stream, the capture too: nodes autograd makes in the ordinary
+        # steps are on the stream the capture records (PyTorch's recipe warms up on a side stream)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        loop_stream.enter_context(torch.cuda.stream(side))
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
     t0 = time.time()
     # time box (train/time_box.py): the step count is fitted to --max-minutes after 10 warmup steps
@@ -595,6 +607,9 @@ def run(args) -> int:
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             save_ckpt()
     bar.close()
+    loop_stream.close()  # (the default stream waits for the side stream's work: below)
+    if graph_step == "cuda":
+        torch.cuda.current_stream(device).wait_stream(side)
     if captured:
         captured.release()
     save_ckpt()
