@@ -12,6 +12,8 @@ Variants (each on a fresh drafter with the same initial weights):
   fused     AdamW fused (--adamw-impl fused, the default on CUDA since)
   compiled  AdamW foreach, the drafter's training pass compiled (--compile-drafter)
   both      fused and compiled
+  captured  both, the whole step replayed as one CUDA graph after 3 ordinary steps (--cuda-graph-step;
+            AdamW capturable, autocast without its cache, every step of it on one side stream)
 
 Checks first that every variant's loss on one batch from the same weights matches the recipe's
 (bf16 autocast: relative 2e-2), and stops if one does not. Then times them in the order
@@ -40,13 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec.h2d import to_device  # noqa: E402
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter  # noqa: E402
 from adaspec.models.loader import load_target  # noqa: E402
+from adaspec.train.captured_step import CapturedStep  # noqa: E402
 from adaspec.train.drafter import (_compile, compile_drafter_training, drafter_optimizer, forward_backward,  # noqa: E402
                                    init_drafter)
 from adaspec.train.drafter_loss import dspark_loss, sample_anchors  # noqa: E402
 from adaspec.train.pair_presets import PRESETS  # noqa: E402
 from qwen3_shapes import write_preset_shape  # noqa: E402
 
-VARIANTS = {"recipe": ("foreach", False), "fused": ("fused", False), "compiled": ("foreach", True), "both": ("fused", True)}
+VARIANTS = {"recipe": ("foreach", False), "fused": ("fused", False), "compiled": ("foreach", True), "both": ("fused", True),
+            "captured": ("fused", True)}
+CAPTURED = {"captured"}  # the step replayed as one CUDA graph (train/captured_step.py), after 3 ordinary steps
 
 
 def main():
@@ -83,6 +88,9 @@ def main():
     batches = [(torch.randint(4, args.vocab, (B, T), generator=g), sample_anchors(B, T, dcfg.block_size, A, g))
                for _ in range(8)]
 
+    amp_no_cache = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if cuda else amp
+    streams, graphs, counts = {}, {}, {}
+
     def fresh(name):
         impl, compile_drafter = VARIANTS[name]
         drafter = DSparkDrafter(dcfg)
@@ -92,15 +100,42 @@ def main():
         if compile_drafter:
             compile_drafter_training(drafter)
         params = [p for p in drafter.parameters() if p.requires_grad]
-        return drafter, params, drafter_optimizer(params, 1e-3, dev, impl)
+        captured = name in CAPTURED and cuda
+        if captured:
+            streams[id(drafter)] = torch.cuda.Stream(dev)
+        return drafter, params, drafter_optimizer(params, 1e-3, dev, impl, capturable=captured)
+
+    def one_step(drafter, params, opt, ids, anchors, use_amp):
+        loss, _ = forward_backward(target, drafter, loss_fn, use_amp, ids, anchors, d["gamma"])
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.detach()
 
     def step(drafter, params, opt, i):
         ids, anchors = batches[i % len(batches)]
-        ids, anchors = to_device(ids, dev), to_device(anchors, dev)  # pinned, asynchronous: as the loop
-        opt.zero_grad(set_to_none=True)
-        loss, _ = forward_backward(target, drafter, loss_fn, amp, ids, anchors, d["gamma"])
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        side = streams.get(id(drafter))
+        if side is None:
+            ids, anchors = to_device(ids, dev), to_device(anchors, dev)  # pinned, asynchronous: as the loop
+            opt.zero_grad(set_to_none=True)
+            return one_step(drafter, params, opt, ids, anchors, amp)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # as the loop with --cuda-graph-step: one side stream for all
+            ids, anchors = to_device(ids, dev), to_device(anchors, dev)
+            key = id(drafter)
+            counts[key] = counts.get(key, 0) + 1
+            graph = graphs.get(key)
+            if graph is None and counts[key] > 3:
+                graph = graphs[key] = CapturedStep(
+                    lambda ids, anchors: one_step(drafter, params, opt, ids, anchors, amp_no_cache),
+                    {"ids": ids, "anchors": anchors}, lambda: opt.zero_grad(set_to_none=True))
+                graph.capture()
+            if graph is None:
+                opt.zero_grad(set_to_none=True)
+                loss = one_step(drafter, params, opt, ids, anchors, amp_no_cache)
+            else:
+                graph.load(ids=ids, anchors=anchors)
+                loss = graph.replay()
+        torch.cuda.current_stream(dev).wait_stream(side)
         return loss
 
     states, first_loss, compile_s = {}, {}, {}
