@@ -25,7 +25,9 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               2048 + 1024) of 224 decode steps; eager decode of this shape is launch-bound at ~40-60 ms
               a step (GPU.md), so 4x the rows in 2048-row batches cost what 1024 rows cost in batches of
               256 / 768: 26 s and 48 s measured (H200 run 34, two machines) against 28 s for 1024 rows
-              (run 33). Why 4096: with 1024 rows each row was seen ~86 times and the drafter memorized
+              (run 33); H100 run 51: 37.2 ms a step at 1,024 rows for 14.5 ms of kernels, 32.6 s. Since
+              ae1553a the decode steps replay one CUDA graph per batch (train/self_distill.py; the eval's
+              and calibration's generations too): not yet timed in a build. Why 4096: with 1024 rows each row was seen ~86 times and the drafter memorized
               them (run 33: held-out rows 0.789 at slot 1, flat after ~2,400 steps, against 0.85-0.86
               on training rows); with 4096 (~20 times each) held out 0.799 / 0.557 at slots 1 / 7
               against training rows 0.815 / 0.575 (run 34): the gap at slot 1 fell from 0.07 to
@@ -131,10 +133,13 @@ _CODE_06B = {
         # against 169-185 s; held-out tau 4.698 / 3.244, inside the 4.57-4.91 / 3.20-3.33 that this
         # recipe's builds gave without it (runs 34-40)
         "cache_target_features": True,
-        # the whole step (features, forward, loss, backward, clipping, AdamW) replayed as one CUDA graph
-        # after 3 ordinary steps (train/captured_step.py): H100 run 51's build ran ~30 ms a step for
-        # 25.5 ms of kernels, the host's launches setting the pace; a failed capture trains on as before
-        "cuda_graph_step": True,
+        # the whole step replayed as one CUDA graph (train/captured_step.py; H100 run 51's build ran ~30
+        # ms a step for 25.5 ms of kernels): off until a build measures it. Its GPU tests so far (run 52,
+        # H200, before ba0340a): replays trained as ordinary steps with the features cached (9 steps,
+        # losses within 5e-3); with the target run inside the step the capture was invalidated and
+        # training went on with ordinary steps. ba0340a's fix of that is untested on a GPU.
+        # --set drafter.cuda_graph_step=true turns it on
+        "cuda_graph_step": False,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
     # distribution as the held-out figures, disjoint prompts); "val", windows of the val split, made the
