@@ -478,7 +478,10 @@ def run(args) -> int:
     step = 0
     if ckpt is not None:
         drafter.load_state_dict(ckpt["model"], strict=False)
-        opt.load_state_dict(ckpt["optim"])  # (a capturable optimizer's rate: set_lr writes it every step)
+        opt.load_state_dict(ckpt["optim"])
+        if graph_step == "cuda":  # the saved groups' rates replace the device tensors: make them device tensors again
+            for group in opt.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
         sampler.set_state(ckpt["sampler_rng"])
         anchor_gen.set_state(ckpt["anchor_rng"])
         step = ckpt["step"]
