@@ -333,8 +333,11 @@ class GraphedForward:
             raise ValueError(f"a block table of {width} blocks exceeds the captured width {self.max_blocks}")
         bt = m.bt.numpy()
         bt[:b_pad, :width] = scratch
-        for r, row in enumerate(block_tables):
-            bt[r, : len(row)] = row
+        if isinstance(block_tables, np.ndarray):  # rows of one width (self-distillation's batches): one copy
+            bt[:n_req, :width] = block_tables
+        else:
+            for r, row in enumerate(block_tables):
+                bt[r, : len(row)] = row
         req = np.repeat(np.arange(n_req), qlens)
         pos = np.arange(n_tok) - np.repeat(np.cumsum(qlens) - qlens, qlens) + np.repeat(starts, qlens)
         h = m.i64.numpy()

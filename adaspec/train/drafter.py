@@ -203,7 +203,8 @@ def capture_step(train_step, inputs: dict, opt, eager: bool = False):
         if not eager:
             torch.cuda.synchronize()
         tqdm.write(f"WARNING: capturing the training step as a CUDA graph failed ({type(e).__name__}: "
-                   f"{str(e)[:300]}); training with ordinary steps")
+                   f"{str(e)[:300]}); training with ordinary steps (with the flag's settings: a capturable AdamW, "
+                   "autocast without its weight cache, a side stream; without --cuda-graph-step they would not apply)")
         return False
     tqdm.write(f"the training step runs as one CUDA graph from here (captured in {time.time() - t0:.1f} s)")
     return captured
@@ -222,6 +223,24 @@ def drafter_optimizer(params, lr: float, device, impl: str = "auto", capturable:
         kernels["capturable"] = True
         lr = torch.tensor(lr, dtype=torch.float32, device=device)
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **kernels)
+
+
+def load_optimizer_state(opt, state: dict) -> None:
+    """opt.load_state_dict(state), keeping this run's AdamW implementation: loading replaces each
+    group with the saved one, its capturable / fused / foreach flags and its rate included, so a
+    checkpoint of a run without --cuda-graph-step would make this run's optimizer uncapturable
+    (its capture then fails) and one with it would leave a host tensor as the rate."""
+    import torch
+
+    mine = [{k: g.get(k) for k in ("capturable", "fused", "foreach")} for g in opt.param_groups]
+    rates = [g["lr"] for g in opt.param_groups]
+    opt.load_state_dict(state)
+    for group, flags, rate in zip(opt.param_groups, mine, rates):
+        group.update(flags)
+        if isinstance(rate, torch.Tensor):  # this run's rate is a device tensor (set_lr writes it)
+            group["lr"] = rate
+        elif isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
 
 
 def set_lr(opt, lr: float) -> None:
@@ -478,10 +497,7 @@ def run(args) -> int:
     step = 0
     if ckpt is not None:
         drafter.load_state_dict(ckpt["model"], strict=False)
-        opt.load_state_dict(ckpt["optim"])
-        if graph_step == "cuda":  # the saved groups' rates replace the device tensors: make them device tensors again
-            for group in opt.param_groups:
-                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+        load_optimizer_state(opt, ckpt["optim"])
         sampler.set_state(ckpt["sampler_rng"])
         anchor_gen.set_state(ckpt["anchor_rng"])
         step = ckpt["step"]
@@ -560,61 +576,63 @@ def run(args) -> int:
     # after the time box's first fit, so that neither times the other
     profile = StepProfile(args.profile_steps, max(step, min(50, args.steps // 2)), device, out)
     drafter.train()
-    while step < args.steps:
-        profile.maybe_start(step)
-        if box is not None and box.fit(step) != args.steps:
-            args.steps = bar.total = box.total
-            if shown is None or abs(args.steps - shown) > 0.02 * shown:  # say the first fit and large moves
-                shown = args.steps
-                tqdm.write(f"--max-minutes {args.max_minutes}: {box.fits[-1][1] * 1000:.0f} ms/step at step {step}, "
-                           f"training {args.steps} steps")
-        # pinned, asynchronous copies: a pageable one waits for the stream, so the host could never
-        # run ahead of the GPU (H200 run 28: 70 ms wall per step against 47.5 ms of kernels)
-        ids = to_device(sampler.next(), device)
-        anchors = to_device(sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq,
-                                           anchor_gen), device)
-        lr = cosine_lr(step, args.steps, args.lr, args.warmup)
-        set_lr(opt, lr)
-        inputs = {"ids": ids, "anchors": anchors}
-        if cache is not None:
-            inputs["rows"] = cached_rows(cache, sampler, ids.shape[1])
-        if step == capture_at and captured is None:
-            captured = capture_step(train_step, inputs, opt, eager=graph_step == "eager")
-        if captured:
-            captured.load(**inputs)
-            loss, stats = captured.replay()
-        else:
-            opt.zero_grad(set_to_none=True)
-            try:
-                loss, stats = train_step(**inputs)
-            except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
-                if not compiled:
-                    raise
-                train_eagerly(e)
+    try:
+        while step < args.steps:
+            profile.maybe_start(step)
+            if box is not None and box.fit(step) != args.steps:
+                args.steps = bar.total = box.total
+                if shown is None or abs(args.steps - shown) > 0.02 * shown:  # say the first fit and large moves
+                    shown = args.steps
+                    tqdm.write(f"--max-minutes {args.max_minutes}: {box.fits[-1][1] * 1000:.0f} ms/step at step {step}, "
+                               f"training {args.steps} steps")
+            # pinned, asynchronous copies: a pageable one waits for the stream, so the host could never
+            # run ahead of the GPU (H200 run 28: 70 ms wall per step against 47.5 ms of kernels)
+            ids = to_device(sampler.next(), device)
+            anchors = to_device(sample_anchors(ids.shape[0], ids.shape[1], cfg.block_size, args.anchors_per_seq,
+                                               anchor_gen), device)
+            lr = cosine_lr(step, args.steps, args.lr, args.warmup)
+            set_lr(opt, lr)
+            inputs = {"ids": ids, "anchors": anchors}
+            if cache is not None:
+                inputs["rows"] = cached_rows(cache, sampler, ids.shape[1])
+            if step == capture_at and captured is None:
+                captured = capture_step(train_step, inputs, opt, eager=graph_step == "eager")
+            if captured:
+                captured.load(**inputs)
+                loss, stats = captured.replay()
+            else:
                 opt.zero_grad(set_to_none=True)
-                loss, stats = train_step(**inputs)
-        step += 1
-        bar.update(1)
-        if profile.maybe_stop(step) is not None:
-            tqdm.write(format_summary(profile.summary))
-        if step % args.log_every == 0 or step == args.steps:
-            stats = float_stats(stats)
-            rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}
-            if heldout and (step % args.heldout_every == 0 or step == args.steps):
-                rec.update(heldout_stats(target, drafter, loss_fn, amp, heldout, heldout_anchors, args.gamma,
-                                         args.batch_size, device))
-            history.append(rec)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{stats['ce']:.2f}", acc1=f"{stats['accept'][0]:.2f}")
-            tqdm.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]
-                                       if isinstance(v, list) else v) for k, v in rec.items()}))
-        if args.save_every and step % args.save_every == 0 and step < args.steps:
-            save_ckpt()
-    bar.close()
-    loop_stream.close()  # (the default stream waits for the side stream's work: below)
-    if graph_step == "cuda":
-        torch.cuda.current_stream(device).wait_stream(side)
-    if captured:
-        captured.release()
+                try:
+                    loss, stats = train_step(**inputs)
+                except Exception as e:  # noqa: BLE001 - a compiler failure: redo this step eagerly
+                    if not compiled:
+                        raise
+                    train_eagerly(e)
+                    opt.zero_grad(set_to_none=True)
+                    loss, stats = train_step(**inputs)
+            step += 1
+            bar.update(1)
+            if profile.maybe_stop(step) is not None:
+                tqdm.write(format_summary(profile.summary))
+            if step % args.log_every == 0 or step == args.steps:
+                stats = float_stats(stats)
+                rec = {"step": step, "loss": loss.item(), "lr": lr, "time_s": round(time.time() - t0, 1), **stats}
+                if heldout and (step % args.heldout_every == 0 or step == args.steps):
+                    rec.update(heldout_stats(target, drafter, loss_fn, amp, heldout, heldout_anchors, args.gamma,
+                                             args.batch_size, device))
+                history.append(rec)
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=f"{stats['ce']:.2f}", acc1=f"{stats['accept'][0]:.2f}")
+                tqdm.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(x, 3) for x in v]
+                                           if isinstance(v, list) else v) for k, v in rec.items()}))
+            if args.save_every and step % args.save_every == 0 and step < args.steps:
+                save_ckpt()
+    finally:  # (an exception too: the caller gets its stream back, the graph is freed)
+        bar.close()
+        loop_stream.close()
+        if graph_step == "cuda":  # the default stream waits for the side stream's work
+            torch.cuda.current_stream(device).wait_stream(side)
+        if captured:
+            captured.release()
     save_ckpt()
     drafter.eval()
     save_drafter(drafter, cfg, out, dtype=getattr(torch, args.save_dtype))

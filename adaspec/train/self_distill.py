@@ -101,9 +101,12 @@ def _decode_graph(target, caches, tables: list[list[int]], scratch_block: int, b
     graphs = GraphedForward(target, caches, block_size, next(target.parameters()).device, B, query_lens=(1,),
                             max_model_len=max_len, max_blocks_per_seq=len(tables[0]), scratch_block=scratch_block,
                             capture_layers=None, batch_sizes=[B], backend="triton" if mode == "cuda" else "paged_torch")
+    stream = torch.cuda.current_stream() if mode == "cuda" else None
     try:
         graphs.capture(eager=mode == "eager")
     except (RuntimeError, torch.OutOfMemoryError) as e:
+        if stream is not None:  # an invalidated capture's end raises before torch.cuda.graph restores the stream
+            torch.cuda.set_stream(stream)
         graphs.release()
         announce(f"WARNING: capturing the decode graph of {B} rows failed ({type(e).__name__}: {str(e)[:200]}); "
                  "this batch decodes eagerly")
@@ -129,9 +132,8 @@ def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p,
         for _ in range(cfg.num_hidden_layers)
     ]
     decode = None
-    if graphs is not None and gen_len > 1:
-        decode = _decode_graph(target, caches, tables, scratch, bs, nblk * bs, graphs)
     rows, no_ids, one_each = np.arange(B), np.zeros(B, dtype=np.int64), np.ones(B, dtype=np.int64)
+    table_array = np.asarray(tables, dtype=np.int64)  # (GraphedForward copies a 2-D array without a loop per row)
     # prefill: every prompt at once (ragged), then one token per row per step
     ids = torch.tensor([t for p in prompts for t in p], device=device)
     positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).to(device)
@@ -141,30 +143,34 @@ def _sample_batch(target, prompts: list[list[int]], gen_len, temperature, top_p,
     tp = torch.full((B,), float(top_p), device=device)
     tk = torch.zeros(B, dtype=torch.long, device=device)
     new = torch.empty(B, gen_len, dtype=torch.long, device=device)
-    for t in range(gen_len):
-        if profile is not None:
-            profile.maybe_start(t)
-        if t == 0 or decode is None:  # the prompts' ragged prefill, or the eager loop
-            meta = build_attention_metadata(backend, tables, q_lens, kv_lens.tolist(), None, bs, device)
-            hidden, _ = target(ids, positions, caches, meta)
-            logits = target.compute_logits(hidden[last])
-        else:  # one replay: the last tokens, still on the device, go in as the graph's inputs
-            logits, _, _ = decode.run((B, 1), no_ids, one_each, kv_lens - 1, tables, fill=(rows, rows, ids))
-        if temperature <= 0:
-            nxt = logits.argmax(-1)
-        else:
-            probs = processed_probs(logits, temp, tp, tk, any_filter=top_p < 1.0, any_greedy=False)
-            nxt = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
-        new[:, t] = nxt
-        ids = nxt
-        if decode is None:
-            # pinned and asynchronous: a pageable copy waits for the stream, so the host (its
-            # metadata, its launches) could never run ahead of the GPU and every step paid both
-            positions, last = to_device(kv_lens, device), torch.arange(B, device=device)
-        q_lens, kv_lens = [1] * B, kv_lens + 1
-        if profile is not None:
-            profile.maybe_stop(t + 1)
-    new = new.tolist()
-    if decode is not None:
-        decode.release()
+    try:
+        for t in range(gen_len):
+            if t == 1 and graphs is not None:  # after the prefill, whose activations are freed by now
+                decode = _decode_graph(target, caches, tables, scratch, bs, nblk * bs, graphs)
+            if profile is not None:
+                profile.maybe_start(t)
+            if t == 0 or decode is None:  # the prompts' ragged prefill, or the eager loop
+                meta = build_attention_metadata(backend, tables, q_lens, kv_lens.tolist(), None, bs, device)
+                hidden, _ = target(ids, positions, caches, meta)
+                logits = target.compute_logits(hidden[last])
+            else:  # one replay: the last tokens, still on the device, go in as the graph's inputs
+                logits, _, _ = decode.run((B, 1), no_ids, one_each, kv_lens - 1, table_array, fill=(rows, rows, ids))
+            if temperature <= 0:
+                nxt = logits.argmax(-1)
+            else:
+                probs = processed_probs(logits, temp, tp, tk, any_filter=top_p < 1.0, any_greedy=False)
+                nxt = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
+            new[:, t] = nxt
+            ids = nxt
+            if decode is None:
+                # pinned and asynchronous: a pageable copy waits for the stream, so the host (its
+                # metadata, its launches) could never run ahead of the GPU and every step paid both
+                positions, last = to_device(kv_lens, device), torch.arange(B, device=device)
+            q_lens, kv_lens = [1] * B, kv_lens + 1
+            if profile is not None:
+                profile.maybe_stop(t + 1)
+        new = new.tolist()
+    finally:  # (also when a kernel failed: sample_ragged then decodes the batch again on another backend)
+        if decode is not None:
+            decode.release()
     return [list(p) + n for p, n in zip(prompts, new)]
