@@ -12,7 +12,7 @@ AdamW reads: `capturable=True`), reading the loss and statistics back every --lo
 the held-out measurements and the time box.
 
 Capture rules this relies on (PyTorch's "whole network capture"):
-- the step has run normally first (`warm_steps`), so AdamW's state exists, the compiled
+- the step has run normally first (drafter.GRAPH_WARM_STEPS), so AdamW's state exists, the compiled
   functions are compiled for these shapes, and libraries have their workspaces;
 - gradients are None when the capture starts: autograd then allocates them inside the graph's
   memory pool and every replay writes them afresh (it assigns a None .grad, never accumulates),

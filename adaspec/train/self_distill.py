@@ -47,8 +47,8 @@ def sample_ragged(target, prompts: list[list[int]], gen_len: int, temperature: f
     """Prompts of any lengths -> each prompt followed by gen_len sampled tokens. attention_backend:
     as the engine's --attention-backend ("auto", "triton", "varlen", "reference"). cuda_graphs:
     replay the decode steps as a CUDA graph where the device and backend allow it (CUDA, the
-    Triton kernel); "eager": run the graph's forward eagerly over its static buffers on any device
-    with a paged backend (tests of the buffer logic); False: the eager loop."""
+    Triton kernel); "eager": run the graph's forward eagerly over its static buffers, on any device
+    (the Triton kernel's contract in plain torch: tests of the buffer logic); False: the eager loop."""
     from adaspec.engine.llm_engine import choose_attention_backend
 
     device = next(target.parameters()).device
