@@ -298,15 +298,17 @@ def host_load(h0: tuple, h1: tuple, wall: float) -> dict:
     return out
 
 
-def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency: int) -> int:
-    """--num-prompts when given, else per_concurrency waves of C prompts (at least 8)."""
+def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency: int, min_prompts: int = 8) -> int:
+    """--num-prompts when given, else per_concurrency waves of C prompts, at least min_prompts."""
     if num_prompts is not None:
         if num_prompts < 1:
             raise SystemExit(f"--num-prompts must be at least 1, got {num_prompts}")
         return num_prompts
     if per_concurrency < 1:
         raise SystemExit(f"--prompts-per-concurrency must be at least 1, got {per_concurrency}")
-    return max(8, per_concurrency * concurrency)
+    if min_prompts < 1:
+        raise SystemExit(f"--min-prompts must be at least 1, got {min_prompts}")
+    return max(min_prompts, per_concurrency * concurrency)
 
 
 def policy_step_costs(eng) -> dict | None:
@@ -470,6 +472,10 @@ def main() -> None:
     ap.add_argument("--prompts-per-concurrency", type=int, default=2,
                     help="without --num-prompts: each point sends this many waves of C prompts; at 2 a point at "
                          "C = 256 lasts under a second on the H200, so its ramps weigh as much as its steady state")
+    ap.add_argument("--min-prompts", type=int, default=8,
+                    help="without --num-prompts: at least this many prompts per point. At one request 8 prompts of "
+                         "64 tokens put the per-user speed's spread over repeats at 8-19%% on the code-0.6b pair at "
+                         "T = 1 (H200 run 41, H100 runs 50-51), more than the gaps it decides; 64 costs seconds there")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--random-range-ratio", type=float, default=0.0,
                     help="spread each request's max_tokens over [L(1 - r), L(1 + r)] (adaspec/bench/lengths.py), the "
@@ -568,7 +574,7 @@ def main() -> None:
 
     def point_inputs(prompts, c, r):
         """The prompts and sampling parameters of point (C, repeat): the same for every arm."""
-        n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c)
+        n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c, args.min_prompts)
         # the point's lengths depend on (C, repeat) only: every arm gets the same ones
         params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
                   for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=100_003 * r + c)]

@@ -98,6 +98,10 @@ def test_prompts_per_point_are_waves_of_the_concurrency_unless_given():
     assert prompts_per_point(None, 8, 64) == 512
     assert prompts_per_point(None, 8, 1) == 8  # at least 8
     assert prompts_per_point(32, 8, 256) == 32  # --num-prompts wins
+    assert prompts_per_point(None, 4, 1, min_prompts=64) == 64 and prompts_per_point(None, 4, 64, min_prompts=64) == 256
+    assert prompts_per_point(16, 4, 1, min_prompts=64) == 16  # --num-prompts still wins
+    with pytest.raises(SystemExit, match="min-prompts"):
+        prompts_per_point(None, 2, 16, min_prompts=0)
     with pytest.raises(SystemExit, match="prompts-per-concurrency"):
         prompts_per_point(None, 0, 16)
     with pytest.raises(SystemExit, match="num-prompts"):
