@@ -71,7 +71,8 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               has 270 MB of .py there; the target needs 15M tokens = ~50 MB), deduplicated (~10 s);
               BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
               (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
-  cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s.
+  cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s (7.1 s in H100 run 51, most of it
+              recomputing the whole prefix per token; since then one KV-cached batch: not yet timed).
   total       ~35 + 150 + 25 + 160 + 15 + 25 + 10 = ~410 s (measured 355-444 s; 378 s in H200 run 34,
               where the refitted box, train/time_box.py, held the drafter stage to 152 s where the
               single early fit had run it 170-184 s in run 33; 425 s in run 40; 382 s in run 41 with

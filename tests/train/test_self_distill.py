@@ -92,6 +92,35 @@ def test_a_failed_capture_decodes_the_batch_eagerly(model, monkeypatch, capsys):
     assert "capturing the decode graph of 4 rows failed (OutOfMemoryError: CUDA out of memory (simulated))" in err
 
 
+def test_card_samples_are_greedy_continuations_cut_at_the_first_eos(model):
+    """MODEL_CARD.md's samples (train/card.greedy_completions) decode through this loop, one batch:
+    each prompt's greedy continuation, cut before its first EOS, and none past the context length."""
+    from types import SimpleNamespace
+
+    from adaspec.train.card import greedy_completions
+
+    texts = {f"p{i}": p for i, p in enumerate(PROMPTS)}
+    full = [greedy_by_recompute(model, p, GEN)[len(p):] for p in PROMPTS]
+    eos = full[0][3]  # the first prompt's fourth token: its sample ends before it
+
+    class Tok:
+        def encode(self, text, add_special_tokens=False):
+            return SimpleNamespace(ids=texts[text])
+
+        def token_to_id(self, name):
+            return eos if name == "<|endoftext|>" else None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return ",".join(map(str, ids))
+
+    got = greedy_completions(model, Tok(), list(texts), GEN)
+    assert got == [",".join(map(str, f[:f.index(eos)] if eos in f else f)) for f in full]
+    assert got[0] == ",".join(map(str, full[0][:3]))
+    limit = model.config.max_position_embeddings
+    texts["long"] = [3] * (limit - 2)
+    assert len(greedy_completions(model, Tok(), ["long"], GEN)[0].split(",")) <= 2
+
+
 def test_cuda_graphs_takes_true_false_or_eager(model):
     with pytest.raises(ValueError, match="cuda_graphs must be True, False or 'eager'"):
         sample_ragged(model, PROMPTS, 2, cuda_graphs="yes")
