@@ -12,7 +12,7 @@ AdamW reads: `capturable=True`), reading the loss and statistics back every --lo
 the held-out measurements and the time box.
 
 Capture rules this relies on (PyTorch's "whole network capture"):
-- the step has run normally first (drafter.GRAPH_WARM_STEPS), so AdamW's state exists, the compiled
+- the step has run normally first (WARM_STEPS), so AdamW's state exists, the compiled
   functions are compiled for these shapes, and libraries have their workspaces;
 - gradients are None when the capture starts: autograd then allocates them inside the graph's
   memory pool and every replay writes them afresh (it assigns a None .grad, never accumulates),
@@ -25,9 +25,14 @@ A capture that fails leaves training as it was: the step runs as before, with a 
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
+
+# ordinary steps before the step is captured: the first compiles, AdamW's state appears at the first
+# opt.step(), and the capture must see every kernel's workspace already allocated
+WARM_STEPS = 3
 
 
 class CapturedStep:
@@ -71,3 +76,25 @@ class CapturedStep:
         if self.graph is not None:
             self.graph.reset()
         self.graph = self.outputs = None
+
+
+def capture_step(fn: Callable, inputs: dict[str, torch.Tensor], opt, eager: bool = False):
+    """The CapturedStep of fn on inputs' shapes (opt: the optimizer whose gradients it resets), or
+    False (with a warning) where the capture failed: training goes on with ordinary steps."""
+    from tqdm import tqdm
+
+    captured = CapturedStep(fn, inputs, lambda: opt.zero_grad(set_to_none=True), eager=eager)
+    t0 = time.time()
+    try:
+        captured.capture()
+    except Exception as e:  # noqa: BLE001 - an optimization: never lose the run to it
+        captured.release()
+        opt.zero_grad(set_to_none=True)
+        if not eager:
+            torch.cuda.synchronize()
+        tqdm.write(f"WARNING: capturing the training step as a CUDA graph failed ({type(e).__name__}: "
+                   f"{str(e)[:300]}); training with ordinary steps (with the flag's settings: a capturable AdamW, "
+                   "autocast without its weight cache, a side stream; without --cuda-graph-step they would not apply)")
+        return False
+    tqdm.write(f"the training step runs as one CUDA graph from here (captured in {time.time() - t0:.1f} s)")
+    return captured

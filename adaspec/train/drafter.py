@@ -174,40 +174,10 @@ def uncompile_drafter_training(drafter) -> None:
     drafter.__dict__.pop("forward_train", None)
 
 
-# ordinary steps before the step is captured: the first compiles, AdamW's state appears at the first
-# opt.step(), and the capture must see every kernel's workspace already allocated
-GRAPH_WARM_STEPS = 3
-
-
 def graph_step_mode(args, device) -> str | None:
     """"cuda" where --cuda-graph-step applies (on CUDA), else None. ("eager": the captured step's
     buffers and replays run eagerly, for CPU tests of the loop; never from the command line.)"""
     return "cuda" if getattr(args, "cuda_graph_step", False) and device.type == "cuda" else None
-
-
-def capture_step(train_step, inputs: dict, opt, eager: bool = False):
-    """The CapturedStep of train_step on inputs' shapes, or False (with a warning) where the
-    capture failed: training goes on with ordinary steps, the gradients reset."""
-    import torch
-    from tqdm import tqdm
-
-    from adaspec.train.captured_step import CapturedStep
-
-    captured = CapturedStep(train_step, inputs, lambda: opt.zero_grad(set_to_none=True), eager=eager)
-    t0 = time.time()
-    try:
-        captured.capture()
-    except Exception as e:  # noqa: BLE001 - an optimization: never lose the run to it
-        captured.release()
-        opt.zero_grad(set_to_none=True)
-        if not eager:
-            torch.cuda.synchronize()
-        tqdm.write(f"WARNING: capturing the training step as a CUDA graph failed ({type(e).__name__}: "
-                   f"{str(e)[:300]}); training with ordinary steps (with the flag's settings: a capturable AdamW, "
-                   "autocast without its weight cache, a side stream; without --cuda-graph-step they would not apply)")
-        return False
-    tqdm.write(f"the training step runs as one CUDA graph from here (captured in {time.time() - t0:.1f} s)")
-    return captured
 
 
 def drafter_optimizer(params, lr: float, device, impl: str = "auto", capturable: bool = False):
@@ -458,6 +428,7 @@ def run(args) -> int:
     from adaspec.models.loader import load_target, model_dir
     from adaspec.train.drafter_loss import cosine_lr, dspark_loss, float_stats, sample_anchors
     from adaspec.train.step_profile import StepProfile, format_summary
+    from adaspec.train.captured_step import WARM_STEPS, capture_step
     from adaspec.train.time_box import StepTimeBox
     from adaspec.train.target import _uncompile_layers
 
@@ -556,7 +527,7 @@ def run(args) -> int:
             cache = build_feature_cache(args, target, sampler, cfg.target_layer_ids, amp, device)
     history = []
     captured = None  # the CapturedStep once the step is replayed as a graph; False: not (any more)
-    capture_at = step + GRAPH_WARM_STEPS if graph_step else None
+    capture_at = step + WARM_STEPS if graph_step else None
     loop_stream = contextlib.ExitStack()
     if graph_step == "cuda":
         # every step on one side stream, the capture too: nodes autograd makes in the ordinary

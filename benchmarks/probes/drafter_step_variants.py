@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec.h2d import to_device  # noqa: E402
 from adaspec.models.drafter import DrafterConfig, DSparkDrafter  # noqa: E402
 from adaspec.models.loader import load_target  # noqa: E402
-from adaspec.train.captured_step import CapturedStep  # noqa: E402
+from adaspec.train.captured_step import WARM_STEPS, CapturedStep  # noqa: E402
 from adaspec.train.drafter import (_compile, compile_drafter_training, drafter_optimizer, forward_backward,  # noqa: E402
                                    init_drafter)
 from adaspec.train.drafter_loss import dspark_loss, sample_anchors  # noqa: E402
@@ -51,7 +51,7 @@ from qwen3_shapes import write_preset_shape  # noqa: E402
 
 VARIANTS = {"recipe": ("foreach", False), "fused": ("fused", False), "compiled": ("foreach", True), "both": ("fused", True),
             "captured": ("fused", True)}
-CAPTURED = {"captured"}  # the step replayed as one CUDA graph (train/captured_step.py), after 3 ordinary steps
+CAPTURED = {"captured"}  # the step replayed as one CUDA graph (train/captured_step.py) after WARM_STEPS ordinary ones
 
 
 def main():
@@ -124,7 +124,7 @@ def main():
             key = id(drafter)
             counts[key] = counts.get(key, 0) + 1
             graph = graphs.get(key)
-            if graph is None and counts[key] > 3:
+            if graph is None and counts[key] > WARM_STEPS:
                 graph = graphs[key] = CapturedStep(
                     lambda ids, anchors: one_step(drafter, params, opt, ids, anchors, amp_no_cache),
                     {"ids": ids, "anchors": anchors}, lambda: opt.zero_grad(set_to_none=True))
