@@ -649,10 +649,11 @@ def main() -> None:
     spread = f" random_range_ratio={args.random_range_ratio:g}" if args.random_range_ratio else ""
     from adaspec.sample import kernels
 
-    sampler = kernels.in_use("cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")  # as `dev`
+    on = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"  # as `dev`
+    sampler, markov_loop = kernels.in_use(on), kernels.markov_loop_in_use(on)
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
-          f"repeats={args.repeats} sampler={sampler}")
+          f"repeats={args.repeats} sampler={sampler} markov_loop={markov_loop}")
     w = max(12, *(len(a) + 1 for a in arms))  # the arm column, as wide as the longest name
     print(f"{'arm':<{w}}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
@@ -673,6 +674,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
                            torch=torch.__version__, commit=commit, checkpoints=ckpt, sampler=sampler,
+                           markov_loop=markov_loop,
                            host_speed={"start": host_speed_start, "end": host_speed()},
                            cost_tables=state["cost_tables"], rows=rows, summary=summary,
                            **({"profiles": state["profiles"]} if to_profile else {}),

@@ -288,21 +288,41 @@ class DSparkDrafter(nn.Module):
         R, w = h.shape[0], h.shape[1]
         all_greedy = sampling.all_greedy
         anchors = anchor_pos.long()
-        toks, logits = [], []
-        prev = anchor_ids
-        base = self.lm_head(h).float()  # U_j of every slot in ONE matmul: it does not depend on x_{j-1}
-        q = None
+        fused = self._fused_markov(h, sampling)
+        # U_j of every slot in ONE matmul: it does not depend on x_{j-1} (the fused kernels read it
+        # in bf16 and widen it themselves: the same float32 values, one kernel less)
+        base = self.lm_head(h)
+        base = base if fused is not None else base.float()
+        V = base.shape[-1]
+        q = u = None
         if not all_greedy:  # greedy rows get a one-hot q, so the draw returns their argmax
-            q = probs_out if probs_out is not None else base.new_empty(R, w, base.shape[-1])
+            q = probs_out if probs_out is not None else torch.empty(R, w, V, dtype=torch.float32, device=h.device)
             # every slot's DRAFT uniform in one call (the hash is elementwise: the same values as
             # one call per slot), slot-major so that each slot's column is contiguous for the draw
             slots = torch.arange(w, device=anchors.device)
             u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
-        for j in range(w):  # k small rank-r matmuls: the semi-autoregressive part
+        if fused is not None:
+            tokens, logits = self._markov_loop_fused(fused, base, anchor_ids, sampling, q, u, draft_bias, return_logits)
+        else:
+            tokens, logits = self._markov_loop(base, anchor_ids, sampling, q, u, draft_bias, return_logits)
+        # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
+        # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
+        if q is None:
+            q = torch.zeros(R, w, V, dtype=torch.float32, device=h.device).scatter_(-1, tokens.unsqueeze(-1), 1.0)
+        # the confidences of every slot at once, after the loop: slot j's reads h_j and x_{j-1} only
+        # (per slot, inside the loop, they were 3-4 small kernels each)
+        conf_logits = self.confidence_logits(h, torch.cat([anchor_ids[:, None], tokens[:, :-1]], dim=1))
+        return DraftProposal(tokens, q, logits, self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)
+
+    def _markov_loop(self, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
+        """The Markov loop as torch ops over base [R, w, V] float32 -> (tokens [R, w], logits [R, w, V] or None)."""
+        toks, logits = [], []
+        prev = anchor_ids
+        for j in range(base.shape[1]):  # k small rank-r matmuls: the semi-autoregressive part
             lg = self.markov_logits(base[:, j], prev)
             if draft_bias is not None:  # [R, V] for every slot, or [R, 2, V]: the first slot's, the others'
-                lg = lg + (draft_bias if draft_bias.dim() == 2 else draft_bias[:, min(j, 1)])
-            if all_greedy:
+                lg = lg + _slot_bias(draft_bias, j)
+            if q is None:
                 tok = lg.argmax(-1)
             else:
                 tok, _ = sampling.draw(lg, u[j], out=q[:, j])
@@ -310,16 +330,41 @@ class DSparkDrafter(nn.Module):
             if return_logits:
                 logits.append(lg)
             prev = tok
-        tokens = torch.stack(toks, 1)
-        # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
-        # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
-        if q is None:
-            q = torch.zeros_like(base).scatter_(-1, tokens.unsqueeze(-1), 1.0)
-        # the confidences of every slot at once, after the loop: slot j's reads h_j and x_{j-1} only
-        # (per slot, inside the loop, they were 3-4 small kernels each)
-        conf_logits = self.confidence_logits(h, torch.cat([anchor_ids[:, None], tokens[:, :-1]], dim=1))
-        return DraftProposal(tokens, q, torch.stack(logits, 1) if return_logits else None,
-                             self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)
+        return torch.stack(toks, 1), (torch.stack(logits, 1) if return_logits else None)
+
+    def _fused_markov(self, h, sampling):
+        """The fused Markov kernels' module (models/markov_triton.py) when they can run this loop:
+        CUDA, triton importable, switched on, no top-k / top-p rows (`any_filter`; a sampling
+        object that does not say runs the torch loop), no gradient wanted; else None."""
+        if not h.is_cuda or getattr(sampling, "any_filter", True) or (torch.is_grad_enabled() and h.requires_grad):
+            return None
+        w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        if w1.dtype != w2.dtype:
+            return None
+        from adaspec.sample import kernels
+        if not kernels.use_triton(h):
+            return None
+        from adaspec.models import markov_triton
+        return markov_triton if markov_triton.enabled() else None
+
+    def _markov_loop_fused(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
+        """The Markov loop in the fused kernels (2 a slot for greedy drafts, 3 for sampled ones)
+        over base [R, w, V] (bf16 or float32) -> (tokens [R, w], logits [R, w, V] float32 or None)."""
+        R, w, V = base.shape
+        tokens = torch.empty(R, w, dtype=torch.long, device=base.device)
+        logits = torch.empty(R, w if return_logits else 1, V, dtype=torch.float32, device=base.device)
+        w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        for j in range(w):
+            mt.markov_slot(base[:, j], anchor_ids if j == 0 else tokens[:, j - 1], w1, w2, sampling.temperature,
+                           tokens[:, j], logits[:, j if return_logits else 0],
+                           q_out=None if q is None else q[:, j], uniforms=None if q is None else u[j],
+                           bias=None if draft_bias is None else _slot_bias(draft_bias, j))
+        return tokens, (logits if return_logits else None)
+
+
+def _slot_bias(draft_bias: torch.Tensor, j: int) -> torch.Tensor:
+    """Slot j's [R, V] of a draft bias given for every slot [R, V] or as (first slot, others) [R, 2, V]."""
+    return draft_bias if draft_bias.dim() == 2 else draft_bias[:, min(j, 1)]
 
 
 def block_attention_mask(anchors: torch.Tensor, T: int, k: int) -> torch.Tensor:

@@ -54,3 +54,13 @@ def triton_sampling():
 def in_use(device) -> str:
     """What a run on `device` samples with, for result files: "triton" or "torch"."""
     return "triton" if torch.device(device).type == "cuda" and _enabled and _available() else "torch"
+
+
+def markov_loop_in_use(device) -> str:
+    """How a run on `device` drafts its Markov slots, for result files: "fused" (the kernels of
+    models/markov_triton.py, on CUDA with the Triton sampler) or "torch"."""
+    if in_use(device) != "triton":
+        return "torch"
+    from adaspec.models import markov_triton
+
+    return "fused" if markov_triton.enabled() else "torch"

@@ -65,6 +65,8 @@ class StaticSampling:
     be greedy (temperature 0) or sampled; no top-k / top-p (rows with them are redone after the
     replay: graphed_extras.py)."""
 
+    any_filter = False  # what SamplingBatch says when no row has top-k / top-p
+
     def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, all_greedy: bool = False):
         self.temperature, self.seeds, self.all_greedy = temperature, seeds, all_greedy
         self._no_filter: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

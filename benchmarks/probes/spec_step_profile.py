@@ -8,11 +8,13 @@ level (not only Q = k + 1) and --tables builds the adaptive engine instead, so e
 stands beside what the policy's cost tables price it at (draft_ms(B), verify_ms(B * Q)).
 --temperature 1 runs the requests at T = 1 with probabilistic drafts (the drafter samples each
 slot), and --samplers torch,triton builds each engine twice, with the sampler's torch ops and with
-its Triton kernels (sample/kernels.py), so their graphs stand side by side. Writes
-$OUT/spec_step_profile.txt.
+its Triton kernels (sample/kernels.py), so their graphs stand side by side; `triton-unfused` is the
+Triton sampler with the drafter's Markov loop as torch ops instead of its fused kernels
+(models/markov_triton.py). Writes $OUT/spec_step_profile.txt.
 
     python3 benchmarks/probes/spec_step_profile.py [--batch 1,16] [--all-levels] [--tables]
     python3 benchmarks/probes/spec_step_profile.py --batch 1,64,256 --temperature 1 --samplers torch,triton
+    python3 benchmarks/probes/spec_step_profile.py --batch 1,256 --temperature 1 --samplers triton-unfused,triton
 """
 import argparse
 import os
@@ -24,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec import LLM, SamplingParams  # noqa: E402
+from adaspec.models import markov_triton  # noqa: E402
 from adaspec.sample import kernels  # noqa: E402
 from offline_sweep import shape_model_dir  # noqa: E402
 
@@ -79,7 +82,8 @@ def main():
     ap.add_argument("--tables", action="store_true", help="the adaptive engine, with its cost tables' prices")
     ap.add_argument("--no-kernels", action="store_true", help="times only (no torch.profiler pass)")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--samplers", default="default", help="comma list of torch, triton (default: the engine's)")
+    ap.add_argument("--samplers", default="default",
+                    help="comma list of torch, triton, triton-unfused (default: the engine's)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,8 +92,11 @@ def main():
     T = args.temperature
     for n in (int(x) for x in args.batch.split(",")):
         for sampler in args.samplers.split(","):
+            if sampler not in ("default", "torch", "triton", "triton-unfused"):
+                raise SystemExit(f"--samplers: unknown sampler {sampler!r} (torch, triton, triton-unfused)")
             if sampler != "default":
-                kernels.set_enabled(sampler == "triton")
+                kernels.set_enabled(sampler != "torch")
+                markov_triton.set_enabled(sampler != "triton-unfused")
             tag = "" if sampler == "default" else f" [{sampler} sampler]"
             plain = engine(n, False, model_dir, temperature=T)
             g = plain.runner.graphs

@@ -29,6 +29,7 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
     d = json.loads(out.read_text())
     assert d["synthetic_acceptance"] == LABEL and d["args"]["shape"] == "qwen3-0.6b"
     assert d["checkpoints"] == {"model_sha256": None, "drafter_sha256": None}  # dummy weights: no files
+    assert d["sampler"] == "torch" and d["markov_loop"] == "torch"  # what drafted: the torch ops on a CPU
     assert all(d["host_speed"][when]["python_loop_ms"] > 0 for when in ("start", "end"))  # the host, timed
     # the adaptive arm's profiled cost tables come back with the result; the others have none
     assert set(d["cost_tables"]) == {"adaptive:3"}

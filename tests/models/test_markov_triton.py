@@ -1,0 +1,235 @@
+"""The fused Markov slot (adaspec/models/markov_triton.py) against the drafter's torch loop: the
+slot's logits (U_j + B(prev) + rules' bias), its draft distribution q, greedy tokens, and the
+draw, which must be the inverse CDF of the q it wrote with the slot's uniform (that is what makes
+verification exact). Without CUDA the kernels run in Triton's interpreter on small shapes, with
+small chunks so that rows span several of them; with CUDA the same cases run compiled."""
+
+import pytest
+import torch
+
+from adaspec.testing import triton_kernels_or_skip
+
+triton = triton_kernels_or_skip()
+
+from adaspec.models import markov_triton as mt  # noqa: E402
+from adaspec.sample import kernels  # noqa: E402
+from adaspec.sample.batch import SamplingBatch  # noqa: E402
+from adaspec.sample.probs import sample_from_logits  # noqa: E402
+from adaspec.sampling_params import SamplingParams  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 32 (logits) and 64 (probs) entries: the interpreter's small rows span several."""
+    monkeypatch.setattr(mt, "BLOCK_V", 32)
+    monkeypatch.setattr(mt, "BLOCK_Q", 64)
+
+
+def _weights(V, rank, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(V, rank, generator=g) * 0.5
+    w2 = torch.randn(V, rank, generator=g) * 0.5
+    return w1.to(DEVICE, dtype), w2.to(DEVICE, dtype)
+
+
+def _reference(base, prev, w1, w2, temps, u, bias=None):
+    """The torch loop's slot: U + W2 W1[prev] (+ bias), then processed probs and the draw, with the
+    Triton sampler switched off (the semantics the kernels keep)."""
+    lg = base.float() + torch.nn.functional.linear(w1[prev], w2)
+    if bias is not None:
+        lg = lg + bias
+    old = kernels.set_enabled(False)
+    try:
+        n = lg.shape[0]
+        tok, q = sample_from_logits(lg, temps, torch.ones(n, device=DEVICE), torch.zeros(n, dtype=torch.long,
+                                    device=DEVICE), u, any_filter=False, any_greedy=True)
+    finally:
+        kernels.set_enabled(old)
+    return lg, q, tok
+
+
+def _inverse_cdf(q, u):
+    """In float64: the first index whose running sum exceeds u * total, and how close u * total
+    lies to the nearest boundary (a float32 draw may differ from this one only that close)."""
+    cs = q.double().cumsum(-1)
+    target = u.double() * cs[:, -1]
+    idx = (cs > target[:, None]).int().argmax(-1)
+    margin = (cs - target[:, None]).abs().min(-1).values
+    return idx, margin
+
+
+def _run(base, prev, w1, w2, temps, u, bias=None, greedy=False):
+    R, V = base.shape
+    tokens = torch.full((R, 3), -1, dtype=torch.long, device=DEVICE)  # a strided column, like tokens[:, j]
+    lg = torch.empty(R, V, device=DEVICE)
+    q = None if greedy else torch.full((R, 2, V), -1.0, device=DEVICE)  # a slot of a strided buffer
+    mt.markov_slot(base, prev, w1, w2, temps, tokens[:, 1], lg, q_out=None if greedy else q[:, 1],
+                   uniforms=None if greedy else u, bias=bias)
+    assert (tokens[:, [0, 2]] == -1).all()
+    if q is not None:
+        assert (q[:, 0] == -1).all()
+    return tokens[:, 1], lg, None if q is None else q[:, 1]
+
+
+@pytest.mark.parametrize("R,V,rank", [(1, 200, 8), (5, 257, 16), (20, 130, 24)])
+def test_a_sampled_slot_is_the_torch_loops_slot(R, V, rank):
+    """Rows with T in {0, 0.5, 1, 2}, more rows than one logits program holds (20 > 16), ragged
+    last chunks, a rank padded up to the dot's 16: logits and q as torch's, greedy rows the
+    one-hot of the first argmax, every draw the inverse CDF of the q written."""
+    g = torch.Generator().manual_seed(R * V)
+    w1, w2 = _weights(V, rank, seed=rank)
+    base = (torch.randn(R, V, generator=g) * 2).to(DEVICE)
+    prev = torch.randint(0, V, (R,), generator=g).to(DEVICE)
+    temps = torch.tensor([0.0, 1.0, 0.5, 2.0] * 5, device=DEVICE)[:R]
+    u = torch.rand(R, generator=g).to(DEVICE)
+    tok, lg, q = _run(base, prev, w1, w2, temps, u)
+    want_lg, want_q, want_tok = _reference(base, prev, w1, w2, temps, u)
+    torch.testing.assert_close(lg, want_lg, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-7)
+    greedy = temps <= 0
+    assert torch.equal(q[greedy], want_q[greedy])
+    assert torch.equal(tok[greedy], want_lg[greedy].argmax(-1))
+    idx, margin = _inverse_cdf(q, u)
+    flips = (tok != idx) & (margin > 1e-5)
+    assert not flips[~greedy].any(), (tok, idx, margin)
+    assert torch.equal(tok, want_tok)  # and torch's own draw, no uniform near a boundary here
+
+
+def test_draws_follow_q():
+    """The same row 600 times with uniforms on a grid: the drawn tokens' frequencies are q's
+    (each token gets the uniforms of its CDF interval: exact up to the grid's step)."""
+    V, R = 40, 600
+    w1, w2 = _weights(V, 16, seed=3)
+    base = (torch.randn(1, V, generator=torch.Generator().manual_seed(1)) * 1.5).to(DEVICE).expand(R, V).contiguous()
+    prev = torch.full((R,), 7, device=DEVICE)
+    temps = torch.ones(R, device=DEVICE)
+    u = (torch.arange(R, dtype=torch.float32, device=DEVICE) + 0.5) / R
+    tok, _, q = _run(base, prev, w1, w2, temps, u)
+    freq = torch.bincount(tok, minlength=V).float() / R
+    assert (freq - q[0]).abs().max().item() <= 1.0 / R + 1e-6
+
+
+def test_greedy_slots_take_the_first_argmax_without_q():
+    """Every row greedy: the token is the first argmax of the slot's logits (ties across chunks too)."""
+    V, R = 150, 18
+    w1, w2 = _weights(V, 16, seed=5)
+    base = torch.randn(R, V, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    prev = torch.arange(R, device=DEVICE)
+    w1[0] = 0.0  # row 0 (prev 0) gets no bias: its logits are its base, three equal maxima in different chunks
+    base[0] = 0.0
+    base[0, [40, 100, 149]] = 3.0
+    temps = torch.zeros(R, device=DEVICE)
+    tok, lg, _ = _run(base, prev, w1, w2, temps, None, greedy=True)
+    torch.testing.assert_close(lg, base + torch.nn.functional.linear(w1[prev], w2), rtol=1e-5, atol=1e-5)
+    assert tok[0].item() == 40
+    assert torch.equal(tok, lg.argmax(-1))
+
+
+def test_the_rules_bias_is_added_and_masked_tokens_are_never_drawn():
+    V, R = 100, 6
+    w1, w2 = _weights(V, 16, seed=7)
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(R, V, generator=g).to(DEVICE)
+    prev = torch.randint(0, V, (R,), generator=g).to(DEVICE)
+    bias = torch.randn(R, 2, V, generator=g).to(DEVICE)
+    bias[:, 1, ::2] = float("-inf")  # the slot's rules allow odd tokens only
+    temps = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.7, 0.0], device=DEVICE)
+    u = torch.rand(R, generator=g).to(DEVICE)
+    tok, lg, q = _run(base, prev, w1, w2, temps, u, bias=bias[:, 1])
+    want_lg, want_q, want_tok = _reference(base, prev, w1, w2, temps, u, bias=bias[:, 1])
+    torch.testing.assert_close(lg, want_lg, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-7)
+    assert (tok % 2 == 1).all() and (q[:, ::2] == 0).all()
+    assert torch.equal(tok, want_tok)
+
+
+def test_bad_arguments_are_refused():
+    V = 50
+    w1, w2 = _weights(V, 16)
+    base = torch.randn(2, V, device=DEVICE)
+    prev = torch.zeros(2, dtype=torch.long, device=DEVICE)
+    tok = torch.empty(2, dtype=torch.long, device=DEVICE)
+    lg = torch.empty(2, V, device=DEVICE)
+    with pytest.raises(ValueError, match="q_out and uniforms"):
+        mt.markov_slot(base, prev, w1, w2, torch.ones(2, device=DEVICE), tok, lg, q_out=torch.empty(2, V, device=DEVICE))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        mt.markov_slot(base.t().contiguous().t(), prev, w1, w2, torch.ones(2, device=DEVICE), tok, lg)
+    with pytest.raises(ValueError, match=r"w1 \[V, r\]"):
+        mt.markov_slot(base, prev, w1, w2[:10], torch.ones(2, device=DEVICE), tok, lg)
+
+
+def _tiny_drafter(dtype=torch.float32):
+    from adaspec.models.config import ModelConfig
+    from adaspec.models.drafter import DrafterConfig, DSparkDrafter
+
+    target = ModelConfig(architecture="qwen3", vocab_size=300, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    cfg = DrafterConfig.from_target(target, mask_token_id=299, block_size=4, markov_rank=8, target_layer_ids=[0, 1])
+    return DSparkDrafter(cfg).to(DEVICE, dtype).eval()
+
+
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_the_drafters_fused_loop_is_its_torch_loop(all_greedy):
+    """DSparkDrafter's two loops over the same block: the same tokens, q and logits, with a
+    (first slot, other slots) rules' bias, for greedy and mixed sampled rows."""
+    model = _tiny_drafter()
+    R, k, V = 5, 4, 300
+    g = torch.Generator().manual_seed(9)
+    base = (torch.randn(R, k, V, generator=g) * 2).to(DEVICE)
+    anchor_ids = torch.randint(0, V, (R,), generator=g).to(DEVICE)
+    params = [SamplingParams(temperature=0.0 if all_greedy or i == 1 else 0.8, seed=i) for i in range(R)]
+    sampling = SamplingBatch.build(params, list(range(R)), DEVICE)
+    bias = torch.zeros(R, 2, V, device=DEVICE)
+    bias[:, 0, :100] = float("-inf")
+    bias[:, 1] = torch.randn(R, V, generator=g).to(DEVICE)
+    u = torch.rand(k, R, generator=g).to(DEVICE)
+    outs = []
+    for fused in (False, True):
+        q = None if all_greedy else torch.empty(R, k, V, device=DEVICE)
+        if fused:
+            tok, lg = model._markov_loop_fused(mt, base, anchor_ids, sampling, q, None if all_greedy else u, bias, True)
+        else:
+            old = kernels.set_enabled(False)
+            try:
+                tok, lg = model._markov_loop(base, anchor_ids, sampling, q, None if all_greedy else u, bias, True)
+            finally:
+                kernels.set_enabled(old)
+        outs.append((tok, lg, q))
+    (t0, l0, q0), (t1, l1, q1) = outs
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-5)
+    assert torch.equal(t1, t0)
+    assert (t1[:, 0] >= 100).all()
+    if not all_greedy:
+        torch.testing.assert_close(q1, q0, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_block_on_gpu_is_the_same_with_and_without_the_fused_loop(temperature, monkeypatch):
+    """bf16 drafter on CUDA, the public draft_block both ways (models/markov_triton.set_enabled):
+    tokens equal (bf16 logits rarely tie), q within float rounding, the same confidences."""
+    model = _tiny_drafter(torch.bfloat16)
+    R, k, d = 40, 4, 32
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(R, k, d, generator=g).to(DEVICE, torch.bfloat16)
+    anchor_ids = torch.randint(0, 300, (R,), generator=g).to(DEVICE)
+    anchor_pos = torch.randint(10, 90, (R,), generator=g).to(DEVICE)
+    params = [SamplingParams(temperature=temperature, seed=i) for i in range(R)]
+    sampling = SamplingBatch.build(params, list(range(R)), DEVICE)
+    props = []
+    for flag in (False, True):
+        old = mt.set_enabled(flag)
+        try:
+            props.append(model.draft_block(h, anchor_ids, anchor_pos, sampling, return_logits=True))
+        finally:
+            mt.set_enabled(old)
+    a, b = props
+    same = (b.tokens == a.tokens).all(1)  # a row that drew differently has other later slots
+    assert same.float().mean().item() >= 0.9
+    torch.testing.assert_close(b.logits[same], a.logits[same], rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(b.probs[same], a.probs[same], rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(b.confidences[same], a.confidences[same])
