@@ -44,6 +44,7 @@ sampling: SamplingBatch) -> DraftProposal``
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,7 +293,6 @@ class DSparkDrafter(nn.Module):
         # U_j of every slot in ONE matmul: it does not depend on x_{j-1} (the fused kernels read it
         # in bf16 and widen it themselves: the same float32 values, one kernel less)
         base = self.lm_head(h)
-        base = base if fused is not None else base.float()
         V = base.shape[-1]
         q = u = None
         if not all_greedy:  # greedy rows get a one-hot q, so the draw returns their argmax
@@ -301,10 +301,12 @@ class DSparkDrafter(nn.Module):
             # one call per slot), slot-major so that each slot's column is contiguous for the draw
             slots = torch.arange(w, device=anchors.device)
             u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
+        tokens = None
         if fused is not None:
-            tokens, logits = self._markov_loop_fused(fused, base, anchor_ids, sampling, q, u, draft_bias, return_logits)
-        else:
-            tokens, logits = self._markov_loop(base, anchor_ids, sampling, q, u, draft_bias, return_logits)
+            tokens, logits = self._markov_loop_fused_or_none(fused, base, anchor_ids, sampling, q, u, draft_bias,
+                                                             return_logits)
+        if tokens is None:
+            tokens, logits = self._markov_loop(base.float(), anchor_ids, sampling, q, u, draft_bias, return_logits)
         # all rows greedy: q is the one-hot of the argmax, built once instead of per slot
         # (scatter, not F.one_hot: one_hot checks its input on the host, a sync a graph cannot hold)
         if q is None:
@@ -346,6 +348,22 @@ class DSparkDrafter(nn.Module):
             return None
         from adaspec.models import markov_triton
         return markov_triton if markov_triton.enabled() else None
+
+    def _markov_loop_fused_or_none(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
+        """_markov_loop_fused; (None, None) when its kernels fail the first time they run in this
+        process (a Triton that cannot compile them, say): they are then switched off with a warning
+        and the caller drafts with the torch loop. A failure after they once ran raises."""
+        try:
+            out = self._markov_loop_fused(mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits)
+        except Exception as e:  # noqa: BLE001 (any kernel failure; re-raised below once they worked)
+            if mt.proven():
+                raise
+            mt.set_enabled(False)
+            warnings.warn(f"the drafter's fused Markov kernels failed ({type(e).__name__}: {e}); drafting with "
+                          "the torch loop from now on", RuntimeWarning, stacklevel=3)
+            return None, None
+        mt.mark_proven()
+        return out
 
     def _markov_loop_fused(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
         """The Markov loop in the fused kernels (2 a slot for greedy drafts, 3 for sampled ones)

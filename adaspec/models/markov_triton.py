@@ -60,6 +60,18 @@ def enabled() -> bool:
     return _enabled
 
 
+_proven = False  # the kernels ran once in this process (the drafter falls back to torch only before)
+
+
+def proven() -> bool:
+    return _proven
+
+
+def mark_proven() -> None:
+    global _proven
+    _proven = True
+
+
 @triton.jit
 def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, rank, bias_ptr, bias_stride,
                    temp_ptr, lg_ptr, lg_stride, pm_ptr, ps_ptr, pa_ptr, pi_ptr, R, V, NC,

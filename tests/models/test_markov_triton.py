@@ -233,3 +233,27 @@ def test_draft_block_on_gpu_is_the_same_with_and_without_the_fused_loop(temperat
     torch.testing.assert_close(b.logits[same], a.logits[same], rtol=1e-2, atol=2e-2)
     torch.testing.assert_close(b.probs[same], a.probs[same], rtol=2e-2, atol=1e-3)
     torch.testing.assert_close(b.confidences[same], a.confidences[same])
+
+
+def test_kernels_that_fail_before_they_ever_ran_leave_the_torch_loop_with_a_warning(monkeypatch):
+    """A Triton that cannot compile the kernels must cost the fused loop, not the engine: the first
+    failure switches them off (warning) and the caller drafts with the torch loop; once they ran,
+    a failure raises."""
+    model = _tiny_drafter()
+    R, k, V = 3, 4, 300
+    base = torch.randn(R, k, V, device=DEVICE)
+    anchor_ids = torch.zeros(R, dtype=torch.long, device=DEVICE)
+    sampling = SamplingBatch.build([SamplingParams(temperature=0.0)] * R, [0] * R, DEVICE)
+
+    def broken(*a, **kw):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(mt, "markov_slot", broken)
+    monkeypatch.setattr(mt, "_proven", False)
+    monkeypatch.setattr(mt, "_enabled", True)
+    with pytest.warns(RuntimeWarning, match="fused Markov kernels failed .*no compiler"):
+        assert model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False) == (None, None)
+    assert not mt.enabled()
+    monkeypatch.setattr(mt, "_proven", True)
+    with pytest.raises(RuntimeError, match="no compiler"):
+        model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False)
