@@ -337,44 +337,45 @@ class DSparkDrafter(nn.Module):
     def _fused_markov(self, h, sampling):
         """The fused Markov kernels' module (models/markov_triton.py) when they can run this loop:
         CUDA, triton importable, switched on, no top-k / top-p rows (`any_filter`; a sampling
-        object that does not say runs the torch loop), no gradient wanted; else None."""
-        if not h.is_cuda or getattr(sampling, "any_filter", True) or (torch.is_grad_enabled() and h.requires_grad):
+        object that does not say runs the torch loop), no gradient wanted, the head's two weights
+        of one dtype and a rank the kernels take; else None."""
+        if not h.is_cuda or getattr(sampling, "any_filter", True):
             return None
         w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
-        if w1.dtype != w2.dtype:
+        if torch.is_grad_enabled() and (h.requires_grad or w1.requires_grad or w2.requires_grad):
             return None
         from adaspec.sample import kernels
-        if not kernels.use_triton(h):
+        if w1.dtype != w2.dtype or not kernels.use_triton(h):
             return None
         from adaspec.models import markov_triton
-        return markov_triton if markov_triton.enabled() else None
+        return markov_triton if markov_triton.enabled() and w2.shape[1] <= markov_triton.MAX_RANK else None
 
     def _markov_loop_fused_or_none(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
-        """_markov_loop_fused; (None, None) when its kernels fail the first time they run in this
-        process (a Triton that cannot compile them, say): they are then switched off with a warning
-        and the caller drafts with the torch loop. A failure after they once ran raises."""
+        """_markov_loop_fused; (None, None) when a variant of its kernels fails the first time it runs
+        in this process (markov_triton.FusedKernelUnavailable: a Triton that cannot compile it, say):
+        the kernels are then switched off with a warning and the caller drafts with the torch loop.
+        (The graphed step runs every graph once before it captures it, so a first run is eager.)"""
         try:
-            out = self._markov_loop_fused(mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits)
-        except Exception as e:  # noqa: BLE001 (any kernel failure; re-raised below once they worked)
-            if mt.proven():
-                raise
+            return self._markov_loop_fused(mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits)
+        except mt.FusedKernelUnavailable as e:
             mt.set_enabled(False)
-            warnings.warn(f"the drafter's fused Markov kernels failed ({type(e).__name__}: {e}); drafting with "
-                          "the torch loop from now on", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"the drafter's fused Markov kernels failed ({e}); drafting with the torch loop from now on",
+                          RuntimeWarning, stacklevel=3)
             return None, None
-        mt.mark_proven()
-        return out
 
     def _markov_loop_fused(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
         """The Markov loop in the fused kernels (2 a slot for greedy drafts, 3 for sampled ones)
         over base [R, w, V] (bf16 or float32) -> (tokens [R, w], logits [R, w, V] float32 or None)."""
         R, w, V = base.shape
         tokens = torch.empty(R, w, dtype=torch.long, device=base.device)
-        logits = torch.empty(R, w if return_logits else 1, V, dtype=torch.float32, device=base.device)
+        # the slot's logits: the probs kernel reads them (sampled rows), or the caller wants them all
+        logits = None
+        if return_logits or q is not None:
+            logits = torch.empty(R, w if return_logits else 1, V, dtype=torch.float32, device=base.device)
         w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
         for j in range(w):
-            mt.markov_slot(base[:, j], anchor_ids if j == 0 else tokens[:, j - 1], w1, w2, sampling.temperature,
-                           tokens[:, j], logits[:, j if return_logits else 0],
+            mt.markov_slot(base[:, j], anchor_ids.long() if j == 0 else tokens[:, j - 1], w1, w2, sampling.temperature,
+                           tokens[:, j], None if logits is None else logits[:, j if return_logits else 0],
                            q_out=None if q is None else q[:, j], uniforms=None if q is None else u[j],
                            bias=None if draft_bias is None else _slot_bias(draft_bias, j))
         return tokens, (logits if return_logits else None)

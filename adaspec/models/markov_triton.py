@@ -44,8 +44,14 @@ _enabled = os.environ.get("ADASPEC_FUSED_MARKOV", "1") != "0"
 
 ROWS = 16  # rows per logits program: tl.dot needs 16 on each side
 BLOCK_V = 128  # vocabulary entries per logits program
-BLOCK_Q = 1024  # vocabulary entries per probs program (and per chunk of the draw's walk)
-_NUM_WARPS = 4  # the probs and pick kernels must share it: their tl.cumsum must round alike
+MAX_RANK = 256  # a larger Markov rank keeps the torch loop (the logits program's weight tile grows with it)
+_NUM_WARPS = 4
+
+
+def block_q(V: int) -> int:
+    """Vocabulary entries per probs program (and per chunk of the draw's walk): every probs program
+    reads its row's V / BLOCK_V softmax partials, so a large vocabulary gets fewer, wider programs."""
+    return 1024 if V <= 32768 else 4096
 
 
 def set_enabled(flag: bool) -> bool:
@@ -60,22 +66,10 @@ def enabled() -> bool:
     return _enabled
 
 
-_proven = False  # the kernels ran once in this process (the drafter falls back to torch only before)
-
-
-def proven() -> bool:
-    return _proven
-
-
-def mark_proven() -> None:
-    global _proven
-    _proven = True
-
-
 @triton.jit
 def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, rank, bias_ptr, bias_stride,
                    temp_ptr, lg_ptr, lg_stride, pm_ptr, ps_ptr, pa_ptr, pi_ptr, R, V, NC,
-                   HAS_BIAS: tl.constexpr, ROUND_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ROUND_BIAS: tl.constexpr, IEEE: tl.constexpr, STORE_LOGITS: tl.constexpr,
                    RANK: tl.constexpr, ROWS_: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0)
     c = tl.program_id(1)
@@ -100,7 +94,8 @@ def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr,
     x = tl.load(base_ptr + rows64[:, None] * base_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32) + b
     if HAS_BIAS:
         x += tl.load(bias_ptr + rows64[:, None] * bias_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    tl.store(lg_ptr + rows64[:, None] * lg_stride + cols[None, :], x, mask=m2)
+    if STORE_LOGITS:  # what the probs kernel reads (sampled rows) or the caller asked for
+        tl.store(lg_ptr + rows64[:, None] * lg_stride + cols[None, :], x, mask=m2)
     x = tl.where(cmask[None, :], x, -float("inf"))
     t = tl.load(temp_ptr + rows, mask=rmask, other=1.0).to(tl.float32)
     t = tl.where(t <= 0, 1.0, t)
@@ -117,10 +112,11 @@ def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr,
 
 
 @triton.jit
-def _row_argmax(pa_ptr, pi_ptr, row, NC, V, NC_P2: tl.constexpr):
-    """The first argmax of a row from its chunks' (max, first index of the max)."""
+def _row_argmax(pa_ptr, pi_ptr, row, NC, V, need, NC_P2: tl.constexpr):
+    """The first argmax of a row from its chunks' (max, first index of the max); reads nothing
+    (and returns garbage) where `need` is false."""
     offs = tl.arange(0, NC_P2)
-    mask = offs < NC
+    mask = (offs < NC) & ((offs * 0 + need.to(tl.int32)) != 0)  # (a scalar & a vector: not in the interpreter)
     pa = tl.load(pa_ptr + row * NC + offs, mask=mask, other=-float("inf"))
     pi = tl.load(pi_ptr + row * NC + offs, mask=mask, other=V)
     best = tl.max(pa, 0)
@@ -141,7 +137,7 @@ def _probs_kernel(lg_ptr, lg_stride, temp_ptr, pm_ptr, ps_ptr, pa_ptr, pi_ptr, q
     t = tl.load(temp_ptr + row).to(tl.float32)
     greedy = t <= 0
     t = tl.where(greedy, 1.0, t)
-    best = _row_argmax(pa_ptr, pi_ptr, row, NC, V, NC_P2)
+    best = _row_argmax(pa_ptr, pi_ptr, row, NC, V, greedy, NC_P2)  # only greedy rows need it
     cols = c * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < V
     x = tl.load(lg_ptr + row * lg_stride + cols, mask=cmask, other=-float("inf"))
@@ -156,88 +152,123 @@ def _probs_kernel(lg_ptr, lg_stride, temp_ptr, pm_ptr, ps_ptr, pa_ptr, pi_ptr, q
 def _pick_kernel(u_ptr, pa_ptr, pi_ptr, q_ptr, q_stride, tot_ptr, tok_ptr, tok_stride, V, NC, NQ,
                  ALL_GREEDY: tl.constexpr, NC_P2: tl.constexpr, NQ_P2: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    best = _row_argmax(pa_ptr, pi_ptr, row, NC, V, NC_P2)
+    best = _row_argmax(pa_ptr, pi_ptr, row, NC, V, row >= 0, NC_P2)
     if ALL_GREEDY:
         tok = best
     else:
+        # the chunk where the running sum over the chunk totals passes u * total, then the index in it
         offs = tl.arange(0, NQ_P2)
-        tot = tl.load(tot_ptr + row * NQ + offs, mask=offs < NQ, other=0.0)
-        # the running sum over chunks, one chunk at a time (the same additions the scan repeats)
-        total = tl.sum(tot, 0) * 0.0
-        for c in range(NQ):
-            total += tl.sum(tl.where(offs == c, tot, 0.0), 0)
+        tmask = offs < NQ
+        tot = tl.load(tot_ptr + row * NQ + offs, mask=tmask, other=0.0)
+        incl = tl.cumsum(tot, 0)
+        total = tl.sum(tl.where(offs == NQ - 1, incl, 0.0), 0)
         target = tl.load(u_ptr + row).to(tl.float32) * total
-        carry = total * 0.0
-        base = total * 0.0
-        chunk = NQ * 0 + NQ
-        for c in range(NQ):
-            new = carry + tl.sum(tl.where(offs == c, tot, 0.0), 0)
-            hit = (chunk == NQ) & ((new > target) | (new >= total))
-            chunk = tl.where(hit, c, chunk)
-            base = tl.where(hit, carry, base)
-            carry = new
+        chunk = tl.min(tl.where(((incl > target) | (incl >= total)) & tmask, offs, NQ), 0)
         chunk = tl.minimum(chunk, NQ - 1)
+        base = tl.sum(tl.where(offs == chunk, incl - tot, 0.0), 0)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < V
         p = tl.load(q_ptr + row * q_stride + cols, mask=cmask, other=0.0)
+        mass = (p > 0) & cmask  # a token without probability is never drawn
         cs = tl.cumsum(p, 0) + base
-        hit = ((cs > target) | (cs >= total)) & cmask
-        drawn = tl.minimum(tl.min(tl.where(hit, cols, V), 0), V - 1)
-        # a greedy row's q is the one-hot of its first argmax, so its draw is that argmax
-        tok = tl.where(total > 0, drawn, 0)
+        drawn = tl.min(tl.where(((cs > target) | (cs >= total)) & mass, cols, V), 0)
+        # the chunk's own running sum can round below the target the chunk totals passed (their
+        # sums are added in other orders): its last token with probability then
+        last = tl.max(tl.where(mass, cols, -1), 0)
+        drawn = tl.where(drawn < V, drawn, last)
+        # a chunk without probability (rounding again): the argmax, the likeliest token of all.
+        # A greedy row's q is the one-hot of its first argmax, so its draw is that argmax.
+        tok = tl.where(drawn >= 0, drawn, best)
     tl.store(tok_ptr + row * tok_stride, tok.to(tl.int64))
 
 
-def _rows_ok(t: torch.Tensor, name: str) -> None:
-    if t.dim() != 2 or t.stride(-1) != 1:
-        raise ValueError(f"{name} must be 2-D with contiguous rows, got shape {tuple(t.shape)} strides {t.stride()}")
+class FusedKernelUnavailable(RuntimeError):
+    """A variant of the kernels failed the first time it ran in this process (a Triton that cannot
+    compile it, say): the caller drafts with the torch loop instead. A variant that once ran and
+    then fails raises the original error."""
+
+
+_proven: set[tuple] = set()  # the kernel variants that ran in this process
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...], rows: bool) -> None:
+    if t.dtype != dtype or tuple(t.shape) != shape or (rows and t.stride(-1) != 1):
+        want = f"{dtype} {list(shape)}" + (" with contiguous rows" if rows else "")
+        raise ValueError(f"{name} must be {want}, got {t.dtype} {list(t.shape)} with strides {t.stride()}")
 
 
 def markov_slot(base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                temperature: torch.Tensor, tokens_out: torch.Tensor, logits_out: torch.Tensor,
+                temperature: torch.Tensor, tokens_out: torch.Tensor, logits_out: torch.Tensor | None = None,
                 q_out: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> None:
     """One Markov slot for R rows, written into the given views (no allocation but the partials).
 
-    base [R, V]: the slot's U_j (any float dtype, rows contiguous); prev [R]: the previous tokens
-    (any stride); w1 [V', r], w2 [V, r]: the Markov head's embedding and projection weights;
-    temperature [R] float32 (<= 0: greedy); tokens_out [R] int64 (any stride): the drafted tokens;
-    logits_out [R, V] float32: U_j + B(prev) (+ bias); q_out [R, V] float32 and uniforms [R]:
-    the draft distribution and the draw (both None: every row greedy, no q); bias [R, V]: the
-    requests' additive rules for this slot, or None."""
+    base [R, V]: the slot's U_j (any float dtype, rows contiguous); prev [R] int64: the previous
+    tokens (any stride); w1 [V', r], w2 [V, r]: the Markov head's embedding and projection weights
+    (one dtype, r <= MAX_RANK); temperature [R] (<= 0: greedy); tokens_out [R] int64 (any stride):
+    the drafted tokens; logits_out [R, V] float32: U_j + B(prev) (+ bias), needed for a draw, else
+    optional; q_out [R, V] float32 and uniforms [R]: the draft distribution and the draw (both None:
+    every row greedy, no q); bias [R, V] float32: the requests' additive rules for this slot, or None.
+    Raises FusedKernelUnavailable when a kernel variant fails before it ever ran in the process."""
     R, V = base.shape
     rank = w1.shape[1]
-    for name, t in (("base", base), ("logits_out", logits_out)) + ((("q_out", q_out),) if q_out is not None else ()) \
-            + ((("bias", bias),) if bias is not None else ()):
-        _rows_ok(t, name)
+    _check(base, "base", base.dtype, (R, V), True)
     if (q_out is None) != (uniforms is None):
         raise ValueError("q_out and uniforms go together: both for a draw, neither when every row is greedy")
-    if not (w1.is_contiguous() and w2.is_contiguous()) or w2.shape != (V, rank):
-        raise ValueError(f"w1 [V, r] and w2 [V, r] must be contiguous, got {tuple(w1.shape)} and {tuple(w2.shape)}")
+    if q_out is not None:
+        if logits_out is None:
+            raise ValueError("a draw needs logits_out: the probs kernel reads the slot's logits from it")
+        _check(q_out, "q_out", torch.float32, (R, V), True)
+        _check(uniforms, "uniforms", torch.float32, (R,), False)
+    if logits_out is not None:
+        _check(logits_out, "logits_out", torch.float32, (R, V), True)
+    if bias is not None:
+        _check(bias, "bias", torch.float32, (R, V), True)
+    _check(prev, "prev", torch.int64, (R,), False)
+    _check(tokens_out, "tokens_out", torch.int64, (R,), False)
+    if not (w1.is_contiguous() and w2.is_contiguous()) or w2.shape != (V, rank) or w1.dtype != w2.dtype:
+        raise ValueError(f"w1 [V, r] and w2 [V, r] must be contiguous and of one dtype, got {w1.dtype} "
+                         f"{list(w1.shape)} and {w2.dtype} {list(w2.shape)}")
+    if rank > MAX_RANK:
+        raise ValueError(f"a Markov rank of at most {MAX_RANK} fits the kernels, got {rank}")
     if R == 0:
         return
+    variant = (q_out is None, bias is not None, logits_out is not None, base.dtype, w2.dtype, V > 32768, str(base.device))
+    try:
+        _launch(base, prev, w1, w2, temperature.to(torch.float32).contiguous(), tokens_out, logits_out, q_out,
+                None if uniforms is None else uniforms.contiguous(), bias)
+    except Exception as e:
+        if variant in _proven:
+            raise
+        raise FusedKernelUnavailable(f"{type(e).__name__}: {e}") from e
+    _proven.add(variant)
+
+
+def _launch(base, prev, w1, w2, temperature, tokens_out, logits_out, q_out, uniforms, bias) -> None:
+    R, V = base.shape
+    rank = w1.shape[1]
     dev = base.device
     nc = triton.cdiv(V, BLOCK_V)
-    nq = triton.cdiv(V, BLOCK_Q)
+    bq = block_q(V)
+    nq = triton.cdiv(V, bq)
+    nc_p2, nq_p2 = triton.next_power_of_2(nc), triton.next_power_of_2(nq)
     pm, ps, pa = (torch.empty(R, nc, dtype=torch.float32, device=dev) for _ in range(3))
     pi = torch.empty(R, nc, dtype=torch.int32, device=dev)
-    temperature = temperature.to(torch.float32)
-    nc_p2 = triton.next_power_of_2(nc)
     _logits_kernel[(triton.cdiv(R, ROWS), nc)](
         base, base.stride(0), prev, prev.stride(0), w1, w2, rank,
-        bias if bias is not None else base, bias.stride(0) if bias is not None else 0,
-        temperature, logits_out, logits_out.stride(0), pm, ps, pa, pi, R, V, nc,
+        bias if bias is not None else base, bias.stride(0) if bias is not None else 0, temperature,
+        logits_out if logits_out is not None else pm, logits_out.stride(0) if logits_out is not None else 0,
+        pm, ps, pa, pi, R, V, nc,
         HAS_BIAS=bias is not None, ROUND_BIAS=w2.dtype != torch.float32, IEEE=w2.dtype == torch.float32,
-        RANK=max(16, triton.next_power_of_2(rank)), ROWS_=ROWS, BLOCK=BLOCK_V, num_warps=4,
+        STORE_LOGITS=logits_out is not None, RANK=max(16, triton.next_power_of_2(rank)), ROWS_=ROWS, BLOCK=BLOCK_V,
+        num_warps=4,
     )
     if q_out is None:
-        _pick_kernel[(R,)](temperature, pa, pi, logits_out, 0, pm, tokens_out, tokens_out.stride(0),
-                           V, nc, nq, ALL_GREEDY=True, NC_P2=nc_p2, NQ_P2=triton.next_power_of_2(nq),
-                           BLOCK=BLOCK_Q, num_warps=_NUM_WARPS)
+        _pick_kernel[(R,)](temperature, pa, pi, pm, 0, pm, tokens_out, tokens_out.stride(0), V, nc, nq,
+                           ALL_GREEDY=True, NC_P2=nc_p2, NQ_P2=nq_p2, BLOCK=bq, num_warps=_NUM_WARPS)
         return
     tot = torch.empty(R, nq, dtype=torch.float32, device=dev)
     _probs_kernel[(R, nq)](logits_out, logits_out.stride(0), temperature, pm, ps, pa, pi, q_out, q_out.stride(0), tot,
-                           V, nc, nq, NC_P2=nc_p2, BLOCK=BLOCK_Q, num_warps=_NUM_WARPS)
-    _pick_kernel[(R,)](uniforms.to(torch.float32), pa, pi, q_out, q_out.stride(0), tot, tokens_out,
-                       tokens_out.stride(0), V, nc, nq, ALL_GREEDY=False, NC_P2=nc_p2,
-                       NQ_P2=triton.next_power_of_2(nq), BLOCK=BLOCK_Q, num_warps=_NUM_WARPS)
+                           V, nc, nq, NC_P2=nc_p2, BLOCK=bq, num_warps=_NUM_WARPS)
+    _pick_kernel[(R,)](uniforms, pa, pi, q_out, q_out.stride(0), tot, tokens_out, tokens_out.stride(0), V, nc, nq,
+                       ALL_GREEDY=False, NC_P2=nc_p2, NQ_P2=nq_p2, BLOCK=bq, num_warps=_NUM_WARPS)

@@ -21,10 +21,12 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    """Chunks of 32 (logits) and 64 (probs) entries: the interpreter's small rows span several."""
-    monkeypatch.setattr(mt, "BLOCK_V", 32)
-    monkeypatch.setattr(mt, "BLOCK_Q", 64)
+def small_chunks(request, monkeypatch):
+    """Chunks of 32 (logits) and 64 (probs) entries: the interpreter's small rows span several.
+    Tests marked `real_chunks` keep the module's own sizes."""
+    if "real_chunks" not in request.keywords:
+        monkeypatch.setattr(mt, "BLOCK_V", 32)
+        monkeypatch.setattr(mt, "block_q", lambda V: 64)
 
 
 def _weights(V, rank, seed=0, dtype=torch.float32):
@@ -152,12 +154,23 @@ def test_bad_arguments_are_refused():
     prev = torch.zeros(2, dtype=torch.long, device=DEVICE)
     tok = torch.empty(2, dtype=torch.long, device=DEVICE)
     lg = torch.empty(2, V, device=DEVICE)
+    ones = torch.ones(2, device=DEVICE)
     with pytest.raises(ValueError, match="q_out and uniforms"):
-        mt.markov_slot(base, prev, w1, w2, torch.ones(2, device=DEVICE), tok, lg, q_out=torch.empty(2, V, device=DEVICE))
+        mt.markov_slot(base, prev, w1, w2, ones, tok, lg, q_out=torch.empty(2, V, device=DEVICE))
+    with pytest.raises(ValueError, match="a draw needs logits_out"):
+        mt.markov_slot(base, prev, w1, w2, ones, tok, None, q_out=torch.empty(2, V, device=DEVICE), uniforms=ones)
     with pytest.raises(ValueError, match="contiguous rows"):
-        mt.markov_slot(base.t().contiguous().t(), prev, w1, w2, torch.ones(2, device=DEVICE), tok, lg)
+        mt.markov_slot(base.t().contiguous().t(), prev, w1, w2, ones, tok, lg)
+    with pytest.raises(ValueError, match=r"q_out must be torch.float32 \[2, 50\]"):  # a bf16 q would break the draw
+        mt.markov_slot(base, prev, w1, w2, ones, tok, lg, q_out=torch.empty(2, V, dtype=torch.bfloat16, device=DEVICE),
+                       uniforms=ones)
+    with pytest.raises(ValueError, match="prev must be torch.int64"):
+        mt.markov_slot(base, prev.int(), w1, w2, ones, tok, lg)
     with pytest.raises(ValueError, match=r"w1 \[V, r\]"):
-        mt.markov_slot(base, prev, w1, w2[:10], torch.ones(2, device=DEVICE), tok, lg)
+        mt.markov_slot(base, prev, w1, w2[:10], ones, tok, lg)
+    big1, big2 = _weights(V, mt.MAX_RANK + 1)
+    with pytest.raises(ValueError, match="rank of at most"):
+        mt.markov_slot(base, prev, big1, big2, ones, tok, lg)
 
 
 def _tiny_drafter(dtype=torch.float32):
@@ -236,24 +249,94 @@ def test_draft_block_on_gpu_is_the_same_with_and_without_the_fused_loop(temperat
 
 
 def test_kernels_that_fail_before_they_ever_ran_leave_the_torch_loop_with_a_warning(monkeypatch):
-    """A Triton that cannot compile the kernels must cost the fused loop, not the engine: the first
-    failure switches them off (warning) and the caller drafts with the torch loop; once they ran,
-    a failure raises."""
+    """A Triton that cannot compile a variant of the kernels must cost the fused loop, not the
+    engine: the first failure of a variant is FusedKernelUnavailable, on which the drafter switches
+    the kernels off (warning) and drafts with the torch loop; a variant that once ran re-raises."""
     model = _tiny_drafter()
     R, k, V = 3, 4, 300
     base = torch.randn(R, k, V, device=DEVICE)
     anchor_ids = torch.zeros(R, dtype=torch.long, device=DEVICE)
     sampling = SamplingBatch.build([SamplingParams(temperature=0.0)] * R, [0] * R, DEVICE)
-
-    def broken(*a, **kw):
-        raise RuntimeError("no compiler")
-
-    monkeypatch.setattr(mt, "markov_slot", broken)
-    monkeypatch.setattr(mt, "_proven", False)
     monkeypatch.setattr(mt, "_enabled", True)
-    with pytest.warns(RuntimeWarning, match="fused Markov kernels failed .*no compiler"):
-        assert model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False) == (None, None)
-    assert not mt.enabled()
-    monkeypatch.setattr(mt, "_proven", True)
-    with pytest.raises(RuntimeError, match="no compiler"):
+    monkeypatch.setattr(mt, "_proven", set())
+    real = mt._launch
+    broken = []
+
+    def launch(*a, **kw):
+        if broken:
+            raise RuntimeError("no compiler")
+        real(*a, **kw)
+
+    monkeypatch.setattr(mt, "_launch", launch)
+    tok, _ = model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False)
+    assert tok is not None and mt._proven  # the greedy variant ran
+    broken.append(1)
+    with pytest.raises(RuntimeError, match="no compiler"):  # that variant once ran: a real failure
         model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False)
+    assert mt.enabled()
+    with pytest.warns(RuntimeWarning, match="fused Markov kernels failed .*no compiler"):  # another variant
+        assert model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, True) == (None, None)
+    assert not mt.enabled()
+
+
+def _slot_case(R, V, rank, seed, temps):
+    g = torch.Generator().manual_seed(seed)
+    w1, w2 = _weights(V, rank, seed=seed)
+    base = (torch.randn(R, V, generator=g) * 2).to(DEVICE)
+    prev = torch.randint(0, V, (R,), generator=g).to(DEVICE)
+    return w1, w2, base, prev, torch.tensor(temps, device=DEVICE)
+
+
+def test_draw_edges_u_at_zero_and_one_and_a_fully_masked_row():
+    """u = 0 with the first tokens masked draws the first token with probability (never a masked
+    one); u just below 1 draws the last token with probability; a row whose rules mask everything
+    (q is NaN, as torch's softmax gives) still yields a token in range."""
+    R, V = 3, 200
+    w1, w2, base, prev, temps = _slot_case(R, V, 16, 21, [1.0, 1.0, 1.0])
+    bias = torch.zeros(R, V, device=DEVICE)
+    bias[0, :70] = float("-inf")  # row 0: tokens 0..69 masked (two whole chunks and part of a third)
+    bias[1, 150:] = float("-inf")  # row 1: the tail masked
+    bias[2, :] = float("-inf")
+    u = torch.tensor([0.0, 1.0 - 2 ** -24, 0.5], device=DEVICE)
+    tok, _, q = _run(base, prev, w1, w2, temps, u, bias=bias)
+    assert tok[0].item() == 70
+    assert tok[1].item() == 149
+    assert 0 <= tok[2].item() < V and torch.isnan(q[2]).all()
+
+
+def test_ties_within_a_chunk_take_the_first_index():
+    R, V = 2, 100
+    w1, w2 = _weights(V, 16, seed=5)
+    w1[0] = 0.0
+    base = torch.zeros(R, V, device=DEVICE)
+    base[:, [3, 9, 70]] = 2.0  # 3 and 9 share a chunk of 32
+    prev = torch.zeros(R, dtype=torch.long, device=DEVICE)
+    tok, _, q = _run(base, prev, w1, w2, torch.tensor([0.0, 0.0], device=DEVICE), None, greedy=True)
+    assert tok.tolist() == [3, 3]
+    tok, _, q = _run(base, prev, w1, w2, torch.tensor([0.0, 1.0], device=DEVICE), torch.tensor([0.3, 0.3], device=DEVICE))
+    assert tok[0].item() == 3 and q[0, 3].item() == 1.0 and q[0].sum().item() == 1.0  # greedy row in a draw: one-hot
+
+
+@pytest.mark.real_chunks
+@pytest.mark.parametrize("V", [2048] if not torch.cuda.is_available() else [16384, 151936])
+def test_the_real_chunk_sizes_draw_the_inverse_cdf_of_q(V):
+    """The module's own chunk sizes (the other tests shrink them), uniforms placed on the running
+    sum's boundaries between the probs programs' chunks and one float step either side: every token
+    has probability, and it is the float64 inverse CDF of q unless u * total lies within rounding of
+    a boundary."""
+    R = 24 if not torch.cuda.is_available() else 256
+    bq = mt.block_q(V)
+    w1, w2, base, prev, _ = _slot_case(1, V, 64, 31, [1.0])
+    base, prev = base.expand(R, V).contiguous(), prev.expand(R).contiguous()
+    temps = torch.ones(R, device=DEVICE)
+    tok, lg, q = _run(base, prev, w1, w2, temps, torch.full((R,), 0.5, device=DEVICE))
+    cdf = q[0].double().cumsum(0)
+    bounds = cdf[bq - 1::bq][:-1] / cdf[-1]  # the running sum where each probs chunk ends
+    u = torch.stack([bounds, torch.nextafter(bounds, torch.zeros_like(bounds)),
+                     torch.nextafter(bounds, torch.ones_like(bounds))], 1).flatten()
+    u = torch.cat([u, torch.linspace(0, 1 - 2 ** -24, R, dtype=torch.float64)])[:R].float()
+    tok, lg, q = _run(base, prev, w1, w2, temps, u)
+    assert (q.gather(1, tok[:, None]) > 0).all()
+    torch.testing.assert_close(q.sum(1), torch.ones(R, device=DEVICE))
+    idx, margin = _inverse_cdf(q, u)
+    assert not ((tok != idx) & (margin > 1e-5)).any()
