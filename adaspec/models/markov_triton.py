@@ -11,23 +11,24 @@ per-user end. Here:
 - ``_logits_kernel``, grid (row groups of ROWS, vocabulary chunks of BLOCK_V): the bias
   B(prev, v) = W2[v] . W1[prev] for ROWS rows at once (tl.dot, so W2 is read once per group, not
   per row), plus the slot's base logits U_j (bf16 or float32) and the optional additive rules'
-  bias, written as the slot's float32 logits; and per (row, chunk) the partial softmax (max and
+  bias, written as the slot's float32 logits (where a draw or the caller reads them); and per (row, chunk) the partial softmax (max and
   sum of exp(x / T)) and the first argmax of the raw logits.
-- ``_probs_kernel`` (sampled rows only), grid (rows, chunks of BLOCK_Q): combines the row's
+- ``_probs_kernel`` (sampled rows only), grid (rows, chunks of block_q(V)): combines the row's
   partials into its softmax, writes q = softmax(logits / T) (the one-hot of the first argmax for
   rows with T <= 0) and each chunk's running total.
 - ``_pick_kernel``, grid (rows,): the token. Greedy rows: the first argmax. Sampled rows: the
   inverse-CDF draw with the slot's uniform u, the first index whose running sum exceeds
-  u * total, found by walking the chunk totals and then scanning one chunk.
+  u * total: one scan over the chunk totals picks the chunk, a scan of that chunk the index.
 
 Semantics are `DSparkDrafter.markov_logits` then `SamplingBatch.draw` (no top-k / top-p: rows
 with filters keep the torch loop), up to float rounding: the bias is rounded to the weights' dtype
 as nn.Linear rounds it, the softmax is combined from chunks instead of walked online, and the
-running sum's rounding is this kernel's own (a draw can differ from the torch one only when u lies
-within rounding of a CDF boundary). Losslessness does not depend on any of that: verification
-uses the q written here, which is the distribution the token was drawn from: the chunk totals the
-draw walks are the maxima of the same tl.cumsum of the same stored q that the final scan repeats,
-so the chunk the walk picks always holds the index (the running sum is monotone under rounding).
+running sum's rounding is these kernels' own, so a draw can differ from the torch one only when u
+lies within rounding of a CDF boundary. Losslessness does not depend on any of that: verification
+uses the q written here, which is the distribution the token was drawn from. A token without
+probability is never drawn: where the chunk's own scan rounds below the target that the chunk
+totals passed (their sums are added in other orders), the draw takes the chunk's last token with
+probability, and the row's argmax if the chunk has none (tests/models/test_markov_triton.py).
 
 Everything is device work, so the graphed speculative step captures it.
 ``ADASPEC_FUSED_MARKOV=0`` (or ``set_enabled(False)``) keeps the torch loop, for A/B runs.
