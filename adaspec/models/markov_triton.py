@@ -31,7 +31,11 @@ totals passed (their sums are added in other orders), the draw takes the chunk's
 probability, and the row's argmax if the chunk has none (tests/models/test_markov_triton.py).
 
 Everything is device work, so the graphed speculative step captures it.
-``ADASPEC_FUSED_MARKOV=0`` (or ``set_enabled(False)``) keeps the torch loop, for A/B runs.
+
+Opt-in until a GPU has run them: ``ADASPEC_FUSED_MARKOV=1`` in the environment (or
+``set_enabled(True)``) drafts with them; they have only run under Triton's interpreter so far, and
+their speed is unmeasured (benchmarks/probes/spec_step_profile.py --samplers triton-unfused,triton
+is the A/B). Off, the drafter runs the torch loop.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-_enabled = os.environ.get("ADASPEC_FUSED_MARKOV", "1") != "0"
+_enabled = os.environ.get("ADASPEC_FUSED_MARKOV", "0") == "1"
 
 ROWS = 16  # rows per logits program: tl.dot needs 16 on each side
 BLOCK_V = 128  # vocabulary entries per logits program
