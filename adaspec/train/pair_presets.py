@@ -72,13 +72,14 @@ measurement). The FLOP arithmetic, with V = 16384 (our vocabulary), d = 1024, 28
               BPE on a 24 MB sample (~15 s); the ~95 MB tokenized at ~1 MB/s per core on 16 cores
               (~10 s, measured 0.9 MB/s on one loaded developer core) -> ~35 s.
   cards       3 greedy samples of 64 tokens on the GPU, model loads: ~10 s (7.1 s in H100 run 51, most of it
-              recomputing the whole prefix per token; since then one KV-cached batch: not yet timed).
+              recomputing the whole prefix per token; since then one KV-cached batch: 1.4 s in H100 run 53).
   total       ~35 + 150 + 25 + 160 + 15 + 25 + 10 = ~410 s (measured 355-444 s; 378 s in H200 run 34,
               where the refitted box, train/time_box.py, held the drafter stage to 152 s where the
               single early fit had run it 170-184 s in run 33; 425 s in run 40; 382 s in run 41 with
-              the target's features cached, the drafter stage 156 s for its 4,000 steps);
-              every stage's seconds land in
-              pair.json. Over the issue's ~4-5 minutes by about one: the drafter's acceptance is worth it.
+              the target's features cached, the drafter stage 156 s for its 4,000 steps; 324 s in H100
+              run 53, where the self-distillation, eval, calibration and cards decode through CUDA graphs:
+              16.2 + 8.6 + 10.9 + 1.4 s); every stage's seconds land in pair.json. Over the issue's
+              ~4-5 minutes by ~25 s: the drafter's acceptance is worth it.
 The model sees 15M tokens (Chinchilla's 20 tokens per parameter would be 9.1G): far from converged, by
 design of the time limit. Depths compared at equal time (benchmarks/target_shapes.py, H100 run 49,
 BENCHMARKS.md: 100 s each, same data and schedule): val loss 3.32 / 2.77 / 2.33 / 2.11 at 28 / 20 / 14
