@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The frontier on the real pair, on one H200, in one command: build the code-0.6b pair (the GPU
 # machine keeps nothing between commands, so every command that measures the pair rebuilds it,
-# ~410 s), then sweep arms x concurrency x repeats, either with the offline engine (MODE=offline,
+# ~410 s in the H200 runs, 334 s in H100 run 53), then sweep arms x concurrency x repeats, either with the offline engine (MODE=offline,
 # the default) or through the real HTTP server (MODE=server: one `adaspec serve` per arm, CUDA
 # graphs on as by default, driven by `adaspec bench sweep`, then `adaspec bench report`).
 #
