@@ -34,9 +34,15 @@ def test_engine_on_cuda_matches_cpu_greedy(micro_qwen3):
     assert gpu == cpu
 
 
-def test_speculative_on_cuda_equals_plain(tmp_path):
+@pytest.mark.parametrize("fused_markov", [False, True])
+def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
+    """Greedy speculation on CUDA gives plain decoding's tokens, drafting with the torch Markov
+    loop and with the fused kernels (models/markov_triton.py, opt-in: switched on here)."""
+    from adaspec.models import markov_triton
     from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
+    monkeypatch.setattr(markov_triton, "_enabled", fused_markov)
+    monkeypatch.setattr(markov_triton, "_proven", set())
     t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
     d = make_bigram_drafter_dir(tmp_path / "d", t, block_size=7)
     prompts = [list(range(1 + i, 10 + 3 * i)) for i in range(12)]
@@ -49,3 +55,4 @@ def test_speculative_on_cuda_equals_plain(tmp_path):
         llm = LLM(str(t), speculative_config=spec, **kw)
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, p)] == plain
         assert llm.llm_engine.stats.num_accepted_tokens > 0
+    assert bool(markov_triton._proven) == fused_markov  # the kernels drafted (and only when switched on)
