@@ -334,7 +334,7 @@ def test_the_real_chunk_sizes_draw_the_inverse_cdf_of_q(V):
     bounds = cdf[bq - 1::bq][:-1] / cdf[-1]  # the running sum where each probs chunk ends
     u = torch.stack([bounds, torch.nextafter(bounds, torch.zeros_like(bounds)),
                      torch.nextafter(bounds, torch.ones_like(bounds))], 1).flatten()
-    u = torch.cat([u, torch.linspace(0, 1 - 2 ** -24, R, dtype=torch.float64)])[:R].float()
+    u = torch.cat([u, torch.linspace(0, 1 - 2 ** -24, R, dtype=torch.float64, device=u.device)])[:R].float()
     tok, lg, q = _run(base, prev, w1, w2, temps, u)
     assert (q.gather(1, tok[:, None]) > 0).all()
     torch.testing.assert_close(q.sum(1), torch.ones(R, device=DEVICE))
