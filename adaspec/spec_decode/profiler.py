@@ -17,6 +17,7 @@ import torch
 
 from adaspec.announce import announce
 from adaspec.engine.runner import ForwardItem
+from adaspec.sample import kernels
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
     CostModel, cache_path, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
@@ -98,6 +99,9 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         attention=engine.attention_backend, torch=torch.__version__, repeats=decoder.cfg.profile_repeats,
         cuda_graphs=engine.use_cuda_graphs, step_revision=STEP_REVISION,
         tensor_parallel_size=cfg.tensor_parallel_size, draft_widths=narrow,
+        # the sampler's and the Markov loop's implementation change what a step costs: tables
+        # timed with the Triton kernels must not price a run with the torch ops, or the reverse
+        sampler=kernels.in_use(engine.device), markov_loop=kernels.markov_loop_in_use(engine.device),
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

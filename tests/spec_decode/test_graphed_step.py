@@ -293,6 +293,28 @@ def test_budget_draft_width_profiles_a_table_per_width(pair, tmp_path):
     assert model.draft_narrow[2].sizes.tolist() == model.draft.sizes.tolist()
 
 
+def test_cost_tables_are_cached_per_sampler_and_markov_loop(pair, tmp_path, monkeypatch):
+    """Tables timed with one implementation of the sampler or the drafter's Markov loop (Triton
+    kernels, torch ops) are never read back for a run with the other: both are in the cache key,
+    so switching ADASPEC_FUSED_MARKOV or ADASPEC_TRITON_SAMPLING profiles afresh."""
+    from adaspec.sample import kernels
+    from adaspec.spec_decode.profiler import build_cost_model
+
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path), "profile_repeats": 1}
+    llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=2, max_num_batched_tokens=32, block_size=8)
+    [first] = tmp_path.glob("cost_model_*.json")
+    key = json.loads(first.read_text())["key"]
+    assert (key["sampler"], key["markov_loop"]) == ("torch", "torch")  # the CPU's
+    monkeypatch.setattr(kernels, "markov_loop_in_use", lambda device: "fused")
+    build_cost_model(llm.llm_engine, llm.llm_engine.spec, pair[1])
+    monkeypatch.setattr(kernels, "in_use", lambda device: "triton")
+    build_cost_model(llm.llm_engine, llm.llm_engine.spec, pair[1])
+    keys = sorted((k["sampler"], k["markov_loop"])
+                  for k in (json.loads(p.read_text())["key"] for p in tmp_path.glob("cost_model_*.json")))
+    assert keys == [("torch", "fused"), ("torch", "torch"), ("triton", "fused")]
+
+
 def test_adaptive_draft_width_refuses_other_values(pair):
     from adaspec.errors import ConfigError
 
