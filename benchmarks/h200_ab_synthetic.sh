@@ -14,6 +14,8 @@
 # (per arm and concurrency: A and B's mean output throughput and median per-user speed over every
 # repeat, with their standard deviations, and B / A), and prints that table; the sweeps' output in
 # OUT/ab_log.txt.
+# A_ENV / B_ENV: environment assignments for one side's sweeps only, e.g. A_TREE=. A_ENV=ADASPEC_FUSED_MARKOV=0
+# B_ENV=ADASPEC_FUSED_MARKOV=1 times one switch of this checkout against itself.
 # A_LABEL / B_LABEL name the versions in the table; A_COMMIT is recorded in A's results (B's: ADASPEC_COMMIT); CURVE_FROM as in
 # h200_synthetic_frontier.sh; SHAPE_OVERRIDES (e.g. '{"vocab_size": 16384}') and OFFLINE_ARGS are passed to both
 # (run 12's A/B ran before the script passed SHAPE_OVERRIDES on: it timed the 151,936 vocabulary).
@@ -40,14 +42,15 @@ CURVE=$("$PYTHON" -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(','.join('%.4f' % x for x in d['heldout']['T=%g' % float(sys.argv[2])]['cond_acceptance']))" "$CURVE_FROM" "${TEMP:-0}")
-say "A = $A_TREE (${A_LABEL:-A}), B = $B_TREE (${B_LABEL:-B}); T = ${TEMP:-0}, synthetic acceptance (timing only) $CURVE"
+say "A = $A_TREE${A_ENV:+ with $A_ENV} (${A_LABEL:-A}), B = $B_TREE${B_ENV:+ with $B_ENV} (${B_LABEL:-B}); T = ${TEMP:-0}, synthetic acceptance (timing only) $CURVE"
 for round in $(seq 1 "$ROUNDS"); do
   for side in A B; do
-    tree=$A_TREE commit="${A_COMMIT:-unrecorded (tree $A_TREE)}"
-    if [ "$side" = B ]; then tree=$B_TREE commit="${ADASPEC_COMMIT:-}"; fi
+    tree=$A_TREE commit="${A_COMMIT:-unrecorded (tree $A_TREE)}" side_env=${A_ENV:-}
+    if [ "$side" = B ]; then tree=$B_TREE commit="${ADASPEC_COMMIT:-}" side_env=${B_ENV:-}; fi
     say "round $round, $side"
     # the sweep script of this checkout, the engine of the side's tree (first on the path)
-    ADASPEC_COMMIT="$commit" PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
+    # shellcheck disable=SC2086  # side_env: word-split into VAR=value assignments on purpose
+    env $side_env ADASPEC_COMMIT="$commit" PYTHONPATH="$tree" "$PYTHON" benchmarks/offline_sweep.py --shape "$SHAPE" --synthetic-acceptance "$CURVE" \
       --arms "$ARMS" --concurrency "$CONC" --temperature "${TEMP:-0}" --repeats 2 --output-len 64 \
       ${SHAPE_OVERRIDES:+--shape-overrides "$SHAPE_OVERRIDES"} ${OFFLINE_ARGS:-} \
       --out "$OUT/ab_${side}_${round}.json" >>"$OUT/ab_log.txt" 2>&1 \
@@ -55,7 +58,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 "$PYTHON" - "$OUT" "${A_LABEL:-A}" "${B_LABEL:-B}" "${TEMP:-0}" <<'EOF'
-import glob, json, statistics as st, sys
+import glob, json, os, statistics as st, sys
 out, a_label, b_label = sys.argv[1:4]
 vals = {}
 for side in "AB":
@@ -75,5 +78,5 @@ for (arm, c), v in sorted(vals.items(), key=lambda kv: (kv[0][0], kv[0][1])):
     table.append(dict(arm=arm, concurrency=c, n=[len(v["A"][0]), len(v["B"][0])], A_output_throughput=a,
                       B_output_throughput=b, ratio=b[0] / a[0], A_median_user_speed=au, B_median_user_speed=bu))
     print(f"{arm:12s} {c:5d} {a[0]:10.0f} ± {a[1]:5.0f} {b[0]:10.0f} ± {b[1]:5.0f} {b[0] / a[0]:6.3f} {au[0]:8.1f} {bu[0]:8.1f}")
-json.dump(dict(A=a_label, B=b_label, temperature=float(sys.argv[4]), synthetic_acceptance="timing only", rows=table), open(f"{out}/ab.json", "w"), indent=1)
+json.dump(dict(A=a_label, B=b_label, A_env=os.environ.get("A_ENV", ""), B_env=os.environ.get("B_ENV", ""), temperature=float(sys.argv[4]), synthetic_acceptance="timing only", rows=table), open(f"{out}/ab.json", "w"), indent=1)
 EOF
