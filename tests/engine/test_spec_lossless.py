@@ -15,7 +15,7 @@ from adaspec.models.loader import load_target
 from adaspec.spec_decode.cost_model import CostModel, CostTable
 from adaspec.sample.rejection import RejectionOutput
 from adaspec.sample.logits_rules import LogitsRule
-from adaspec.testing import use_eager_spec_graphs
+from adaspec.testing import pin_cost_tables, use_eager_spec_graphs
 from tests.engine.test_logits_rules import reference_row
 from tests.spec_decode.lossless_harness import enumerate_joint, lossless_pvalue
 from tests.spec_decode.micro import broken_sampler
@@ -56,10 +56,7 @@ def sample_fn(pair, params, tmp_path, graphed: bool = False, **spec):
         # made the policy skip so many drafts that the harness saw too few (CI: 4,096 verified of
         # 20,000 requests). These rise gently with the tokens, so the budget still drops the slots
         # of low survival (a few percent) and varies from step to step.
-        s = llm.llm_engine.spec
-        s.cost_model = CostModel(CostTable([1, 1 << 15], [1.0, 1.5]), CostTable([1], [0.1]),
-                                 {w: CostTable([1], [0.05]) for w in s.cost_model.draft_narrow})
-        s.policy = s._make_policy()
+        pin_cost_tables(llm)
 
     def run(n):
         torch.manual_seed(1234)
