@@ -42,3 +42,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _one_profile_run_per_shape(monkeypatch):
+    """An adaptive engine built by a test profiles each cost-table shape once where the default
+    takes the median of 9 runs: no test judges the tables' timings (a test that needs the policy
+    to draft pins its tables: adaspec.testing.pin_cost_tables), and a fresh profile of the tiny
+    pair took ~28 s with 9 runs against ~4 s with one on the 2-core development machine. A test
+    that names profile_repeats keeps its own."""
+    from adaspec.config import SpeculativeConfig
+
+    from_dict = SpeculativeConfig.from_dict.__func__
+
+    def with_one_run(cls, d):
+        return from_dict(cls, {"profile_repeats": 1, **d} if isinstance(d, dict) else d)
+
+    monkeypatch.setattr(SpeculativeConfig, "from_dict", classmethod(with_one_run))
