@@ -44,13 +44,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _one_profile_run_per_shape(monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _one_profile_run_per_shape():
     """An adaptive engine built by a test profiles each cost-table shape once where the default
     takes the median of 9 runs: no test judges the tables' timings (a test that needs the policy
     to draft pins its tables: adaspec.testing.pin_cost_tables), and a fresh profile of the tiny
     pair took ~28 s with 9 runs against ~4 s with one on the 2-core development machine. A test
-    that names profile_repeats keeps its own."""
+    that names profile_repeats keeps its own. Session-scoped so that it is in place before the
+    module-scoped fixtures that build engines (a function-scoped patch came after them)."""
     from adaspec.config import SpeculativeConfig
 
     from_dict = SpeculativeConfig.from_dict.__func__
@@ -58,4 +59,6 @@ def _one_profile_run_per_shape(monkeypatch):
     def with_one_run(cls, d):
         return from_dict(cls, {"profile_repeats": 1, **d} if isinstance(d, dict) else d)
 
-    monkeypatch.setattr(SpeculativeConfig, "from_dict", classmethod(with_one_run))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SpeculativeConfig, "from_dict", classmethod(with_one_run))
+        yield
