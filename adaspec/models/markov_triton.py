@@ -33,11 +33,12 @@ probability, and the row's argmax if the chunk has none (tests/models/test_marko
 Everything is device work, so the graphed speculative step captures it.
 
 Opt-in: ``ADASPEC_FUSED_MARKOV=1`` in the environment (or ``set_enabled(True)``) drafts with
-them. On the H100 (BENCHMARKS.md, run 54) 14 of their 15 tests passed and the drafter's propose
-graph took 0.204 ms at one request against the torch loop's 0.312 (27-30% less at 64-256;
-benchmarks/probes/spec_step_profile.py --samplers triton-unfused,triton), but the multi-chunk draw's
-test and the engine's test with them on have not passed on a GPU yet: until they have, the default
-is the torch loop.
+them. On the H100 (BENCHMARKS.md, run 54) the drafter's propose graph took 0.204 ms at one
+request against the torch loop's 0.312 (27-30% less at 64-256; benchmarks/probes/spec_step_profile.py
+--samplers triton-unfused,triton), and all the tests of tests/models/test_markov_triton.py passed on
+the H200 (run 55), the multi-chunk draw included; the engine's test with them on
+(tests/engine/test_gpu.py) has not run to the end on a GPU yet: until it has, the default is the
+torch loop.
 """
 from __future__ import annotations
 
