@@ -37,10 +37,10 @@ def test_engine_on_cuda_matches_cpu_greedy(micro_qwen3):
 @pytest.mark.parametrize("fused_markov", [True, False])
 def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
     """Greedy speculation on CUDA gives plain decoding's tokens, drafting with the fused kernels
-    (models/markov_triton.py, opt-in: switched on here) and with the torch Markov loop. The fused
+    (models/markov_triton.py, the default on CUDA) and with the torch Markov loop. The fused
     case first and graphs captured up to 16 requests only (the 12 prompts): with the torch-loop
     case first and the default 256, a 100 s device call ended inside that case and the fused one
-    never ran (H200 run 55)."""
+    never ran (H200 run 55). Passed both ways on an H100 in run 56, which turned the kernels on."""
     from adaspec.models import markov_triton
     from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, pin_cost_tables
 
