@@ -311,6 +311,21 @@ def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency
     return max(min_prompts, per_concurrency * concurrency)
 
 
+def interleaved_kv_gib(asked: float, num_engines: int, free_bytes: int, share: float = 0.6) -> float:
+    """KV cache GiB per engine for an interleaved sweep: `asked`, or less when num_engines of it
+    would take more than `share` of the device's free memory (the rest holds their weights, CUDA
+    graphs and activations). H100 run 56: five engines of 16 GiB ran out of memory on an 80 GB card,
+    the fifth engine's cache failing after four had loaded. Rounded down to 0.5 GiB; an error
+    naming the numbers when not even 0.5 GiB an engine fits."""
+    if asked <= 0 or num_engines < 1:
+        raise SystemExit(f"--kv-cache-gib must be positive and there must be an arm, got {asked} and {num_engines}")
+    fit = int(share * free_bytes / 2**30 / num_engines * 2) / 2
+    if fit < 0.5:
+        raise SystemExit(f"{num_engines} interleaved engines do not fit: {free_bytes / 2**30:.1f} GiB free on the "
+                         "device; sweep fewer arms at once or without --interleave")
+    return min(asked, fit)
+
+
 def policy_step_costs(eng) -> dict | None:
     """The adaptive policy's measured tokens per request per ms per step kind and batch-size bucket at
     the end of a point (spec_decode/step_costs.py); None where it does not measure them."""
@@ -541,6 +556,12 @@ def main() -> None:
     # which weights: every build on the GPU machine is written to the same path (None for --shape's dummy weights)
     ckpt = checkpoints(None if args.shape else args.model, args.drafter)
     arms = args.arms.split(",")
+    if args.interleave and args.kv_cache_gib and args.device != "cpu" and torch.cuda.is_available():
+        asked = args.kv_cache_gib
+        args.kv_cache_gib = interleaved_kv_gib(asked, len(arms), torch.cuda.mem_get_info()[0])
+        if args.kv_cache_gib < asked:  # (the JSON's args record the size that ran)
+            print(f"--kv-cache-gib {asked:g} for each of {len(arms)} engines does not fit this device: "
+                  f"{args.kv_cache_gib:g} GiB each", flush=True)
     kv = {"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}
     # label: "synthetic acceptance: timing only" when set; cost_tables: each adaptive arm's profiled
     # tables (ms per verified token count and per drafted request count), what the policy prices steps

@@ -270,3 +270,20 @@ def test_host_speed_is_none_over_an_older_tree_without_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "adaspec.bench.conditions", None)  # an import of it now fails
     assert offline_sweep.host_speed() is None
     assert offline_sweep.host_loop_ms() is None
+
+
+def test_interleaved_engines_share_what_the_device_has_free():
+    """Each interleaved engine gets the KV cache asked for while all of them fit in 60% of the
+    free memory, less when they would not (H100 run 56: 5 x 16 GiB on an 80 GB card ran out of
+    memory), and a clear error when not even 0.5 GiB an engine fits."""
+    from offline_sweep import interleaved_kv_gib
+
+    gib = 2**30
+    assert interleaved_kv_gib(16, 4, 139 * gib) == 16  # the H200: 4 x 16 fits
+    assert interleaved_kv_gib(16, 5, 78 * gib) == 9.0  # 0.6 * 78 / 5 = 9.36, rounded down to 0.5
+    assert interleaved_kv_gib(10, 4, 78 * gib) == 10
+    assert interleaved_kv_gib(16, 1, 78 * gib) == 16
+    with pytest.raises(SystemExit, match="do not fit"):
+        interleaved_kv_gib(16, 8, 4 * gib)
+    with pytest.raises(SystemExit, match="positive"):
+        interleaved_kv_gib(0, 4, 78 * gib)
