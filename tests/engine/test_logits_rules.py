@@ -61,9 +61,12 @@ def _random_params(g: torch.Generator, V: int) -> SamplingParams:
         allowed_token_ids=ids(V // 2) if coin() and coin() else None, stop_token_ids=ids(2), ignore_eos=coin())
 
 
-def test_rules_match_the_brute_force_reference():
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse-penalties", "dense-penalties"])
+def test_rules_match_the_brute_force_reference(sparse, monkeypatch):
     """Random rules on random logits (with zeros and negatives, so the repetition penalty's two
-    branches both run), random histories, drafts after them and pending device tokens."""
+    branches both run), random histories, drafts after them and pending device tokens; with the
+    penalties applied to the histories' tokens only (the CPU's way) and to every logit (CUDA's)."""
+    monkeypatch.setattr(logits_rules, "_sparse_penalties", lambda device: sparse)
     g = torch.Generator().manual_seed(0)
     V, eos = 40, {3}
     rows, want, pending_tokens = [], [], []
@@ -98,6 +101,35 @@ def test_rules_match_the_brute_force_reference():
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert torch.allclose(got[~torch.isinf(got)], want[~torch.isinf(want)], atol=1e-5)
     assert not torch.isnan(logits).any()
+
+
+def test_sparse_and_dense_penalties_give_the_same_floats(monkeypatch):
+    """The penalties over the histories' tokens only (CPU) and over every logit (CUDA) agree to the
+    bit: rows with a repetition penalty of 1 (divided by 1 where the dense ops leave them), negative
+    frequency and presence penalties, -0.0 and -inf logits, drafts and rows sharing a history."""
+    g = torch.Generator().manual_seed(5)
+    V = 64
+    logits = torch.randn(24, V, generator=g) * 4
+    logits[:, 7], logits[:, 9], logits[3, 11] = -0.0, 0.0, -INF
+    hist = object()
+    rows = []
+    for i in range(24):
+        p = SamplingParams(repetition_penalty=[1.0, 1.4, 0.7][i % 3], frequency_penalty=[0.0, -0.8, 1.3][i % 2],
+                           presence_penalty=[0.5, -1.1, 0.0][i % 3])
+        if p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0:
+            p = SamplingParams(presence_penalty=0.25)
+        rule = LogitsRule.of(p, set(), V)
+        prompt = torch.randint(0, V, (5,), generator=g).tolist() + [7, 11]
+        output = torch.randint(0, V, (1 + i % 6,), generator=g).tolist() + [9]
+        rows.append(RuleRow(rule, 1.0, prompt, output, output[:i % 3], history=hist if i < 4 else None))
+    rows[0:4] = [dataclasses.replace(rows[0], extra=[5] * j) for j in range(4)]  # one history, its drafts
+    got = {}
+    for sparse in (True, False):
+        monkeypatch.setattr(logits_rules, "_sparse_penalties", lambda device, sparse=sparse: sparse)
+        got[sparse] = apply_logits_rules(logits, rows)
+    assert torch.equal(got[True], got[False])
+    assert torch.equal(torch.signbit(got[True]), torch.signbit(got[False]))
+    assert not torch.equal(got[True], logits)
 
 
 def test_chunks_of_penalized_rows_give_the_same_logits(monkeypatch):
