@@ -12,10 +12,16 @@ intermediate to bf16, which changes results in the last bits only.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from adaspec.cuda_compiled import cuda_compiled
+from adaspec.models.attention import write_kv
+
+# opt-in until timed and tested on a GPU: ADASPEC_FUSED_KV_WRITE=1 (qk_norm_rope_write_kv below)
+_fused_kv_write = os.environ.get("ADASPEC_FUSED_KV_WRITE", "0") == "1"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -46,6 +52,35 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                          cos_table: torch.Tensor, sin_table: torch.Tensor, q_weight: torch.Tensor | None,
+                          k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slots: torch.Tensor) -> torch.Tensor:
+    """qk_norm_rope, then the new keys and values written to the paged cache at `slots`
+    (attention.write_kv) -> q. One function so that, compiled, the cache writes are stores of the
+    kernels that make k and v rather than two index_copy_ kernels a layer: 56 of the ~300 kernels
+    of a 28-layer decode step, 0.124 ms of its 1.29 ms of kernels at one request on the H100
+    (BENCHMARKS.md, run 53's profile). On the CPU inductor fuses the norms, RoPE and both writes
+    into one kernel and writes the cache in place (no copy of it: the same time for a 20 MB and an
+    8 GB cache), k_cache and v_cache being views of one storage."""
+    q, k = qk_norm_rope(q, k, positions, cos_table, sin_table, q_weight, k_weight, eps)
+    write_kv(k_cache, v_cache, k, v, slots)
+    return q
+
+
+def fused_kv_write() -> bool:
+    """Whether the target's attention writes its cache inside qk_norm_rope_write_kv."""
+    return _fused_kv_write
+
+
+def set_fused_kv_write(flag: bool) -> bool:
+    """Switch it (tests, A/B runs); returns the previous setting. Read at every forward, so a CUDA
+    graph keeps what was set when it was captured."""
+    global _fused_kv_write
+    old, _fused_kv_write = _fused_kv_write, bool(flag)
+    return old
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -55,7 +90,7 @@ class _Ops:
     """The implementations in use: each op is cuda_compiled (adaspec/cuda_compiled.py): the eager
     function for CPU tensors, its compiled version for CUDA tensors once use_compiled() ran."""
 
-    _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul")
+    _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "qk_norm_rope_write_kv", "silu_mul")
 
     def __init__(self):
         for n in self._NAMES:

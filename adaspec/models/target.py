@@ -15,7 +15,7 @@ from torch import nn
 
 from adaspec.models.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
-from adaspec.models.fused import ops
+from adaspec.models.fused import fused_kv_write, ops
 from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, embedding, fuse_linears
 
 
@@ -49,25 +49,35 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
+    def projections(self, x: torch.Tensor):
+        """-> (q, k, v) per head, before the norms and RoPE."""
         shape = x.shape[:-1]
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if self.qkv_weight is not None:
             q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split([nq, nkv, nkv], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape(*shape, self.num_heads, self.head_dim)
-        k = k.reshape(*shape, self.num_kv_heads, self.head_dim)
-        v = v.reshape(*shape, self.num_kv_heads, self.head_dim)
-        q_w = self.q_norm.weight if self.q_norm is not None else None
-        k_w = self.k_norm.weight if self.k_norm is not None else None
-        q, k = ops.qk_norm_rope(q, k, positions, rope.cos, rope.sin, q_w, k_w, self.eps)
+        return (q.reshape(*shape, self.num_heads, self.head_dim), k.reshape(*shape, self.num_kv_heads, self.head_dim),
+                v.reshape(*shape, self.num_kv_heads, self.head_dim))
+
+    def qk_weights(self):
+        return (self.q_norm.weight if self.q_norm is not None else None,
+                self.k_norm.weight if self.k_norm is not None else None)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
+        q, k, v = self.projections(x)
+        q, k = ops.qk_norm_rope(q, k, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps)
         return q, k, v
 
     def forward(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
-        q, k, v = self.qkv(x, positions, rope)
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if fused_kv_write():
+            q, k, v = self.projections(x)
+            q = ops.qk_norm_rope_write_kv(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,
+                                          k_cache, v_cache, meta.slot_mapping)
+        else:
+            q, k, v = self.qkv(x, positions, rope)
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(x.shape[0], -1))
 

@@ -160,3 +160,31 @@ def test_compiled_functions_replay_inside_a_cuda_graph():
             assert torch.equal(a, b)
         assert torch.equal(out[1], want[1])
     assert graphed_step.packed_layout.failed is None and graphed_step.query_counts.failed is None
+
+
+def test_qk_norm_rope_write_kv_writes_the_cache_in_place_on_cuda():
+    """models/fused.qk_norm_rope_write_kv (ADASPEC_FUSED_KV_WRITE=1) compiled against its eager
+    definition, bf16 caches as views of one storage as allocate_kv_caches makes them: the same
+    queries and cache contents within rounding, every other slot untouched, two layers (two
+    storage offsets) and two batch sizes, and no fallback to eager."""
+    from adaspec.models import fused
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    S, Hq, Hkv, D = 4096, 16, 8, 128
+    storage = torch.randn(3, 2, S, Hkv, D, device=DEV, generator=g).bfloat16()
+    cos, sin = torch.randn(2048, D, device=DEV, generator=g), torch.randn(2048, D, device=DEV, generator=g)
+    qw, kw = torch.randn(D, device=DEV, generator=g).bfloat16(), torch.randn(D, device=DEV, generator=g).bfloat16()
+    f = fused.ops.qk_norm_rope_write_kv
+    for layer, T in ((0, 1), (2, 37)):
+        q, k, v = (torch.randn(T, h, D, device=DEV, generator=g).bfloat16() for h in (Hq, Hkv, Hkv))
+        pos = torch.randint(0, 2048, (T,), device=DEV, generator=g)
+        slots = torch.randperm(S, device=DEV, generator=g)[:T]
+        want = storage.clone()
+        q_want = f.eager(q, k, v, pos, cos, sin, qw, kw, 1e-6, want[layer, 0], want[layer, 1], slots)
+        q_got = f(q, k, v, pos, cos, sin, qw, kw, 1e-6, storage[layer, 0], storage[layer, 1], slots)
+        assert torch.allclose(q_got.float(), q_want.float(), atol=2e-2, rtol=2e-2)
+        assert torch.allclose(storage.float(), want.float(), atol=2e-2, rtol=2e-2)
+        others = torch.ones(S, dtype=torch.bool, device=DEV)
+        others[slots] = False
+        assert torch.equal(storage[:, :, others], want[:, :, others])
+    assert f.failed is None

@@ -61,3 +61,30 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, p)] == plain
         assert llm.llm_engine.stats.num_accepted_tokens > 0
     assert bool(markov_triton._proven) == fused_markov  # the kernels drafted (and only when switched on)
+
+
+def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
+    """The target's cache writes inside its compiled norms and RoPE (ADASPEC_FUSED_KV_WRITE=1,
+    models/fused.qk_norm_rope_write_kv) give the separate writes' greedy tokens, plain and with
+    speculation, in the CUDA graphs."""
+    from adaspec.models import fused
+    from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+    t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
+    d = make_bigram_drafter_dir(tmp_path / "d", t, block_size=7)
+    prompts = [list(range(1 + i, 10 + 3 * i)) for i in range(12)]
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=16)
+    spec = {"model": str(d), "num_speculative_tokens": 7}
+    old = fused.fused_kv_write()
+    try:
+        got = {}
+        for flag in (False, True):
+            fused.set_fused_kv_write(flag)
+            got[flag] = [[o.outputs[0].token_ids for o in LLM(str(t), speculative_config=cfg, **kw).generate(prompts, p)]
+                         for cfg in (None, spec)]
+    finally:
+        fused.set_fused_kv_write(old)
+    assert got[True] == got[False]
+    assert got[True][0] == got[True][1]  # speculation gives plain decoding's tokens
+    assert fused.ops.qk_norm_rope_write_kv.failed is None
