@@ -245,8 +245,9 @@ class DSparkDrafter(nn.Module):
         x = self.block_inputs(anchor_ids).reshape(R * k, -1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             attn = layer.self_attn
-            q, kb, vb = attn.qkv(layer.input_layernorm(x), positions, self.rope)
-            write_kv(k_cache, v_cache, kb, vb, meta.slot_mapping)  # temporary: real context overwrites it
+            # the block's keys and values are temporary: the real context overwrites them
+            q = attn.q_with_kv_written(layer.input_layernorm(x), positions, self.rope, k_cache, v_cache,
+                                       meta.slot_mapping)
             out = paged_attention(q, k_cache, v_cache, meta, attn.scale)
             x = x + attn.o_proj(out.reshape(R * k, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

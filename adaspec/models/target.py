@@ -69,15 +69,20 @@ class Attention(nn.Module):
         q, k = ops.qk_norm_rope(q, k, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps)
         return q, k, v
 
-    def forward(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
-        k_cache, v_cache = kv_cache
+    def q_with_kv_written(self, x, positions, rope: RotaryEmbedding, k_cache, v_cache, slots) -> torch.Tensor:
+        """x's queries, after its keys and values went to the paged cache at `slots`; with
+        ADASPEC_FUSED_KV_WRITE=1 in one compiled function (models/fused.qk_norm_rope_write_kv)."""
         if fused_kv_write():
             q, k, v = self.projections(x)
-            q = ops.qk_norm_rope_write_kv(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,
-                                          k_cache, v_cache, meta.slot_mapping)
-        else:
-            q, k, v = self.qkv(x, positions, rope)
-            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            return ops.qk_norm_rope_write_kv(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,
+                                             k_cache, v_cache, slots)
+        q, k, v = self.qkv(x, positions, rope)
+        write_kv(k_cache, v_cache, k, v, slots)
+        return q
+
+    def forward(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
+        k_cache, v_cache = kv_cache
+        q = self.q_with_kv_written(x, positions, rope, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
