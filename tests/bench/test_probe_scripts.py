@@ -196,3 +196,14 @@ def test_gpu_bisect_without_patches_stops_before_any_test(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no patches in" in r.stderr
     assert not out.exists()  # nothing ran, not even the checkout's own tests
+
+
+def test_penalties_bench_times_both_paths_on_the_same_inputs(tmp_path):
+    """benchmarks/penalties_bench.py: the sparse (CPU) and dense (CUDA) penalties alternated, each
+    round's time printed, and the check that they give the same floats."""
+    stdout = run(["benchmarks/penalties_bench.py", "--requests", "3", "--positions", "4", "--vocab", "96",
+                  "--calls", "2", "--rounds", "2"], tmp_path)
+    assert "12 rows (3 requests x 4 positions), V = 96" in stdout
+    lines = [line for line in stdout.splitlines() if "median" in line]
+    assert len(lines) == 2 and all(len(line.split()) >= 6 for line in lines)
+    assert "same floats both ways: True" in stdout
