@@ -61,8 +61,9 @@ def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
     kernels that make k and v rather than two index_copy_ kernels a layer: 56 of the ~300 kernels
     of a 28-layer decode step, 0.124 ms of its 1.29 ms of kernels at one request on the H100
     (BENCHMARKS.md, run 53's profile). On the CPU inductor fuses the norms, RoPE and both writes
-    into one kernel and writes the cache in place (no copy of it: the same time for a 20 MB and an
-    8 GB cache), k_cache and v_cache being views of one storage."""
+    into one kernel and writes the cache in place, k_cache and v_cache being views of one storage
+    (benchmarks/probes/kv_write_inplace_probe.py: the same time a call for a 20 MB and an 8 GB
+    cache, one compiled graph for every layer)."""
     q, k = qk_norm_rope(q, k, positions, cos_table, sin_table, q_weight, k_weight, eps)
     write_kv(k_cache, v_cache, k, v, slots)
     return q

@@ -207,3 +207,12 @@ def test_penalties_bench_times_both_paths_on_the_same_inputs(tmp_path):
     lines = [line for line in stdout.splitlines() if "median" in line]
     assert len(lines) == 2 and all(len(line.split()) >= 6 for line in lines)
     assert "same floats both ways: True" in stdout
+
+
+def test_kv_write_inplace_probe_compiles_one_graph_for_every_layer(tmp_path):
+    """benchmarks/probes/kv_write_inplace_probe.py on the CPU (inductor's C++ backend): a time per
+    layer for each cache size, the keys found in the cache itself, one graph for all layers."""
+    stdout = run(["benchmarks/probes/kv_write_inplace_probe.py", "--slots", "96,4096", "--layers", "2",
+                  "--calls", "2", "--device", "cpu"], tmp_path)
+    assert "96 slots" in stdout and "4096 slots" in stdout  # (64 would share a symbol with head_dim 64)
+    assert "'unique_graphs': 1" in stdout
