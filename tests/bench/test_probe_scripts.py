@@ -216,3 +216,19 @@ def test_kv_write_inplace_probe_compiles_one_graph_for_every_layer(tmp_path):
                   "--calls", "2", "--device", "cpu"], tmp_path)
     assert "96 slots" in stdout and "4096 slots" in stdout  # (64 would share a symbol with head_dim 64)
     assert "'unique_graphs': 1" in stdout
+
+
+def test_draft_temperature_probe_on_the_tiny_pair(tmp_path):
+    """benchmarks/probes/draft_temperature_probe.py: one line per draft temperature factor, each
+    with k acceptances in [0, 1] and an expected length in [1, k + 1]; T = 0 refused."""
+    stdout = run(["benchmarks/probes/draft_temperature_probe.py", "--prompts", "3", "--gen-len", "16",
+                  "--factors", "0.8,1"], tmp_path)
+    lines = [line.split() for line in stdout.splitlines() if line.strip().startswith("t =")]
+    assert [line[2] for line in lines] == ["0.8", "1"]
+    for line in lines:
+        slots = [float(x) for x in line[6:13]]
+        assert len(slots) == 7 and all(0 <= a <= 1 for a in slots)
+        assert 1 <= float(line[-1]) <= 8
+    r = subprocess.run([sys.executable, "benchmarks/probes/draft_temperature_probe.py", "--temperature", "0"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--temperature must be > 0" in r.stderr
