@@ -70,7 +70,8 @@ def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
 
 
 def fused_kv_write() -> bool:
-    """Whether the target's attention writes its cache inside qk_norm_rope_write_kv."""
+    """Whether Attention.q_with_kv_written (the target's layers, the drafter's block) writes the cache
+    inside qk_norm_rope_write_kv."""
     return _fused_kv_write
 
 
