@@ -75,6 +75,11 @@ def fused_kv_write() -> bool:
     return _fused_kv_write
 
 
+def kv_write_in_use() -> str:
+    """How the cache is written, for result files and the cost tables' key: "fused" or "index_copy"."""
+    return "fused" if _fused_kv_write else "index_copy"
+
+
 def set_fused_kv_write(flag: bool) -> bool:
     """Switch it (tests, A/B runs); returns the previous setting. Read at every forward, so a CUDA
     graph keeps what was set when it was captured."""

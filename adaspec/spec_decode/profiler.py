@@ -17,7 +17,7 @@ import torch
 
 from adaspec.announce import announce
 from adaspec.engine.runner import ForwardItem
-from adaspec.models.fused import fused_kv_write
+from adaspec.models.fused import kv_write_in_use
 from adaspec.sample import kernels
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
@@ -104,7 +104,7 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         # timed with the Triton kernels must not price a run with the torch ops, or the reverse
         sampler=kernels.in_use(engine.device), markov_loop=kernels.markov_loop_in_use(engine.device),
         # (the opt-in fused cache writes too; absent from the key when off, so tables already cached stay valid)
-        **({"kv_write": "fused"} if fused_kv_write() else {}),
+        **({} if kv_write_in_use() == "index_copy" else {"kv_write": kv_write_in_use()}),
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

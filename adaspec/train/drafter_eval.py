@@ -102,6 +102,24 @@ def walk_tau(accepted: np.ndarray, seq: np.ndarray) -> float:
     return float(np.mean(accepted[reached] + 1.0)) if len(reached) else float("nan")
 
 
+def teacher_forced_batch(batch: list[list[int]], starts: list[int], K: int):
+    """-> (ids [B, T] zero-padded, anchors [B, A], mask [B, A]): every position from starts[b]
+    whose block of K tokens lies inside sequence b is an anchor; shorter rows are padded with
+    their last anchor (computed, then dropped by the mask)."""
+    ids = torch.zeros(len(batch), max(len(s) for s in batch), dtype=torch.long)
+    anchors = []
+    for b, s in enumerate(batch):
+        ids[b, : len(s)] = torch.tensor(s)
+        anchors.append(list(range(max(starts[b], 0), len(s) - K)))  # slot K's token must exist
+    A = max(len(a) for a in anchors)
+    anc = torch.zeros(len(batch), A, dtype=torch.long)
+    ok = torch.zeros(len(batch), A, dtype=torch.bool)
+    for b, a in enumerate(anchors):
+        if a:
+            anc[b, : len(a)], anc[b, len(a):], ok[b, : len(a)] = torch.tensor(a), a[-1], True
+    return ids, anc, ok
+
+
 @torch.no_grad()
 def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], temperature: float, k: int | None = None,
                    batch_size: int = 8, seed: int = 0) -> BlockResults:
@@ -116,23 +134,10 @@ def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], te
     rows_c, rows_a, rows_s = [], [], []
     for i in range(0, len(seqs), batch_size):
         batch = seqs[i:i + batch_size]
-        T = max(len(s) for s in batch)
-        ids = torch.zeros(len(batch), T, dtype=torch.long)
-        anchors = []
-        for b, s in enumerate(batch):
-            ids[b, : len(s)] = torch.tensor(s)
-            a = list(range(max(starts[i + b], 0), len(s) - K))  # slot K's token must exist
-            anchors.append(a)
-        A = max(len(a) for a in anchors)
-        if A == 0:
+        ids, anc, ok = teacher_forced_batch(batch, starts[i:i + batch_size], K)
+        if anc.shape[1] == 0:
             continue
-        anc = torch.zeros(len(batch), A, dtype=torch.long)
-        ok = torch.zeros(len(batch), A, dtype=torch.bool)
-        for b, a in enumerate(anchors):
-            if a:
-                anc[b, : len(a)] = torch.tensor(a)
-                anc[b, len(a):] = a[-1]  # padding anchors: computed, then dropped
-                ok[b, : len(a)] = True
+        anchors = ok.sum(1).tolist()  # each row's real anchors
         with _autocast(device):
             bb = block_forward(target, drafter, ids.to(device), anc.to(device))
         lg, tl = bb.logits[..., :k, :][ok.to(device)], bb.target_logits[..., :k, :][ok.to(device)]  # [n, k, V]
@@ -147,7 +152,7 @@ def measure_blocks(target, drafter, seqs: list[list[int]], starts: list[int], te
             alpha = torch.minimum(p, q).sum(-1).clamp(0, 1).reshape(n, k)
         rows_c.append(bb.conf_logits[..., :k][ok.to(device)].float().cpu().numpy())
         rows_a.append(alpha.cpu().numpy())
-        rows_s.append(np.repeat(np.arange(i, i + len(batch)), [len(a) for a in anchors]))  # ok's row-major order
+        rows_s.append(np.repeat(np.arange(i, i + len(batch)), anchors))  # ok's row-major order
     conf = np.concatenate(rows_c) if rows_c else np.zeros((0, k))
     alpha = np.concatenate(rows_a) if rows_a else np.zeros((0, k))
     seq = np.concatenate(rows_s) if rows_s else np.zeros(0, dtype=np.int64)

@@ -19,20 +19,8 @@ from adaspec.models.drafter import load_drafter
 from adaspec.models.loader import load_target
 from adaspec.models.registry import resolve_model_path
 from adaspec.models.tokenizer import Tokenizer
-from adaspec.train.drafter_eval import generate_eval_set, load_prompts
+from adaspec.train.drafter_eval import generate_eval_set, load_prompts, teacher_forced_batch
 from adaspec.train.drafter_loss import block_forward
-
-
-def anchors_of(batch, starts, K):
-    """[B, A] anchors (padded with each row's last) and their mask, as drafter_eval.measure_blocks."""
-    lists = [list(range(max(s, 0), len(seq) - K)) for seq, s in zip(batch, starts)]
-    A = max(len(a) for a in lists)
-    at = torch.zeros(len(batch), A, dtype=torch.long)
-    ok = torch.zeros(len(batch), A, dtype=torch.bool)
-    for b, a in enumerate(lists):
-        if a:
-            at[b, :len(a)], at[b, len(a):], ok[b, :len(a)] = torch.tensor(a), a[-1], True
-    return at, ok
 
 
 @torch.no_grad()
@@ -58,11 +46,9 @@ def main() -> None:
     K = drafter.block_size
     alphas = {f: [] for f in factors}
     for i in range(0, len(seqs), args.batch):
-        batch = seqs[i:i + args.batch]
-        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
-        for b, s in enumerate(batch):
-            ids[b, :len(s)] = torch.tensor(s)
-        at, ok = anchors_of(batch, starts[i:i + args.batch], K)
+        ids, at, ok = teacher_forced_batch(seqs[i:i + args.batch], starts[i:i + args.batch], K)
+        if at.shape[1] == 0:
+            continue
         bb = block_forward(target, drafter, ids.to(args.device), at.to(args.device))
         ok = ok.to(args.device)
         p = torch.softmax(bb.target_logits[ok] / args.temperature, -1)
