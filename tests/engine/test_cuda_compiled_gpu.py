@@ -166,13 +166,18 @@ def test_qk_norm_rope_write_kv_writes_the_cache_in_place_on_cuda():
     """models/fused.qk_norm_rope_write_kv (ADASPEC_FUSED_KV_WRITE=1) compiled against its eager
     definition, bf16 caches as views of one storage as allocate_kv_caches makes them: the same
     queries and cache contents within rounding, every other slot untouched, two layers (two
-    storage offsets) and two batch sizes, and no fallback to eager."""
+    storage offsets) and two batch sizes, and no fallback to eager. Rotary tables of unit
+    cos/sin as the engine's are; the tolerance is a few bf16 steps of the output's scale, since
+    eager rounds the normed q and k to bf16 before RoPE and the compiled kernel does not (where
+    RoPE's two terms cancel, an element-wise relative tolerance would fail on that alone: it did
+    on the H100, run 57, with random tables)."""
     from adaspec.models import fused
 
     g = torch.Generator(device=DEV).manual_seed(3)
     S, Hq, Hkv, D = 4096, 16, 8, 128
     storage = torch.randn(3, 2, S, Hkv, D, device=DEV, generator=g).bfloat16()
-    cos, sin = torch.randn(2048, D, device=DEV, generator=g), torch.randn(2048, D, device=DEV, generator=g)
+    angles = torch.rand(2048, D, device=DEV, generator=g) * 6.2832
+    cos, sin = angles.cos(), angles.sin()
     qw, kw = torch.randn(D, device=DEV, generator=g).bfloat16(), torch.randn(D, device=DEV, generator=g).bfloat16()
     f = fused.ops.qk_norm_rope_write_kv
     for layer, T in ((0, 1), (2, 37)):
@@ -182,9 +187,15 @@ def test_qk_norm_rope_write_kv_writes_the_cache_in_place_on_cuda():
         want = storage.clone()
         q_want = f.eager(q, k, v, pos, cos, sin, qw, kw, 1e-6, want[layer, 0], want[layer, 1], slots)
         q_got = f(q, k, v, pos, cos, sin, qw, kw, 1e-6, storage[layer, 0], storage[layer, 1], slots)
-        assert torch.allclose(q_got.float(), q_want.float(), atol=2e-2, rtol=2e-2)
-        assert torch.allclose(storage.float(), want.float(), atol=2e-2, rtol=2e-2)
+        _close_at_scale(q_got, q_want, "q")
+        _close_at_scale(storage, want, "the cache")
         others = torch.ones(S, dtype=torch.bool, device=DEV)
         others[slots] = False
         assert torch.equal(storage[:, :, others], want[:, :, others])
     assert f.failed is None
+
+
+def _close_at_scale(got: torch.Tensor, want: torch.Tensor, what: str, steps: int = 4) -> None:
+    """got within `steps` bf16 rounding steps (2^-8 relative) of want's largest magnitude."""
+    err, scale = (got.float() - want.float()).abs().max().item(), want.float().abs().max().item()
+    assert err <= steps * 2 ** -8 * scale, f"{what}: max error {err} at scale {scale}"
