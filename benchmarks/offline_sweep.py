@@ -674,7 +674,7 @@ def main() -> None:
     sampler, markov_loop = kernels.in_use(on), kernels.markov_loop_in_use(on)
     from adaspec.models.fused import kv_write_in_use
 
-    kv_write = kv_write_in_use()  # (ADASPEC_FUSED_KV_WRITE)
+    kv_write = kv_write_in_use(on)  # (ADASPEC_FUSED_KV_WRITE)
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
           f"repeats={args.repeats} sampler={sampler} markov_loop={markov_loop} kv_write={kv_write}")

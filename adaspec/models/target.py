@@ -70,8 +70,9 @@ class Attention(nn.Module):
         return q, k, v
 
     def q_with_kv_written(self, x, positions, rope: RotaryEmbedding, k_cache, v_cache, slots) -> torch.Tensor:
-        """x's queries, after its keys and values went to the paged cache at `slots`; with
-        ADASPEC_FUSED_KV_WRITE=1 in one compiled function (models/fused.qk_norm_rope_write_kv)."""
+        """x's queries, after its keys and values went to the paged cache at `slots`: by default in
+        one function, compiled on CUDA (models/fused.qk_norm_rope_write_kv); ADASPEC_FUSED_KV_WRITE=0
+        writes them after RoPE with index_copy_."""
         if fused_kv_write():
             q, k, v = self.projections(x)
             return ops.qk_norm_rope_write_kv(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,

@@ -163,7 +163,7 @@ def test_compiled_functions_replay_inside_a_cuda_graph():
 
 
 def test_qk_norm_rope_write_kv_writes_the_cache_in_place_on_cuda():
-    """models/fused.qk_norm_rope_write_kv (ADASPEC_FUSED_KV_WRITE=1) compiled against its eager
+    """models/fused.qk_norm_rope_write_kv (the default cache writes) compiled against its eager
     definition, bf16 caches as views of one storage as allocate_kv_caches makes them: the same
     queries and cache contents within rounding, every other slot untouched, two layers (two
     storage offsets) and two batch sizes, and no fallback to eager. Rotary tables of unit

@@ -65,7 +65,7 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
 
 def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
     """The target's and the drafter block's cache writes inside their compiled norms and RoPE
-    (ADASPEC_FUSED_KV_WRITE=1, models/fused.qk_norm_rope_write_kv) give the separate writes' greedy
+    (the default; ADASPEC_FUSED_KV_WRITE=0 turns them off; models/fused.qk_norm_rope_write_kv) give the separate writes' greedy
     tokens, plain and with speculation, in the CUDA graphs."""
     from adaspec.models import fused
     from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir

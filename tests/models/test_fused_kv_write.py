@@ -1,5 +1,5 @@
 """The target's and the drafter block's cache writes inside their compiled norms and RoPE
-(models/fused.qk_norm_rope_write_kv via Attention.q_with_kv_written, opt-in: ADASPEC_FUSED_KV_WRITE=1):
+(models/fused.qk_norm_rope_write_kv via Attention.q_with_kv_written, on by default; ADASPEC_FUSED_KV_WRITE=0 turns it off):
 the same keys, values and queries as RoPE then write_kv, through the engine (plain and speculative)
 and compiled by inductor with the two caches as views of one storage, written in place."""
 import pytest
@@ -88,3 +88,14 @@ def test_the_engine_gives_the_same_tokens_both_ways(spec, switch, tmp_path):
     # the tokens would be the same whatever the drafter proposed (lossless): its block's cache
     # writes are checked by the drafts it made, which the target accepted as often both ways
     assert accepted[True] == accepted[False] and (accepted[True] > 0) == spec
+
+
+def test_kv_write_in_use_names_the_fused_writes_on_cuda_only(switch):
+    """The label of result files and of the cost tables' key: "fused" where the compiled function
+    writes the cache (switched on, CUDA); "index_copy" when switched off and on the CPU, where
+    the function runs eagerly and writes with index_copy_ as the separate path does."""
+    switch(True)
+    assert fused.kv_write_in_use("cuda") == "fused" and fused.kv_write_in_use(torch.device("cuda", 0)) == "fused"
+    assert fused.kv_write_in_use("cpu") == "index_copy"
+    switch(False)
+    assert fused.kv_write_in_use("cuda") == "index_copy"

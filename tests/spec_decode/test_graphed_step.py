@@ -313,10 +313,11 @@ def test_cost_tables_are_cached_per_sampler_and_markov_loop(pair, tmp_path, monk
     keys = sorted((k["sampler"], k["markov_loop"])
                   for k in (json.loads(p.read_text())["key"] for p in tmp_path.glob("cost_model_*.json")))
     assert keys == [("torch", "fused"), ("torch", "torch"), ("triton", "fused")]
-    # the opt-in fused cache writes (ADASPEC_FUSED_KV_WRITE) key tables of their own; off, keys stay as they were
-    from adaspec.models import fused
+    # the fused cache writes (ADASPEC_FUSED_KV_WRITE, in use on CUDA only) key tables of their own;
+    # not in use, as on this CPU, keys stay as they were
+    from adaspec.spec_decode import profiler
 
-    monkeypatch.setattr(fused, "_fused_kv_write", True)
+    monkeypatch.setattr(profiler, "kv_write_in_use", lambda device: "fused")
     build_cost_model(llm.llm_engine, llm.llm_engine.spec, pair[1])
     kv = sorted(k.get("kv_write", "-") for k in (json.loads(p.read_text())["key"] for p in tmp_path.glob("cost_model_*.json")))
     assert kv == ["-", "-", "-", "fused"] and "kv_write" not in key
