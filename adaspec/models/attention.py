@@ -18,8 +18,9 @@ Backends:
 - "triton": adaspec.models.paged_attention_triton reads K/V through the block tables (no gather);
   causal, or every query of a request seeing all its keys (the drafter's block). CUDA, or CPU
   under TRITON_INTERPRET=1 (tests).
-- "paged_torch": the triton backend's contract (same metadata) in plain torch, one request at a
-  time: for CPU tests of code written against that metadata (the speculative step's graphs).
+- "paged_torch": the triton backend's contract (same metadata) in plain torch, every request at
+  once padded to the longest: for the CPU's runs of code written against that metadata (the
+  speculative step's graphs captured eagerly in tests, self-distillation on the CPU).
 """
 from __future__ import annotations
 
@@ -219,25 +220,41 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                           scale: float) -> torch.Tensor:
-    """The triton backend's semantics in torch (reads the metadata on the host: tests only).
+    """The triton backend's semantics in torch (reads the metadata on the host: tests and the CPU).
     Request b's queries are rows cu_q[b]..cu_q[b+1] and its keys positions [0, kv_lens[b]);
-    causal: its i-th query sees keys up to position kv_lens - n_queries + i."""
+    causal: its i-th query sees keys up to position kv_lens - n_queries + i. Rows of a request
+    without keys, and spare rows past cu_q[num_seqs], come back zero.
+
+    All requests at once, padded to the longest (keys gathered through the block tables): a loop
+    over requests cost one SDPA call per request per layer, most of a CPU test's time with 2,048
+    requests in a captured step."""
     out = torch.zeros_like(q)
-    cu, kv_lens, bt, bs = meta.cu_q.tolist(), meta.kv_lens.tolist(), meta.block_tables, meta.block_size
-    if cu[-1] > q.shape[0]:  # the Triton kernel would read (and write) rows past the tensor
-        raise ValueError(f"query_start ends at {cu[-1]}, past the {q.shape[0]} packed query rows")
-    for b in range(meta.num_seqs):
-        q0, q1, n_keys = cu[b], cu[b + 1], kv_lens[b]
-        if q1 == q0 or n_keys == 0:
-            continue
-        pos = torch.arange(n_keys, device=q.device)
-        slots = bt[b, pos // bs].long() * bs + pos % bs
-        keys, values = k_cache[slots].to(q.dtype), v_cache[slots].to(q.dtype)
-        mask = None
-        if meta.causal:
-            mask = pos[None, :] <= (n_keys - (q1 - q0) + torch.arange(q1 - q0, device=q.device))[:, None]
-        out[q0:q1] = F.scaled_dot_product_attention(
-            q[q0:q1].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale,
-            enable_gqa=True,
-        ).transpose(0, 1)
+    B, bs = meta.num_seqs, meta.block_size
+    cu = meta.cu_q[: B + 1].long()
+    if B == 0 or int(cu[-1]) == 0:
+        return out
+    if int(cu[-1]) > q.shape[0]:  # the Triton kernel would read (and write) rows past the tensor
+        raise ValueError(f"query_start ends at {int(cu[-1])}, past the {q.shape[0]} packed query rows")
+    q_lens, kv_lens = cu[1:] - cu[:-1], meta.kv_lens[:B].long()
+    max_q, max_k = int(q_lens.max()), int(kv_lens.max())
+    if max_k == 0:
+        return out
+    q_seq = torch.repeat_interleave(torch.arange(B, device=q.device), q_lens)  # each query row's request
+    q_row = torch.arange(int(cu[-1]), device=q.device) - cu[q_seq]
+    pos = torch.arange(max_k, device=q.device)
+    valid = pos[None, :] < kv_lens[:, None]  # [B, max_k]
+    blocks = torch.where(valid, meta.block_tables[:B, pos // bs].long(), 0)  # past a request's keys: any block
+    slots = blocks * bs + pos % bs
+    keys, values = k_cache[slots].to(q.dtype), v_cache[slots].to(q.dtype)  # [B, max_k, Hkv, D]
+    mask = valid[:, None, :].expand(B, max_q, max_k)
+    if meta.causal:
+        last = (kv_lens - q_lens)[:, None] + torch.arange(max_q, device=q.device)[None, :]  # [B, max_q]
+        mask = mask & (pos[None, None, :] <= last[:, :, None])
+    q_pad = q.new_zeros(B, max_q, *q.shape[1:])
+    q_pad[q_seq, q_row] = q[: int(cu[-1])]
+    res = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask[:, None], scale=scale,
+        enable_gqa=True,
+    ).transpose(1, 2)[q_seq, q_row]
+    out[: int(cu[-1])] = torch.where((kv_lens[q_seq] > 0)[:, None, None], res, 0)
     return out
