@@ -3,7 +3,7 @@ decode graph, at small batches where per-user speed is decided. The Qwen3-0.6B s
 code-0.6b pair's vocabulary (16384), random weights, fixed:7 with synthetic acceptance (timing
 only). After a few real steps (so the static buffers hold a real step's inputs) each graph is
 replayed alone: ms per replay (CUDA events, 200 replays) and its kernels (torch.profiler, 20
-replays: count and the top ones by time). --all-levels times the verify graph at every query
+replays: count and the top --top ones by time, 25 by default). --all-levels times the verify graph at every query
 level (not only Q = k + 1) and --tables builds the adaptive engine instead, so each graph's time
 stands beside what the policy's cost tables price it at (draft_ms(B), verify_ms(B * Q)).
 --temperature 1 runs the requests at T = 1 with probabilistic drafts (the drafter samples each
@@ -62,7 +62,7 @@ def time_replays(replay, n=200):
     return start.elapsed_time(end) / n
 
 
-def kernels_of(replay, n=20):
+def kernels_of(replay, n=20, top_n=25):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             replay()
@@ -70,7 +70,7 @@ def kernels_of(replay, n=20):
     evs = [e for e in prof.key_averages() if (getattr(e, "self_device_time_total", 0) or 0) > 0]
     count = sum(e.count for e in evs) / n
     total = sum(e.self_device_time_total for e in evs) / n / 1e3
-    top = sorted(evs, key=lambda e: -e.self_device_time_total)[:25]
+    top = sorted(evs, key=lambda e: -e.self_device_time_total)[:top_n]
     lines = [f"  {e.self_device_time_total / n:8.1f} us  x{e.count / n:5.1f}  {e.key[:110]}" for e in top]
     return count, total, "\n".join(lines)
 
@@ -81,6 +81,7 @@ def main():
     ap.add_argument("--all-levels", action="store_true", help="every verify query level, not only k + 1")
     ap.add_argument("--tables", action="store_true", help="the adaptive engine, with its cost tables' prices")
     ap.add_argument("--no-kernels", action="store_true", help="times only (no torch.profiler pass)")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per graph, by time (all: a large number)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--samplers", default="default",
                     help="comma list of torch, triton, triton-unfused (default: the engine's)")
@@ -121,7 +122,7 @@ def main():
                     line = f"batch {n}, T = {T:g}{tag}: {name}: {ms:.3f} ms per replay{price}"
                     top = ""
                 else:
-                    count, total, top = kernels_of(replay)
+                    count, total, top = kernels_of(replay, top_n=args.top)
                     line = (f"batch {n}, T = {T:g}{tag}: {name}: {ms:.3f} ms per replay, {count:.0f} kernels "
                             f"({total:.3f} ms of kernel time){price}")
                 print(line, flush=True)
