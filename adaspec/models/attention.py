@@ -231,16 +231,17 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     out = torch.zeros_like(q)
     B, bs = meta.num_seqs, meta.block_size
     cu = meta.cu_q[: B + 1].long()
-    if B == 0 or int(cu[-1]) == 0:
+    rows = int(cu[-1]) if B else 0  # the query rows the requests own
+    if rows == 0:
         return out
-    if int(cu[-1]) > q.shape[0]:  # the Triton kernel would read (and write) rows past the tensor
-        raise ValueError(f"query_start ends at {int(cu[-1])}, past the {q.shape[0]} packed query rows")
+    if rows > q.shape[0]:  # the Triton kernel would read (and write) rows past the tensor
+        raise ValueError(f"query_start ends at {rows}, past the {q.shape[0]} packed query rows")
     q_lens, kv_lens = cu[1:] - cu[:-1], meta.kv_lens[:B].long()
     max_q, max_k = int(q_lens.max()), int(kv_lens.max())
     if max_k == 0:
         return out
     q_seq = torch.repeat_interleave(torch.arange(B, device=q.device), q_lens)  # each query row's request
-    q_row = torch.arange(int(cu[-1]), device=q.device) - cu[q_seq]
+    q_row = torch.arange(rows, device=q.device) - cu[q_seq]
     pos = torch.arange(max_k, device=q.device)
     valid = pos[None, :] < kv_lens[:, None]  # [B, max_k]
     blocks = torch.where(valid, meta.block_tables[:B, pos // bs].long(), 0)  # past a request's keys: any block
@@ -251,10 +252,10 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         last = (kv_lens - q_lens)[:, None] + torch.arange(max_q, device=q.device)[None, :]  # [B, max_q]
         mask = mask & (pos[None, None, :] <= last[:, :, None])
     q_pad = q.new_zeros(B, max_q, *q.shape[1:])
-    q_pad[q_seq, q_row] = q[: int(cu[-1])]
+    q_pad[q_seq, q_row] = q[:rows]
     res = F.scaled_dot_product_attention(
         q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask[:, None], scale=scale,
         enable_gqa=True,
     ).transpose(1, 2)[q_seq, q_row]
-    out[: int(cu[-1])] = torch.where((kv_lens[q_seq] > 0)[:, None, None], res, 0)
+    out[:rows] = torch.where((kv_lens[q_seq] > 0)[:, None, None], res, 0)
     return out
