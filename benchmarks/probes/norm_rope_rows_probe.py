@@ -4,7 +4,10 @@ torch.compile with dynamic shapes, which dynamo specializes for 1 row apart from
 count), compiled for each row count alone (static shapes), and not at all (eager ops). The
 dynamic kernels take their size hints and tuned configs from the first call that compiles them,
 and the engine captures its graphs largest first (up to thousands of rows), so the dynamic
-version is compiled once per --dynamic-first row count.
+version is compiled once per --dynamic-first row count. (In torch's inductor, a persistent
+reduction over a 128-wide head, such as the q/k norms, gets candidate configs of 1, 8 and 32 rows
+per program, filtered by the row hint, and the autotuner picks one at the kernel's first launch:
+the largest graph's, where 32 rows a program may suit; 8 rows x 16 heads then make 4 programs.)
 
 Why: H100 run 57's profile of the speculative step (BENCHMARKS.md) found the verify graph's three
 norm / RoPE / cache-write kernels a layer at 227 us for 28 layers and 8 rows, against the decode
