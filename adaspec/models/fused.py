@@ -25,6 +25,21 @@ from adaspec.models.attention import write_kv
 _fused_kv_write = os.environ.get("ADASPEC_FUSED_KV_WRITE", "1") != "0"
 
 
+def _small_rows_from_env() -> int | None:
+    """ADASPEC_COMPILE_SMALL_ROWS=N (opt-in, not yet measured on a GPU): the layer ops below get a
+    compilation of their own for calls of at most N rows (cuda_compiled.CudaCompiled's small_rows),
+    tuned at those sizes rather than at the largest captured graph's."""
+    raw = os.environ.get("ADASPEC_COMPILE_SMALL_ROWS", "").strip()
+    if not raw or raw == "0":
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"ADASPEC_COMPILE_SMALL_ROWS must be a whole number of rows (0: off), got {raw!r}")
+    return int(raw)
+
+
+_small_rows = _small_rows_from_env()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -102,12 +117,30 @@ class _Ops:
 
     _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "qk_norm_rope_write_kv", "silu_mul")
 
-    def __init__(self):
-        for n in self._NAMES:
-            setattr(self, n, cuda_compiled(globals()[n]))
+    def __init__(self, small_rows: int | None = None):
+        for n in self._NAMES:  # (each op's first tensor is its rows: x, q or gate_up)
+            setattr(self, n, cuda_compiled(globals()[n], small_rows))
 
 
-ops = _Ops()
+ops = _Ops(_small_rows)
+
+
+def set_compile_small_rows(small_rows: int | None) -> int | None:
+    """Switch the split (tests, A/B runs; None: off); returns the previous setting. Read at every
+    call, so a CUDA graph keeps the compilation it captured."""
+    old = ops.rms_norm.small_rows
+    for n in _Ops._NAMES:
+        getattr(ops, n).small_rows = small_rows
+    return old
+
+
+def compile_rows_in_use(device) -> str:
+    """How a run on `device` compiles the layer ops, for result files and the cost tables' key:
+    "one" (one compilation for every row count) or "split@N" (ADASPEC_COMPILE_SMALL_ROWS=N, on
+    CUDA, where the ops are compiled)."""
+    small = ops.rms_norm.small_rows
+    return f"split@{small}" if small is not None and torch.device(device).type == "cuda" else "one"
+
 
 
 def use_compiled() -> None:

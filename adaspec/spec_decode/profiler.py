@@ -17,7 +17,7 @@ import torch
 
 from adaspec.announce import announce
 from adaspec.engine.runner import ForwardItem
-from adaspec.models.fused import kv_write_in_use
+from adaspec.models.fused import compile_rows_in_use, kv_write_in_use
 from adaspec.sample import kernels
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
@@ -106,6 +106,8 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         # (the fused cache writes too; absent from the key when not in use, as on the CPU, so the
         # tables cached before the key had it stay valid there)
         **({} if kv_write_in_use(engine.device) == "index_copy" else {"kv_write": kv_write_in_use(engine.device)}),
+        # (and the opt-in split of the layer ops' compilations by row count, likewise)
+        **({} if compile_rows_in_use(engine.device) == "one" else {"compile_rows": compile_rows_in_use(engine.device)}),
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

@@ -107,3 +107,42 @@ def test_inside_an_outer_compile_the_function_is_traced_not_compiled_again(monke
     assert built == []
     f(torch.arange(3))  # outside the trace it compiles as usual
     assert len(built) == 1
+
+
+def test_small_rows_get_a_compilation_of_their_own(fake_compile, monkeypatch):
+    """small_rows (ADASPEC_COMPILE_SMALL_ROWS): calls of at most that many rows (the first tensor's
+    leading dimension) run one compilation, larger calls another; each built once, at its first
+    call; without it one compilation serves every row count."""
+    built = []
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(kw) or compile_(fn, **kw))
+    f = cc.cuda_compiled(_double, small_rows=8)
+    assert [f.row_class(torch.zeros(n)) for n in (1, 8, 9, 4096)] == ["small", "small", "large", "large"]
+    for n in (4096, 9, 8, 1, 5000, 2):  # largest first, as the engine captures
+        assert torch.equal(f(torch.ones(n)), torch.full((n,), 2.0))
+    assert len(built) == 2 and sorted(f._compiled) == ["large", "small"]
+    assert fake_compile["compiled"] == 6
+    one = cc.cuda_compiled(_double)
+    for n in (4096, 1):
+        one(torch.ones(n))
+    assert len(built) == 3 and list(one._compiled) == ["large"] and one.row_class(torch.zeros(1)) == "large"
+
+
+def test_compile_small_rows_from_the_environment(monkeypatch):
+    from adaspec.models import fused
+
+    for raw, want in (("", None), ("0", None), ("16", 16), (" 8 ", 8)):
+        monkeypatch.setenv("ADASPEC_COMPILE_SMALL_ROWS", raw)
+        assert fused._small_rows_from_env() == want
+    monkeypatch.setenv("ADASPEC_COMPILE_SMALL_ROWS", "eight")
+    with pytest.raises(ValueError, match="ADASPEC_COMPILE_SMALL_ROWS must be a whole number of rows .0: off., got 'eight'"):
+        fused._small_rows_from_env()
+    # the label of result files and of the cost tables' key: split only on CUDA, where the ops compile
+    old = fused.set_compile_small_rows(16)
+    try:
+        assert all(getattr(fused.ops, n).small_rows == 16 for n in fused._Ops._NAMES)
+        assert fused.compile_rows_in_use("cuda") == "split@16" and fused.compile_rows_in_use("cpu") == "one"
+        fused.set_compile_small_rows(None)
+        assert fused.compile_rows_in_use("cuda") == "one"
+    finally:
+        fused.set_compile_small_rows(old)

@@ -63,6 +63,35 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
     assert bool(markov_triton._proven) == fused_markov  # the kernels drafted (and only when switched on)
 
 
+def test_small_row_compilations_on_cuda_give_the_same_tokens(tmp_path):
+    """ADASPEC_COMPILE_SMALL_ROWS (fused.set_compile_small_rows): the layer ops compiled apart for
+    calls of at most 16 rows give the single compilation's greedy tokens, plain and with
+    speculation, in the CUDA graphs, and both compilations served."""
+    from adaspec.models import fused
+    from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
+
+    t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
+    d = make_bigram_drafter_dir(tmp_path / "d", t, block_size=7)
+    prompts = [list(range(1 + i, 10 + 3 * i)) for i in range(12)]
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=16)
+    spec = {"model": str(d), "num_speculative_tokens": 7}
+    old = fused.set_compile_small_rows(None)
+    try:
+        got = {}
+        for small in (None, 16):
+            fused.set_compile_small_rows(small)
+            got[small] = [[o.outputs[0].token_ids for o in LLM(str(t), speculative_config=cfg, **kw).generate(prompts, p)]
+                          for cfg in (None, spec)]
+    finally:
+        fused.set_compile_small_rows(old)
+    assert got[16] == got[None]
+    assert got[16][0] == got[16][1]  # speculation gives plain decoding's tokens
+    for n in fused._Ops._NAMES[:2]:  # the norms run in every forward
+        op = getattr(fused.ops, n)
+        assert op.failed is None and set(op._compiled) == {"small", "large"}, (n, op.failed, list(op._compiled))
+
+
 def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
     """The target's and the drafter block's cache writes inside their compiled norms and RoPE
     (the default; ADASPEC_FUSED_KV_WRITE=0 turns them off; models/fused.qk_norm_rope_write_kv) give the separate writes' greedy
