@@ -63,11 +63,10 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
     assert bool(markov_triton._proven) == fused_markov  # the kernels drafted (and only when switched on)
 
 
-def test_small_row_compilations_on_cuda_give_the_same_tokens(tmp_path):
-    """ADASPEC_COMPILE_SMALL_ROWS (fused.set_compile_small_rows): the layer ops compiled apart for
-    calls of at most 16 rows give the single compilation's greedy tokens, plain and with
-    speculation, in the CUDA graphs, and both compilations served."""
-    from adaspec.models import fused
+def _micro_greedy_tokens_by_setting(tmp_path, switch, settings) -> dict:
+    """For each setting, switch(setting) and then the micro pair's greedy tokens, plain and with
+    speculation (k = 7), in the CUDA graphs -> {setting: [plain, speculative]}; the setting that
+    was in use is restored (switch returns it)."""
     from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
     t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
@@ -76,15 +75,25 @@ def test_small_row_compilations_on_cuda_give_the_same_tokens(tmp_path):
     p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     kw = dict(device="cuda", dtype="float32", max_num_seqs=16)
     spec = {"model": str(d), "num_speculative_tokens": 7}
-    old = fused.set_compile_small_rows(None)
+    old = switch(settings[0])
     try:
         got = {}
-        for small in (None, 16):
-            fused.set_compile_small_rows(small)
-            got[small] = [[o.outputs[0].token_ids for o in LLM(str(t), speculative_config=cfg, **kw).generate(prompts, p)]
-                          for cfg in (None, spec)]
+        for setting in settings:
+            switch(setting)
+            got[setting] = [[o.outputs[0].token_ids for o in LLM(str(t), speculative_config=cfg, **kw).generate(prompts, p)]
+                            for cfg in (None, spec)]
     finally:
-        fused.set_compile_small_rows(old)
+        switch(old)
+    return got
+
+
+def test_small_row_compilations_on_cuda_give_the_same_tokens(tmp_path):
+    """ADASPEC_COMPILE_SMALL_ROWS (fused.set_compile_small_rows): the layer ops compiled apart for
+    calls of at most 16 rows give the single compilation's greedy tokens, plain and with
+    speculation, in the CUDA graphs, and both compilations served."""
+    from adaspec.models import fused
+
+    got = _micro_greedy_tokens_by_setting(tmp_path, fused.set_compile_small_rows, [None, 16])
     assert got[16] == got[None]
     assert got[16][0] == got[16][1]  # speculation gives plain decoding's tokens
     for n in fused._Ops._NAMES[:2]:  # the norms run in every forward
@@ -97,23 +106,8 @@ def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
     (the default; ADASPEC_FUSED_KV_WRITE=0 turns them off; models/fused.qk_norm_rope_write_kv) give the separate writes' greedy
     tokens, plain and with speculation, in the CUDA graphs."""
     from adaspec.models import fused
-    from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir
 
-    t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
-    d = make_bigram_drafter_dir(tmp_path / "d", t, block_size=7)
-    prompts = [list(range(1 + i, 10 + 3 * i)) for i in range(12)]
-    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    kw = dict(device="cuda", dtype="float32", max_num_seqs=16)
-    spec = {"model": str(d), "num_speculative_tokens": 7}
-    old = fused.fused_kv_write()
-    try:
-        got = {}
-        for flag in (False, True):
-            fused.set_fused_kv_write(flag)
-            got[flag] = [[o.outputs[0].token_ids for o in LLM(str(t), speculative_config=cfg, **kw).generate(prompts, p)]
-                         for cfg in (None, spec)]
-    finally:
-        fused.set_fused_kv_write(old)
+    got = _micro_greedy_tokens_by_setting(tmp_path, fused.set_fused_kv_write, [False, True])
     assert got[True] == got[False]
     assert got[True][0] == got[True][1]  # speculation gives plain decoding's tokens
     assert fused.ops.qk_norm_rope_write_kv.failed is None
