@@ -93,8 +93,9 @@ def fused_kv_write() -> bool:
 
 def kv_write_in_use(device) -> str:
     """How a run on `device` writes the cache, for result files and the cost tables' key: "fused"
-    (switched on, on CUDA, where qk_norm_rope_write_kv is compiled) or "index_copy" (switched off,
-    or on the CPU, where the function runs eagerly: the same index_copy_ writes)."""
+    (switched on, on CUDA, where qk_norm_rope_write_kv is compiled once the engine captures its
+    graphs; with --enforce-eager it runs the same writes as separate ops) or "index_copy" (switched
+    off, or on the CPU, where the function runs eagerly: the same index_copy_ writes)."""
     return "fused" if _fused_kv_write and torch.device(device).type == "cuda" else "index_copy"
 
 
@@ -140,7 +141,6 @@ def compile_rows_in_use(device) -> str:
     CUDA, where the ops are compiled)."""
     small = ops.rms_norm.small_rows
     return f"split@{small}" if small is not None and torch.device(device).type == "cuda" else "one"
-
 
 
 def use_compiled() -> None:
