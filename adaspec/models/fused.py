@@ -20,9 +20,20 @@ import torch.nn.functional as F
 from adaspec.cuda_compiled import cuda_compiled
 from adaspec.models.attention import write_kv
 
-# on by default since H100 run 57 (its GPU tests passed; no-spec 1.04-1.09x faster, speculative
-# arms 1.01-1.03x, never slower); ADASPEC_FUSED_KV_WRITE=0 keeps the separate index_copy_ writes
-_fused_kv_write = os.environ.get("ADASPEC_FUSED_KV_WRITE", "1") != "0"
+
+def _kv_write_from_env():
+    """ADASPEC_FUSED_KV_WRITE: "1" (the default since H100 run 57: its GPU tests passed; no-spec
+    1.04-1.09x faster, speculative arms 1.01-1.03x, never slower) writes the cache inside the
+    compiled qk_norm_rope_write_kv; "0" keeps the separate index_copy_ writes; "triton" (opt-in,
+    not yet timed on a GPU) runs norms, RoPE and writes as one Triton kernel on CUDA
+    (models/qk_norm_rope_triton.py). -> False, True or "triton" (set_fused_kv_write's values)."""
+    raw = os.environ.get("ADASPEC_FUSED_KV_WRITE", "1").strip()
+    if raw not in ("0", "1", "triton"):
+        raise ValueError(f"ADASPEC_FUSED_KV_WRITE must be 0, 1 or triton, got {raw!r}")
+    return "triton" if raw == "triton" else raw == "1"
+
+
+_fused_kv_write = _kv_write_from_env()
 
 
 def _small_rows_from_env() -> int | None:
@@ -87,24 +98,50 @@ def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
 
 def fused_kv_write() -> bool:
     """Whether Attention.q_with_kv_written (the target's layers, the drafter's block) writes the cache
-    inside qk_norm_rope_write_kv."""
-    return _fused_kv_write
+    inside qk_norm_rope_write_kv (compiled, or the Triton kernel)."""
+    return bool(_fused_kv_write)
 
 
 def kv_write_in_use(device) -> str:
     """How a run on `device` writes the cache, for result files and the cost tables' key: "fused"
     (switched on, on CUDA, where qk_norm_rope_write_kv is compiled once the engine captures its
-    graphs; with --enforce-eager it runs the same writes as separate ops) or "index_copy" (switched
-    off, or on the CPU, where the function runs eagerly: the same index_copy_ writes)."""
-    return "fused" if _fused_kv_write and torch.device(device).type == "cuda" else "index_copy"
+    graphs; with --enforce-eager it runs the same writes as separate ops), "triton" (the one-kernel
+    version, on CUDA, eager or graphed) or "index_copy" (switched off, or on the CPU, where the
+    function runs eagerly: the same index_copy_ writes)."""
+    if not _fused_kv_write or torch.device(device).type != "cuda":
+        return "index_copy"
+    return "triton" if _fused_kv_write == "triton" else "fused"
 
 
-def set_fused_kv_write(flag: bool) -> bool:
-    """Switch it (tests, A/B runs); returns the previous setting. Read at every forward, so a CUDA
-    graph keeps what was set when it was captured."""
+def set_fused_kv_write(flag) -> bool | str:
+    """Switch it (tests, A/B runs): False, True or "triton"; returns the previous setting. Read at
+    every forward, so a CUDA graph keeps what was set when it was captured."""
     global _fused_kv_write
-    old, _fused_kv_write = _fused_kv_write, bool(flag)
+    if flag != "triton":
+        flag = bool(flag)
+    old, _fused_kv_write = _fused_kv_write, flag
     return old
+
+
+def _kernel_device(t: torch.Tensor) -> bool:
+    """Where the Triton kernel runs (tests point it at the CPU, under Triton's interpreter)."""
+    return t.is_cuda
+
+
+def q_with_kv_written(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                      cos_table: torch.Tensor, sin_table: torch.Tensor, q_weight: torch.Tensor | None,
+                      k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slots: torch.Tensor) -> torch.Tensor:
+    """qk_norm_rope_write_kv as the layers run it: the Triton kernel where switched on
+    ("triton"), on CUDA, for arguments it takes; else ops.qk_norm_rope_write_kv (compiled on CUDA
+    once use_compiled() ran)."""
+    args = (q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots)
+    if _fused_kv_write == "triton" and _kernel_device(q):
+        from adaspec.models import qk_norm_rope_triton as kernel
+
+        if kernel.unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots) is None:
+            return kernel.qk_norm_rope_write_kv_triton(*args)
+    return ops.qk_norm_rope_write_kv(*args)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

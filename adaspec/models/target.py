@@ -15,7 +15,7 @@ from torch import nn
 
 from adaspec.models.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
-from adaspec.models.fused import fused_kv_write, ops
+from adaspec.models.fused import fused_kv_write, ops, q_with_kv_written
 from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, embedding, fuse_linears
 
 
@@ -71,12 +71,13 @@ class Attention(nn.Module):
 
     def q_with_kv_written(self, x, positions, rope: RotaryEmbedding, k_cache, v_cache, slots) -> torch.Tensor:
         """x's queries, after its keys and values went to the paged cache at `slots`: by default in
-        one function, compiled on CUDA (models/fused.qk_norm_rope_write_kv); ADASPEC_FUSED_KV_WRITE=0
+        one function, compiled on CUDA (models/fused.qk_norm_rope_write_kv; ADASPEC_FUSED_KV_WRITE=triton:
+        one Triton kernel, fused.q_with_kv_written); ADASPEC_FUSED_KV_WRITE=0
         writes them after RoPE with index_copy_."""
         if fused_kv_write():
             q, k, v = self.projections(x)
-            return ops.qk_norm_rope_write_kv(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,
-                                             k_cache, v_cache, slots)
+            return q_with_kv_written(q, k, v, positions, rope.cos, rope.sin, *self.qk_weights(), self.eps,
+                                     k_cache, v_cache, slots)
         q, k, v = self.qkv(x, positions, rope)
         write_kv(k_cache, v_cache, k, v, slots)
         return q

@@ -111,3 +111,17 @@ def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
     assert got[True] == got[False]
     assert got[True][0] == got[True][1]  # speculation gives plain decoding's tokens
     assert fused.ops.qk_norm_rope_write_kv.failed is None
+
+
+def test_triton_kv_writes_on_cuda_equal_the_compiled_ones(tmp_path, monkeypatch):
+    """The norms, RoPE and cache writes as one Triton kernel (ADASPEC_FUSED_KV_WRITE=triton,
+    models/qk_norm_rope_triton.py) give the compiled function's greedy tokens (the default, equal
+    to the separate writes' above), plain and with speculation, in the CUDA graphs; the kernel ran."""
+    from adaspec.models import fused, qk_norm_rope_triton
+
+    kernel, calls = qk_norm_rope_triton.qk_norm_rope_write_kv_triton, []
+    monkeypatch.setattr(qk_norm_rope_triton, "qk_norm_rope_write_kv_triton", lambda *a: calls.append(1) or kernel(*a))
+    got = _micro_greedy_tokens_by_setting(tmp_path, fused.set_fused_kv_write, [True, "triton"])
+    assert calls
+    assert got["triton"] == got[True]
+    assert got["triton"][0] == got["triton"][1]  # speculation gives plain decoding's tokens

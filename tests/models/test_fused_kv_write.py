@@ -99,3 +99,22 @@ def test_kv_write_in_use_names_the_fused_writes_on_cuda_only(switch):
     assert fused.kv_write_in_use("cpu") == "index_copy"
     switch(False)
     assert fused.kv_write_in_use("cuda") == "index_copy"
+
+
+def test_the_triton_setting_is_named_on_cuda_only(switch):
+    switch("triton")
+    assert fused.fused_kv_write() and fused.kv_write_in_use("cuda") == "triton"
+    assert fused.kv_write_in_use("cpu") == "index_copy"
+    assert switch(True) == "triton"  # the previous setting comes back as it was given
+
+
+@pytest.mark.parametrize("raw,want", [("1", True), ("0", False), ("triton", "triton"), (" triton ", "triton")])
+def test_the_environment_switch(raw, want, monkeypatch):
+    monkeypatch.setenv("ADASPEC_FUSED_KV_WRITE", raw)
+    assert fused._kv_write_from_env() == want
+
+
+def test_a_bad_environment_value_is_named(monkeypatch):
+    monkeypatch.setenv("ADASPEC_FUSED_KV_WRITE", "yes")
+    with pytest.raises(ValueError, match="ADASPEC_FUSED_KV_WRITE must be 0, 1 or triton, got 'yes'"):
+        fused._kv_write_from_env()

@@ -1,0 +1,124 @@
+"""q/k RMSNorm, RoPE and the paged cache write of one attention layer in ONE Triton kernel.
+
+Why: compiled by inductor (models/fused.qk_norm_rope_write_kv), these ops take three kernels a
+layer in the verify graph (q's norm and RoPE, k's, and a pointwise one that writes the cache) and
+two in the decode graph. On the H100 (H100 run 57's profile, Qwen3-0.6B shape, one request) they
+cost 227 us of the 1.55 ms verify replay at 8 query rows and 114 us of the 1.26 ms decode replay:
+~4.2 us for a q kernel over 8 x 16 heads that takes ~1.7 us at one row. A layer's work here is
+(rows x (Hq + Hkv)) independent heads of head_dim values, so one launch with one program per
+(row, head) does all of it.
+
+Program (t, h), grid (rows, Hq + Hkv):
+- h < Hq: q's head h of row t, normed (optional weight), rotated at positions[t], stored to the
+  returned q [T, Hq, D];
+- else: k's head h - Hq, normed and rotated, stored to k_cache[slots[t]], and v's head copied to
+  v_cache[slots[t]].
+
+Numerics follow the eager functions (fused.rms_norm, fused._rotate) step by step: the norm in
+float32, rounded to the input's dtype, times the weight rounded again (as `weight * x` in bf16),
+RoPE in float32 and rounded once; only the order of the mean's sum and the rsqrt differ, so
+results agree with eager to a rounding step of the input's dtype.
+
+Opt-in: ``ADASPEC_FUSED_KV_WRITE=triton`` (models/fused.py) until timed on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _normed_rotated(src, w_ptr, c1, c2, s1, s2, eps, offs, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One head's two halves, normed then rotated, in float32 (eager's roundings replayed)."""
+    dtype = src.dtype.element_ty
+    x1 = tl.load(src + offs).to(tl.float32)
+    x2 = tl.load(src + HALF + offs).to(tl.float32)
+    if HAS_NORM:
+        mean_sq = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF)
+        r = 1.0 / tl.sqrt(mean_sq + eps)
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+        x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+
+@triton.jit
+def _qk_norm_rope_write_kv_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, slot_ptr, qo_ptr, kc_ptr, vc_ptr,
+    q_st, q_sh, k_st, k_sh, v_st, v_sh, cos_st, sin_st, qo_st, qo_sh, kc_ss, kc_sh, vc_ss, vc_sh, eps,
+    HQ: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, HALF)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c1 = tl.load(cos_ptr + pos * cos_st + offs).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * cos_st + HALF + offs).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * sin_st + offs).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * sin_st + HALF + offs).to(tl.float32)
+    if h < HQ:
+        o1, o2 = _normed_rotated(q_ptr + t * q_st + h * q_sh, qw_ptr, c1, c2, s1, s2, eps, offs, HALF, HAS_NORM)
+        dst = qo_ptr + t * qo_st + h * qo_sh
+        out_dtype = qo_ptr.dtype.element_ty
+        tl.store(dst + offs, o1.to(out_dtype))
+        tl.store(dst + HALF + offs, o2.to(out_dtype))
+    else:
+        j = h - HQ
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        o1, o2 = _normed_rotated(k_ptr + t * k_st + j * k_sh, kw_ptr, c1, c2, s1, s2, eps, offs, HALF, HAS_NORM)
+        # rounded to the model's dtype (eager's k), then to the cache's (write_kv's .to)
+        k_dtype = k_ptr.dtype.element_ty
+        kc_dtype = kc_ptr.dtype.element_ty
+        dst = kc_ptr + slot * kc_ss + j * kc_sh
+        tl.store(dst + offs, o1.to(k_dtype).to(kc_dtype))
+        tl.store(dst + HALF + offs, o2.to(k_dtype).to(kc_dtype))
+        src = v_ptr + t * v_st + j * v_sh
+        vdst = vc_ptr + slot * vc_ss + j * vc_sh
+        vc_dtype = vc_ptr.dtype.element_ty
+        tl.store(vdst + offs, tl.load(src + offs).to(vc_dtype))
+        tl.store(vdst + HALF + offs, tl.load(src + HALF + offs).to(vc_dtype))
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+                sin_table: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these arguments (None: it can). The caller then runs the
+    compiled function, which takes any shape."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return "q, k and v must be [rows, heads, head_dim]"
+    D = q.shape[-1]
+    if D % 2 or (D // 2) & (D // 2 - 1) or D < 2:
+        return f"head_dim {D} is not twice a power of two"
+    if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache, cos_table, sin_table)):
+        return "a head's values are not contiguous"
+    T = q.shape[0]
+    if positions.shape != (T,) or slots.shape != (T,) or k.shape[0] != T or v.shape[0] != T:
+        return "positions, slots, k and v must have q's rows"
+    if k_cache.dim() != 3 or v_cache.dim() != 3 or k_cache.shape[1:] != k.shape[1:] or v_cache.shape[1:] != v.shape[1:]:
+        return "the caches must be [slots, kv_heads, head_dim] of k's heads"
+    return None
+
+
+def qk_norm_rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                                 cos_table: torch.Tensor, sin_table: torch.Tensor, q_weight: torch.Tensor | None,
+                                 k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor,
+                                 v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """fused.qk_norm_rope_write_kv's semantics (same arguments) in one launch -> q [T, Hq, D]
+    (contiguous). The arguments must pass `unsupported`."""
+    why = unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots)
+    if why is not None:
+        raise ValueError(f"qk_norm_rope_write_kv_triton: {why}")
+    T, Hq, D = q.shape
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+    has_norm = q_weight is not None
+    _qk_norm_rope_write_kv_kernel[(T, Hq + k.shape[1])](
+        q, k, v, positions, cos_table, sin_table, q_weight if has_norm else q, k_weight if has_norm else k,
+        slots, out, k_cache, v_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_table.stride(0),
+        sin_table.stride(0), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+        v_cache.stride(1), float(eps), HQ=Hq, HALF=D // 2, HAS_NORM=has_norm, num_warps=1,
+    )
+    return out
