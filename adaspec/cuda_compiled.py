@@ -57,37 +57,23 @@ def _compiles_for(t: torch.Tensor) -> bool:
 
 
 class CudaCompiled:
-    """fn for CPU tensors (and before enable()); torch.compile(fn) for CUDA ones after it.
+    """fn for CPU tensors (and before enable()); torch.compile(fn) for CUDA ones after it."""
 
-    small_rows (opt-in, models/fused.py's ADASPEC_COMPILE_SMALL_ROWS): calls whose first tensor
-    has at most that many rows (its leading dimension) run a compilation of their own. A dynamic
-    kernel's size hints, and the config its autotuner picks at the first launch, come from the
-    call that compiled it, and the engine captures its graphs largest first: one compilation
-    serves 8 query rows with a config tuned for thousands (H100 run 57: the verify graph's
-    norm / RoPE kernels at 8 rows took 1.8x the decode graph's at one; not yet measured with this)."""
-
-    def __init__(self, fn, small_rows: int | None = None):
+    def __init__(self, fn):
         self.eager = fn
-        self.small_rows = small_rows
-        self._compiled = {}  # "small" / "large" -> torch.compile(fn), made at its first call
+        self._compiled = None
         self.failed: str | None = None  # why the compiled version was given up, if it was
         functools.update_wrapper(self, fn)
-
-    def row_class(self, first: torch.Tensor) -> str:
-        """Which compilation serves a call whose first tensor is `first`."""
-        small = self.small_rows is not None and first.dim() > 0 and first.shape[0] <= self.small_rows
-        return "small" if small else "large"
 
     def __call__(self, *args, **kwargs):
         first = _first_tensor(args)
         # inside another function being compiled, the outer compiler traces fn itself
         if _enabled and self.failed is None and first is not None and _compiles_for(first) \
                 and not torch.compiler.is_compiling():
-            key = self.row_class(first)
-            if key not in self._compiled:
-                self._compiled[key] = torch.compile(self.eager, dynamic=True, fullgraph=True)
+            if self._compiled is None:
+                self._compiled = torch.compile(self.eager, dynamic=True, fullgraph=True)
             try:
-                return self._compiled[key](*args, **kwargs)
+                return self._compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - a compiler failure: the eager function gives the same values
                 out = self.eager(*args, **kwargs)  # bad inputs raise here too: then it was not the compiler
                 self.failed = f"{type(e).__name__}: {str(e)[:300]}"
@@ -97,6 +83,6 @@ class CudaCompiled:
         return self.eager(*args, **kwargs)
 
 
-def cuda_compiled(fn, small_rows: int | None = None) -> CudaCompiled:
-    """Decorator: see the module's docstring (small_rows: CudaCompiled's)."""
-    return CudaCompiled(fn, small_rows)
+def cuda_compiled(fn) -> CudaCompiled:
+    """Decorator: see the module's docstring."""
+    return CudaCompiled(fn)

@@ -672,14 +672,12 @@ def main() -> None:
 
     on = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"  # as `dev`
     sampler, markov_loop = kernels.in_use(on), kernels.markov_loop_in_use(on)
-    from adaspec.models.fused import compile_rows_in_use, kv_write_in_use
+    from adaspec.models.fused import kv_write_in_use
 
     kv_write = kv_write_in_use(on)  # (ADASPEC_FUSED_KV_WRITE)
-    compile_rows = compile_rows_in_use(on)  # (ADASPEC_COMPILE_SMALL_ROWS)
     print(f"model={args.shape or args.model} drafter={args.drafter or 'default'} device={dev} "
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
-          f"repeats={args.repeats} sampler={sampler} markov_loop={markov_loop} kv_write={kv_write}"
-          f"{'' if compile_rows == 'one' else ' compile_rows=' + compile_rows}")
+          f"repeats={args.repeats} sampler={sampler} markov_loop={markov_loop} kv_write={kv_write}")
     w = max(12, *(len(a) + 1 for a in arms))  # the arm column, as wide as the longest name
     print(f"{'arm':<{w}}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
     summary = []
@@ -700,7 +698,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}), device=dev,
                            torch=torch.__version__, commit=commit, checkpoints=ckpt, sampler=sampler,
-                           markov_loop=markov_loop, kv_write=kv_write, compile_rows=compile_rows,
+                           markov_loop=markov_loop, kv_write=kv_write,
                            host_speed={"start": host_speed_start, "end": host_speed()},
                            cost_tables=state["cost_tables"], rows=rows, summary=summary,
                            **({"profiles": state["profiles"]} if to_profile else {}),

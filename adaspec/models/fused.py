@@ -22,33 +22,20 @@ from adaspec.models.attention import write_kv
 
 
 def _kv_write_from_env():
-    """ADASPEC_FUSED_KV_WRITE: "1" (the default since H100 run 57: its GPU tests passed; no-spec
-    1.04-1.09x faster, speculative arms 1.01-1.03x, never slower) writes the cache inside the
-    compiled qk_norm_rope_write_kv; "0" keeps the separate index_copy_ writes; "triton" (opt-in,
-    not yet timed on a GPU) runs norms, RoPE and writes as one Triton kernel on CUDA
-    (models/qk_norm_rope_triton.py). -> False, True or "triton" (set_fused_kv_write's values)."""
-    raw = os.environ.get("ADASPEC_FUSED_KV_WRITE", "1").strip()
+    """ADASPEC_FUSED_KV_WRITE: "triton" (the default since H100 run 58: its GPU tests passed; on
+    the synthetic 0.6B shape at T = 1, no-spec and adaptive:7 1.07x faster at one request and
+    1.03-1.04x at 64) runs the norms, RoPE and cache writes of a layer as one Triton kernel on CUDA
+    (models/qk_norm_rope_triton.py); "1" (the default of run 57: no-spec 1.04-1.09x faster than
+    "0", speculative arms 1.01-1.03x) writes the cache inside the compiled qk_norm_rope_write_kv;
+    "0" keeps the separate index_copy_ writes. -> "triton", True or False (set_fused_kv_write's
+    values)."""
+    raw = os.environ.get("ADASPEC_FUSED_KV_WRITE", "triton").strip()
     if raw not in ("0", "1", "triton"):
         raise ValueError(f"ADASPEC_FUSED_KV_WRITE must be 0, 1 or triton, got {raw!r}")
     return "triton" if raw == "triton" else raw == "1"
 
 
 _fused_kv_write = _kv_write_from_env()
-
-
-def _small_rows_from_env() -> int | None:
-    """ADASPEC_COMPILE_SMALL_ROWS=N (opt-in, not yet measured on a GPU): the layer ops below get a
-    compilation of their own for calls of at most N rows (cuda_compiled.CudaCompiled's small_rows),
-    tuned at those sizes rather than at the largest captured graph's."""
-    raw = os.environ.get("ADASPEC_COMPILE_SMALL_ROWS", "").strip()
-    if not raw or raw == "0":
-        return None
-    if not raw.isdigit():
-        raise ValueError(f"ADASPEC_COMPILE_SMALL_ROWS must be a whole number of rows (0: off), got {raw!r}")
-    return int(raw)
-
-
-_small_rows = _small_rows_from_env()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -155,29 +142,12 @@ class _Ops:
 
     _NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "qk_norm_rope_write_kv", "silu_mul")
 
-    def __init__(self, small_rows: int | None = None):
-        for n in self._NAMES:  # (each op's first tensor is its rows: x, q or gate_up)
-            setattr(self, n, cuda_compiled(globals()[n], small_rows))
+    def __init__(self):
+        for n in self._NAMES:
+            setattr(self, n, cuda_compiled(globals()[n]))
 
 
-ops = _Ops(_small_rows)
-
-
-def set_compile_small_rows(small_rows: int | None) -> int | None:
-    """Switch the split (tests, A/B runs; None: off); returns the previous setting. Read at every
-    call, so a CUDA graph keeps the compilation it captured."""
-    old = ops.rms_norm.small_rows
-    for n in _Ops._NAMES:
-        getattr(ops, n).small_rows = small_rows
-    return old
-
-
-def compile_rows_in_use(device) -> str:
-    """How a run on `device` compiles the layer ops, for result files and the cost tables' key:
-    "one" (one compilation for every row count) or "split@N" (ADASPEC_COMPILE_SMALL_ROWS=N, on
-    CUDA, where the ops are compiled)."""
-    small = ops.rms_norm.small_rows
-    return f"split@{small}" if small is not None and torch.device(device).type == "cuda" else "one"
+ops = _Ops()
 
 
 def use_compiled() -> None:

@@ -19,7 +19,10 @@ float32, rounded to the input's dtype, times the weight rounded again (as `weigh
 RoPE in float32 and rounded once; only the order of the mean's sum and the rsqrt differ, so
 results agree with eager to a rounding step of the input's dtype.
 
-Opt-in: ``ADASPEC_FUSED_KV_WRITE=triton`` (models/fused.py) until timed on a GPU.
+The default on CUDA since H100 run 58 (``ADASPEC_FUSED_KV_WRITE``, models/fused.py: "1" runs the
+compiled function instead, "0" separate index_copy_ writes): its GPU tests passed, the verify
+graph's 28 layers spent 61 us in it where the compiled version took 227 us, and on the synthetic
+0.6B shape at T = 1 no-spec and adaptive:7 ran 1.07x faster at one request, 1.03-1.04x at 64.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch
 
 from adaspec.announce import announce
 from adaspec.engine.runner import ForwardItem
-from adaspec.models.fused import compile_rows_in_use, kv_write_in_use
+from adaspec.models.fused import kv_write_in_use
 from adaspec.sample import kernels
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
@@ -103,12 +103,9 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
         # the sampler's and the Markov loop's implementation change what a step costs: tables
         # timed with the Triton kernels must not price a run with the torch ops, or the reverse
         sampler=kernels.in_use(engine.device), markov_loop=kernels.markov_loop_in_use(engine.device),
-        # (so do the fused cache writes and the opt-in split of the layer ops' compilations by row
-        # count; each absent from the key when not in use, as on the CPU, so the tables cached
-        # before the key had them stay valid there)
-        **{name: used for name, used, off in (("kv_write", kv_write_in_use(engine.device), "index_copy"),
-                                              ("compile_rows", compile_rows_in_use(engine.device), "one"))
-           if used != off},
+        # (so do the fused cache writes: absent from the key when not in use, as on the CPU, so the
+        # tables cached before the key had them stay valid there)
+        **({"kv_write": kv} if (kv := kv_write_in_use(engine.device)) != "index_copy" else {}),
     )
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
     cache_dir = Path(decoder.cfg.cost_model_cache_dir) if decoder.cfg.cost_model_cache_dir else default_cache_dir()

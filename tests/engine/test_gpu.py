@@ -87,20 +87,6 @@ def _micro_greedy_tokens_by_setting(tmp_path, switch, settings) -> dict:
     return got
 
 
-def test_small_row_compilations_on_cuda_give_the_same_tokens(tmp_path):
-    """ADASPEC_COMPILE_SMALL_ROWS (fused.set_compile_small_rows): the layer ops compiled apart for
-    calls of at most 16 rows give the single compilation's greedy tokens, plain and with
-    speculation, in the CUDA graphs, and both compilations served."""
-    from adaspec.models import fused
-
-    got = _micro_greedy_tokens_by_setting(tmp_path, fused.set_compile_small_rows, [None, 16])
-    assert got[16] == got[None]
-    assert got[16][0] == got[16][1]  # speculation gives plain decoding's tokens
-    for n in fused._Ops._NAMES[:2]:  # the norms run in every forward
-        op = getattr(fused.ops, n)
-        assert op.failed is None and set(op._compiled) == {"small", "large"}, (n, op.failed, list(op._compiled))
-
-
 def test_fused_kv_writes_on_cuda_equal_the_separate_ones(tmp_path):
     """The target's and the drafter block's cache writes inside their compiled norms and RoPE
     (the default; ADASPEC_FUSED_KV_WRITE=0 turns them off; models/fused.qk_norm_rope_write_kv) give the separate writes' greedy

@@ -1,5 +1,5 @@
 """The target's and the drafter block's cache writes inside their compiled norms and RoPE
-(models/fused.qk_norm_rope_write_kv via Attention.q_with_kv_written, on by default; ADASPEC_FUSED_KV_WRITE=0 turns it off):
+(models/fused.qk_norm_rope_write_kv via Attention.q_with_kv_written: ADASPEC_FUSED_KV_WRITE=1; on CUDA the default is one Triton kernel, tests/models/test_qk_norm_rope_triton.py; =0 turns both off):
 the same keys, values and queries as RoPE then write_kv, through the engine (plain and speculative)
 and compiled by inductor with the two caches as views of one storage, written in place."""
 import pytest
@@ -13,7 +13,8 @@ from adaspec.testing import pin_cost_tables
 
 @pytest.fixture
 def switch():
-    old = fused.fused_kv_write()
+    old = fused.set_fused_kv_write(True)  # the setting as it was given (True, False or "triton")
+    fused.set_fused_kv_write(old)
     yield fused.set_fused_kv_write
     fused.set_fused_kv_write(old)
 
@@ -112,6 +113,11 @@ def test_the_triton_setting_is_named_on_cuda_only(switch):
 def test_the_environment_switch(raw, want, monkeypatch):
     monkeypatch.setenv("ADASPEC_FUSED_KV_WRITE", raw)
     assert fused._kv_write_from_env() == want
+
+
+def test_the_triton_kernel_is_the_default(monkeypatch):
+    monkeypatch.delenv("ADASPEC_FUSED_KV_WRITE", raising=False)
+    assert fused._kv_write_from_env() == "triton"
 
 
 def test_a_bad_environment_value_is_named(monkeypatch):

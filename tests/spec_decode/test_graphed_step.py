@@ -321,11 +321,6 @@ def test_cost_tables_are_cached_per_sampler_and_markov_loop(pair, tmp_path, monk
     build_cost_model(llm.llm_engine, llm.llm_engine.spec, pair[1])
     kv = sorted(k.get("kv_write", "-") for k in (json.loads(p.read_text())["key"] for p in tmp_path.glob("cost_model_*.json")))
     assert kv == ["-", "-", "-", "fused"] and "kv_write" not in key
-    # so does the opt-in split of the layer ops' compilations by row count (ADASPEC_COMPILE_SMALL_ROWS)
-    monkeypatch.setattr(profiler, "compile_rows_in_use", lambda device: "split@16")
-    build_cost_model(llm.llm_engine, llm.llm_engine.spec, pair[1])
-    rows = sorted(k.get("compile_rows", "-") for k in (json.loads(p.read_text())["key"] for p in tmp_path.glob("cost_model_*.json")))
-    assert rows == ["-", "-", "-", "-", "split@16"] and "compile_rows" not in key
 
 
 def test_adaptive_draft_width_refuses_other_values(pair):
