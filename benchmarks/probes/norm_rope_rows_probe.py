@@ -13,7 +13,11 @@ Why: H100 run 57's profile of the speculative step (BENCHMARKS.md) found the ver
 norm / RoPE / cache-write kernels a layer at 227 us for 28 layers and 8 rows, against the decode
 graph's 124 us for one row; the q kernel alone 4.2 us a call against ~1.7 us. If the dynamic
 kernel tuned for thousands of rows is the reason, compiling it first at a small row count (or per
-captured size) would save ~0.1 ms a verify step at one request.
+captured size) would save ~0.1 ms a verify step at one request. (Not run on a GPU before H100 run
+58, which tested the idea in the engine instead: a second compilation for calls of at most 16 rows
+came out with the same kernels and times, and was removed; one Triton kernel a layer,
+models/qk_norm_rope_triton.py, took the 227 us to 61 us and is the engine's default since. This
+probe times the compiled function, which the engine runs with ADASPEC_FUSED_KV_WRITE=1.)
 
 On CUDA each call is timed inside a CUDA graph of --calls calls (launch costs out, as in the
 engine's graphs), bf16 as the engine runs; on the CPU (the smoke test) plain calls in float32.
