@@ -127,7 +127,7 @@ def q_with_kv_written(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
         from adaspec.models import qk_norm_rope_triton as kernel
 
         if kernel.unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots) is None:
-            return kernel.qk_norm_rope_write_kv_triton(*args)
+            return kernel.launch(*args)
     return ops.qk_norm_rope_write_kv(*args)
 
 

@@ -112,6 +112,12 @@ def qk_norm_rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     why = unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots)
     if why is not None:
         raise ValueError(f"qk_norm_rope_write_kv_triton: {why}")
+    return launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots)
+
+
+def launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots) -> torch.Tensor:
+    """qk_norm_rope_write_kv_triton without its check, for a caller that ran `unsupported` (the
+    layers' dispatch, fused.q_with_kv_written: one check a layer call, not two)."""
     T, Hq, D = q.shape
     out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
     if T == 0:

@@ -105,8 +105,8 @@ def test_triton_kv_writes_on_cuda_equal_the_compiled_ones(tmp_path, monkeypatch)
     to the separate writes' above), plain and with speculation, in the CUDA graphs; the kernel ran."""
     from adaspec.models import fused, qk_norm_rope_triton
 
-    kernel, calls = qk_norm_rope_triton.qk_norm_rope_write_kv_triton, []
-    monkeypatch.setattr(qk_norm_rope_triton, "qk_norm_rope_write_kv_triton", lambda *a: calls.append(1) or kernel(*a))
+    kernel, calls = qk_norm_rope_triton.launch, []
+    monkeypatch.setattr(qk_norm_rope_triton, "launch", lambda *a: calls.append(1) or kernel(*a))
     got = _micro_greedy_tokens_by_setting(tmp_path, fused.set_fused_kv_write, [True, "triton"])
     assert calls
     assert got["triton"] == got[True]

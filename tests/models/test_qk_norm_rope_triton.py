@@ -107,9 +107,9 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, monkeypatch, tmp
     from adaspec.testing import pin_cost_tables
 
     calls = []
-    kernel = qk_norm_rope_triton.qk_norm_rope_write_kv_triton
+    kernel = qk_norm_rope_triton.launch
     monkeypatch.setattr(fused, "_kernel_device", lambda t: True)
-    monkeypatch.setattr(qk_norm_rope_triton, "qk_norm_rope_write_kv_triton",
+    monkeypatch.setattr(qk_norm_rope_triton, "launch",
                         lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
     prompts = [list(range(3, 20)), [5, 9, 2]]
     p = SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True)
