@@ -104,19 +104,22 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, residual, positions, rope, kv_cache=None, meta=None):
         """Residual-stream form: the layer's input is h + residual (residual None: h alone);
-        returns (mlp output, residual), whose sum is the layer's output. Each residual add is
-        fused into the norm that follows it (fused.add_rms_norm)."""
+        returns (mlp output, residual, input), the first two summing to the layer's output. Each
+        residual add is fused into the norm that follows it (fused.add_rms_norm), which makes the
+        layer's input anyway: returned, it is the previous layer's output for the drafter's
+        features without another add."""
         w_in, w_post = self.input_layernorm.weight, self.post_attention_layernorm.weight
         if residual is None:
             residual, h = h, ops.rms_norm(h, w_in, self.input_layernorm.eps)
         else:
             h, residual = ops.add_rms_norm(h, residual, w_in, self.input_layernorm.eps)
+        layer_input = residual
         if meta is None:
             h = self.self_attn.forward_dense(h, positions, rope)
         else:
             h = self.self_attn(h, positions, rope, kv_cache, meta)
         h, residual = ops.add_rms_norm(h, residual, w_post, self.post_attention_layernorm.eps)
-        return self.mlp(h), residual
+        return self.mlp(h), residual, layer_input
 
 
 class Backbone(nn.Module):
@@ -147,16 +150,18 @@ class TargetModel(nn.Module):
 
     def _run(self, input_ids, positions, capture_layers, kv_caches=None, meta=None):
         h, residual = self.model.embed_tokens(input_ids), None
-        captured: dict[int, torch.Tensor] = {}
+        captured: dict[int, torch.Tensor] = {}  # layer -> its output (-1: the embeddings)
         want = set(capture_layers or ())
-        if -1 in want:
-            captured[-1] = h
         for i, layer in enumerate(self.model.layers):
-            h, residual = layer(h, residual, positions, self.rope, None if kv_caches is None else kv_caches[i], meta)
-            if i in want:
-                captured[i] = h + residual
+            h, residual, layer_input = layer(h, residual, positions, self.rope,
+                                             None if kv_caches is None else kv_caches[i], meta)
+            if i - 1 in want:  # layer i's input is layer i - 1's output (layer 0's: the embeddings)
+                captured[i - 1] = layer_input
         norm = self.model.norm
-        return ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0], captured
+        hidden, last_output = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
+        if len(self.model.layers) - 1 in want:
+            captured[len(self.model.layers) - 1] = last_output
+        return hidden, captured
 
     def forward(
         self,

@@ -106,6 +106,11 @@ def test_capture_layers_returns_chosen_hidden_states(micro_qwen3):
     assert (captured[0] - ref[1]).abs().max() <= TOL  # output of decoder layer 0
     # HF's last hidden state is after the final norm
     assert (hidden - ref[-1]).abs().max() <= TOL
+    # the last layer's output (the sum the final norm makes): normed, it is the hidden state
+    assert (ours.model.norm(captured[1]) - hidden).abs().max() <= TOL
+    with torch.no_grad():
+        _, only = ours.forward_dense(ids, capture_layers=[0])
+    assert set(only) == {0} and torch.equal(only[0], captured[0])
 
 
 # ---- RoPE variants: configs written by the installed transformers ----------------------------
