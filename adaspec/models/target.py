@@ -70,9 +70,10 @@ class Attention(nn.Module):
         return q, k, v
 
     def q_with_kv_written(self, x, positions, rope: RotaryEmbedding, k_cache, v_cache, slots) -> torch.Tensor:
-        """x's queries, after its keys and values went to the paged cache at `slots`: by default in
-        one function, compiled on CUDA (models/fused.qk_norm_rope_write_kv; ADASPEC_FUSED_KV_WRITE=triton:
-        one Triton kernel, fused.q_with_kv_written); ADASPEC_FUSED_KV_WRITE=0
+        """x's queries, after its keys and values went to the paged cache at `slots`: by default
+        written by the kernel that norms and rotates them (fused.q_with_kv_written: on CUDA one
+        Triton kernel, models/qk_norm_rope_triton.py; with ADASPEC_FUSED_KV_WRITE=1, or where the
+        kernel does not apply, the compiled fused.qk_norm_rope_write_kv); ADASPEC_FUSED_KV_WRITE=0
         writes them after RoPE with index_copy_."""
         if fused_kv_write():
             q, k, v = self.projections(x)
