@@ -110,6 +110,8 @@ def qk_norm_rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """fused.qk_norm_rope_write_kv's semantics (same arguments) in one launch -> q [T, Hq, D]
     (contiguous). The arguments must pass `unsupported`."""
     why = unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots)
+    if why is None and (q_weight is None) != (k_weight is None):
+        why = "q_weight and k_weight must both be given (Qwen3's q/k norms) or both be None"
     if why is not None:
         raise ValueError(f"qk_norm_rope_write_kv_triton: {why}")
     return launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots)

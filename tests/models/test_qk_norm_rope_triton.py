@@ -95,6 +95,8 @@ def test_it_names_what_it_cannot_take():
     assert "[rows, heads" in unsupported(q.unsqueeze(0), k, v, positions, cos, sin, kc, vc, slots)
     with pytest.raises(ValueError, match="rows"):
         qk_norm_rope_write_kv_triton(q, k, v, positions, cos, sin, None, None, 1e-6, kc, vc, slots[:2])
+    with pytest.raises(ValueError, match="q_weight and k_weight must both be given"):
+        qk_norm_rope_write_kv_triton(q, k, v, positions, cos, sin, args[6], None, 1e-6, kc, vc, slots)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors under the interpreter; on CUDA: tests/engine/test_gpu.py")
