@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaspec.models.attention import build_attention_metadata, paged_attention, write_kv
+from adaspec.models.attention import build_attention_metadata, paged_attention
 from adaspec.models.config import ModelConfig
 from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one import for users)
     ARCHITECTURE, OUR_KEY, DrafterConfig, default_target_layers, with_temperatures,
@@ -128,14 +128,10 @@ class DSparkDrafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def _context_kv(self, attn, h_ctx: torch.Tensor, positions: torch.Tensor):
-        """A layer's K/V of context states: k_proj/v_proj (+ k_norm, + RoPE), no input norm."""
-        shape = h_ctx.shape[:-1]
-        k = attn.k_proj(h_ctx).view(*shape, attn.num_kv_heads, attn.head_dim)
-        v = attn.v_proj(h_ctx).view(*shape, attn.num_kv_heads, attn.head_dim)
-        if attn.k_norm is not None:
-            k = attn.k_norm(k)
-        (k,) = self.rope(positions, k)
-        return k, v
+        """A layer's K/V of context states for the training pass: k_proj/v_proj (+ k_norm, + RoPE),
+        no input norm (the engine's write_context: Attention.kv_written, the same ops or one kernel)."""
+        k, v = attn.kv_projections(h_ctx)
+        return attn.k_normed_rotated(k, positions, self.rope), v
 
     def block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """[...] anchor ids -> [..., k, d]: the embedded anchor, then k-1 mask embeddings."""
@@ -221,8 +217,7 @@ class DSparkDrafter(nn.Module):
             return
         h_ctx = self.context_states(features.to(self.fc.weight.dtype))
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            k, v = self._context_kv(layer.self_attn, h_ctx, positions)
-            write_kv(k_cache, v_cache, k, v, slot_mapping)
+            layer.self_attn.kv_written(h_ctx, positions, self.rope, k_cache, v_cache, slot_mapping)
 
     @torch.no_grad()
     def backbone_step(self, anchor_ids, anchor_pos, block_tables, block_size, kv_caches,

@@ -131,6 +131,23 @@ def q_with_kv_written(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     return ops.qk_norm_rope_write_kv(*args)
 
 
+def kv_written_by_kernel(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+               sin_table: torch.Tensor, k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Keys and values without queries (the drafter's context) through the Triton kernel, with
+    no query heads, where q_with_kv_written would use it -> True; else False and nothing done
+    (the caller runs the separate ops: the compiled function is not traced for zero heads)."""
+    if _fused_kv_write != "triton" or not _kernel_device(k):
+        return False
+    from adaspec.models import qk_norm_rope_triton as kernel
+
+    q = k[:, :0]  # [T, 0, D]: a grid of key/value heads only
+    if kernel.unsupported(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slots) is not None:
+        return False
+    kernel.launch(q, k, v, positions, cos_table, sin_table, k_weight, k_weight, eps, k_cache, v_cache, slots)
+    return True
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

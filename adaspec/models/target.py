@@ -15,7 +15,7 @@ from torch import nn
 
 from adaspec.models.attention import AttentionMetadata, dense_causal_attention, paged_attention, write_kv
 from adaspec.models.config import ModelConfig
-from adaspec.models.fused import fused_kv_write, ops, q_with_kv_written
+from adaspec.models.fused import fused_kv_write, kv_written_by_kernel, ops, q_with_kv_written
 from adaspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, embedding, fuse_linears
 
 
@@ -59,6 +59,34 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return (q.reshape(*shape, self.num_heads, self.head_dim), k.reshape(*shape, self.num_kv_heads, self.head_dim),
                 v.reshape(*shape, self.num_kv_heads, self.head_dim))
+
+    def kv_projections(self, x: torch.Tensor):
+        """-> (k, v) per head, before the norm and RoPE (the drafter's context, which has no
+        queries). Fused, one matmul: k's and v's rows are adjacent in qkv_weight."""
+        shape = x.shape[:-1]
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.qkv_weight is not None:
+            bias = None if self.qkv_bias is None else self.qkv_bias[nq:]
+            k, v = F.linear(x, self.qkv_weight[nq:], bias).split([nkv, nkv], dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        return k.reshape(*shape, self.num_kv_heads, self.head_dim), v.reshape(*shape, self.num_kv_heads, self.head_dim)
+
+    def kv_written(self, x, positions, rope: RotaryEmbedding, k_cache, v_cache, slots) -> None:
+        """x's keys and values, k normed and rotated, written to the paged cache at `slots`, for
+        x without queries (the drafter's context): on CUDA by the layers' Triton kernel with no
+        query heads (fused.kv_written_by_kernel), else by the separate ops."""
+        k, v = self.kv_projections(x)
+        k_weight = self.k_norm.weight if self.k_norm is not None else None
+        if not kv_written_by_kernel(k, v, positions, rope.cos, rope.sin, k_weight, self.eps, k_cache, v_cache, slots):
+            write_kv(k_cache, v_cache, self.k_normed_rotated(k, positions, rope), v, slots)
+
+    def k_normed_rotated(self, k: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
+        """Keys without their queries through the k norm (if any) and RoPE, as separate ops."""
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        (k,) = rope(positions, k)
+        return k
 
     def qk_weights(self):
         return (self.q_norm.weight if self.q_norm is not None else None,

@@ -102,8 +102,9 @@ def test_it_names_what_it_cannot_take():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors under the interpreter; on CUDA: tests/engine/test_gpu.py")
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "adaptive"])
 def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, monkeypatch, tmp_path):
-    """ADASPEC_FUSED_KV_WRITE=triton through the engine (target layers and drafter block), here
-    on the CPU under the interpreter: the tokens of the separate writes, and the kernel ran."""
+    """ADASPEC_FUSED_KV_WRITE=triton through the engine (target layers, the drafter's block and
+    its context), here on the CPU under the interpreter: the tokens of the separate writes, and
+    the kernel ran."""
     from adaspec import LLM, SamplingParams
     from adaspec.models import qk_norm_rope_triton
     from adaspec.testing import pin_cost_tables
@@ -112,7 +113,7 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, monkeypatch, tmp
     kernel = qk_norm_rope_triton.launch
     monkeypatch.setattr(fused, "_kernel_device", lambda t: True)
     monkeypatch.setattr(qk_norm_rope_triton, "launch",
-                        lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+                        lambda *a: calls.append(tuple(a[0].shape[:2])) or kernel(*a))
     prompts = [list(range(3, 20)), [5, 9, 2]]
     p = SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True)
     cfg = None
@@ -131,4 +132,23 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, monkeypatch, tmp
     finally:
         fused.set_fused_kv_write(old)
     assert got["triton"] == got[False]
-    assert calls and max(calls) >= 17  # prefill rows and decode / verify rows went through it
+    assert calls and max(rows for rows, _ in calls) >= 17  # prefill rows and decode / verify rows went through it
+    # the drafter's context (keys and values without queries) too, with a speculative engine only
+    assert any(heads == 0 for _, heads in calls) == spec
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_keys_and_values_alone_equal_the_separate_ops(norm):
+    """No query heads (the drafter's context, fused.kv_written_by_kernel): a grid of key/value heads only
+    writes what the k norm, RoPE and index_copy_ write, and returns an empty q."""
+    args, storage, slots = _case(5, 4, 2, 16, torch.float32, norm, seed=4)
+    _, k, v, positions, cos, sin, _, k_weight, eps = args
+    want = storage.clone()
+    fused.qk_norm_rope_write_kv(k[:, :0], k, v, positions, cos, sin, k_weight, k_weight, eps, want[1, 0], want[1, 1],
+                                slots)
+    assert not torch.equal(want, storage)
+    got = storage.clone()
+    q = qk_norm_rope_write_kv_triton(k[:, :0], k, v, positions, cos, sin, k_weight, k_weight, eps,
+                                     got[1, 0], got[1, 1], slots)
+    assert q.shape == (5, 0, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
