@@ -132,8 +132,8 @@ def q_with_kv_written(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
 
 
 def kv_written_by_kernel(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
-               sin_table: torch.Tensor, k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, slots: torch.Tensor) -> bool:
+                         sin_table: torch.Tensor, k_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slots: torch.Tensor) -> bool:
     """Keys and values without queries (the drafter's context) through the Triton kernel, with
     no query heads, where q_with_kv_written would use it -> True; else False and nothing done
     (the caller runs the separate ops: the compiled function is not traced for zero heads)."""

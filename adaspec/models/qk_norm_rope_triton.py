@@ -13,6 +13,8 @@ Program (t, h), grid (rows, Hq + Hkv):
   returned q [T, Hq, D];
 - else: k's head h - Hq, normed and rotated, stored to k_cache[slots[t]], and v's head copied to
   v_cache[slots[t]].
+With Hq = 0 (q a [T, 0, D] view) the grid holds key/value heads only: the drafter's context,
+which has no queries (fused.kv_written_by_kernel).
 
 Numerics follow the eager functions (fused.rms_norm, fused._rotate) step by step: the norm in
 float32, rounded to the input's dtype, times the weight rounded again (as `weight * x` in bf16),
