@@ -22,14 +22,18 @@ def acceptance_table(eval_json: dict) -> list[str]:
     k = runs[0]["k"]
     # walk: the tokens per step of decoding's own walk over the same blocks (drafter_eval.walk_tau),
     # what an engine realizes; tau averages over every anchor
-    out = ["| T | " + " | ".join(str(j) for j in range(1, k + 1)) + " | **tau** | walk | blocks | ECE raw | ECE cal | AUC |",
-           "|---" * (k + 7) + "|"]
+    # ECE walk: the confidences in use (calibrated, else raw) over the blocks the walk reaches
+    out = ["| T | " + " | ".join(str(j) for j in range(1, k + 1))
+           + " | **tau** | walk | blocks | ECE raw | ECE cal | ECE walk | AUC |", "|---" * (k + 8) + "|"]
     for r in runs:
         cal = r.get("confidence_calibrated") or {}
+        ece_walk = (cal or r["confidence_raw"]).get("ece_walk")
         out.append(f"| {r['temperature']:g} | " + " | ".join(f"{a:.3f}" for a in r["cond_acceptance"])
                    + f" | **{r['tau']:.2f}** | " + (f"{r['tau_walk']:.2f}" if r.get("tau_walk") is not None else "-")
                    + f" | {r['blocks']:,} | {r['confidence_raw']['ece']:.4f} | "
-                   + (f"{cal['ece']:.4f}" if cal else "-") + f" | {(cal or r['confidence_raw'])['auc']:.3f} |")
+                   + (f"{cal['ece']:.4f}" if cal else "-") + " | "
+                   + (f"{ece_walk:.4f}" if ece_walk is not None else "-")
+                   + f" | {(cal or r['confidence_raw'])['auc']:.3f} |")
     return out
 
 

@@ -439,6 +439,8 @@ def heldout_figures(eval_json: dict) -> dict:
         out[f"T={r['temperature']:g}"] = {
             "tau": r["tau"], "tau_walk": r.get("tau_walk"), "cond_acceptance": r["cond_acceptance"], "blocks": r["blocks"],
             "ece_raw": r["confidence_raw"]["ece"], "ece_calibrated": cal.get("ece"),
+            # the same over the blocks decoding's walk reaches (drafter_eval.walk_blocks)
+            "ece_calibrated_walk": (cal or r["confidence_raw"]).get("ece_walk"),
             "auc": (cal or r["confidence_raw"])["auc"]}
     return out
 
@@ -532,7 +534,12 @@ def format_summary(s: dict) -> str:
         for key, r in h.items():
             if key.startswith("T="):
                 walk = f" (decoding walk {r['tau_walk']:.3f})" if r.get("tau_walk") is not None else ""
+                ece = f", ECE {r['ece_raw']:.4f} raw" if r.get("ece_raw") is not None else ""
+                if r.get("ece_calibrated") is not None:
+                    ece += f", {r['ece_calibrated']:.4f} calibrated"
+                if r.get("ece_calibrated_walk") is not None:
+                    ece += f" ({r['ece_calibrated_walk']:.4f} over the walk's blocks)"
                 lines.append(f"held-out {key}: tau {r['tau']:.3f}{walk}, cond. acceptance "
                              + " ".join(f"{a:.2f}" for a in r["cond_acceptance"])
-                             + f" ({r['blocks']:,} blocks, {h['num_prompts']} {h['prompts']} prompts)")
+                             + f" ({r['blocks']:,} blocks, {h['num_prompts']} {h['prompts']} prompts){ece}")
     return "\n".join(lines)

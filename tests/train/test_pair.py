@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from adaspec.errors import AdaspecError
+from adaspec.spec_decode.calibration import ece, prefix_labels
 from adaspec.train.pair import STAGES, build_pair
 from adaspec.train.pair_presets import apply_overrides, preset
 
@@ -60,6 +61,12 @@ def test_micro_pair_builds_every_stage(pair):
         for r in ev["runs"]:
             acc = blocks["T%g_accepted" % r["temperature"]]
             assert float(np.mean(acc + 1.0)) == pytest.approx(r["tau_walk"])
+            # the ECE over the walk's blocks is the one of the confidences saved beside them (float16)
+            labels, _ = prefix_labels(acc.astype(np.int64), r["k"])
+            conf = blocks["T%g_conf" % r["temperature"]].astype(np.float64)
+            used = r.get("confidence_calibrated") or r["confidence_raw"]
+            assert ece(np.cumprod(conf, axis=1), labels) == pytest.approx(used["ece_walk"], abs=2e-3)
+            assert summary["heldout"][f"T={r['temperature']:g}"]["ece_calibrated_walk"] == used["ece_walk"]
     stats = json.loads((out / "target" / "train_stats.json").read_text())
     assert summary["target"]["val_loss"] == stats["val_loss"] < math.log(512) - 1.0  # learned something
     # where a drafter training step's time went: 2 steps from halfway (40 // 2), CPU ops on this machine
