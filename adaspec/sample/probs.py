@@ -69,6 +69,19 @@ def processed_probs(
     return probs
 
 
+def probs_and_argmax(logits: torch.Tensor, temperature: torch.Tensor,
+                     index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(processed_probs without filters, greedy rows one-hot; each output row's first argmax of
+    the raw logits [n] long). index as in processed_probs. On CUDA one Triton kernel finds the
+    argmax in the pass it makes anyway (the graphed verify step's greedy rows accept by it)."""
+    if kernels.use_triton(logits):
+        return kernels.triton_sampling().probs_and_argmax(logits, temperature, greedy_rows=True, index=index)
+    ones = torch.ones_like(temperature)
+    probs = processed_probs(logits, temperature, ones, torch.zeros_like(temperature, dtype=torch.long),
+                            any_filter=False, any_greedy=True, index=index)
+    return probs, (logits if index is None else logits[index]).argmax(-1)
+
+
 def _filtering_rows(top_k: torch.Tensor, top_p: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows whose top-k cuts the vocabulary, and those whose top-p is below 1 ([N] bool each)."""
     return (top_k > 0) & (top_k < V), top_p < 1.0

@@ -8,8 +8,9 @@ T > 0 (slot j's Markov head reads slot j - 1's token), so a speculative step pai
 the H200 the T = 1 graphed step took 2.06 ms against 1.80 at T = 0 at one request (BENCHMARKS.md,
 run 36), and the float cumsum alone was 5% of the adaptive step's kernel time at 256 requests
 (run 38's profile). Here one program owns one row and walks it in BLOCK-wide chunks: pass 1 finds
-the row's max (online softmax sum, and the raw argmax for greedy rows), pass 2 writes the
-probabilities, pass 3 (draws only) scans them for the sampled index.
+the row's max (online softmax sum, and the raw argmax for greedy rows or for a caller that asks for
+it: probs_and_argmax), pass 2 writes the probabilities, pass 3 (draws only) scans them for the
+sampled index.
 
 Semantics are the torch functions' (sample/probs.py, sample/random.py), up to float rounding:
 - probabilities: softmax(logits / T) per row; a row with T <= 0 is the one-hot of the raw logits'
@@ -66,8 +67,9 @@ def _find(row_ptr, u, total, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr, out_stride, token_ptr, V,
-                  HAS_INDEX: tl.constexpr, GREEDY_ROWS: tl.constexpr, DRAW: tl.constexpr, BLOCK: tl.constexpr):
+def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr, out_stride, token_ptr, argmax_ptr,
+                  V, HAS_INDEX: tl.constexpr, GREEDY_ROWS: tl.constexpr, DRAW: tl.constexpr, ARGMAX: tl.constexpr,
+                  BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     if HAS_INDEX:
         src = tl.load(index_ptr + row).to(tl.int64)
@@ -88,7 +90,7 @@ def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr
         cols = start + offs
         mask = cols < V
         x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        if GREEDY_ROWS:
+        if GREEDY_ROWS or ARGMAX:
             cmax = tl.max(x, 0)
             cidx = tl.min(tl.where((x == cmax) & mask, cols, V), 0)
             take = cmax > best
@@ -115,6 +117,8 @@ def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr
         tl.debug_barrier()  # pass 3 reads what other threads of this program stored in pass 2
         tok = _find(out_row, tl.load(u_ptr + row), total, V, BLOCK)
         tl.store(token_ptr + row, tok.to(tl.int64))
+    if ARGMAX:
+        tl.store(argmax_ptr + row, best_i.to(tl.int64))
 
 
 @triton.jit
@@ -136,7 +140,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _launch_probs(logits, temperature, greedy_rows, index, out, uniforms):
+def _launch_probs(logits, temperature, greedy_rows, index, out, uniforms, argmax: bool = False):
     logits = _rows(logits)
     V = logits.shape[-1]
     n = logits.shape[0] if index is None else index.shape[0]
@@ -147,15 +151,16 @@ def _launch_probs(logits, temperature, greedy_rows, index, out, uniforms):
                          f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")
     draw = uniforms is not None
     tokens = torch.empty(n if draw else 0, dtype=torch.int64, device=logits.device)
+    first_max = torch.empty(n if argmax else 0, dtype=torch.int64, device=logits.device)
     temperature = temperature.to(torch.float32).contiguous()
     if n:
         _probs_kernel[(n,)](
             logits, logits.stride(0), index if index is not None else temperature, temperature,
-            uniforms.to(torch.float32).contiguous() if draw else temperature, out, out.stride(0), tokens, V,
-            HAS_INDEX=index is not None, GREEDY_ROWS=bool(greedy_rows), DRAW=draw, BLOCK=_block(V),
-            num_warps=_NUM_WARPS,
+            uniforms.to(torch.float32).contiguous() if draw else temperature, out, out.stride(0), tokens, first_max,
+            V, HAS_INDEX=index is not None, GREEDY_ROWS=bool(greedy_rows), DRAW=draw, ARGMAX=argmax,
+            BLOCK=_block(V), num_warps=_NUM_WARPS,
         )
-    return out, tokens
+    return out, tokens, first_max
 
 
 def probs(logits: torch.Tensor, temperature: torch.Tensor, greedy_rows: bool = True,
@@ -165,10 +170,19 @@ def probs(logits: torch.Tensor, temperature: torch.Tensor, greedy_rows: bool = T
     return _launch_probs(logits, temperature, greedy_rows, index, out, None)[0]
 
 
+def probs_and_argmax(logits: torch.Tensor, temperature: torch.Tensor, greedy_rows: bool = True,
+                     index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`probs`, each output row's first argmax of the raw logits [n] int64): the argmax that
+    pass 1 finds anyway, so that a caller needing both (the graphed verify step: greedy rows accept
+    by it) saves an argmax reduction over the logits and its gather."""
+    p, _, first_max = _launch_probs(logits, temperature, greedy_rows, index, None, None, argmax=True)
+    return p, first_max
+
+
 def draw_from_logits(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor,
                      greedy_rows: bool = True, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [n] int64, probs [n, V]): `probs` and then `draw` over them, in one kernel."""
-    p, tokens = _launch_probs(logits, temperature, greedy_rows, None, out, uniforms)
+    p, tokens, _ = _launch_probs(logits, temperature, greedy_rows, None, out, uniforms)
     return tokens, p
 
 

@@ -44,7 +44,7 @@ from adaspec.engine.cuda_graphs import (
     _Graph, _ranges, capture_sizes, capture_time_split, device_memory_held, release_graphs,
 )
 from adaspec.models.attention import AttentionMetadata
-from adaspec.sample.probs import processed_probs, sample_from_logits
+from adaspec.sample.probs import probs_and_argmax, processed_probs, sample_from_logits
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
 from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode import graphed_extras
@@ -138,13 +138,17 @@ def query_counts(nq: torch.Tensor, limits: torch.Tensor, conf: torch.Tensor, bud
 
 
 @cuda_compiled
-def verify_rows(query_start: torch.Tensor, nq: torch.Tensor, K: int, total: int):
+def verify_rows(query_start: torch.Tensor, nq: torch.Tensor, req: torch.Tensor, temps: torch.Tensor, K: int,
+                total: int):
     """-> ([B, K + 1] the packed row of each request's K + 1 verify positions (its last row
-    repeated past its query count), [B] its drafts to verify)."""
+    repeated past its query count), [B] its drafts to verify, [B * (K + 1)] the temperature of
+    each of those rows' requests, [B] greedy requests). req: the request of each packed row. The
+    last two as torch ops outside were three kernels of the verify graph."""
     n_verify = (nq - 1).clamp_min(0)
     first = query_start[:-1].long()
     rows = first[:, None] + torch.minimum(torch.arange(K + 1, device=nq.device)[None, :], n_verify[:, None])
-    return rows.clamp(0, total - 1), n_verify
+    rows = rows.clamp(0, total - 1)
+    return rows, n_verify, temps[req[rows.reshape(-1)]], temps <= 0
 
 
 @cuda_compiled
@@ -257,10 +261,10 @@ class GraphedSpecStep:
         hidden, captured = self.model(ids, pos, self.engine.kv_caches, meta, self.capture_layers)
         self.decoder.setup.write_context(captured, pos, slots)
         self.verify_hidden[: b * q].copy_(hidden)
-        greedy = temps <= 0
         sampling = StaticSampling(temps, seeds)
         rb = self.readback[:b]
         if K == 0:  # no drafts: sample each request's next token from its last row
+            greedy = temps <= 0
             last = (torch.cumsum(nq, 0) - 1).clamp_min(0)
             logits = self.model.compute_logits(hidden[last])
             drawn = sample_categorical(sampling.probs(logits), keyed_uniforms(seeds, start + 1, SAMPLE))
@@ -268,12 +272,12 @@ class GraphedSpecStep:
             n_acc = torch.zeros_like(start)
         else:
             logits = self.model.compute_logits(hidden)  # [B*Q, V]: every row, then the verify rows
-            rows, n_verify = verify_rows(query_start, nq, K, b * q)
+            rows, n_verify, row_temps, greedy = verify_rows(query_start, nq, req, temps, K, b * q)
             # the verify rows' distributions, each with its request's temperature, gathered by the
-            # sampler (no copy of the [B*Q, V] logits or probabilities)
-            flat = rows.reshape(-1)
-            p = sampling.probs(logits, temps[req[flat]], index=flat).view(b, K + 1, -1)
-            argmax = logits.argmax(-1)[rows]
+            # sampler (no copy of the [B*Q, V] logits or probabilities), and their raw argmax (the
+            # greedy rows' accept test) from the same kernel
+            p, argmax = probs_and_argmax(logits, row_temps, index=rows.reshape(-1))
+            p, argmax = p.view(b, K + 1, -1), argmax.view(b, K + 1)
             accept = getattr(self.drafter, "accept", None)  # synthetic: the curve decides
             fused = {} if accept else {"fused": True}  # compiled halves: this capture's warm-up compiles them
             out = (accept or rejection_sample)(self.drafts[:b], n_verify, p,

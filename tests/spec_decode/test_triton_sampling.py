@@ -102,6 +102,30 @@ def test_probs_gathers_rows_by_index_and_writes_into_a_strided_buffer():
     torch.testing.assert_close(eager, buf[:, 1], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("V", VOCABS)
+def test_probs_and_argmax_give_every_rows_first_raw_argmax(V):
+    """The graphed verify step's greedy accept test reads this argmax: it must be torch's (first
+    maximum of the raw logits, whatever the row's temperature), for the rows `index` picks."""
+    logits, temps, _ = _case(8, V)
+    logits[2, :] = 0.0
+    logits[2, [V - 1, V // 2, 0]] = 5.0  # ties, across chunks where V spans several
+    index = torch.tensor([2, 5, 5, 0, 7, 1], device=DEVICE)
+    p, first = ts.probs_and_argmax(logits, temps[index], index=index)
+    assert first.dtype == torch.int64
+    assert torch.equal(first, logits[index].argmax(-1))
+    assert first[0].item() == 0
+    torch.testing.assert_close(p, _torch_probs(logits[index], temps[index]), rtol=1e-5, atol=1e-7)
+    # the dispatching function gives the same on the torch path (CPU tensors, or the kernels off)
+    from adaspec.sample.probs import probs_and_argmax
+    old = kernels.set_enabled(False)
+    try:
+        p_t, first_t = probs_and_argmax(logits, temps[index], index=index)
+    finally:
+        kernels.set_enabled(old)
+    assert torch.equal(first_t, first)
+    torch.testing.assert_close(p_t, p, rtol=1e-5, atol=1e-7)
+
+
 def test_out_of_the_wrong_shape_or_dtype_is_refused():
     logits, temps, _ = _case(4, 300)
     with pytest.raises(ValueError, match="float32"):
