@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaspec.cuda_compiled import cuda_compiled
 from adaspec.models.attention import build_attention_metadata, paged_attention
 from adaspec.models.config import ModelConfig
 from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one import for users)
@@ -60,7 +61,7 @@ from adaspec.models.drafter_config import (  # noqa: F401  (re-exported: one imp
 from adaspec.models.layers import RMSNorm, RotaryEmbedding, embedding
 from adaspec.models.target import DecoderLayer
 from adaspec.sample.batch import SamplingBatch
-from adaspec.sample.random import DRAFT, keyed_uniforms
+from adaspec.sample.random import DRAFT, keyed_uniforms_eager
 
 @dataclass
 class DraftProposal:
@@ -135,9 +136,7 @@ class DSparkDrafter(nn.Module):
 
     def block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """[...] anchor ids -> [..., k, d]: the embedded anchor, then k-1 mask embeddings."""
-        k = self.block_size
-        mask = torch.full((*anchor_ids.shape, k - 1), self.config.mask_token_id, device=anchor_ids.device)
-        return self.embed_tokens(torch.cat([anchor_ids.unsqueeze(-1), mask], dim=-1))
+        return self.embed_tokens(block_token_ids(anchor_ids, self.block_size, self.config.mask_token_id))
 
     def heads(self, h: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor | None = None):
         """h [..., d] final-normed, prev [...] previous token -> (draft logits U + B [..., V] float32,
@@ -155,18 +154,17 @@ class DSparkDrafter(nn.Module):
         """h [..., d] final-normed, prev [...] the previous tokens -> [...] float32."""
         if self.confidence_head is None:
             return torch.full(prev.shape, 20.0, device=h.device)  # no head: always confident
-        if self.config.confidence_head_with_markov:
-            h = torch.cat([h, self.markov_head.markov_w1(prev).to(h.dtype)], dim=-1)
-        return self.confidence_head.proj(h).squeeze(-1).float()
+        return confidence_logits(h, prev, *self._confidence_weights())
+
+    def _confidence_weights(self):
+        """(the Markov head's W1 when the confidence head reads it, else None; the head's weight, bias)."""
+        w1 = self.markov_head.markov_w1.weight if self.config.confidence_head_with_markov else None
+        return w1, self.confidence_head.proj.weight, self.confidence_head.proj.bias
 
     def confidences(self, conf_logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
         """sigmoid(logit_j / T_j); rows flagged in `greedy` [R] use the greedy set when there is one."""
-        k = conf_logits.shape[-1]
         temps, temps_greedy = self._confidence_temperatures(conf_logits.device)
-        temps = temps[:k]
-        if temps_greedy is not None and greedy is not None:
-            temps = torch.where(greedy.unsqueeze(-1), temps_greedy[:k], temps)
-        return torch.sigmoid(conf_logits / temps)
+        return calibrated(conf_logits, temps, temps_greedy if greedy is not None else None, greedy)
 
     def _confidence_temperatures(self, dev):
         """The calibration temperatures on `dev`, copied once (a CUDA graph must not read a host
@@ -232,11 +230,13 @@ class DSparkDrafter(nn.Module):
         )
         return self.backbone_forward(anchor_ids, anchor_pos, meta, kv_caches)
 
-    def backbone_forward(self, anchor_ids, anchor_pos, meta, kv_caches) -> torch.Tensor:
+    def backbone_forward(self, anchor_ids, anchor_pos, meta, kv_caches, positions=None) -> torch.Tensor:
         """The backbone pass over given attention metadata (the block's slots in meta.slot_mapping,
-        every block query seeing keys [0, anchor_pos + k)); no host work, so a CUDA graph can hold it."""
+        every block query seeing keys [0, anchor_pos + k)); no host work, so a CUDA graph can hold it.
+        positions: the block positions flat [R * k] (anchor_pos + 0..k-1) when the caller has them."""
         R, k = anchor_ids.shape[0], self.block_size
-        positions = (anchor_pos.unsqueeze(-1) + torch.arange(k, device=anchor_pos.device)).reshape(-1)
+        if positions is None:
+            positions = (anchor_pos.unsqueeze(-1) + torch.arange(k, device=anchor_pos.device)).reshape(-1)
         x = self.block_inputs(anchor_ids).reshape(R * k, -1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             attn = layer.self_attn
@@ -293,10 +293,7 @@ class DSparkDrafter(nn.Module):
         q = u = None
         if not all_greedy:  # greedy rows get a one-hot q, so the draw returns their argmax
             q = probs_out if probs_out is not None else torch.empty(R, w, V, dtype=torch.float32, device=h.device)
-            # every slot's DRAFT uniform in one call (the hash is elementwise: the same values as
-            # one call per slot), slot-major so that each slot's column is contiguous for the draw
-            slots = torch.arange(w, device=anchors.device)
-            u = keyed_uniforms(sampling.seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
+            u = draft_uniforms(sampling.seeds, anchors, w)
         tokens = None
         if fused is not None:
             tokens, logits = self._markov_loop_fused_or_none(fused, base, anchor_ids, sampling, q, u, draft_bias,
@@ -309,8 +306,13 @@ class DSparkDrafter(nn.Module):
             q = torch.zeros(R, w, V, dtype=torch.float32, device=h.device).scatter_(-1, tokens.unsqueeze(-1), 1.0)
         # the confidences of every slot at once, after the loop: slot j's reads h_j and x_{j-1} only
         # (per slot, inside the loop, they were 3-4 small kernels each)
-        conf_logits = self.confidence_logits(h, torch.cat([anchor_ids[:, None], tokens[:, :-1]], dim=1))
-        return DraftProposal(tokens, q, logits, self.confidences(conf_logits, sampling.temperature <= 0), conf_logits)
+        if self.confidence_head is None:
+            conf_logits = self.confidence_logits(h, torch.cat([anchor_ids[:, None], tokens[:, :-1]], dim=1))
+            conf = self.confidences(conf_logits, sampling.temperature <= 0)
+        else:  # one compiled function on CUDA (~10 small kernels as torch ops)
+            conf, conf_logits = slot_confidences(h, anchor_ids, tokens, *self._confidence_weights(),
+                                                 *self._confidence_temperatures(h.device), sampling.temperature)
+        return DraftProposal(tokens, q, logits, conf, conf_logits)
 
     def _markov_loop(self, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
         """The Markov loop as torch ops over base [R, w, V] float32 -> (tokens [R, w], logits [R, w, V] or None)."""
@@ -375,6 +377,55 @@ class DSparkDrafter(nn.Module):
                            q_out=None if q is None else q[:, j], uniforms=None if q is None else u[j],
                            bias=None if draft_bias is None else _slot_bias(draft_bias, j))
         return tokens, (logits if return_logits else None)
+
+
+# The propose graph's bookkeeping around its matmuls and kernels, as pure functions: cuda_compiled
+# fuses each into one or two kernels on CUDA, where as torch ops they were ~15 small kernels of
+# the propose graph, each a few microseconds at one request (its graph is bound by kernel count).
+@cuda_compiled
+def block_token_ids(anchor_ids: torch.Tensor, k: int, mask_token_id: int) -> torch.Tensor:
+    """[...] anchor ids -> [..., k]: the anchor, then k - 1 mask tokens."""
+    slot = torch.arange(k, device=anchor_ids.device)
+    return torch.where(slot == 0, anchor_ids.unsqueeze(-1), mask_token_id)
+
+
+@cuda_compiled
+def draft_uniforms(seeds: torch.Tensor, anchors: torch.Tensor, w: int) -> torch.Tensor:
+    """Every slot's DRAFT uniform [w, R] in one call (the hash is elementwise: the same values as
+    one call per slot), slot-major so that each slot's column is contiguous for the draw; slot j
+    sits at position anchor + 1 + j."""
+    slots = torch.arange(w, device=anchors.device)
+    return keyed_uniforms_eager(seeds[None, :], anchors[None, :] + 1 + slots[:, None], DRAFT, anchors[None, :])
+
+
+def confidence_logits(h: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor | None, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """The confidence head: h [..., d] final-normed, prev [...] the previous tokens -> [...] float32
+    logits of proj([h ; W1[prev]]) (or of proj(h) without w1)."""
+    if w1 is not None:
+        h = torch.cat([h, F.embedding(prev, w1).to(h.dtype)], dim=-1)
+    return F.linear(h, weight, bias).squeeze(-1).float()
+
+
+def calibrated(conf_logits: torch.Tensor, temps: torch.Tensor, temps_greedy: torch.Tensor | None,
+               greedy: torch.Tensor | None) -> torch.Tensor:
+    """sigmoid(logit_j / T_j) over conf_logits [..., k]; rows flagged in greedy [R] take
+    temps_greedy when it is given."""
+    k = conf_logits.shape[-1]
+    t = temps[:k]
+    if temps_greedy is not None and greedy is not None:
+        t = torch.where(greedy.unsqueeze(-1), temps_greedy[:k], t)
+    return torch.sigmoid(conf_logits / t)
+
+
+@cuda_compiled
+def slot_confidences(h, anchor_ids, tokens, w1, weight, bias, temps, temps_greedy, temperature):
+    """(calibrated confidences [R, w], their raw logits) of a drafted block: slot j reads h_j and
+    the token before it (the anchor for slot 0); rows with temperature 0 take the greedy
+    temperatures when there are some."""
+    prev = torch.cat([anchor_ids[:, None].to(tokens.dtype), tokens[:, :-1]], dim=1)
+    logits = confidence_logits(h, prev, w1, weight, bias)
+    return calibrated(logits, temps, temps_greedy, temperature <= 0), logits
 
 
 def _slot_bias(draft_bias: torch.Tensor, j: int) -> torch.Tensor:

@@ -120,10 +120,10 @@ def packed_layout(nq, start, last_tok, drafts, block_tables, block_size: int, sc
 @cuda_compiled
 def draft_block_slots(anchors: torch.Tensor, block_tables: torch.Tensor, block: int, block_size: int):
     """-> (the cache slot of every draft block position, flat [B * block]; int32 [B] keys each
-    block query sees: its anchor position + block)."""
+    block query sees: its anchor position + block; the positions, flat [B * block])."""
     pos = anchors[:, None] + torch.arange(block, device=anchors.device)
     slots = block_tables.gather(1, pos // block_size).long() * block_size + pos % block_size
-    return slots.reshape(-1), (anchors + block).int()
+    return slots.reshape(-1), (anchors + block).int(), pos.reshape(-1)
 
 
 @cuda_compiled  # ~20 small kernels as torch ops
@@ -227,12 +227,12 @@ class GraphedSpecStep:
         blk, bs, k = self.block, self.block_size, self.k
         w = k if w is None else w
         anchors, ids, bt = self.start[:b], self.last_tok[:b], self.block_tables[:b]
-        slots, kv_lens = draft_block_slots(anchors, bt, blk, bs)
+        slots, kv_lens, positions = draft_block_slots(anchors, bt, blk, bs)
         meta = AttentionMetadata(
             backend=self.backend, slot_mapping=slots, num_seqs=b, max_q=blk, max_k=self.max_k,
             cu_q=self.arange_block[: b + 1], block_tables=bt, kv_lens=kv_lens, causal=False, block_size=bs,
         )
-        h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches)
+        h = self.drafter.backbone_forward(ids, anchors, meta, self.decoder.kv_caches, positions=positions)
         temps = torch.zeros_like(self.temperature[:b]) if self.greedy_drafts else self.temperature[:b]
         sampling = StaticSampling(temps, self.seeds[:b], all_greedy=self.greedy_drafts)
         # heads for the w slots only; the draft distributions go straight into the static buffer

@@ -39,6 +39,19 @@ def test_forward_shapes_and_frozen_parts(micro_qwen3):
     assert len(stats["accept"]) == k
 
 
+def test_block_inputs_are_the_anchor_then_mask_tokens(micro_qwen3):
+    """Slot 0 of a draft block embeds its anchor, slots 1..k-1 the mask token (DSPARK.md): what
+    both forwards feed the backbone (a wrong slot trains and drafts alike, so no parity test sees it)."""
+    _, _, drafter, cfg = _setup(micro_qwen3)
+    k, mask = cfg.block_size, cfg.mask_token_id
+    anchors = torch.tensor([[5, 9], [7, 11]])
+    x = drafter.block_inputs(anchors)
+    assert x.shape == (2, 2, k, drafter.embed_tokens.weight.shape[1])
+    ids = torch.full((2, 2, k), mask)
+    ids[..., 0] = anchors
+    torch.testing.assert_close(x, drafter.embed_tokens(ids), rtol=0, atol=0)
+
+
 def _reference_mask(anchors, T, k):
     B, A = anchors.shape
     ref = torch.zeros(B, A * k, T + A * k, dtype=torch.bool)

@@ -67,8 +67,10 @@ def test_verify_rows_and_readback_rows(B, K):
     g = torch.Generator(device=DEV).manual_seed(B)
     nq = torch.randint(0, K + 2, (B,), device=DEV, generator=g)
     query_start = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEV), torch.cumsum(nq, 0).int()])
-    got, want = _both(graphed_step.verify_rows, query_start, nq, K, B * (K + 1))
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    req = torch.randint(0, B, (B * (K + 1),), device=DEV, generator=g)  # each packed row's request
+    temps = torch.rand(B, device=DEV, generator=g) * (torch.arange(B, device=DEV) % 3 > 0)  # some greedy
+    got, want = _both(graphed_step.verify_rows, query_start, nq, req, temps, K, B * (K + 1))
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
     for width in (K + 1, 1):  # a step with drafts, and one without (K = 0)
         tokens = torch.randint(0, 1000, (B, width), device=DEV, generator=g)
         n_acc = torch.minimum(got[1], torch.tensor(width - 1, device=DEV))
@@ -199,3 +201,31 @@ def _close_at_scale(got: torch.Tensor, want: torch.Tensor, what: str, steps: int
     """got within `steps` bf16 rounding steps (2^-8 relative) of want's largest magnitude."""
     err, scale = (got.float() - want.float()).abs().max().item(), want.float().abs().max().item()
     assert err <= steps * 2 ** -8 * scale, f"{what}: max error {err} at scale {scale}"
+
+
+def test_the_drafters_block_ids_uniforms_and_confidences():
+    """The propose graph's compiled bookkeeping (models/drafter.py): block token ids and DRAFT
+    uniforms equal, confidences within rounding, with and without greedy temperatures."""
+    from adaspec.models import drafter as dr
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    R, w, d, r, V = 5, 7, 64, 16, 300
+    anchor_ids = torch.randint(0, V, (R,), device=DEV, generator=g)
+    got, want = _both(dr.block_token_ids, anchor_ids, w, 3)
+    assert torch.equal(got, want) and torch.equal(got[:, 0], anchor_ids)
+    seeds = torch.randint(0, 2**62, (R,), device=DEV, generator=g)
+    anchors = torch.randint(0, 900, (R,), device=DEV, generator=g)
+    got, want = _both(dr.draft_uniforms, seeds, anchors, w)
+    assert got.shape == (w, R) and torch.equal(got, want)
+    h = torch.randn(R, w, d, device=DEV, generator=g).bfloat16()
+    tokens = torch.randint(0, V, (R, w), device=DEV, generator=g)
+    w1 = torch.randn(V, r, device=DEV, generator=g).bfloat16()
+    weight = torch.randn(1, d + r, device=DEV, generator=g).bfloat16()
+    bias = torch.randn(1, device=DEV, generator=g).bfloat16()
+    temps, temps_greedy = torch.rand(w, device=DEV, generator=g) + 0.5, torch.rand(w, device=DEV, generator=g) + 0.5
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.0], device=DEV)
+    for tg in (temps_greedy, None):
+        got, want = _both(dr.slot_confidences, h, anchor_ids, tokens, w1, weight, bias, temps, tg, temperature)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+    assert all(f.failed is None for f in (dr.block_token_ids, dr.draft_uniforms, dr.slot_confidences))
