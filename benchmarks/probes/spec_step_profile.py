@@ -1,7 +1,7 @@
 """GPU probe: what the graphed speculative step's two graphs cost against the no-spec engine's
 decode graph, at small batches where per-user speed is decided. The Qwen3-0.6B shape with the
 code-0.6b pair's vocabulary (16384), random weights, fixed:7 with synthetic acceptance (timing
-only). After a few real steps (so the static buffers hold a real step's inputs) each graph is
+only) and a stand-in drafter of --drafter-layers layers (default 1; the pair's has 2). After a few real steps (so the static buffers hold a real step's inputs) each graph is
 replayed alone: ms per replay (CUDA events, 200 replays) and its kernels (torch.profiler, 20
 replays: count and the top --top ones by time, 25 by default). --all-levels times the verify graph at every query
 level (not only Q = k + 1) and --tables builds the adaptive engine instead, so each graph's time
@@ -33,10 +33,11 @@ from offline_sweep import shape_model_dir  # noqa: E402
 CURVE = [0.72, 0.68, 0.68, 0.71, 0.73, 0.78, 0.83]
 
 
-def engine(n, spec, model_dir, adaptive=False, temperature=0.0):
+def engine(n, spec, model_dir, adaptive=False, temperature=0.0, drafter_layers=1):
     cfg = {"method": "synthetic", "num_speculative_tokens": 7, "synthetic_acceptance": CURVE,
            "draft_sample_method": "probabilistic" if temperature > 0 else "greedy",
-           "enable_adaptive_verification": adaptive} if spec else None
+           "enable_adaptive_verification": adaptive,
+           "synthetic_drafter": {"num_layers": drafter_layers}} if spec else None
     llm = LLM(model_dir, load_format="dummy", max_num_seqs=n, speculative_config=cfg, skip_tokenizer_init=True,
               max_model_len=2048)
     eng = llm.llm_engine
@@ -83,6 +84,8 @@ def main():
     ap.add_argument("--no-kernels", action="store_true", help="times only (no torch.profiler pass)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed per graph, by time (all: a large number)")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--drafter-layers", type=int, default=1,
+                    help="the stand-in drafter's layers (the code-0.6b pair's drafter has 2)")
     ap.add_argument("--samplers", default="default",
                     help="comma list of torch, triton, triton-unfused (default: the engine's)")
     args = ap.parse_args()
@@ -103,12 +106,13 @@ def main():
             g = plain.runner.graphs
             key = g.pick(n, 1)
             graphs = {"none: decode graph": g.graphs[key].replay}
-            spec = engine(n, True, model_dir, adaptive=args.tables, temperature=T)
+            spec = engine(n, True, model_dir, adaptive=args.tables, temperature=T, drafter_layers=args.drafter_layers)
             s = spec.spec.graphed
             b = next(x for x in s.batch_sizes if x >= n)
             cost = spec.spec.cost_model if args.tables else None
             priced = {"none: decode graph": float(cost.verify_ms(b)) if cost is not None else None}
-            name = "adaptive:7" if args.tables else "fixed:7"
+            name = ("adaptive:7" if args.tables else "fixed:7") + \
+                (f" ({args.drafter_layers}-layer drafter)" if args.drafter_layers != 1 else "")
             k = spec.spec.num_spec_tokens
             graphs[f"{name}: propose graph"] = s.propose_graphs[(b, k)].replay
             priced[f"{name}: propose graph"] = float(cost.draft_ms(b)) if cost is not None else None
