@@ -164,7 +164,7 @@ class DSparkDrafter(nn.Module):
     def confidences(self, conf_logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
         """sigmoid(logit_j / T_j); rows flagged in `greedy` [R] use the greedy set when there is one."""
         temps, temps_greedy = self._confidence_temperatures(conf_logits.device)
-        return calibrated(conf_logits, temps, temps_greedy if greedy is not None else None, greedy)
+        return calibrated(conf_logits, temps, temps_greedy, greedy)
 
     def _confidence_temperatures(self, dev):
         """The calibration temperatures on `dev`, copied once (a CUDA graph must not read a host

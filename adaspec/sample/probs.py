@@ -76,10 +76,10 @@ def probs_and_argmax(logits: torch.Tensor, temperature: torch.Tensor,
     argmax in the pass it makes anyway (the graphed verify step's greedy rows accept by it)."""
     if kernels.use_triton(logits):
         return kernels.triton_sampling().probs_and_argmax(logits, temperature, greedy_rows=True, index=index)
-    ones = torch.ones_like(temperature)
-    probs = processed_probs(logits, temperature, ones, torch.zeros_like(temperature, dtype=torch.long),
-                            any_filter=False, any_greedy=True, index=index)
-    return probs, (logits if index is None else logits[index]).argmax(-1)
+    rows = logits if index is None else logits[index]  # gathered once, for both
+    probs = processed_probs(rows, temperature, torch.ones_like(temperature),
+                            torch.zeros_like(temperature, dtype=torch.long), any_filter=False, any_greedy=True)
+    return probs, rows.argmax(-1)
 
 
 def _filtering_rows(top_k: torch.Tensor, top_p: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
