@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from adaspec.announce import announce
+from adaspec.engine.graph_capture import record_graph
 from adaspec.engine.runner import fill_in
 from adaspec.models.attention import AttentionMetadata
 
@@ -210,9 +211,7 @@ class GraphedForward:
         t0 = time.perf_counter()
         forward()  # warm-up: Triton compiles, allocator settles
         torch.cuda.synchronize(self.device)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            outputs = forward()
+        g, outputs = record_graph(forward, pool=self.pool)
         if self.pool is None:
             self.pool = g.pool()
         self.capture_seconds.append(time.perf_counter() - t0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.engine.cuda_graphs import GraphedForward, _Graph, release_graphs
+from adaspec.engine.graph_capture import record_graph
 from adaspec.sample.batch import SamplingBatch
 from adaspec.sample.probs import processed_probs
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
@@ -70,9 +71,7 @@ class GraphedDecodeSampler:
             logits = self.forward.graphs[(b, 1)].outputs[0]
             self._sample(b, logits)  # warm-up: the keyed uniforms' kernel compiles outside the capture
             torch.cuda.synchronize(self.forward.device)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.forward.pool):
-                tokens = self._sample(b, logits)
+            g, tokens = record_graph(lambda b=b, logits=logits: self._sample(b, logits), pool=self.forward.pool)
             self.graphs[b] = _Graph(g, tokens)
 
     def sample(self, key: tuple[int, int] | None, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:

@@ -43,6 +43,7 @@ from adaspec.cuda_compiled import cuda_compiled
 from adaspec.engine.cuda_graphs import (
     _Graph, _ranges, capture_sizes, capture_time_split, device_memory_held, release_graphs,
 )
+from adaspec.engine.graph_capture import record_graph
 from adaspec.models.attention import AttentionMetadata
 from adaspec.sample.probs import probs_and_argmax, processed_probs, sample_from_logits
 from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
@@ -320,9 +321,7 @@ class GraphedSpecStep:
                 self._dummy_inputs(b, self.k + 1 if kind == "propose" else n)
                 fn()  # warm-up: Triton and torch.compile compile, the allocator settles
                 torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool):
-                    fn()
+                g, _ = record_graph(fn, pool=self.pool)
                 if self.pool is None:
                     self.pool = g.pool()
                 if kind == "propose":

@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 
+from adaspec.engine.graph_capture import record_graph
+
 # ordinary steps before the step is captured: the first compiles, AdamW's state appears at the first
 # opt.step(), and the capture must see every kernel's workspace already allocated
 WARM_STEPS = 3
@@ -58,11 +60,9 @@ class CapturedStep:
             return
         self.zero_grad()
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
         # recorded on the stream the ordinary steps ran on (the caller's side stream), not the
         # graph API's own: what autograd made in those steps is on this stream (drafter.py)
-        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
-            outputs = self.fn(**self.inputs)
+        graph, outputs = record_graph(lambda: self.fn(**self.inputs), stream=torch.cuda.current_stream())
         self.graph, self.outputs = graph, outputs
 
     def replay(self):
