@@ -13,12 +13,19 @@ prompt chunks, it sums:
   forward): draft_ms(R) + verify(R rows, R + B tokens) - verify(R rows, R tokens), R the drafted
   rows and B the verified drafts of the trace, the verify priced padded as the graphs run it
   (the adaptive arm's query levels, every 1..k + 1, and the capture sizes of --max-num-seqs);
+- the split: what the tables say it costs to run the decoding rows in a forward of their own
+  beside the chunks' (as the graphed pipelined step does, drafting or not) instead of inside the
+  chunks' forward (as the baseline does): verify(R rows, R tokens) + verify(P) - verify(R + P), P
+  the step's prompt tokens. The separate mode's price leaves it out; the fused mode's rule
+  (policy.mixed_step_terms) counts it, so "priced" plus "split" is what that rule prices the same
+  drafting at;
 - the extra tokens: the arm's emitted tokens minus the baseline's;
 
 and prints the extra tokens per ms of extra wall beside the baseline's own rate in its decode-only
 steps at the full concurrency (the rate those tokens would otherwise have been made at).
 BENCHMARKS.md, H100 run 60: on the Qwen3-8B shape at 256 requests the drafting cost 2-2.6x its
-price there, and its tokens came at half the baseline's decode-only rate.
+price there, and its tokens came at half the baseline's decode-only rate; the split accounts for
+about half of the difference (39-45 ms of 78-103).
 
     python3 benchmarks/chunk_step_prices.py SWEEP.json[.xz] [--concurrency 256] [--baseline none]
         [--max-num-seqs 256] [--json OUT.json]
@@ -62,6 +69,14 @@ def drafting_extra_ms(cost, rows: int, verified: int) -> float:
     return float(cost.draft_ms(rows)) + drafted - plain
 
 
+def split_ms(cost, rows: int, prompt_tokens: int) -> float:
+    """The tables' price of the decoding rows' own forward (their graphed step, plain) beside the
+    chunks' forward, over one forward that carries both."""
+    own = float(np.ravel(step_verify_ms(cost, rows, rows))[0])
+    apart = own + float(np.ravel(cost.verify_ms(prompt_tokens))[0])
+    return apart - float(np.ravel(cost.verify_ms(rows + prompt_tokens))[0])
+
+
 def decode_rate(steps: list[dict], concurrency: int) -> float | None:
     """Tokens per ms of the decode-only steps at the full concurrency, or None without any."""
     full = [s for s in steps if s["prompt_tokens"] == 0 and s["running"] == concurrency]
@@ -76,7 +91,9 @@ def compare(cost, arm_steps: list[dict], base_steps: list[dict], concurrency: in
     extra_wall = sum(arm_steps[i]["wall_ms"] - base_steps[i]["wall_ms"] for i in idx)
     extra_tokens = sum(arm_steps[i]["generated_tokens"] - base_steps[i]["generated_tokens"] for i in idx)
     priced = sum(drafting_extra_ms(cost, arm_steps[i]["drafted_rows"], arm_steps[i]["verified_drafts"]) for i in idx)
+    split = sum(split_ms(cost, arm_steps[i]["drafted_rows"], arm_steps[i]["prompt_tokens"]) for i in idx)
     return dict(aligned_steps=n, drafting_chunk_steps=len(idx), extra_wall_ms=extra_wall, priced_extra_ms=priced,
+                split_ms=split,
                 extra_tokens=extra_tokens, extra_tokens_per_ms=extra_tokens / extra_wall if extra_wall > 0 else None,
                 baseline_decode_tokens_per_ms=decode_rate(base_steps, concurrency))
 
@@ -114,7 +131,8 @@ def main(argv=None) -> int:
         base_rate = row["baseline_decode_tokens_per_ms"]
         print(f"{arm} repeat {rep}, C={args.concurrency}: {row['drafting_chunk_steps']} drafting chunk steps in the "
               f"first {row['aligned_steps']} aligned with {args.baseline}: extra wall {row['extra_wall_ms']:.1f} ms, "
-              f"priced {row['priced_extra_ms']:.1f} ms; {row['extra_tokens']} extra tokens"
+              f"priced {row['priced_extra_ms']:.1f} ms, split {row['split_ms']:.1f} ms; "
+              f"{row['extra_tokens']} extra tokens"
               + (f" at {rate:.1f} tok/ms" if rate is not None else "")
               + (f" ({args.baseline}'s decode-only steps: {base_rate:.1f} tok/ms)" if base_rate is not None else ""))
     if not out:

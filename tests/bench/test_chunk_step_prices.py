@@ -56,7 +56,12 @@ def test_the_drafting_chunk_steps_of_the_aligned_prefix_against_their_price(pric
     assert row["priced_extra_ms"] == pytest.approx(want)
     # 8 rows x Q = 3 pads 24 tokens to 24, Q = 2: 16; the draft 0.53 ms at 8 rows
     assert prices.drafting_extra_ms(cost, 8, 16) == pytest.approx(0.51 + 0.01 * 7 + 0.01 * 16, abs=1e-6)
-    assert "extra wall 14.0 ms" in capsys.readouterr().out
+    # the split, per step: the rows' own graphed forward (1 ms + 8 tokens) beside the chunks' (1 ms +
+    # P tokens) against one forward of both (1 ms + 8 + P tokens): one forward's fixed 1 ms each
+    assert row["split_ms"] == pytest.approx(2.0)
+    assert prices.split_ms(cost, 8, 80) == pytest.approx(1.0)
+    printed = capsys.readouterr().out
+    assert "extra wall 14.0 ms" in printed and "split 2.0 ms" in printed
 
 
 def test_a_sweep_without_a_step_trace_is_refused(prices, tmp_path):
