@@ -103,3 +103,35 @@ def test_every_capture_in_the_package_goes_through_record_graph():
     raw = [str(p.relative_to(root)) for p in root.rglob("*.py")
            if p.resolve() != own and "torch.cuda.graph(" in p.read_text()]
     assert raw == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_garbage_holding_a_graph_cannot_invalidate_a_capture(collector_on):
+    """The failure itself, on purpose: an earlier graph left in a garbage cycle, then a capture
+    whose function allocates enough to start an automatic collection. Unpaused, that collection
+    destroys the old graph inside the capture, which invalidates it."""
+    x = torch.zeros(4, device="cuda")
+    for _ in range(2):  # warm-up: the add's kernel loads outside any capture
+        x.add_(1)
+    torch.cuda.synchronize()
+    gc.collect()
+    old, _ = record_graph(lambda: x.add_(1))
+    holder = _Cycle()
+    holder.graph = old
+    freed = [False]
+    weakref.finalize(holder, freed.__setitem__, 0, True)
+    del old, holder
+
+    def fn():
+        _churn()
+        return x * 2
+
+    graph, out = record_graph(fn)
+    assert not freed[0]  # the old graph lived through the capture
+    x.fill_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == [6.0] * 4
+    gc.collect()
+    assert freed[0]
