@@ -7,11 +7,13 @@ cudaGraphExecDestroy, which is not permitted during a capture, and the capture i
 (cudaErrorStreamCaptureInvalidated): the engine being built fails to start. torch.cuda.graph
 collected at its entry in older releases; 2.13's collects only with
 torch.compiler.config.force_cudagraph_gc, and no collection at the entry keeps one from starting
-inside the capture, where our code allocates Python objects. H100 run 61 saw such a failure: in one
-test process, the fixed-k engine's second build (right after the adaptive engine's first) had its
-first verify-graph capture invalidated, where its first and later builds captured, and the process printed 84 "operation not
-permitted when stream is capturing (function reset)" warnings within 3 ms, which is what graphs
-destroyed during a capture print (BENCHMARKS.md).
+inside the capture, where our code allocates Python objects.
+
+H100 run 61 saw such a failure. In one test process, the fixed-k engine's second build (right after
+the adaptive engine's first) had its first verify-graph capture invalidated, where its first and
+later builds captured; and the process printed 84 "operation not permitted when stream is capturing
+(function reset)" warnings within 3 ms, which is what graphs destroyed during a capture print
+(BENCHMARKS.md).
 
 Pausing costs nothing (no collection is forced): garbage made meanwhile is collected at the next
 automatic collection after the capture, outside it.

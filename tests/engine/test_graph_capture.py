@@ -112,8 +112,9 @@ def test_garbage_holding_a_graph_cannot_invalidate_a_capture(collector_on):
     whose function allocates enough to start an automatic collection. Unpaused, that collection
     destroys the old graph inside the capture, which invalidates it."""
     x = torch.zeros(4, device="cuda")
-    for _ in range(2):  # warm-up: the add's kernel loads outside any capture
+    for _ in range(2):  # warm-up: the kernels load outside any capture
         x.add_(1)
+        x * 2
     torch.cuda.synchronize()
     gc.collect()
     old, _ = record_graph(lambda: x.add_(1))
