@@ -242,7 +242,11 @@ class SpeculativeConfig:
     # no-spec does. Why: on the Qwen3-8B shape at 256 requests the speculative arms lost their point
     # in such steps, 30 of ~100 ms each against no-spec's 24 of 94 (H200 run 41). Opt-in: on the
     # real code-0.6b pair it made 20-43% less than "separate" at 64-256 requests (H100 run 50; the
-    # tables' decode-only rate, which no real step reaches, kept every chunk step plain)
+    # tables' decode-only rate, which no real step reaches, kept every chunk step plain). With
+    # adaptive_verification_step_costs "measured" the margin values the extra time at the rate the
+    # engine's decode-only steps measured instead (policy.mixed_step_terms: on runs 50 and 60's
+    # figures, read on the CPU, that drafts beside chunks on the pair and not on the 8B shape;
+    # not yet run: the bench arm adaptive-fused-measured:K)
     adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200

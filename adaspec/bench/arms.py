@@ -12,7 +12,9 @@ instead of 1.0: "adaptive_verification_unobserved_confidence": "population"), `a
 draft as one forward with the chunks: "adaptive_verification_mixed_steps": "fused"),
 `adaptive-fused-overhead:K` (the fused mode priced with the measured per-step overhead: an overhead
 lowers the decode-only rate its margin values the extra time at, benchmarks/mixed_step_check.py),
-and the --speculative-config each one gets."""
+`adaptive-fused-measured:K` (the fused mode with measured step costs: its margin values the extra
+time at the rate the engine's decode-only steps measured, and those steps' draft-or-not choice is
+adaptive-measured's, policy.mixed_step_terms), and the --speculative-config each one gets."""
 from __future__ import annotations
 
 import re
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from adaspec.errors import AdaspecError
 
 ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
-                  "adaptive-population", "adaptive-fused", "adaptive-fused-overhead")
+                  "adaptive-population", "adaptive-fused", "adaptive-fused-overhead", "adaptive-fused-measured")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 
@@ -49,7 +51,7 @@ class Arm:
             cfg["model"] = drafter
         if self.kind in ADAPTIVE_KINDS:
             cfg["enable_adaptive_verification"] = True
-        if self.kind == "adaptive-measured":
+        if self.kind in ("adaptive-measured", "adaptive-fused-measured"):
             cfg["adaptive_verification_step_costs"] = "measured"
         if self.kind == "adaptive-narrow":
             cfg["adaptive_draft_width"] = "budget"
@@ -59,7 +61,7 @@ class Arm:
             cfg["adaptive_verification_online_calibration"] = True
         if self.kind == "adaptive-population":
             cfg["adaptive_verification_unobserved_confidence"] = "population"
-        if self.kind in ("adaptive-fused", "adaptive-fused-overhead"):
+        if self.kind in ("adaptive-fused", "adaptive-fused-overhead", "adaptive-fused-measured"):
             cfg["adaptive_verification_mixed_steps"] = "fused"
         # Sampled targets need probabilistic drafts for lossless rejection sampling.
         cfg["draft_sample_method"] = "probabilistic" if temperature > 0 else "greedy"
@@ -72,8 +74,8 @@ def parse_arm(text: str) -> Arm:
     m = _ARM.match(t)
     if not m:
         raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K, adaptive-fused:K or "
-                       "adaptive-fused-overhead:K (K >= 1)")
+                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K, adaptive-fused:K, "
+                       "adaptive-fused-overhead:K or adaptive-fused-measured:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

@@ -182,14 +182,17 @@ class MixedStepTerms:
 
 
 def mixed_step_drafts(survivals: np.ndarray, n_sampling: int, decode_tokens: int, prefill_tokens: int,
-                      num_requests: int, cost: Any, prefill_apart: bool) -> tuple[bool, int]:
+                      num_requests: int, cost: Any, prefill_apart: bool,
+                      ref_rate: float | None = None) -> tuple[bool, int]:
     """(drafts, B*) of mixed_step_terms."""
-    terms = mixed_step_terms(survivals, n_sampling, decode_tokens, prefill_tokens, num_requests, cost, prefill_apart)
+    terms = mixed_step_terms(survivals, n_sampling, decode_tokens, prefill_tokens, num_requests, cost, prefill_apart,
+                             ref_rate)
     return terms.drafts, terms.budget
 
 
 def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int, prefill_tokens: int,
-                     num_requests: int, cost: Any, prefill_apart: bool) -> MixedStepTerms:
+                     num_requests: int, cost: Any, prefill_apart: bool,
+                     ref_rate: float | None = None) -> MixedStepTerms:
     """Whether the decoding rows of a step that also carries prefill_tokens of prompt chunks should
     draft, and B* if they do (adaptive_verification_mixed_steps "fused"), with the terms weighed.
 
@@ -203,7 +206,20 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     the graphed pipelined step), draft_ms(R) + verify(T + B* + P) when one forward carries both (the
     eager step). Drafts iff S(B*) > r_ref * (t_draft - t_plain). B* is the decode-only objective's
     (survivals of no current draft: the decision, like B*, is lossless). Prompt tokens past the
-    tables' largest size are priced by their linear extrapolation (cost_model.py)."""
+    tables' largest size are priced by their linear extrapolation (cost_model.py).
+
+    ref_rate (tokens per ms), where given, replaces r_ref: the rate the engine's decode-only steps
+    really made (AdaptivePolicy passes it under measured step costs). The tables' rate counts GPU
+    time only and the curve's acceptance, so it can be far above any real step's: on the code-0.6b
+    pair at 256 requests, T = 0, 143.5 tokens per ms against 60-71 measured in the fused arm's
+    decode-only steps, where drafting beside a chunk would add 114-122 tokens per ms of its priced
+    extra time (H100 run 50); on the Qwen3-8B shape at T = 1, 256 requests, the tables' 27.1
+    against 18.0-19.2 measured in the adaptive arms' decode-only steps, where drafting would add
+    15.8-17.4 (H100 run 60). Valued at the measured rates, the rule drafts beside chunks on the
+    first and keeps them plain on the second (by a thin margin): the better choice each shape
+    measured (the separate mode, which drafts there, on the first, runs 50-51; the fused mode's
+    plain chunk steps on the second, H200 run 45). Read from those runs on the CPU; not yet run
+    (BENCHMARKS.md, run 61)."""
     objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
     b = int(np.argmax(objective))
     if b == 0:  # the drafts would all be thrown away
@@ -212,7 +228,7 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     verify_b = float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens + b))[0])
     draft = (n_sampling + gain) / float(objective[b]) - verify_b  # the draft as the objective priced it
     plain_rate = n_sampling / max(float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens))[0]), 1e-12)
-    ref = max(float(objective[b]), plain_rate)
+    ref = max(float(objective[b]), plain_rate) if ref_rate is None else float(ref_rate)
     t_plain = float(np.ravel(cost.verify_ms(decode_tokens + prefill_tokens))[0])
     if prefill_apart:  # two forwards, one step: a per-step overhead in the prices (OverheadCost) counts once
         overhead = float(getattr(getattr(cost, "overhead", None), "value", 0.0))
@@ -551,6 +567,16 @@ class AdaptivePolicy:
             return
         self.overhead.observe(wall_ms, self._priced_ms(*planned) if priced is None else priced)
 
+    def measured_decode_rate(self, num_requests: int) -> float | None:
+        """Tokens per ms that decode-only steps of the better measured kind made at this batch-size
+        bucket (step_costs: tokens per request per ms, times the requests), or None: step costs are
+        not measured, or neither kind is measured there yet (the tables' rate stands in)."""
+        if self.step_costs is None:
+            return None
+        rates = [x for x in (self.step_costs.rate(DRAFT, num_requests), self.step_costs.rate(PLAIN, num_requests))
+                 if x is not None]
+        return max(rates) * num_requests if rates else None
+
     def _draft_pays(self, request_ids, n_sampling, base_tokens, limits, prefill_tokens: int = 0,
                     prefill_apart: bool = False) -> tuple[bool, int]:
         """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or
@@ -562,7 +588,8 @@ class AdaptivePolicy:
         if self.mixed_steps == "fused" and prefill_tokens > 0:
             self._decided_by_rates = False
             decode_tokens = base_tokens if prefill_apart else base_tokens - prefill_tokens
-            return mixed_step_drafts(a, n_sampling, decode_tokens, prefill_tokens, r, self.cost, prefill_apart)
+            return mixed_step_drafts(a, n_sampling, decode_tokens, prefill_tokens, r, self.cost, prefill_apart,
+                                     self.measured_decode_rate(r))
         objective = budget_objective(a, n_sampling, base_tokens, r, self.cost)
         # the same objective choose_budget maximizes (same old survivals, limits, step shape):
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again

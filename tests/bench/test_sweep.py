@@ -202,6 +202,12 @@ def test_arm_parsing_and_configs():
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_overhead_ms": "measured", "adaptive_verification_mixed_steps": "fused",
         "draft_sample_method": "probabilistic"}
+    fused_measured = parse_arm("adaptive-fused-measured:7")
+    assert fused_measured.kind == "adaptive-fused-measured"
+    assert fused_measured.speculative_config("d", 0.0) == {
+        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+        "adaptive_verification_step_costs": "measured", "adaptive_verification_mixed_steps": "fused",
+        "draft_sample_method": "greedy"}
     assert arms[3].speculative_config("d", 0.0) == {
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}
@@ -210,7 +216,7 @@ def test_arm_parsing_and_configs():
     except ImportError:
         SpeculativeConfig = None
     if SpeculativeConfig is not None and hasattr(SpeculativeConfig, "from_dict"):
-        for a in arms[1:] + [population]:
+        for a in arms[1:] + [population, fused, fused_overhead, fused_measured]:
             for t in (0.0, 1.0):
                 SpeculativeConfig.from_dict(a.speculative_config("d", t))
     for bad in ("fixed", "fixed:0", "adaptive:x", "none,none", "adaptive-measured", "measured:3"):

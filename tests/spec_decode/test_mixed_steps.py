@@ -10,7 +10,9 @@ from adaspec import LLM, SamplingParams
 from adaspec.config import SpeculativeConfig
 from adaspec.errors import ConfigError
 from adaspec.spec_decode.cost_model import CostModel, CostTable
-from adaspec.spec_decode.policy import (AdaptivePolicy, allocate, budget_objective, mixed_step_drafts, survival)
+from adaspec.spec_decode.policy import (AdaptivePolicy, allocate, budget_objective, mixed_step_drafts, mixed_step_terms,
+                                        survival)
+from adaspec.spec_decode.step_costs import DRAFT, PLAIN, MeasuredStepCosts
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead
 from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, use_eager_spec_graphs
 
@@ -23,10 +25,11 @@ def _knee_cost(flat_ms=10.0, knee=64, slope=0.5, draft_ms=1.0):
                      CostTable(SIZES, [draft_ms] * len(SIZES)))
 
 
-def _brute(surv, n, decode_tokens, prefill, R, cost, apart):
+def _brute(surv, n, decode_tokens, prefill, R, cost, apart, ref_rate=None):
     """From first principles: every budget B's expected tokens by an explicit allocation, the
     decode-only step's best B and rate, the two ways to run the step, and the margin (a per-step
-    overhead in the prices counted once for the two forwards of one step)."""
+    overhead in the prices counted once for the two forwards of one step); ref_rate, where given,
+    is the rate the extra time is valued at instead of the tables' best."""
     K = surv.shape[1]
     draft = float(cost.draft_ms(R))
     best_b, best_rate = 0, -1.0
@@ -40,7 +43,7 @@ def _brute(surv, n, decode_tokens, prefill, R, cost, apart):
         return False, 0
     lens = allocate(surv, best_b)
     gain = sum(float(surv[r, :lens[r]].sum()) for r in range(surv.shape[0]))
-    ref = max(best_rate, n / float(cost.verify_ms(decode_tokens)))
+    ref = max(best_rate, n / float(cost.verify_ms(decode_tokens))) if ref_rate is None else ref_rate
     t_plain = float(cost.verify_ms(decode_tokens + prefill))
     if apart:
         overhead = cost.overhead.value if isinstance(cost, OverheadCost) else 0.0
@@ -71,11 +74,12 @@ def test_the_margin_decision_matches_a_brute_force():
         surv, R, n, T, cost = _random_case(rng)
         prefill = int(rng.choice([1, 17, 200, 1500, 3000]))
         apart = bool(rng.integers(2))
-        want = _brute(surv, n, T, prefill, R, cost, apart)
-        got = mixed_step_drafts(surv, n, T, prefill, R, cost, apart)
-        assert got == want, (surv, n, T, prefill, apart)
-        seen.add(got[0])
-    assert seen == {True, False}  # both answers occur among the cases
+        ref_rate = None if rng.integers(2) else float(rng.uniform(0.01, 2.0))  # a measured decode-only rate
+        want = _brute(surv, n, T, prefill, R, cost, apart, ref_rate)
+        got = mixed_step_drafts(surv, n, T, prefill, R, cost, apart, ref_rate)
+        assert got == want, (surv, n, T, prefill, apart, ref_rate)
+        seen.add((got[0], ref_rate is None))
+    assert seen == {(True, True), (False, True), (True, False), (False, False)}  # both answers, both refs
 
 
 def test_with_no_prompt_tokens_in_one_forward_it_is_the_decode_only_rule():
@@ -121,6 +125,57 @@ def test_the_policy_uses_it_only_in_fused_mode():
         assert p.should_draft(ids, 4, 1004, limits, prefill_tokens=1000) is beside_a_chunk
     with pytest.raises(ValueError, match="mixed_steps"):
         AdaptivePolicy(cost, k=7, mixed_steps="fuse")
+
+
+def test_a_measured_decode_only_rate_values_the_extra_time():
+    """Four rows at confidence 0.7 beside a 1,000-token chunk in a forward of its own: drafting adds
+    ~0.95 tokens per ms of its priced extra time, under the tables' best decode-only rate (1.14):
+    plain. Valued at the rate decode-only steps measured instead, it drafts where they made less
+    (0.5 tokens per ms) and stays plain where they made more (2.0)."""
+    cost = _knee_cost()
+    surv = survival(np.full((4, 7), 0.7))
+    terms = mixed_step_terms(surv, 4, 4, 1000, 4, cost, True)
+    assert terms.budget == 28 and not terms.drafts
+    assert 0.9 < terms.gain / (terms.t_draft - terms.t_plain) < terms.ref < 1.2
+    assert mixed_step_drafts(surv, 4, 4, 1000, 4, cost, True, ref_rate=0.5) == (True, 28)
+    assert mixed_step_drafts(surv, 4, 4, 1000, 4, cost, True, ref_rate=2.0)[0] is False
+    assert mixed_step_terms(surv, 4, 4, 1000, 4, cost, True, ref_rate=0.5).ref == 0.5
+
+
+def _measured_policy(per_request_per_ms=None, kind=PLAIN):
+    """A fused-mode policy with measured step costs, its plain (or drafting) decode-only steps at 4
+    requests measured twice at the given tokens per request per ms."""
+    step_costs = MeasuredStepCosts()
+    p = AdaptivePolicy(_knee_cost(), k=7, mixed_steps="fused", step_costs=step_costs)
+    for r in "abcd":
+        p.observe([r], np.full((1, 7), 0.7))
+    if per_request_per_ms is not None:
+        for _ in range(step_costs.min_samples):
+            step_costs.observe(kind, 4, wall_ms=10.0, tokens=round(per_request_per_ms * 4 * 10.0))
+    return p
+
+
+def test_the_fused_policy_values_time_at_the_measured_rate_when_step_costs_are_measured():
+    ids, limits = list("abcd"), np.full(4, 7)
+    beside_a_chunk = dict(prefill_tokens=1000, prefill_apart=True)
+    assert _measured_policy().measured_decode_rate(4) is None  # nothing measured yet: the tables' rate
+    assert _measured_policy().should_draft(ids, 4, 4, limits, **beside_a_chunk) is False
+    slow = _measured_policy(0.125)  # 0.5 tokens per ms over the 4 requests
+    assert slow.measured_decode_rate(4) == pytest.approx(0.5)
+    assert slow.should_draft(ids, 4, 4, limits, **beside_a_chunk) is True
+    assert _measured_policy(0.5).should_draft(ids, 4, 4, limits, **beside_a_chunk) is False  # 2.0 per ms
+    assert _measured_policy(0.125, DRAFT).should_draft(ids, 4, 4, limits, **beside_a_chunk) is True
+    both = _measured_policy(0.125)
+    for _ in range(2):  # the better kind's rate counts: drafting steps measured at 2.0 per ms
+        both.step_costs.observe(DRAFT, 4, wall_ms=10.0, tokens=20)
+    assert both.measured_decode_rate(4) == pytest.approx(2.0)
+    assert both.should_draft(ids, 4, 4, limits, **beside_a_chunk) is False
+    # without measured step costs the tables' rate decides, as before
+    plain_policy = AdaptivePolicy(_knee_cost(), k=7, mixed_steps="fused")
+    for r in "abcd":
+        plain_policy.observe([r], np.full((1, 7), 0.7))
+    assert plain_policy.measured_decode_rate(4) is None
+    assert plain_policy.should_draft(ids, 4, 4, limits, **beside_a_chunk) is False
 
 
 def test_steps_skipped_for_their_chunks_do_not_count_toward_probes():
