@@ -22,7 +22,9 @@ prompt chunks, it sums:
 - the extra tokens: the arm's emitted tokens minus the baseline's;
 
 and prints the extra tokens per ms of extra wall beside the baseline's own rate in its decode-only
-steps at the full concurrency (the rate those tokens would otherwise have been made at).
+steps at the full concurrency (the rate those tokens would otherwise have been made at), and the
+arm's own rate there (what the fused mode's margin values time at under measured step costs,
+policy.mixed_step_terms).
 BENCHMARKS.md, H100 run 60: on the Qwen3-8B shape at 256 requests the drafting cost 2-2.6x its
 price there, and its tokens came at half the baseline's decode-only rate; the split accounts for
 about half of the difference (39-45 ms of 78-103).
@@ -95,7 +97,8 @@ def compare(cost, arm_steps: list[dict], base_steps: list[dict], concurrency: in
     return dict(aligned_steps=n, drafting_chunk_steps=len(idx), extra_wall_ms=extra_wall, priced_extra_ms=priced,
                 split_ms=split,
                 extra_tokens=extra_tokens, extra_tokens_per_ms=extra_tokens / extra_wall if extra_wall > 0 else None,
-                baseline_decode_tokens_per_ms=decode_rate(base_steps, concurrency))
+                baseline_decode_tokens_per_ms=decode_rate(base_steps, concurrency),
+                arm_decode_tokens_per_ms=decode_rate(arm_steps, concurrency))
 
 
 def _traces(sweep: dict, concurrency: int) -> dict[tuple[str, int], list[dict]]:
@@ -134,7 +137,9 @@ def main(argv=None) -> int:
               f"priced {row['priced_extra_ms']:.1f} ms, split {row['split_ms']:.1f} ms; "
               f"{row['extra_tokens']} extra tokens"
               + (f" at {rate:.1f} tok/ms" if rate is not None else "")
-              + (f" ({args.baseline}'s decode-only steps: {base_rate:.1f} tok/ms)" if base_rate is not None else ""))
+              + (f" ({args.baseline}'s decode-only steps: {base_rate:.1f} tok/ms)" if base_rate is not None else "")
+              + (f"; the arm's decode-only steps: {row['arm_decode_tokens_per_ms']:.1f} tok/ms"
+                 if row["arm_decode_tokens_per_ms"] is not None else ""))
     if not out:
         print(f"no adaptive arm with cost tables and a {args.baseline} trace at concurrency {args.concurrency}")
     if args.json:

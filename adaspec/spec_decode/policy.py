@@ -214,9 +214,10 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     pair at 256 requests, T = 0, 143.5 tokens per ms against 60-71 measured in the fused arm's
     decode-only steps, where drafting beside a chunk would add 114-122 tokens per ms of its priced
     extra time (H100 run 50); on the Qwen3-8B shape at T = 1, 256 requests, the tables' 27.1
-    against 18.0-19.2 measured in the adaptive arms' decode-only steps, where drafting would add
-    15.8-17.4 (H100 run 60). Valued at the measured rates, the rule drafts beside chunks on the
-    first and keeps them plain on the second (by a thin margin): the better choice each shape
+    against 17.7-19.2 measured in the adaptive arms' decode-only steps at 256 rows, where drafting
+    would add 15.8-17.4 (H100 run 60; benchmarks/chunk_step_prices.py prints the arms' rates).
+    Valued at the measured rates, the rule drafts beside chunks on the first and keeps them plain
+    on the second, there by a thin margin (2-22%): the better choice each shape
     measured (the separate mode, which drafts there, on the first, runs 50-51; the fused mode's
     plain chunk steps on the second, H200 run 45). Read from those runs on the CPU; not yet run
     (BENCHMARKS.md, run 61)."""

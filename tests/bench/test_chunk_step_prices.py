@@ -49,6 +49,7 @@ def test_the_drafting_chunk_steps_of_the_aligned_prefix_against_their_price(pric
     assert row["extra_tokens_per_ms"] == pytest.approx(18 / 14.0)
     # the baseline's decode-only steps at the full concurrency: 16 tokens in 10 ms
     assert row["baseline_decode_tokens_per_ms"] == pytest.approx(1.6)
+    assert row["arm_decode_tokens_per_ms"] == pytest.approx(8 / 9.0)  # the arm's one such step
     # priced: per step draft(8) + verify(8 rows, 8 + B tokens, padded to the graphs) - verify(8 rows, 8 tokens)
     cost = prices.padded_cost(prices.CostModel.from_dict(TABLES), prices.capture_sizes(8),
                               prices.query_levels(7, every=True))
