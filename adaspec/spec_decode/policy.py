@@ -220,7 +220,8 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     on the second, there by a thin margin (2-22%): the better choice each shape
     measured (the separate mode, which drafts there, on the first, runs 50-51; the fused mode's
     plain chunk steps on the second, H200 run 45). Read from those runs on the CPU; not yet run
-    (BENCHMARKS.md, run 61)."""
+    (BENCHMARKS.md, "The fused mode's margin valued at measured rates"). The rate comes from past
+    steps only, so the decision stays lossless."""
     objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
     b = int(np.argmax(objective))
     if b == 0:  # the drafts would all be thrown away
