@@ -196,18 +196,14 @@ def test_arm_parsing_and_configs():
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_mixed_steps": "fused", "draft_sample_method": "greedy"}
     assert all("adaptive_verification_mixed_steps" not in a.speculative_config("d", 1.0) for a in arms[1:])
-    fused_overhead = parse_arm("adaptive-fused-overhead:7")
-    assert fused_overhead.kind == "adaptive-fused-overhead"
-    assert fused_overhead.speculative_config("d", 1.0) == {
-        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
-        "adaptive_verification_step_overhead_ms": "measured", "adaptive_verification_mixed_steps": "fused",
-        "draft_sample_method": "probabilistic"}
-    fused_measured = parse_arm("adaptive-fused-measured:7")
-    assert fused_measured.kind == "adaptive-fused-measured"
-    assert fused_measured.speculative_config("d", 0.0) == {
-        "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
-        "adaptive_verification_step_costs": "measured", "adaptive_verification_mixed_steps": "fused",
-        "draft_sample_method": "greedy"}
+    # the fused mode with a measured overhead, or with measured step costs (T = 1, then T = 0)
+    fused_overhead, fused_measured = parse_arm("adaptive-fused-overhead:7"), parse_arm("adaptive-fused-measured:7")
+    for arm, key, t, method in ((fused_overhead, "adaptive_verification_step_overhead_ms", 1.0, "probabilistic"),
+                                (fused_measured, "adaptive_verification_step_costs", 0.0, "greedy")):
+        assert arm.kind == arm.name.split(":")[0]
+        assert arm.speculative_config("d", t) == {
+            "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
+            key: "measured", "adaptive_verification_mixed_steps": "fused", "draft_sample_method": method}
     assert arms[3].speculative_config("d", 0.0) == {
         "method": "dspark", "num_speculative_tokens": 7, "model": "d", "enable_adaptive_verification": True,
         "adaptive_verification_step_costs": "measured", "draft_sample_method": "greedy"}
