@@ -13,7 +13,9 @@ the rule drafts iff S / T > (a + d) / (b T) + B / T (T decoding rows, B* = B slo
 meets: beside chunks that run as a forward of their own it drafts only where the tables' steps
 make verification cheaper than linear (tests/bench/test_mixed_step_check.py). The last column: the
 per-step overhead (adaptive_verification_step_overhead_ms, or "measured") from which the rule
-drafts, since an overhead lowers the decode-only rate the extra time is valued at. Every request is taken to decode with the same survivals (the
+drafts, since an overhead lowers the decode-only rate the extra time is valued at, and the
+decode-only rate below which it drafts (under measured step costs the rule values the time at the
+rate the engine measured: compare chunk_step_prices.py's arm rates). Every request is taken to decode with the same survivals (the
 curve's running products), as replay_policy.py's curve mode does.
 
     python3 benchmarks/mixed_step_check.py SWEEP.json[.xz] --pair pair.json [--arm adaptive-fused:7]
@@ -45,9 +47,14 @@ def decide(cost, survivals: np.ndarray, requests: int, prompt_tokens: int) -> di
     """One decision of the graphed pipelined step (prompt chunks as a forward of their own), with
     the terms the rule weighs (policy.mixed_step_terms)."""
     t = mixed_step_terms(np.tile(survivals, (requests, 1)), requests, requests, prompt_tokens, requests, cost, True)
+    extra = t.t_draft - t.t_plain
     return dict(requests=requests, prompt_tokens=prompt_tokens, drafts=t.drafts, budget=t.budget, gain=t.gain,
                 ref_tokens_per_ms=t.ref, t_plain_ms=t.t_plain, t_draft_ms=t.t_draft,
-                ref_times_extra=t.ref * (t.t_draft - t.t_plain))
+                ref_times_extra=t.ref * extra,
+                # the decode-only rate below which the rule drafts (what drafting adds per ms of its
+                # priced extra time): compare a sweep's measured rates (chunk_step_prices.py), which
+                # the rule uses under measured step costs
+                drafts_below_tokens_per_ms=t.gain / extra if t.budget > 0 and extra > 0 else None)
 
 
 def break_even_overhead(cost, survivals: np.ndarray, requests: int, prompt_tokens: int, limit: float = 100.0) -> float | None:
@@ -106,7 +113,9 @@ def main(argv=None) -> int:
                 print(f"{t_key} R={r:4d} P={p:5d}: drafts={str(d['drafts']):5s} B*={d['budget']:5d} "
                       f"gain={d['gain']:7.0f}  ref={d['ref_tokens_per_ms']:6.1f} tok/ms  t_plain={d['t_plain_ms']:6.2f} "
                       f"t_draft={d['t_draft_ms']:6.2f} ms  ref x extra={d['ref_times_extra']:7.0f}  drafts from an overhead of "
-                      + ("> 100 ms" if d["break_even_overhead_ms"] is None else f"{d['break_even_overhead_ms']:.2f} ms"))
+                      + ("> 100 ms" if d["break_even_overhead_ms"] is None else f"{d['break_even_overhead_ms']:.2f} ms")
+                      + ("" if d["drafts_below_tokens_per_ms"] is None
+                         else f", or below a decode-only rate of {d['drafts_below_tokens_per_ms']:.1f} tok/ms"))
     if args.json:
         args.json.write_text(json.dumps({"sweep": str(args.sweep), "pair": str(args.pair), "arm": arm, "rows": rows},
                                         indent=1))

@@ -54,6 +54,8 @@ def test_run50s_tables_keep_every_chunk_step_plain(check, tmp_path, capsys):
     rows = _rows(check, tmp_path, H100_RUN50, xz=True)
     assert len(rows) == 2 * 2 * 4 and not any(r["drafts"] for r in rows)
     assert all(r["drafts"] == (r["gain"] > r["ref_times_extra"]) for r in rows)
+    # the break-even rate: the rule drafts exactly where the rate it values time at is below it
+    assert all(r["drafts"] == (r["ref_tokens_per_ms"] < r["drafts_below_tokens_per_ms"]) for r in rows)
     assert all(r["t_draft_ms"] > r["t_plain_ms"] > 0 and r["budget"] > 0 for r in rows)
     assert "drafts=False" in capsys.readouterr().out
 
