@@ -291,9 +291,9 @@ def no_eager_decodes(llm) -> None:
     spec = llm.llm_engine.spec
     eager = spec._launch_eager
 
-    def launch_eager(scheduled, *args):
+    def launch_eager(scheduled, *args, **kwargs):
         assert not any(s.num_tokens == 1 and s.samples for s in scheduled), "a decoding row left the graphs"
-        return eager(scheduled, *args)
+        return eager(scheduled, *args, **kwargs)
 
     spec._launch_eager = launch_eager
 

@@ -265,8 +265,8 @@ def run_lockstep(eager, graphed, requests) -> tuple[list[Divergence], int]:
     launch_graphed = graphed.spec._launch_graphed
     k = graphed.spec.num_spec_tokens
 
-    def tap_graphed(scheduled, *a):
-        finish = launch_graphed(scheduled, *a)
+    def tap_graphed(scheduled, *a, **kw):
+        finish = launch_graphed(scheduled, *a, **kw)
 
         def tapped_finish():
             out = finish()

@@ -407,7 +407,7 @@ class FixedPolicy:
                      prefill_apart: bool = False) -> bool:
         return True
 
-    def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
+    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, timed: bool = True):
         return np.asarray(limits, dtype=np.int64)
 
     def observe(self, request_ids, conf) -> None:
@@ -755,17 +755,19 @@ class AdaptivePolicy:
         self._narrow_steps += 1
         return self._narrow_steps % self.FULL_WIDTH_EVERY == 0
 
-    def step_budget(self, request_ids, n_sampling, base_tokens, limits) -> int:
+    def step_budget(self, request_ids, n_sampling, base_tokens, limits, timed: bool = True) -> int:
         """B* for this step from the stored (old) confidences only, before any draft exists: the
-        graphed step allocates it on the device (allocate_torch) without reading drafts back."""
+        graphed step allocates it on the device (allocate_torch) without reading drafts back.
+        timed=False: the step is not one to measure (a part of a step split in two forwards)."""
         b, self._budget_now = self._budget_now, None
         if b is None:
             b = self.budget.budget(request_ids, n_sampling, base_tokens, limits=limits)
         self.budget.last_budget = b
-        self._plan_step(len(request_ids), base_tokens, b, timed=self._slots_mostly_free(limits))
+        self._plan_step(len(request_ids), base_tokens, b, timed=timed and self._slots_mostly_free(limits))
         return b
 
-    def plan(self, request_ids, conf, n_sampling, base_tokens, limits):
+    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, timed: bool = True):
+        """The verify lengths for this step's drafts (by their confidences); timed as step_budget."""
         b, self._budget_now = self._budget_now, None
         if b is None:
             lengths = self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
@@ -773,7 +775,7 @@ class AdaptivePolicy:
             self.budget.last_budget = b
             lengths = allocate(survival(conf), b, limits).astype(np.int64)
         self._plan_step(len(request_ids), base_tokens, int(self.budget.last_budget),
-                        timed=self._slots_mostly_free(limits))
+                        timed=timed and self._slots_mostly_free(limits))
         return lengths
 
     def _slots_mostly_free(self, limits) -> bool:

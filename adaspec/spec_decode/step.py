@@ -276,8 +276,10 @@ class SpeculativeDecoder:
                 # GPU runs the eager forward, and the host works on them meanwhile
                 chosen = set(covered)
                 parts = [(covered, True), ([i for i in every if i not in chosen], False)]
+        # a step split in two forwards is not one to measure as a decode-only step (step_costs.py):
+        # its wall holds the other part's forward too
         launched = [(idx, self._launch(scheduled if len(idx) == len(scheduled) else [scheduled[i] for i in idx],
-                                       graphed)) for idx, graphed in parts]
+                                       graphed, timed=len(parts) == 1)) for idx, graphed in parts]
         for idx, finish in launched:
             report(idx, finish())
 
@@ -440,9 +442,10 @@ class SpeculativeDecoder:
                      if items[i].num_logits > int(s.samples)]
         return sampling_logits(logits, items, recording, sampling) if recording else logits
 
-    def _launch(self, scheduled: list[ScheduledSeq], graphed: bool):
+    def _launch(self, scheduled: list[ScheduledSeq], graphed: bool, timed: bool = True):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
-        returns them. graphed: every row is one the graphs serve (_run decided)."""
+        returns them. graphed: every row is one the graphs serve (_run decided). timed=False: the
+        rows are one part of a step split in two forwards, which the measured step costs skip."""
         stats = self.engine.stats
         t0 = time.perf_counter()
         # every row the graphs serve samples (_row_covered): not asked again for each
@@ -459,10 +462,10 @@ class SpeculativeDecoder:
         if decided is False:
             drafted = []
         if graphed:
-            return self._launch_graphed(scheduled, drafted, samples, t0)
-        return self._launch_eager(scheduled, drafted, samples, t0)
+            return self._launch_graphed(scheduled, drafted, samples, t0, timed=timed)
+        return self._launch_eager(scheduled, drafted, samples, t0, timed=timed)
 
-    def _launch_eager(self, scheduled, drafted, samples, t0):
+    def _launch_eager(self, scheduled, drafted, samples, t0, timed: bool = True):
         eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         drafted_seqs = [scheduled[i].seq for i in drafted]
         num_verify = np.zeros(len(scheduled), dtype=np.int64)
@@ -477,7 +480,7 @@ class SpeculativeDecoder:
             budget = width = None
             if len(self.draft_widths) > 1 and self.cost_model is not None:
                 # a narrow draft: the budget and the width from the old confidences, before drafting
-                budget = self.policy.step_budget(ids, int(sum(samples)), base_tokens, limits)
+                budget = self.policy.step_budget(ids, int(sum(samples)), base_tokens, limits, timed=timed)
                 width = self.policy.draft_width(ids, budget, limits, self.draft_widths)
                 limits = np.minimum(limits, width)
             proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
@@ -485,7 +488,7 @@ class SpeculativeDecoder:
                                     [s.block_table for s in drafted_seqs], sampling, width=width)
             conf = proposal.confidences[:, :k].float().cpu().numpy()
             if width is None:
-                verify_lens = self.policy.plan(ids, conf, int(sum(samples)), base_tokens, limits)
+                verify_lens = self.policy.plan(ids, conf, int(sum(samples)), base_tokens, limits, timed=timed)
             else:  # allocated by this step's confidences as plan does; slots past the width are NaN
                 verify_lens = allocate(survival(conf), budget, limits)
                 conf = np.concatenate([conf, np.full((len(ids), k - conf.shape[1]), np.nan)], axis=1)
@@ -558,7 +561,7 @@ class SpeculativeDecoder:
         return cls._row_covered(s) and s.seq.logits_rule is None
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
-                        first_tokens=None):
+                        first_tokens=None, timed: bool = True):
         """The step as two graph replays and one read back (graphed_step.py). -> finish().
         Pipelined (serial given): carried rows take their inputs from the previous launch's carry
         (GraphedSpecStep.launch), and finish() skips the rows of requests that ended meanwhile and
@@ -571,7 +574,8 @@ class SpeculativeDecoder:
         max_tokens = len(scheduled) + int(slots.sum())
         if drafting and self.cost_model is not None:
             ids = [q.request_id for q in seqs]
-            budget = self.policy.step_budget(ids, int(sum(samples)), sum(s.num_tokens for s in scheduled), slots)
+            budget = self.policy.step_budget(ids, int(sum(samples)), sum(s.num_tokens for s in scheduled), slots,
+                                             timed=timed)
             if len(g.widths) > 1:  # adaptive_draft_width "budget": draft the slots the budget can use
                 width = self.policy.draft_width(ids, budget, slots, g.widths)
                 slots = np.minimum(slots, width)
@@ -788,10 +792,14 @@ class SpeculativeDecoder:
         # fused: a step it skips runs as the plain async step, one forward with the chunks; one it
         # drafts runs them apart where the graphs take the decoding rows (_run)
         prefill = self._prefill_tokens(scheduled)
+        apart = self.graphed is not None
+        # base_tokens: the forward the drafts are verified in, which holds the chunks only when one
+        # forward carries both (should_draft's contract; with the chunks apart, the decoding rows')
+        base_tokens = sum(s.num_tokens for s in scheduled) - (prefill if apart else 0)
         self._decided = self.policy.should_draft(
             [s.seq.request_id for s in drafted], self._sampling_rows(scheduled, [s.samples for s in scheduled], prefill),
-            sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64),
-            prefill_tokens=prefill, prefill_apart=self.graphed is not None)
+            base_tokens, np.array([s.spec_slots for s in drafted], dtype=np.int64),
+            prefill_tokens=prefill, prefill_apart=apart)
         return self._decided
 
     def chunks_decided(self, scheduled: list[ScheduledSeq]) -> bool:

@@ -450,9 +450,9 @@ def test_mixed_steps_split_between_graphs_and_eager_step(pair, plain_greedy, tmp
     events, split_steps = [], []
     inner = spec._launch
 
-    def launch(rows, graphed):
+    def launch(rows, graphed, **kw):
         events.append(("launch", graphed, len(rows)))
-        finish = inner(rows, graphed)
+        finish = inner(rows, graphed, **kw)
 
         def counted_finish():
             events.append(("finish", graphed, len(rows)))

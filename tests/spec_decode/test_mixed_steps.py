@@ -317,6 +317,50 @@ def test_pipelined_fused_steps_run_as_one_forward(pair, tmp_path, kw):
         assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
 
 
+def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pair, tmp_path):
+    """The fused mode with measured step costs and the graphs (not pipelined: decide_drafting asks
+    once for the whole step). A step with prompt chunks asks the policy with the decoding rows'
+    tokens as the forward the drafts are verified in, since the chunks run apart; and a step split
+    in two forwards (chunks, or rows past the graphs, beside the graphed rows) is never timed as a
+    decode-only step, since its wall holds the other forward too (step_costs.py)."""
+    kw = dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
+    cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
+           "cost_model_cache_dir": str(tmp_path), "adaptive_verification_mixed_steps": "fused",
+           "adaptive_verification_step_costs": "measured"}
+    llm = LLM(pair[0], speculative_config=cfg, async_scheduling=True, **kw)
+    eng, spec = llm.llm_engine, llm.llm_engine.spec
+    use_eager_spec_graphs(llm, [1, 2, 4])
+    assert not eng._pipelines_spec()
+    policy = spec.policy = AdaptivePolicy(_knee_cost(), k=7, probe_every=1000, mixed_steps="fused",
+                                          step_costs=MeasuredStepCosts())
+    asked, inner = [], policy.should_draft
+
+    def should_draft(ids, n_sampling, base_tokens, limits, prefill_tokens=0, prefill_apart=False):
+        asked.append((n_sampling, base_tokens, prefill_tokens, prefill_apart))
+        return inner(ids, n_sampling, base_tokens, limits, prefill_tokens=prefill_tokens, prefill_apart=prefill_apart)
+    policy.should_draft = should_draft
+    parts, split_planned = [], []
+    launch, run = spec._launch, spec._run
+
+    def counted_launch(*a, **k):
+        parts.append(1)
+        return launch(*a, **k)
+
+    def watched_run(scheduled, report):
+        parts.clear()
+        run(scheduled, report)
+        if len(parts) == 2:  # split: whatever it planned must not be timed
+            split_planned.append(policy._open)
+    spec._launch, spec._run = counted_launch, watched_run
+    prompts, params = _workload(14, seed=2)
+    _same_outputs(pair, llm, prompts, params, **kw)
+    beside = [a for a in asked if a[3] and a[2] > 0]
+    assert beside and all(base_tokens == n_sampling for n_sampling, base_tokens, _, _ in beside)
+    assert split_planned and all(o is None for o in split_planned)
+    assert policy.step_costs.num_observed > 0  # the steps that were not split were measured
+    assert eng.stats.num_draft_tokens > 0
+
+
 def test_abort_with_a_fused_plain_step_in_flight(pair, tmp_path):
     """A request aborted while a plain chunk step of the fused mode is in flight (its token behind a
     placeholder): it ends with "abort", its row's token is thrown away, the others' outputs are the
