@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adaspec.engine.graph_capture import record_graph  # noqa: E402
 from adaspec.models.attention import build_attention_metadata, paged_attention  # noqa: E402
 from adaspec.models.paged_attention_triton import choose_block_q, choose_num_splits, paged_attention_triton  # noqa: E402
 
@@ -81,9 +82,7 @@ def time_graph(fn, warmup=3, reps=20):
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    graph, out = record_graph(fn)  # the collector paused (engine/graph_capture.py says why)
     ms = time_fn(graph.replay, warmup, reps)
     return ms, out
 

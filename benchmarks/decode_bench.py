@@ -40,6 +40,7 @@ from qwen3_shapes import kv_bytes_per_token, param_count, write_shape  # noqa: E
 
 from adaspec.config import EngineConfig  # noqa: E402
 from adaspec.engine.cuda_graphs import GraphedForward  # noqa: E402
+from adaspec.engine.graph_capture import record_graph  # noqa: E402
 from adaspec.engine.llm_engine import LLMEngine  # noqa: E402
 from adaspec.sampling_params import SamplingParams  # noqa: E402
 from adaspec.testing import device_sync_sites  # noqa: E402
@@ -286,9 +287,7 @@ def _propose_step(drafter, ids, pos, tables, block_size, caches, sampling, ctx, 
         return run
     run()  # warm-up: compiles, allocator
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph, _ = record_graph(run)  # the collector paused (engine/graph_capture.py says why)
     return graph.replay
 
 

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adaspec.engine.graph_capture import record_graph  # noqa: E402
 from adaspec.engine.graphed_sampling import sample_decode_rows  # noqa: E402
 from adaspec.sample import random as keyed  # noqa: E402
 from adaspec.sample import kernels  # noqa: E402
@@ -44,9 +45,7 @@ def graphed(fn):
     """fn captured in a CUDA graph (after a warm-up call that compiles its kernels): its replay."""
     fn()
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g, _ = record_graph(fn)  # the collector paused (engine/graph_capture.py says why)
     return g.replay
 
 

@@ -96,12 +96,13 @@ def test_record_graph_captures_with_the_collector_paused(monkeypatch, collector_
     assert gc.isenabled()
 
 
-def test_every_capture_in_the_package_goes_through_record_graph():
-    """A raw torch.cuda.graph(...) elsewhere would capture with the collector running."""
+def test_every_capture_in_the_package_and_its_benchmarks_goes_through_record_graph():
+    """A raw torch.cuda.graph(...) or capture_begin elsewhere would capture with the collector running."""
     root = Path(adaspec.__file__).parent
     own = Path(graph_capture.__file__).resolve()
-    raw = [str(p.relative_to(root)) for p in root.rglob("*.py")
-           if p.resolve() != own and "torch.cuda.graph(" in p.read_text()]
+    files = list(root.rglob("*.py")) + list((root.parent / "benchmarks").rglob("*.py"))
+    raw = [str(p) for p in files
+           if p.resolve() != own and any(s in p.read_text() for s in ("torch.cuda.graph(", "capture_begin("))]
     assert raw == []
 
 
