@@ -407,7 +407,7 @@ class FixedPolicy:
                      prefill_apart: bool = False) -> bool:
         return True
 
-    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, timed: bool = True):
+    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, whole: bool = True):
         return np.asarray(limits, dtype=np.int64)
 
     def observe(self, request_ids, conf) -> None:
@@ -517,9 +517,14 @@ class AdaptivePolicy:
         return ms + (float(step_draft_ms(self.tables, num_requests, np.array([width]))[0]) if budget is not None else 0.0)
 
     def _plan_step(self, num_requests: int, base_tokens: int, budget: int | None, timed: bool = True,
-                   tokens: int | None = None) -> None:
-        self._planned = (num_requests, base_tokens, budget, self.budget.k)
+                   tokens: int | None = None, whole: bool = True) -> None:
+        """whole=False: these rows are one part of a step split in two forwards, whose wall holds
+        the other part's too: neither timed for the step costs nor priced for the overhead and the
+        cost check (observe_step), which would charge the other forward to this part's shape."""
+        self._planned = (num_requests, base_tokens, budget, self.budget.k) if whole else None
         self._open = None
+        if not whole:
+            return
         # decode steps only: a step with prefill chunks emits few tokens for its time whichever kind
         # it is, and the two kinds meet them in different phases (in H200 run 11 the plain steps
         # measured at 128-255 requests were mostly the ramp's, so drafting looked 2-3x better there)
@@ -755,19 +760,19 @@ class AdaptivePolicy:
         self._narrow_steps += 1
         return self._narrow_steps % self.FULL_WIDTH_EVERY == 0
 
-    def step_budget(self, request_ids, n_sampling, base_tokens, limits, timed: bool = True) -> int:
+    def step_budget(self, request_ids, n_sampling, base_tokens, limits, whole: bool = True) -> int:
         """B* for this step from the stored (old) confidences only, before any draft exists: the
         graphed step allocates it on the device (allocate_torch) without reading drafts back.
-        timed=False: the step is not one to measure (a part of a step split in two forwards)."""
+        whole=False: the rows are one part of a step split in two forwards (_plan_step)."""
         b, self._budget_now = self._budget_now, None
         if b is None:
             b = self.budget.budget(request_ids, n_sampling, base_tokens, limits=limits)
         self.budget.last_budget = b
-        self._plan_step(len(request_ids), base_tokens, b, timed=timed and self._slots_mostly_free(limits))
+        self._plan_step(len(request_ids), base_tokens, b, timed=self._slots_mostly_free(limits), whole=whole)
         return b
 
-    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, timed: bool = True):
-        """The verify lengths for this step's drafts (by their confidences); timed as step_budget."""
+    def plan(self, request_ids, conf, n_sampling, base_tokens, limits, whole: bool = True):
+        """The verify lengths for this step's drafts (by their confidences); whole as step_budget."""
         b, self._budget_now = self._budget_now, None
         if b is None:
             lengths = self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
@@ -775,7 +780,7 @@ class AdaptivePolicy:
             self.budget.last_budget = b
             lengths = allocate(survival(conf), b, limits).astype(np.int64)
         self._plan_step(len(request_ids), base_tokens, int(self.budget.last_budget),
-                        timed=timed and self._slots_mostly_free(limits))
+                        timed=self._slots_mostly_free(limits), whole=whole)
         return lengths
 
     def _slots_mostly_free(self, limits) -> bool:

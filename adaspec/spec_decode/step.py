@@ -276,10 +276,10 @@ class SpeculativeDecoder:
                 # GPU runs the eager forward, and the host works on them meanwhile
                 chosen = set(covered)
                 parts = [(covered, True), ([i for i in every if i not in chosen], False)]
-        # a step split in two forwards is not one to measure as a decode-only step (step_costs.py):
-        # its wall holds the other part's forward too
+        # a step split in two forwards is not one to measure as its parts' shapes (step costs,
+        # overhead, cost check): its wall holds the other part's forward too
         launched = [(idx, self._launch(scheduled if len(idx) == len(scheduled) else [scheduled[i] for i in idx],
-                                       graphed, timed=len(parts) == 1)) for idx, graphed in parts]
+                                       graphed, whole=len(parts) == 1)) for idx, graphed in parts]
         for idx, finish in launched:
             report(idx, finish())
 
@@ -442,10 +442,10 @@ class SpeculativeDecoder:
                      if items[i].num_logits > int(s.samples)]
         return sampling_logits(logits, items, recording, sampling) if recording else logits
 
-    def _launch(self, scheduled: list[ScheduledSeq], graphed: bool, timed: bool = True):
+    def _launch(self, scheduled: list[ScheduledSeq], graphed: bool, whole: bool = True):
         """Queue the step's GPU work for these rows. -> finish(): reads the results back and
-        returns them. graphed: every row is one the graphs serve (_run decided). timed=False: the
-        rows are one part of a step split in two forwards, which the measured step costs skip."""
+        returns them. graphed: every row is one the graphs serve (_run decided). whole=False: the
+        rows are one part of a step split in two forwards, which the policy does not measure."""
         stats = self.engine.stats
         t0 = time.perf_counter()
         # every row the graphs serve samples (_row_covered): not asked again for each
@@ -462,10 +462,10 @@ class SpeculativeDecoder:
         if decided is False:
             drafted = []
         if graphed:
-            return self._launch_graphed(scheduled, drafted, samples, t0, timed=timed)
-        return self._launch_eager(scheduled, drafted, samples, t0, timed=timed)
+            return self._launch_graphed(scheduled, drafted, samples, t0, whole=whole)
+        return self._launch_eager(scheduled, drafted, samples, t0, whole=whole)
 
-    def _launch_eager(self, scheduled, drafted, samples, t0, timed: bool = True):
+    def _launch_eager(self, scheduled, drafted, samples, t0, whole: bool = True):
         eng, stats, k = self.engine, self.engine.stats, self.num_spec_tokens
         drafted_seqs = [scheduled[i].seq for i in drafted]
         num_verify = np.zeros(len(scheduled), dtype=np.int64)
@@ -480,7 +480,7 @@ class SpeculativeDecoder:
             budget = width = None
             if len(self.draft_widths) > 1 and self.cost_model is not None:
                 # a narrow draft: the budget and the width from the old confidences, before drafting
-                budget = self.policy.step_budget(ids, int(sum(samples)), base_tokens, limits, timed=timed)
+                budget = self.policy.step_budget(ids, int(sum(samples)), base_tokens, limits, whole=whole)
                 width = self.policy.draft_width(ids, budget, limits, self.draft_widths)
                 limits = np.minimum(limits, width)
             proposal = self.propose(drafted_seqs, [s.token_ids[-1] for s in drafted_seqs],
@@ -488,7 +488,7 @@ class SpeculativeDecoder:
                                     [s.block_table for s in drafted_seqs], sampling, width=width)
             conf = proposal.confidences[:, :k].float().cpu().numpy()
             if width is None:
-                verify_lens = self.policy.plan(ids, conf, int(sum(samples)), base_tokens, limits, timed=timed)
+                verify_lens = self.policy.plan(ids, conf, int(sum(samples)), base_tokens, limits, whole=whole)
             else:  # allocated by this step's confidences as plan does; slots past the width are NaN
                 verify_lens = allocate(survival(conf), budget, limits)
                 conf = np.concatenate([conf, np.full((len(ids), k - conf.shape[1]), np.nan)], axis=1)
@@ -561,7 +561,7 @@ class SpeculativeDecoder:
         return cls._row_covered(s) and s.seq.logits_rule is None
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
-                        first_tokens=None, timed: bool = True):
+                        first_tokens=None, whole: bool = True):
         """The step as two graph replays and one read back (graphed_step.py). -> finish().
         Pipelined (serial given): carried rows take their inputs from the previous launch's carry
         (GraphedSpecStep.launch), and finish() skips the rows of requests that ended meanwhile and
@@ -575,7 +575,7 @@ class SpeculativeDecoder:
         if drafting and self.cost_model is not None:
             ids = [q.request_id for q in seqs]
             budget = self.policy.step_budget(ids, int(sum(samples)), sum(s.num_tokens for s in scheduled), slots,
-                                             timed=timed)
+                                             whole=whole)
             if len(g.widths) > 1:  # adaptive_draft_width "budget": draft the slots the budget can use
                 width = self.policy.draft_width(ids, budget, slots, g.widths)
                 slots = np.minimum(slots, width)

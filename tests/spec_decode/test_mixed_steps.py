@@ -322,7 +322,8 @@ def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pai
     once for the whole step). A step with prompt chunks asks the policy with the decoding rows'
     tokens as the forward the drafts are verified in, since the chunks run apart; and a step split
     in two forwards (chunks, or rows past the graphs, beside the graphed rows) is never timed as a
-    decode-only step, since its wall holds the other forward too (step_costs.py)."""
+    decode-only step nor priced as its part's shape (the overhead, the cost check), since its wall
+    holds the other forward too."""
     kw = dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
            "cost_model_cache_dir": str(tmp_path), "adaptive_verification_mixed_steps": "fused",
@@ -349,14 +350,14 @@ def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pai
     def watched_run(scheduled, report):
         parts.clear()
         run(scheduled, report)
-        if len(parts) == 2:  # split: whatever it planned must not be timed
-            split_planned.append(policy._open)
+        if len(parts) == 2:  # split: whatever it planned must be neither timed nor priced
+            split_planned.append((policy._open, policy._planned))
     spec._launch, spec._run = counted_launch, watched_run
     prompts, params = _workload(14, seed=2)
     _same_outputs(pair, llm, prompts, params, **kw)
     beside = [a for a in asked if a[3] and a[2] > 0]
     assert beside and all(base_tokens == n_sampling for n_sampling, base_tokens, _, _ in beside)
-    assert split_planned and all(o is None for o in split_planned)
+    assert split_planned and all(planned == (None, None) for planned in split_planned)
     assert policy.step_costs.num_observed > 0  # the steps that were not split were measured
     assert eng.stats.num_draft_tokens > 0
 
