@@ -6,7 +6,10 @@ After the tables: the share of each point's wall time spent in steps that carry 
 (where a point records its step kinds; H200 run 38: 80-88% for the speculative arms at 256 requests,
 where those steps cost ~14 ms against ~5.7 for a decode step), and the verdict per concurrency that
 `adaspec bench report` gives a server sweep (bench/report.verdict_lines: the arms dominated beyond
-the repeat spreads, and each arm's distance to the Pareto edge).
+the repeat spreads, and each arm's distance to the Pareto edge). Where the sweep traced its steps
+(offline_sweep.py --step-trace), two more tables: the share of decode-only steps that drafted and
+their mean wall (H100 run 62: with measured step costs, a point at one request ran 44-53% of its
+decode-only steps plain, at 2.1 ms a drafting step against the default arm's 1.5).
 
     python3 benchmarks/summarize_sweep.py SWEEP.json [--png frontier.png]
 """
@@ -80,6 +83,22 @@ def prefill_share(row: dict) -> float | None:
     return p.get("steps", 0) * p.get("ms_per_step", 0.0) / (1e3 * wall)
 
 
+def decode_steps(row: dict) -> tuple[float, float | None] | None:
+    """(share of the point's decode-only steps that drafted, their mean wall in ms, None if none
+    drafted), from its step trace; None without one. Decode-only: no prompt tokens, some tokens
+    emitted (the steps whose kind the draft-or-not choice decides)."""
+    trace, fields = row.get("step_trace"), row.get("step_trace_fields")
+    if not trace or not fields:
+        return None
+    wall, prompt, gen, drafted = (fields.index(k) for k in ("wall_ms", "prompt_tokens", "generated_tokens",
+                                                             "drafted_rows"))
+    decode = [s for s in trace if s[prompt] == 0 and s[gen] > 0]
+    if not decode:
+        return None
+    drafting = [s[wall] for s in decode if s[drafted] > 0]
+    return len(drafting) / len(decode), (statistics.mean(drafting) if drafting else None)
+
+
 def frontier_cells(rows: list[dict]) -> dict:
     """(arm, concurrency) -> bench.aggregate.Cell of the offline points, with the keys the server
     report's verdict reads (per-user speed median as X, output throughput as Y)."""
@@ -116,6 +135,12 @@ def main(path: str, png: str | None = None) -> None:
         r["prefill_share"] = prefill_share(r)
     if any(r["prefill_share"] is not None for r in rows):
         tables.append(("prefill_share", "share of the point's wall time in steps with a prefill chunk", "{:.2f}"))
+    for r in rows:
+        d = decode_steps({**r, "step_trace_fields": doc.get("step_trace_fields")})
+        r["decode_drafted_share"], r["decode_drafting_ms"] = d if d is not None else (None, None)
+    if any(r["decode_drafted_share"] is not None for r in rows):
+        tables.append(("decode_drafted_share", "share of the decode-only steps that drafted (step trace)", "{:.2f}"))
+        tables.append(("decode_drafting_ms", "ms per decode-only step that drafted (step trace)", "{:.2f}"))
     print(f"\n{repeats_note(doc)}; ± is one standard deviation over a point's repeats (0 with one)")
     for key, title, fmt in tables:
         print(f"\n{title}\n")

@@ -46,3 +46,35 @@ def test_the_repeats_note_says_when_a_sweep_was_cut_short():
     uneven = {"args": {"repeats": 3}, "rows": cut}  # not flagged, but the cells still differ
     assert summarize_sweep.repeats_note(uneven) == "1-3 of 3 repeats per point"
     assert summarize_sweep.repeats_note({"args": {}, "rows": cut}) == "1-3 repeats per point"  # asked for: unrecorded
+
+
+FIELDS = ["wall_ms", "prompt_tokens", "generated_tokens", "running", "waiting", "drafted_rows", "verified_drafts",
+          "draft_skipped", "mixed_fused"]
+
+
+def _traced(arm, steps):
+    return {"arm": arm, "concurrency": 1, "repeat": 0, "output_throughput": 1, "median_user_speed": 1,
+            "mean_accepted_length": None, "step_trace": steps}
+
+
+def test_decode_steps_that_drafted_from_the_step_trace(tmp_path, capsys):
+    # [wall, prompt, generated, running, waiting, drafted rows, verified, skipped, fused]
+    chunk = [9.0, 20, 1, 1, 0, 1, 3, 0, 0]  # carries a prompt chunk: not a decode-only step
+    idle = [0.5, 0, 0, 0, 0, 0, 0, 0, 0]  # emitted nothing
+    steps = [chunk, idle, [2.0, 0, 3, 1, 0, 1, 6, 0, 0], [1.0, 0, 1, 1, 0, 0, 0, 1, 0],
+             [3.0, 0, 4, 1, 0, 1, 6, 0, 0], [1.0, 0, 1, 1, 0, 0, 0, 1, 0]]
+    share, ms = summarize_sweep.decode_steps({**_traced("a", steps), "step_trace_fields": FIELDS})
+    assert share == 0.5 and ms == 2.5
+    plain = [[1.0, 0, 1, 1, 0, 0, 0, 0, 0]]
+    assert summarize_sweep.decode_steps({**_traced("n", plain), "step_trace_fields": FIELDS}) == (0.0, None)
+    assert summarize_sweep.decode_steps(_traced("a", steps)) is None  # no fields: nothing to read
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps), _traced("n", plain)],
+                             "step_trace_fields": FIELDS}))
+    summarize_sweep.main(str(p))
+    out = capsys.readouterr().out
+    assert "share of the decode-only steps that drafted" in out and "| 1 | 0.50 ± 0.00 | 0.00 ± 0.00 |" in out
+    assert "| 1 | 2.50 ± 0.00 | – |" in out
+    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps)]}))  # untraced sweep: no such table
+    summarize_sweep.main(str(p))
+    assert "decode-only" not in capsys.readouterr().out
