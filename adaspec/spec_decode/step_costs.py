@@ -9,11 +9,16 @@ plain step of the no-spec engine 2.4 ms (BENCHMARKS.md, run 8), a gap the tables
 policy that prices both from the tables drafts where a plain step makes more tokens per second.
 
 `MeasuredStepCosts` keeps, per kind ("draft", "plain") and per batch-size bucket (powers of two of
-the step's requests), an exponential average of the tokens a step of that kind produced per
-request per millisecond of wall time: the objective itself, realized, so neither the tables' prices
-nor the confidences' calibration enter the draft-or-not choice once both kinds are measured at a
-bucket. (Run 10 and 11 scaled the tables' prices by measured wall / priced ratios instead; at 16
-requests that chose plain steps where drafting made 1.2x the tokens.) The walls are engine
+the step's requests), the tokens a step of that kind produced per request per millisecond of wall
+time: the objective itself, realized, so neither the tables' prices nor the confidences'
+calibration enter the draft-or-not choice once both kinds are measured at a bucket. It is a ratio
+of exponentially decayed sums (tokens over request-milliseconds), each step weighted by its
+requests up to `alpha`. A step over few requests emits a noisy count (at one request and T = 1, 1
+to 8 tokens), and the average of the last few steps' own ratios that this was until H100 run 62
+dipped below the plain rate after a few short steps, though drafting made 1.8x the plain rate
+there; each dip ran plain steps until the next probe, 32-54% of the decode steps in all
+(BENCHMARKS.md, run 62). (Run 10 and 11 scaled the tables' prices by measured wall / priced ratios
+instead; at 16 requests that chose plain steps where drafting made 1.2x the tokens.) The walls are engine
 step-to-step intervals (everything the loop does until it starts the next step) and the tokens
 those the step emitted, of past steps only: no decision depends on a current draft (lossless,
 policy.py).
@@ -24,8 +29,10 @@ DRAFT, PLAIN = "draft", "plain"
 
 
 class MeasuredStepCosts:
-    def __init__(self, alpha: float = 0.3, min_samples: int = 2, max_age: int = 128):
-        # alpha: weight of the newest step (acceptance drifts with the text, the batch with arrivals);
+    def __init__(self, alpha: float = 0.3, min_samples: int = 2, max_age: int = 128, request_window: float = 32.0):
+        # alpha: the most weight a new step gets (acceptance drifts with the text, the batch with
+        # arrivals); a step over R requests gets min(alpha, R / request_window): at one request the
+        # rate spans ~request_window steps, from ~10 requests on the newest step weighs alpha;
         # min_samples: a bucket's rate is used once that many steps of the kind were measured there;
         # max_age: a rate not updated during that many measured steps (of any kind and bucket) is
         # forgotten, and the next step of its kind there starts it afresh. In H200 run 12 the rate of
@@ -33,8 +40,12 @@ class MeasuredStepCosts:
         # (requests near max_tokens, few draft slots, 0.46 tokens per request per ms); the next point
         # at 16 requests, where drafting made 0.76, ran mostly plain steps while the stale average
         # caught up through probes
-        self.alpha, self.min_samples, self.max_age = alpha, min_samples, max_age
-        self.rates: dict[tuple[str, int], float] = {}
+        if not 0 < alpha <= 1 or not request_window > 0:
+            raise ValueError(f"alpha must be in (0, 1] and request_window > 0, got {alpha}, {request_window}")
+        self.alpha, self.min_samples, self.max_age, self.request_window = alpha, min_samples, max_age, request_window
+        # decayed sums per (kind, bucket): tokens, and requests x ms; the rate is their ratio
+        self.tokens: dict[tuple[str, int], float] = {}
+        self.request_ms: dict[tuple[str, int], float] = {}
         self.samples: dict[tuple[str, int], int] = {}
         self.num_observed = 0  # steps measured so far (the clock of max_age)
         self._updated: dict[tuple[str, int], int] = {}  # key -> num_observed at its last update
@@ -53,10 +64,13 @@ class MeasuredStepCosts:
             raise ValueError(f"step kind must be {DRAFT!r} or {PLAIN!r}, got {kind!r}")
         if not wall_ms > 0 or num_requests < 1 or tokens < 0:
             return
-        r = tokens / (num_requests * wall_ms)
         key = (kind, self.bucket(num_requests))
         n = self.count(kind, num_requests)  # 0 when stale: start afresh
-        self.rates[key] = r if n == 0 else self.alpha * r + (1.0 - self.alpha) * self.rates[key]
+        keep = 0.0 if n == 0 else 1.0 - min(self.alpha, num_requests / self.request_window)
+        # decayed sums (not an average of ratios): the first steps weigh alike until the decay
+        # takes over, and a step counts in proportion to its time
+        self.tokens[key] = keep * self.tokens.get(key, 0.0) + tokens
+        self.request_ms[key] = keep * self.request_ms.get(key, 0.0) + num_requests * wall_ms
         self.samples[key] = n + 1
         self.num_observed += 1
         self._updated[key] = self.num_observed
@@ -75,11 +89,12 @@ class MeasuredStepCosts:
         measured min_samples times there, or stale)."""
         if self.count(kind, num_requests) < self.min_samples:
             return None
-        return self.rates[(kind, self.bucket(num_requests))]
+        key = (kind, self.bucket(num_requests))
+        return self.tokens[key] / self.request_ms[key]
 
     def snapshot(self) -> dict[str, dict[int, float]]:
         """{kind: {bucket: tokens per request per ms}}, for logs and benchmark records."""
         out: dict[str, dict[int, float]] = {DRAFT: {}, PLAIN: {}}
-        for (kind, b), r in sorted(self.rates.items()):
-            out[kind][b] = round(r, 4)
+        for (kind, b) in sorted(self.tokens):
+            out[kind][b] = round(self.tokens[(kind, b)] / self.request_ms[(kind, b)], 4)
         return out

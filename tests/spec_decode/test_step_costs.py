@@ -15,19 +15,38 @@ def test_buckets_end_at_powers_of_two():
         [0, 0, 1, 2, 2, 3, 3, 4, 4, 4, 5, 6, 6, 7, 8, 8, 9]
 
 
-def test_rate_is_an_average_per_kind_and_bucket_once_measured_enough():
-    m = MeasuredStepCosts(alpha=0.5, min_samples=2)
+def test_rate_is_decayed_tokens_over_request_ms_per_kind_and_bucket_once_measured_enough():
+    m = MeasuredStepCosts(alpha=0.5, min_samples=2, request_window=32)
     assert m.rate(DRAFT, 64) is None  # nothing measured: the tables decide
     m.observe(DRAFT, 64, 10.0, 192)  # 192 tokens over 64 requests in 10 ms: 0.3 per request per ms
     assert m.rate(DRAFT, 64) is None  # one sample is not enough
-    m.observe(DRAFT, 40, 10.0, 40)  # same bucket (33-64): 0.1; averaged 0.5 * 0.1 + 0.5 * 0.3
-    assert m.rate(DRAFT, 64) == pytest.approx(0.2)
+    m.observe(DRAFT, 40, 10.0, 40)  # same bucket (33-64), 0.1; the old sums kept at 1 - 0.5:
+    assert m.rate(DRAFT, 64) == pytest.approx((0.5 * 192 + 40) / (0.5 * 640 + 400))  # not (0.3 + 0.1) / 2
     assert m.rate(PLAIN, 64) is None and m.rate(DRAFT, 32) is None  # kinds and buckets are separate
     m.observe(PLAIN, 8, 0.0, 8)  # no time: ignored
     m.observe(PLAIN, 0, 1.0, 8)  # no requests: ignored
-    assert m.snapshot() == {DRAFT: {6: 0.2}, PLAIN: {}}
+    assert m.snapshot() == {DRAFT: {6: round(136 / 720, 4)}, PLAIN: {}}
     with pytest.raises(ValueError, match="step kind"):
         m.observe("verify", 1, 1.0, 1)
+    with pytest.raises(ValueError, match="request_window"):
+        MeasuredStepCosts(request_window=0)
+
+
+def test_a_step_over_few_requests_weighs_in_proportion_to_them():
+    """At one request a step's tokens are one draw (1 to 8 at T = 1): it moves the rate by
+    1 / request_window of the sums; from request_window * alpha requests on, by alpha."""
+    one = MeasuredStepCosts(alpha=0.3, min_samples=1, request_window=32)
+    for _ in range(20):
+        one.observe(DRAFT, 1, 2.0, 3)  # 1.5 tokens per ms
+    one.observe(DRAFT, 1, 2.0, 1)  # one short step: 0.5
+    kept = sum((1 - 1 / 32) ** i for i in range(1, 21))
+    assert one.rate(DRAFT, 1) == pytest.approx((kept * 3 + 1) / ((kept + 1) * 2))  # 1.44; at alpha 0.3: 1.2
+    many = MeasuredStepCosts(alpha=0.3, min_samples=1, request_window=32)
+    for _ in range(20):
+        many.observe(DRAFT, 64, 2.0, 192)
+    many.observe(DRAFT, 64, 2.0, 64)
+    kept = sum(0.7 ** i for i in range(1, 21))  # the 20 earlier steps' share of the sums
+    assert many.rate(DRAFT, 64) == pytest.approx((kept * 192 + 64) / ((kept + 1) * 128))
 
 
 def _cost():
@@ -170,8 +189,8 @@ def test_unknown_requests_count_as_the_population_average():
 def _async_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
     """The kinds of `steps` steps as LLMEngine._adaptive_async_step runs them (a drafting step reads
     back the plain step in flight first; a skipped step runs plain until plain_step_done asks
-    again), on a fake clock where a drafting step takes draft_ms for draft_tokens and a plain
-    step plain_ms for one token per request."""
+    again), on a fake clock where a drafting step takes draft_ms for draft_tokens (a number, or a
+    function giving each step's) and a plain step plain_ms for one token per request."""
     ids, limits = [f"r{i}" for i in range(r)], np.full(r, 7)
     clock, kinds, draft_next, in_flight = _Clock(), [], True, False
     for _ in range(steps):
@@ -180,7 +199,7 @@ def _async_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
             in_flight = False
         decision = policy.should_draft(ids, r, r, limits) if draft_next else None
         if decision:
-            _drafted_step_body(policy, ids, limits, draft_tokens)
+            _drafted_step_body(policy, ids, limits, draft_tokens() if callable(draft_tokens) else draft_tokens)
             clock.advance(draft_ms)
         else:
             policy.plan_plain(r, r, timed=in_flight, tokens=r)
@@ -189,6 +208,26 @@ def _async_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
         kinds.append("D" if decision else "p")
         draft_next = decision is not False if draft_next else policy.plain_step_done(r)
     return "".join(kinds)
+
+
+def test_one_request_keeps_drafting_when_its_steps_yield_few_or_many_tokens():
+    """H100 run 62, one request at T = 1: a drafting step emitted 1-8 tokens (3.1 on average, sd
+    2.0) in 2.06 ms, a plain step 1 in 1.19 ms, so drafting made ~1.5 tokens per ms against 0.84.
+    An average of the last few steps' own rates fell below the plain rate after short runs of
+    unlucky steps, and each such dip ran plain steps until the next probe: 37-48% of the decode
+    steps ran plain. Averaged over enough request-steps (tokens over time, not a mean of per-step
+    ratios), the rate stays above plain's and the policy drafts all but its plain probes."""
+    rng = np.random.default_rng(0)
+
+    def tokens():  # 1 + the drafts accepted in a row, each at 0.68, at most 7
+        return 1 + int(np.argmin(np.append(rng.random(7) < 0.68, False)))
+
+    policy = AdaptivePolicy(_cost(), 7, step_costs=MeasuredStepCosts())
+    kinds = _async_engine_kinds(policy, 2000, 1, draft_ms=2.06, draft_tokens=tokens, plain_ms=1.19)
+    probes = kinds.replace("p" * AdaptivePolicy.PLAIN_PROBE_STEPS, "")
+    assert probes.count("p") / len(probes) < 0.02, probes.count("p")
+    assert kinds.count("p") / len(kinds) < 0.1, kinds.count("p")
+    assert policy.step_costs.rate(DRAFT, 1) == pytest.approx(3.0 / 2.06, rel=0.15)
 
 
 def _drafted_step_body(policy, ids, limits, tokens):
