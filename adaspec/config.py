@@ -247,8 +247,9 @@ class SpeculativeConfig:
     # engine's decode-only steps measured instead (policy.mixed_step_terms: on runs 50 and 60's
     # figures, read on the CPU, that drafts beside chunks on the pair and not on the 8B shape;
     # the bench arm adaptive-fused-measured:K). Run on the pair (H100 run 62) that arm lost 24-35%
-    # to "separate" at 1-256 requests: measured step costs turn off the pipelined step, which made
-    # its drafting steps 1.4-2.1x longer, whatever the margin decided
+    # to "separate" at 1-256 requests: measured step costs then turned off the pipelined step, which
+    # made its drafting steps 1.4-2.1x longer, whatever the margin decided (pipelined since; not
+    # yet measured)
     adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200

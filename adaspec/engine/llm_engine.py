@@ -199,6 +199,7 @@ class LLMEngine:
         self._spec_in_flight = None  # pipelined speculative steps: the step launched last (pipelined.py)
         self._held_outputs: list[RequestOutput] = []  # read back outside step() (release_cuda_graphs)
         self._spec_serial = 0
+        self._spec_results_at: float | None = None  # step_clock when the last pipelined step's results were back
         self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
         self.warm_up_result = self._warm_up_requests(config.warm_up_requests)
@@ -528,10 +529,10 @@ class LLMEngine:
     # ---- pipelined speculative steps (spec_decode/pipelined.py) ----------------------------------
     def _pipelines_spec(self) -> bool:
         """Speculative steps are pipelined under async scheduling when the speculative step has its
-        graphs, except with the measured step costs (whose timing of plain and drafting steps is
-        the async plain step's, _adaptive_async_step)."""
-        measured = self.spec.cfg.enable_adaptive_verification and self.spec.measures_step_costs()
-        return self.spec.graphed is not None and not measured
+        graphs (with measured step costs too: _time_spec_step times them; until H100 run 62 that
+        setting ran the unpipelined _adaptive_async_step instead, whose drafting steps took
+        1.4-2.1x the pipelined ones' wall on the real pair)."""
+        return self.spec.graphed is not None
 
     def _pipelined_spec_step(self) -> list[RequestOutput]:
         """Schedule and launch this step, then read back and process the step launched before,
@@ -618,10 +619,14 @@ class LLMEngine:
         the stop checks and outputs of a synchronous step (rows of requests that ended meanwhile
         are thrown away)."""
         by_row: dict[int, RequestOutput] = {}
-        if step.finish_graphed is not None:
-            self._take_spec_tokens(step.scheduled, step.graphed, step.finish_graphed(), by_row)
+        results = step.finish_graphed() if step.finish_graphed is not None else None
+        if step.prefill is None:  # all its results are back (a step of chunks only: none to wait for)
+            self._time_spec_step(step, results)
+        if results is not None:
+            self._take_spec_tokens(step.scheduled, step.graphed, results, by_row)
         if step.prefill is not None:
             tokens, lps = step.prefill.wait()
+            self._time_spec_step(step, None)
             self.num_result_waits += 1
             results = []
             for j, (seq, at) in enumerate(zip(step.prefill.seqs, step.prefill.indices)):
@@ -637,6 +642,20 @@ class LLMEngine:
                 self.stats.num_sampled_without_draft += 1
             self._take_spec_tokens(step.scheduled, step.prefill_rows, results, by_row)
         return [by_row[i] for i in sorted(by_row)]
+
+    def _time_spec_step(self, step, results) -> None:
+        """Measured step costs under pipelining, once `step`'s results are on the host. Its wall is
+        the time since the previous step's results came back: launched behind that step, it ran on
+        the GPU right after it (launch to launch would be the previous step's GPU time: the loop
+        launches a step, then waits for the one before). results: its graphed rows' (tokens,
+        logprobs), when it is a step to time (step.cost_kind: decode-only, no chunks beside)."""
+        now = step_clock()
+        last, self._spec_results_at = self._spec_results_at, now
+        if step.cost_kind is None or not step.behind or last is None or results is None:
+            return
+        kind, num_requests = step.cost_kind
+        self.spec.policy.step_costs.observe(kind, num_requests, 1e3 * (now - last),
+                                            sum(len(tokens) for tokens, _ in results))
 
     def _adaptive_async_step(self) -> list[RequestOutput]:
         """Adaptive speculation under async scheduling. A step the policy lets draft runs as a

@@ -44,6 +44,10 @@ class InFlightSpecStep:
     prefill: InFlightStep | None  # the sampled tokens of its prefill rows that sample
     prefill_rows: list[int]  # indices into scheduled of those rows, in prefill.seqs order
     launched_at: float  # perf_counter at launch: the policy's step time is launch to launch
+    # measured step costs (policy.planned_step_kind): (kind, requests) when the step is one to time,
+    # and whether it was launched behind the previous step (the GPU ran it right after that one)
+    cost_kind: tuple[str, int] | None = None
+    behind: bool = False
 
     def graph_row(self) -> dict[int, int]:
         """id(seq) -> its row in the graphed part (and in the graphs' carry)."""

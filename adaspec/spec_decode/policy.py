@@ -449,7 +449,9 @@ class AdaptivePolicy:
     Step timing (step_costs.py): the engine calls step_started() at the start of every step; a
     step this policy planned (plan, step_budget, a skip in should_draft, plan_plain) is measured
     from its start to the next step's start, with the tokens it emitted (plan_plain's, or
-    step_tokens after a drafting step).
+    step_tokens after a drafting step). The pipelined engine, which asks should_draft every step,
+    never calls step_started: it reads planned_step_kind() after each launch and times the step
+    itself, from the previous step's results to its own (LLMEngine._time_spec_step).
 
     Under async scheduling (LLMEngine._adaptive_async_step) a step should_draft skips runs as an
     async plain step, and so do the steps after it, without asking again (plain_step_done counts
@@ -505,6 +507,7 @@ class AdaptivePolicy:
         self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
         self._started: float | None = None  # when the running step started (step_started)
         self._open: list | None = None  # [kind, requests, start, tokens or None] of the step being timed
+        self._costed: tuple[str, int] | None = None  # (kind, requests) of a planned step to measure
         self._decided_by_rates = False  # the last decision compared measured rates (not the tables)
         # (kind, bucket) -> (steps explored ahead of schedule, step_costs.num_observed at the first)
         self._explored: dict[tuple[str, int], tuple[int, int]] = {}
@@ -522,14 +525,24 @@ class AdaptivePolicy:
         the other part's too: neither timed for the step costs nor priced for the overhead and the
         cost check (observe_step), which would charge the other forward to this part's shape."""
         self._planned = (num_requests, base_tokens, budget, self.budget.k) if whole else None
-        self._open = None
+        self._open = self._costed = None
         if not whole:
             return
         # decode steps only: a step with prefill chunks emits few tokens for its time whichever kind
         # it is, and the two kinds meet them in different phases (in H200 run 11 the plain steps
         # measured at 128-255 requests were mostly the ramp's, so drafting looked 2-3x better there)
-        if self.step_costs is not None and timed and self._started is not None and base_tokens <= num_requests:
-            self._open = [DRAFT if budget is not None else PLAIN, num_requests, self._started, tokens]
+        if self.step_costs is not None and timed and base_tokens <= num_requests:
+            self._costed = (DRAFT if budget is not None else PLAIN, num_requests)
+            if self._started is not None:  # timed here (step_started); else by the engine (planned_step_kind)
+                self._open = [*self._costed, self._started, tokens]
+
+    def planned_step_kind(self) -> tuple[str, int] | None:
+        """(kind, requests) of the step planned last when its cost is one to measure (measured step
+        costs on; a whole decode-only step; drafting: its slots mostly free), for an engine that
+        times its steps itself: the pipelined one, which knows a step's wall and tokens only once
+        the next step was launched (LLMEngine._time_spec_step). None otherwise; cleared when read."""
+        costed, self._costed = self._costed, None
+        return costed
 
     def step_tokens(self, tokens: int) -> None:
         """The step being timed emitted `tokens` (a drafting step reports them once read back)."""

@@ -379,6 +379,9 @@ class SpeculativeDecoder:
         graphed_set = set(graphed)
         prefill = [i for i in range(len(scheduled)) if i not in graphed_set]
         finish = None
+        timing = getattr(self.policy, "step_costs", None) is not None  # only the measured policy times steps
+        if timing:
+            self.policy.planned_step_kind()  # a plan from before this launch (a synchronous step's) is not this one's
         if graphed:
             rows = [scheduled[i] for i in graphed]
             carried = first_tokens = None
@@ -400,11 +403,14 @@ class SpeculativeDecoder:
                 s.seq.in_flight_max = 1 + (s.spec_slots if drafting else 0)
                 s.seq.in_flight_step = serial
         self._decided = None
+        # a step whose chunks run beside its graphed rows is not a decode-only step's cost
+        cost_kind = self.policy.planned_step_kind() if timing and graphed and not prefill else None
         pending, sampling_rows = None, []
         if prefill:
             pending, sampling_rows = self._launch_prefill([scheduled[i] for i in prefill])
             sampling_rows = [prefill[j] for j in sampling_rows]
-        return InFlightSpecStep(serial, scheduled, graphed, finish, pending, sampling_rows, t0)
+        return InFlightSpecStep(serial, scheduled, graphed, finish, pending, sampling_rows, t0,
+                                cost_kind=cost_kind, behind=prev is not None)
 
     def _launch_prefill(self, rows: list[ScheduledSeq]):
         """Prefill chunks (and recomputation after preemption) as one forward; their K/V and the
@@ -783,23 +789,21 @@ class SpeculativeDecoder:
 
     def decide_drafting(self, scheduled: list[ScheduledSeq]) -> bool | None:
         """Ask the policy once for the whole step whether it drafts (adaptive under async
-        scheduling, which runs a step that does not as an async plain step); the step then keeps
-        that decision. None: no row of the step could draft (all prefilling, or out of slots)."""
+        scheduling without the speculative step's graphs, which runs a step that does not as an
+        async plain step; with the graphs the steps are pipelined, launch_pipelined and
+        decide_mixed ask); the step then keeps that decision. None: no row of the step could draft
+        (all prefilling, or out of slots)."""
         self._decided = None
         drafted = [s for s in scheduled if s.spec_slots > 0]
         if not drafted:
             return None
-        # fused: a step it skips runs as the plain async step, one forward with the chunks; one it
-        # drafts runs them apart where the graphs take the decoding rows (_run)
+        # without graphs one forward carries the chunks and the drafts (the fused mode's plain
+        # choice as well), so they count in the tokens the drafts are verified with
         prefill = self._prefill_tokens(scheduled)
-        apart = self.graphed is not None
-        # base_tokens: the forward the drafts are verified in, which holds the chunks only when one
-        # forward carries both (should_draft's contract; with the chunks apart, the decoding rows')
-        base_tokens = sum(s.num_tokens for s in scheduled) - (prefill if apart else 0)
         self._decided = self.policy.should_draft(
             [s.seq.request_id for s in drafted], self._sampling_rows(scheduled, [s.samples for s in scheduled], prefill),
-            base_tokens, np.array([s.spec_slots for s in drafted], dtype=np.int64),
-            prefill_tokens=prefill, prefill_apart=apart)
+            sum(s.num_tokens for s in scheduled), np.array([s.spec_slots for s in drafted], dtype=np.int64),
+            prefill_tokens=prefill)
         return self._decided
 
     def chunks_decided(self, scheduled: list[ScheduledSeq]) -> bool:

@@ -1,12 +1,14 @@
 """What each kind of step really yields per unit of time, measured on the running engine.
 
 The cost tables (profiler.py) time replays of the propose and verify graphs on dummy inputs. A
-real step pays more, and not in the same proportion for both kinds of step: a step that drafts is
-synchronous (its accepted tokens are read back before the next step is planned), while a step that
-does not draft runs under async scheduling where the engine has it (its host work hides behind the
-GPU's). On the H200 at 64 requests of the 0.6B shape a drafted step took 7.2 ms of wall time and a
-plain step of the no-spec engine 2.4 ms (BENCHMARKS.md, run 8), a gap the tables do not show, so a
-policy that prices both from the tables drafts where a plain step makes more tokens per second.
+real step pays more, and not in the same proportion for both kinds of step: without the
+speculative step's graphs a step that drafts is synchronous (its accepted tokens are read back
+before the next step is planned), while a step that does not draft runs under async scheduling
+where the engine has it (its host work hides behind the GPU's); with the graphs both kinds are
+pipelined, and the tables still miss the host's share and the graphs' padding. On the H200 at 64
+requests of the 0.6B shape a drafted step took 7.2 ms of wall time and a plain step of the no-spec
+engine 2.4 ms (BENCHMARKS.md, run 8), a gap the tables do not show, so a policy that prices both
+from the tables drafts where a plain step makes more tokens per second.
 
 `MeasuredStepCosts` keeps, per kind ("draft", "plain") and per batch-size bucket (powers of two of
 the step's requests), the tokens a step of that kind produced per request per millisecond of wall

@@ -317,13 +317,13 @@ def test_pipelined_fused_steps_run_as_one_forward(pair, tmp_path, kw):
         assert st.num_preemptions > 0, "the KV budget was meant to force preemption"
 
 
-def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pair, tmp_path):
-    """The fused mode with measured step costs and the graphs (not pipelined: decide_drafting asks
-    once for the whole step). A step with prompt chunks asks the policy with the decoding rows'
-    tokens as the forward the drafts are verified in, since the chunks run apart; and a step split
-    in two forwards (chunks, or rows past the graphs, beside the graphed rows) is never timed as a
-    decode-only step nor priced as its part's shape (the overhead, the cost check), since its wall
-    holds the other forward too."""
+def test_measured_fused_pipelined_steps_time_only_whole_decode_only_steps(pair, tmp_path):
+    """The fused mode with measured step costs and the graphs runs pipelined (until H100 run 62 it
+    ran unpipelined: decide_drafting). Only whole decode-only steps are timed for the step costs: a
+    pipelined step whose prompt chunks run beside its graphed rows, or a synchronous step split in
+    two forwards (rows past the graphs beside the graphed ones), holds another forward in its wall,
+    and a split step is not priced as its part's shape either (the overhead, the cost check). A
+    step with chunks asks the policy with the decoding rows' tokens, the chunks apart."""
     kw = dict(max_num_seqs=6, max_num_batched_tokens=64, block_size=8)
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
            "cost_model_cache_dir": str(tmp_path), "adaptive_verification_mixed_steps": "fused",
@@ -331,7 +331,7 @@ def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pai
     llm = LLM(pair[0], speculative_config=cfg, async_scheduling=True, **kw)
     eng, spec = llm.llm_engine, llm.llm_engine.spec
     use_eager_spec_graphs(llm, [1, 2, 4])
-    assert not eng._pipelines_spec()
+    assert eng._pipelines_spec()
     policy = spec.policy = AdaptivePolicy(_knee_cost(), k=7, probe_every=1000, mixed_steps="fused",
                                           step_costs=MeasuredStepCosts())
     asked, inner = [], policy.should_draft
@@ -340,6 +340,15 @@ def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pai
         asked.append((n_sampling, base_tokens, prefill_tokens, prefill_apart))
         return inner(ids, n_sampling, base_tokens, limits, prefill_tokens=prefill_tokens, prefill_apart=prefill_apart)
     policy.should_draft = should_draft
+    launched, observed = [], []  # per pipelined launch: (other rows beside the graphed ones, cost_kind)
+    launch_pipelined, observe = spec.launch_pipelined, policy.step_costs.observe
+
+    def spied_launch(scheduled, prev, serial):
+        step = launch_pipelined(scheduled, prev, serial)
+        launched.append((len(step.graphed) < len(step.scheduled), step.cost_kind))
+        return step
+    spec.launch_pipelined = spied_launch
+    policy.step_costs.observe = lambda *a: (observed.append(a), observe(*a))[1]
     parts, split_planned = [], []
     launch, run = spec._launch, spec._run
 
@@ -351,15 +360,17 @@ def test_measured_fused_steps_price_the_decoding_rows_and_time_no_split_step(pai
         parts.clear()
         run(scheduled, report)
         if len(parts) == 2:  # split: whatever it planned must be neither timed nor priced
-            split_planned.append((policy._open, policy._planned))
+            split_planned.append((policy._open, policy._planned, policy._costed))
     spec._launch, spec._run = counted_launch, watched_run
     prompts, params = _workload(14, seed=2)
     _same_outputs(pair, llm, prompts, params, **kw)
     beside = [a for a in asked if a[3] and a[2] > 0]
     assert beside and all(base_tokens == n_sampling for n_sampling, base_tokens, _, _ in beside)
-    assert split_planned and all(planned == (None, None) for planned in split_planned)
-    assert policy.step_costs.num_observed > 0  # the steps that were not split were measured
-    assert eng.stats.num_draft_tokens > 0
+    assert any(others for others, _ in launched) and all(kind is None for others, kind in launched if others)
+    timed = [kind for others, kind in launched if kind is not None]
+    assert observed and len(observed) <= len(timed)  # (a step launched after a drain is not timed)
+    assert split_planned and all(planned == (None, None, None) for planned in split_planned)
+    assert eng.stats.num_pipelined_steps > 0 and eng.stats.num_draft_tokens > 0
 
 
 def test_abort_with_a_fused_plain_step_in_flight(pair, tmp_path):

@@ -29,9 +29,9 @@ def _prompts(n=10, seed=0):
     return [torch.randint(1, 300, (L,), generator=g).tolist() for L in torch.randint(2, 30, (n,), generator=g).tolist()]
 
 
-def _llm(pair, k=3, adaptive=False, pipelined=True, **kw):
+def _llm(pair, k=3, adaptive=False, pipelined=True, spec_extra=None, **kw):
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
-           "enable_adaptive_verification": adaptive, "cost_model_cache_dir": pair[2]}
+           "enable_adaptive_verification": adaptive, "cost_model_cache_dir": pair[2], **(spec_extra or {})}
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=6, max_num_batched_tokens=64, block_size=8,
               async_scheduling=pipelined, **kw)
     if adaptive:
@@ -323,6 +323,77 @@ def test_fixed_k_pipelines_whatever_the_step_costs_setting(pair):
     llm = _llm(pair, 3)
     llm.llm_engine.spec.cfg.adaptive_verification_step_costs = cfg["adaptive_verification_step_costs"]
     assert llm.llm_engine._pipelines_spec()  # the setting is the adaptive policy's; fixed k ignores it
+
+
+def test_measured_step_costs_charge_each_pipelined_step_its_own_gpu_time(pair, plain_greedy, monkeypatch):
+    """With measured step costs the adaptive engine runs pipelined, and a decode-only step's wall
+    is the time from the previous step's results to its own: launched behind that step, the GPU ran
+    it right after. On a fake clock that only the read backs advance, 3 ms for a step that drafted
+    and 1 ms for one that did not, every measured step is charged its own kind's time; launch to
+    launch would charge it the step before's (the loop launches a step, then waits for the one
+    before), wrong wherever the kinds change: at every plain probe."""
+    from adaspec.engine import llm_engine
+    from adaspec.spec_decode.step_costs import DRAFT, PLAIN
+
+    llm = _llm(pair, 7, adaptive=True, spec_extra={"adaptive_verification_step_costs": "measured"})
+    eng = llm.llm_engine
+    assert eng._pipelines_spec() and eng.spec.policy.step_costs is not None
+    now, drafting = [0.0], []
+    monkeypatch.setattr(llm_engine, "step_clock", lambda: now[0])
+    g = eng.spec.graphed
+    launch, read_back = g.launch, g.read_back
+
+    def timed_launch(*a, **kw):
+        drafting.append(a[7])  # GraphedSpecStep.launch(key, tokens, positions, slots, seeds, temps, tables, drafting, ...)
+        return launch(*a, **kw)
+
+    def timed_read_back():
+        now[0] += 3e-3 if drafting.pop(0) else 1e-3
+        return read_back()
+    g.launch, g.read_back = timed_launch, timed_read_back
+    observed, launched = [], []  # launched: per pipelined step, (prompt chunks beside its graphed rows, cost_kind)
+    observe, launch_pipelined = eng.spec.policy.step_costs.observe, eng.spec.launch_pipelined
+    eng.spec.policy.step_costs.observe = lambda *a: (observed.append(a), observe(*a))[1]
+
+    def spied_launch(*a):
+        step = launch_pipelined(*a)
+        launched.append((len(step.graphed) < len(step.scheduled), step.cost_kind))
+        return step
+    eng.spec.launch_pipelined = spied_launch
+    assert _tokens(llm.generate(_prompts(), GREEDY)) == plain_greedy
+    assert {kind for kind, *_ in observed} == {DRAFT, PLAIN}, observed
+    # a step whose chunks ran beside its graphed rows (their forward in its wall) is never timed
+    assert any(beside for beside, _ in launched) and all(kind is None for beside, kind in launched if beside)
+    assert all(wall == pytest.approx(3.0 if kind == DRAFT else 1.0) for kind, _, wall, _ in observed), observed
+    assert eng.stats.num_pipelined_steps > 0
+    _check_books(eng)
+
+
+def test_only_a_step_launched_behind_another_is_timed(pair, monkeypatch):
+    """A step launched after the one before it was read back (a drain, a synchronous step, an idle
+    engine) left the GPU idle meanwhile: the time since the last results holds the host's work,
+    so it is not a step cost. Neither is a step with no kind to time, nor the first results."""
+    from types import SimpleNamespace
+
+    from adaspec.engine import llm_engine
+    from adaspec.spec_decode.step_costs import DRAFT
+
+    eng = _llm(pair, 7, adaptive=True, spec_extra={"adaptive_verification_step_costs": "measured"}).llm_engine
+    observed = []
+    eng.spec.policy.step_costs.observe = lambda *a: observed.append(a)
+    now = [5.0]
+    monkeypatch.setattr(llm_engine, "step_clock", lambda: now[0])
+    results = [([1, 2, 3], None), ([4], None)]
+    eng._spec_results_at = None
+    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=True), results)  # no results before it
+    now[0] += 0.002
+    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=False), results)  # after a drain
+    now[0] += 0.002
+    eng._time_spec_step(SimpleNamespace(cost_kind=None, behind=True), None)  # chunks beside: not timed
+    assert observed == [] and eng._spec_results_at == now[0]  # but each one's results time the next
+    now[0] += 0.003
+    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=True), results)
+    assert observed == [(DRAFT, 2, pytest.approx(3.0), 4)]
 
 
 def test_scheduler_raises_drain_first_instead_of_preempting():

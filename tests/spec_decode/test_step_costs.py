@@ -321,3 +321,26 @@ def test_a_drafting_step_whose_slots_max_tokens_capped_is_not_measured(slots, me
         policy.step_tokens(16)
         policy.step_started(clock.advance(4.0))
     assert policy.step_costs.samples.get((DRAFT, 3), 0) == (2 if measured else 0)
+
+
+def test_the_planned_step_kind_is_given_once_for_whole_decode_only_steps():
+    """policy.planned_step_kind, read by the pipelined engine after each launch (it times the step
+    itself, a step later): the kind of a whole decode-only step whose drafting slots are mostly
+    free, once; nothing for a step with prompt chunks, a part of a split step, a capped one, or
+    without measured step costs."""
+    ids, free = [f"r{i}" for i in range(8)], np.full(8, 7)
+    policy = AdaptivePolicy(_cost(), 7, probe_every=10**9, step_costs=MeasuredStepCosts())
+    policy.step_budget(ids, 8, 8, free)
+    assert policy.planned_step_kind() == (DRAFT, 8) and policy.planned_step_kind() is None
+    policy.plan_plain(8, 8)
+    assert policy.planned_step_kind() == (PLAIN, 8)
+    policy.step_budget(ids, 8, 8, free)
+    policy.plan_plain(8, 40)  # a later plan replaces an unread one: this one carries prompt chunks
+    assert policy.planned_step_kind() is None
+    policy.step_budget(ids, 8, 8, np.full(8, 1))  # slots capped by max_tokens
+    assert policy.planned_step_kind() is None
+    policy.step_budget(ids, 8, 8, free, whole=False)  # one part of a split step
+    assert policy.planned_step_kind() is None
+    tables = AdaptivePolicy(_cost(), 7, probe_every=10**9)
+    tables.step_budget(ids, 8, 8, free)
+    assert tables.planned_step_kind() is None
