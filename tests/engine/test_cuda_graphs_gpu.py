@@ -31,7 +31,9 @@ def _llm(eager: bool, spec: bool | str, dtype: str = "float32", tmp=None, async_
     cfg = None
     if spec:
         cfg = {"method": "dspark", "num_speculative_tokens": 5,
-               "enable_adaptive_verification": spec == "adaptive"}
+               "enable_adaptive_verification": spec in ("adaptive", "measured")}
+        if spec == "measured":  # pipelined since b591e30, timing its steps from their read backs
+            cfg["adaptive_verification_step_costs"] = "measured"
         if tmp is not None:
             cfg["cost_model_cache_dir"] = str(tmp)
     return LLM("tiny", speculative_config=cfg, enforce_eager=eager, max_num_seqs=24, device="cuda", dtype=dtype,
@@ -61,12 +63,12 @@ def _graph_steps(llm) -> int:
     return eng.runner.num_graph_steps
 
 
-@pytest.mark.parametrize("spec", [False, "fixed", "adaptive"])
+@pytest.mark.parametrize("spec", [False, "fixed", "adaptive", "measured"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_graphs_match_eager(spec, temperature, tmp_path):
     if temperature and spec == "fixed":
         pytest.skip("seeded sampling is compared draw by draw in test_seeded_graphed_step_parts_only_at_near_ties")
-    if temperature and spec == "adaptive":
+    if temperature and spec in ("adaptive", "measured"):
         pytest.skip("eager and graphed engines profile different cost tables, so their budgets (and the "
                     "seeded draws' positions) differ legitimately; greedy covers adaptive")
     prompts = _prompts(19)  # 19 -> 24, then fewer as requests finish: padded sizes
@@ -101,6 +103,8 @@ def test_graphs_match_eager(spec, temperature, tmp_path):
         first = next(((i, a, b) for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
         assert same == len(want), f"{same}/{len(want)} requests identical; first difference {first}"
     assert _graph_steps(graphed) > 5
+    if spec == "measured":  # its pipelined steps were timed (LLMEngine._time_spec_step)
+        assert graphed.llm_engine.stats.num_pipelined_steps > 5 and graphed.llm_engine.spec.policy.step_costs.num_observed > 0
     if temperature and not spec:  # the plain step sampled inside its sampling graphs (graphed_sampling.py)
         assert graphed.llm_engine._decode_sampler.num_replays > 5
 
