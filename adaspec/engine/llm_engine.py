@@ -200,6 +200,7 @@ class LLMEngine:
         self._held_outputs: list[RequestOutput] = []  # read back outside step() (release_cuda_graphs)
         self._spec_serial = 0
         self._spec_results_at: float | None = None  # step_clock when the last pipelined step's results were back
+        self._spec_read_back_at: float | None = None  # the same, for the step being finished (_finish_spec)
         self._draft_next = True  # adaptive speculation under async scheduling: the next step drafts
         self.num_result_waits = 0  # device-to-host waits for sampled tokens (async scheduling)
         self.warm_up_result = self._warm_up_requests(config.warm_up_requests)
@@ -259,9 +260,9 @@ class LLMEngine:
     def _resolve_async_scheduling(self, asked: bool | None) -> bool:
         """None ("auto"): on with CUDA at tensor_parallel_size 1: without speculation (plain steps
         launched before the previous one is read back), and with speculation when its step has
-        CUDA graphs (pipelined speculative steps, spec_decode/pipelined.py; with the measured
-        step costs only the steps that do not draft run async, as plain steps, and that also
-        without the speculative step's graphs when a decode graph serves plain steps). Under
+        CUDA graphs (pipelined speculative steps, spec_decode/pipelined.py, the measured step
+        costs' included; adaptive verification without the speculative step's graphs runs the
+        steps that do not draft async, as plain steps, when a decode graph serves them). Under
         tensor parallelism it works when asked for without speculation (the previous step's
         sampled tokens reach the workers in the mirrored call's device broadcast; CPU-tested with
         gloo), but is not the default until it has been measured on GPUs. Asked for with fixed-k
@@ -598,7 +599,8 @@ class LLMEngine:
             self._count_step(scheduled)
             if self.spec.can_pipeline(scheduled):
                 self._spec_serial += 1
-                self._spec_in_flight = self.spec.launch_pipelined(scheduled, prev, self._spec_serial)
+                self._spec_in_flight = self.spec.launch_pipelined(scheduled, prev, self._spec_serial,
+                                                                  on_read_back=self._note_spec_read_back)
                 self.stats.num_pipelined_steps += 1
             else:  # prev is None here: a synchronous step
                 self._spec_in_flight = None
@@ -619,39 +621,49 @@ class LLMEngine:
         the stop checks and outputs of a synchronous step (rows of requests that ended meanwhile
         are thrown away)."""
         by_row: dict[int, RequestOutput] = {}
-        results = step.finish_graphed() if step.finish_graphed is not None else None
-        if step.prefill is None:  # all its results are back (a step of chunks only: none to wait for)
-            self._time_spec_step(step, results)
+        self._spec_read_back_at = None
+        results = step.finish_graphed() if step.finish_graphed is not None else None  # (stamps its read back)
         if results is not None:
             self._take_spec_tokens(step.scheduled, step.graphed, results, by_row)
         if step.prefill is not None:
             tokens, lps = step.prefill.wait()
-            self._time_spec_step(step, None)
+            self._note_spec_read_back()  # (after its chunks' forward and the graphed part's)
             self.num_result_waits += 1
-            results = []
+            prefill_results = []
             for j, (seq, at) in enumerate(zip(step.prefill.seqs, step.prefill.indices)):
                 if seq.finished:  # aborted while its first token was on its way
                     self.stats.num_discarded_rows += 1
-                    results.append(([], None))
+                    prefill_results.append(([], None))
                     continue
                 if seq.token_ids[at:] != [PENDING]:
                     raise RuntimeError(f"request {seq.request_id}: its placeholder is not its last token "
                                        "(pipelined bookkeeping is broken)")
                 del seq.token_ids[at:]  # the stop checks append the real token
-                results.append(([tokens[j]], [lps[j]] if lps is not None else None))
+                prefill_results.append(([tokens[j]], [lps[j]] if lps is not None else None))
                 self.stats.num_sampled_without_draft += 1
-            self._take_spec_tokens(step.scheduled, step.prefill_rows, results, by_row)
+            self._take_spec_tokens(step.scheduled, step.prefill_rows, prefill_results, by_row)
+        elif len(step.graphed) < len(step.scheduled):  # chunks that sample nothing: never waited for
+            self._spec_read_back_at = None
+        self._time_spec_step(step, results)
         return [by_row[i] for i in sorted(by_row)]
 
+    def _note_spec_read_back(self) -> None:
+        """A pipelined step's results reached the host (called right after the read back, before
+        any bookkeeping on them, so no step's host work enters another's wall)."""
+        self._spec_read_back_at = step_clock()
+
     def _time_spec_step(self, step, results) -> None:
-        """Measured step costs under pipelining, once `step`'s results are on the host. Its wall is
-        the time since the previous step's results came back: launched behind that step, it ran on
-        the GPU right after it (launch to launch would be the previous step's GPU time: the loop
-        launches a step, then waits for the one before). results: its graphed rows' (tokens,
-        logprobs), when it is a step to time (step.cost_kind: decode-only, no chunks beside)."""
-        now = step_clock()
+        """Measured step costs under pipelining, once `step` was read back. Its wall is the time
+        from the previous step's results to its own: launched behind that step, it ran on the GPU
+        right after it (launch to launch would be the previous step's GPU time: the loop launches
+        a step, then waits for the one before). _spec_read_back_at is None when some of the step's
+        GPU work was never waited for (prompt chunks that sample nothing): then neither it nor the
+        next step is timed. A step whose chunks sample is stamped at their wait, after its graphed
+        rows' bookkeeping: late by whatever of that bookkeeping outlasts the chunks' forward (none
+        once the forward is the longer). results: its graphed rows' (tokens, logprobs)."""
+        now = self._spec_read_back_at
         last, self._spec_results_at = self._spec_results_at, now
-        if step.cost_kind is None or not step.behind or last is None or results is None:
+        if step.cost_kind is None or not step.behind or last is None or now is None or results is None:
             return
         kind, num_requests = step.cost_kind
         self.spec.policy.step_costs.observe(kind, num_requests, 1e3 * (now - last),

@@ -457,9 +457,9 @@ class AdaptivePolicy:
     async plain step, and so do the steps after it, without asking again (plain_step_done counts
     them), until a probe drafts; the probe's confidences and time then decide the next step."""
 
-    # a plain probe's steps under async scheduling: the first after a drafting step is not timed (its
-    # GPU time is waited for in the next), the last not either (the drafting step after it waits for
-    # it), so 4 give two measured plain steps
+    # a plain probe's steps: under async scheduling without the graphs the first after a drafting
+    # step is not timed (its GPU time is waited for in the next), the last not either (the drafting
+    # step after it waits for it), so 4 give two measured plain steps; pipelined, all 4 are timed
     PLAIN_PROBE_STEPS = 4
     # a drafting step is measured when at least this share of its requests' draft slots is free
     # (not capped by max_tokens or max_model_len): see _slots_mostly_free
@@ -717,7 +717,10 @@ class AdaptivePolicy:
         self.drafted_in_a_row = 0
         if not probe:
             self.skipped_in_a_row += 1
-        self._plan_step(len(request_ids), base_tokens, None, tokens=n_sampling)
+        # the step's rows: request_ids are those with draft slots, and a row without any (its
+        # max_tokens near) still samples in it; counted by request_ids alone, a decode-only step
+        # with such a row would look like one with more tokens than requests and go unmeasured
+        self._plan_step(max(len(request_ids), n_sampling), base_tokens, None, tokens=n_sampling)
         return False
 
     def plain_step_done(self, num_requests: int | None = None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -367,13 +368,14 @@ class SpeculativeDecoder:
         return g is not None and pipelinable(scheduled, self._row_pipelined, g.batch_sizes[-1])
 
     def launch_pipelined(self, scheduled: list[ScheduledSeq], prev: InFlightSpecStep | None,
-                         serial: int) -> InFlightSpecStep:
+                         serial: int, on_read_back: Callable[[], None] | None = None) -> InFlightSpecStep:
         """Launch the step without reading anything back (can_pipeline(scheduled) holds): the
         covered rows as the graphed step, taking from `prev` (still in flight) on the device the
         last token and position of the requests its graphs ran, and the first token of those whose
         prefill it finished (a PENDING placeholder on the host); the prefill chunks eagerly, their
         sampled tokens left on the device behind such placeholders. The graphed rows are marked in
-        flight (Sequence.in_flight_max)."""
+        flight (Sequence.in_flight_max). on_read_back: called by its finish() right after the
+        graphed rows' read back (the measured step costs' clock, LLMEngine._time_spec_step)."""
         t0 = time.perf_counter()
         graphed = [i for i, s in enumerate(scheduled) if self._row_pipelined(s)]
         graphed_set = set(graphed)
@@ -397,7 +399,7 @@ class SpeculativeDecoder:
             if decided is False:
                 drafted = []
             finish = self._launch_graphed(rows, drafted, [True] * len(rows), t0, carried=carried, serial=serial,
-                                          first_tokens=first_tokens)
+                                          first_tokens=first_tokens, on_read_back=on_read_back)
             drafting = bool(drafted)
             for s in rows:
                 s.seq.in_flight_max = 1 + (s.spec_slots if drafting else 0)
@@ -567,7 +569,7 @@ class SpeculativeDecoder:
         return cls._row_covered(s) and s.seq.logits_rule is None
 
     def _launch_graphed(self, scheduled, drafted, samples, t0, carried=None, serial: int | None = None,
-                        first_tokens=None, whole: bool = True):
+                        first_tokens=None, whole: bool = True, on_read_back: Callable[[], None] | None = None):
         """The step as two graph replays and one read back (graphed_step.py). -> finish().
         Pipelined (serial given): carried rows take their inputs from the previous launch's carry
         (GraphedSpecStep.launch), and finish() skips the rows of requests that ended meanwhile and
@@ -598,6 +600,8 @@ class SpeculativeDecoder:
             t_wait = time.perf_counter()
             rb, logprobs = g.read_back()
             t1 = time.perf_counter()
+            if on_read_back is not None:
+                on_read_back()
             n = len(scheduled)
             tokens, n_acc, nq = rb[:n, : k + 1], rb[:n, k + 1], rb[:n, k + 2]
             # rows with draft slots drafted (when the step drafts); the others only sampled their next

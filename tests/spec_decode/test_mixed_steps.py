@@ -343,8 +343,8 @@ def test_measured_fused_pipelined_steps_time_only_whole_decode_only_steps(pair, 
     launched, observed = [], []  # per pipelined launch: (other rows beside the graphed ones, cost_kind)
     launch_pipelined, observe = spec.launch_pipelined, policy.step_costs.observe
 
-    def spied_launch(scheduled, prev, serial):
-        step = launch_pipelined(scheduled, prev, serial)
+    def spied_launch(scheduled, prev, serial, **kw):
+        step = launch_pipelined(scheduled, prev, serial, **kw)
         launched.append((len(step.graphed) < len(step.scheduled), step.cost_kind))
         return step
     spec.launch_pipelined = spied_launch
@@ -418,7 +418,7 @@ def test_a_request_admitted_behind_a_plain_step_keeps_its_whole_prompt(pair, tmp
                             if s.seq.num_output_tokens == 0 and s.seq.num_computed_tokens == 0)
     for owner, name in ((eng, "_launch_plain_step"), (eng.spec, "launch_pipelined"), (eng.spec, "step")):
         inner = getattr(owner, name)
-        setattr(owner, name, lambda scheduled, *a, _inner=inner: (watch(scheduled), _inner(scheduled, *a))[1])
+        setattr(owner, name, lambda scheduled, *a, _inner=inner, **kw: (watch(scheduled), _inner(scheduled, *a, **kw))[1])
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(1, 300, (n,), generator=g).tolist()
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

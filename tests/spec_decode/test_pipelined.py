@@ -71,8 +71,8 @@ def test_pipelined_greedy_equals_plain(pair, plain_greedy, k, adaptive):
     launches = []  # per launch: ids of its graphed requests, ids of those whose prefill it finished
     inner = spec.launch_pipelined
 
-    def launch_and_note(*a):
-        step = inner(*a)
+    def launch_and_note(*a, **kw):
+        step = inner(*a, **kw)
         launches.append(({id(step.scheduled[i].seq) for i in step.graphed},
                          [id(step.scheduled[i].seq) for i in step.prefill_rows]))
         return step
@@ -328,35 +328,55 @@ def test_fixed_k_pipelines_whatever_the_step_costs_setting(pair):
 def test_measured_step_costs_charge_each_pipelined_step_its_own_gpu_time(pair, plain_greedy, monkeypatch):
     """With measured step costs the adaptive engine runs pipelined, and a decode-only step's wall
     is the time from the previous step's results to its own: launched behind that step, the GPU ran
-    it right after. On a fake clock that only the read backs advance, 3 ms for a step that drafted
-    and 1 ms for one that did not, every measured step is charged its own kind's time; launch to
-    launch would charge it the step before's (the loop launches a step, then waits for the one
-    before), wrong wherever the kinds change: at every plain probe."""
+    it right after. A fake clock plays a GPU-bound pipeline: a launched step runs on the "GPU"
+    once the step before it is done, for 3 ms if it drafts and 1 ms if not, and its prompt chunks
+    2 ms more; a read back (or the chunks' wait) moves the clock to that work's end; the host's
+    bookkeeping on a drafted step's results (the policy's confidences) takes 0.5 ms, which the next
+    wait absorbs. Every measured step must be
+    charged its own kind's time. Launch to launch would charge it the step before's (the loop
+    launches a step, then waits for the one before), and a stamp taken after the bookkeeping the
+    bookkeeping's difference between kinds: both wrong wherever the kinds change, at every plain
+    probe."""
     from adaspec.engine import llm_engine
     from adaspec.spec_decode.step_costs import DRAFT, PLAIN
 
     llm = _llm(pair, 7, adaptive=True, spec_extra={"adaptive_verification_step_costs": "measured"})
     eng = llm.llm_engine
     assert eng._pipelines_spec() and eng.spec.policy.step_costs is not None
-    now, drafting = [0.0], []
+    now, gpu_free, done = [0.0], [0.0], []  # the clock; when the GPU is free; each launched step's end
     monkeypatch.setattr(llm_engine, "step_clock", lambda: now[0])
-    g = eng.spec.graphed
-    launch, read_back = g.launch, g.read_back
+    g, policy = eng.spec.graphed, eng.spec.policy
+    launch, read_back, confidences = g.launch, g.read_back, policy.observe
 
-    def timed_launch(*a, **kw):
-        drafting.append(a[7])  # GraphedSpecStep.launch(key, tokens, positions, slots, seeds, temps, tables, drafting, ...)
+    def timed_launch(*a, **kw):  # GraphedSpecStep.launch(key, tokens, positions, slots, seeds, temps, tables, drafting, ...)
+        gpu_free[0] = max(now[0], gpu_free[0]) + (3e-3 if a[7] else 1e-3)
+        done.append(gpu_free[0])
         return launch(*a, **kw)
 
     def timed_read_back():
-        now[0] += 3e-3 if drafting.pop(0) else 1e-3
+        now[0] = max(now[0], done.pop(0))
         return read_back()
-    g.launch, g.read_back = timed_launch, timed_read_back
+
+    def timed_confidences(*a, **kw):
+        now[0] += 0.5e-3
+        return confidences(*a, **kw)
+
+    def timed_chunks(*a, **kw):
+        gpu_free[0] = max(now[0], gpu_free[0]) + 2e-3
+        pending, rows = launch_prefill(*a, **kw)
+        if pending is not None:
+            end, wait = gpu_free[0], pending.wait
+            pending.wait = lambda: (now.__setitem__(0, max(now[0], end)), wait())[1]
+        return pending, rows
+    launch_prefill = eng.spec._launch_prefill
+    g.launch, g.read_back, policy.observe = timed_launch, timed_read_back, timed_confidences
+    eng.spec._launch_prefill = timed_chunks
     observed, launched = [], []  # launched: per pipelined step, (prompt chunks beside its graphed rows, cost_kind)
     observe, launch_pipelined = eng.spec.policy.step_costs.observe, eng.spec.launch_pipelined
     eng.spec.policy.step_costs.observe = lambda *a: (observed.append(a), observe(*a))[1]
 
-    def spied_launch(*a):
-        step = launch_pipelined(*a)
+    def spied_launch(*a, **kw):
+        step = launch_pipelined(*a, **kw)
         launched.append((len(step.graphed) < len(step.scheduled), step.cost_kind))
         return step
     eng.spec.launch_pipelined = spied_launch
@@ -369,31 +389,58 @@ def test_measured_step_costs_charge_each_pipelined_step_its_own_gpu_time(pair, p
     _check_books(eng)
 
 
-def test_only_a_step_launched_behind_another_is_timed(pair, monkeypatch):
+def test_only_a_step_launched_behind_another_is_timed(pair):
     """A step launched after the one before it was read back (a drain, a synchronous step, an idle
     engine) left the GPU idle meanwhile: the time since the last results holds the host's work,
-    so it is not a step cost. Neither is a step with no kind to time, nor the first results."""
+    so it is not a step cost. Neither is a step with no kind to time, nor the first results, nor
+    a step some of whose GPU work was never waited for (prompt chunks that sample nothing: its
+    read back time is None), nor the step after that one."""
     from types import SimpleNamespace
 
-    from adaspec.engine import llm_engine
     from adaspec.spec_decode.step_costs import DRAFT
 
     eng = _llm(pair, 7, adaptive=True, spec_extra={"adaptive_verification_step_costs": "measured"}).llm_engine
     observed = []
     eng.spec.policy.step_costs.observe = lambda *a: observed.append(a)
-    now = [5.0]
-    monkeypatch.setattr(llm_engine, "step_clock", lambda: now[0])
     results = [([1, 2, 3], None), ([4], None)]
     eng._spec_results_at = None
-    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=True), results)  # no results before it
-    now[0] += 0.002
-    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=False), results)  # after a drain
-    now[0] += 0.002
-    eng._time_spec_step(SimpleNamespace(cost_kind=None, behind=True), None)  # chunks beside: not timed
-    assert observed == [] and eng._spec_results_at == now[0]  # but each one's results time the next
-    now[0] += 0.003
-    eng._time_spec_step(SimpleNamespace(cost_kind=(DRAFT, 2), behind=True), results)
+
+    def finished(at, cost_kind=(DRAFT, 2), behind=True, rows=results):
+        eng._spec_read_back_at = at  # as _finish_spec leaves it: stamped at the read back, or None
+        eng._time_spec_step(SimpleNamespace(cost_kind=cost_kind, behind=behind), rows)
+
+    finished(5.000)  # no results before it
+    finished(5.002, behind=False)  # launched after a drain
+    finished(5.004, cost_kind=None, rows=None)  # chunks beside its graphed rows: not timed
+    assert observed == [] and eng._spec_results_at == 5.004  # but each one's results time the next
+    finished(5.007)
     assert observed == [(DRAFT, 2, pytest.approx(3.0), 4)]
+    finished(None, cost_kind=None, rows=None)  # chunks that sampled nothing: never waited for
+    finished(5.012)  # so the next step's wall is unknown too
+    assert len(observed) == 1 and eng._spec_results_at == 5.012
+    finished(5.014)
+    assert observed[-1] == (DRAFT, 2, pytest.approx(2.0), 4)
+
+
+def test_a_step_whose_chunks_were_never_waited_for_times_neither_itself_nor_the_next(pair, monkeypatch):
+    """A pipelined step whose prompt chunks sample nothing (mid-prompt, or a recomputation after a
+    preemption, which stops a token short) has no wait that covers its chunks' forward: its read
+    back can come before that forward ends, which the next step's wall would then hold."""
+    from types import SimpleNamespace
+
+    from adaspec.engine import llm_engine
+
+    eng = _llm(pair, 7, adaptive=True, spec_extra={"adaptive_verification_step_costs": "measured"}).llm_engine
+    monkeypatch.setattr(llm_engine, "step_clock", lambda: 7.0)
+
+    def step(num_rows):  # graphed row 0 (its request ended: nothing to hand over), chunk rows after it
+        return SimpleNamespace(finish_graphed=lambda: (eng._note_spec_read_back(), [([], None)])[1], prefill=None,
+                               graphed=[0], scheduled=[SimpleNamespace(seq=None)] * num_rows, cost_kind=None,
+                               behind=True)
+    eng._finish_spec(step(1))
+    assert eng._spec_results_at == 7.0  # graphed rows only: its read back is its end
+    eng._finish_spec(step(2))
+    assert eng._spec_results_at is None  # a chunk row beside, sampling nothing: its end is unknown
 
 
 def test_scheduler_raises_drain_first_instead_of_preempting():

@@ -210,7 +210,8 @@ def _async_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
     return "".join(kinds)
 
 
-def test_one_request_keeps_drafting_when_its_steps_yield_few_or_many_tokens():
+@pytest.mark.parametrize("loop", ["async", "pipelined"])
+def test_one_request_keeps_drafting_when_its_steps_yield_few_or_many_tokens(loop):
     """H100 run 62, one request at T = 1: a drafting step emitted 1-8 tokens (3.1 on average, sd
     2.0) in 2.06 ms, a plain step 1 in 1.19 ms, so drafting made ~1.5 tokens per ms against 0.84.
     An average of the last few steps' own rates fell below the plain rate after short runs of
@@ -223,11 +224,31 @@ def test_one_request_keeps_drafting_when_its_steps_yield_few_or_many_tokens():
         return 1 + int(np.argmin(np.append(rng.random(7) < 0.68, False)))
 
     policy = AdaptivePolicy(_cost(), 7, step_costs=MeasuredStepCosts())
-    kinds = _async_engine_kinds(policy, 2000, 1, draft_ms=2.06, draft_tokens=tokens, plain_ms=1.19)
+    engine_kinds = _async_engine_kinds if loop == "async" else _pipelined_engine_kinds
+    kinds = engine_kinds(policy, 2000, 1, draft_ms=2.06, draft_tokens=tokens, plain_ms=1.19)
     probes = kinds.replace("p" * AdaptivePolicy.PLAIN_PROBE_STEPS, "")
     assert probes.count("p") / len(probes) < 0.02, probes.count("p")
     assert kinds.count("p") / len(kinds) < 0.1, kinds.count("p")
     assert policy.step_costs.rate(DRAFT, 1) == pytest.approx(3.0 / 2.06, rel=0.15)
+
+
+def _pipelined_engine_kinds(policy, steps, r, draft_ms, draft_tokens, plain_ms):
+    """The kinds of `steps` steps as the pipelined engine runs them: should_draft asked every step,
+    a drafting step planned by step_budget, the kind read back with planned_step_kind and timed by
+    the engine itself (LLMEngine._time_spec_step: here draft_ms or plain_ms, as on a GPU-bound
+    pipeline), with draft_tokens (a number or a function) or one token per request."""
+    ids, limits = [f"r{i}" for i in range(r)], np.full(r, 7)
+    kinds = []
+    for _ in range(steps):
+        drafting = policy.should_draft(ids, r, r, limits)
+        if drafting:
+            _drafted_step_body(policy, ids, limits, 0)  # (step_tokens: unused when pipelined)
+        costed = policy.planned_step_kind()
+        tokens = (draft_tokens() if callable(draft_tokens) else draft_tokens) if drafting else r
+        if costed is not None:
+            policy.step_costs.observe(*costed, draft_ms if drafting else plain_ms, tokens)
+        kinds.append("D" if drafting else "p")
+    return "".join(kinds)
 
 
 def _drafted_step_body(policy, ids, limits, tokens):
@@ -344,3 +365,15 @@ def test_the_planned_step_kind_is_given_once_for_whole_decode_only_steps():
     tables = AdaptivePolicy(_cost(), 7, probe_every=10**9)
     tables.step_budget(ids, 8, 8, free)
     assert tables.planned_step_kind() is None
+
+
+def test_a_skipped_step_with_a_row_out_of_slots_is_still_timed_over_all_its_rows():
+    """The pipelined engine asks should_draft with the ids of the rows that have draft slots; a row
+    whose max_tokens is near has none but samples in the step all the same. The skipped step is
+    planned over every sampling row (8), not the 7 asked about, else it would look like a step of
+    8 tokens over 7 requests, not a decode-only one, and plain steps would go unmeasured whenever
+    a request is about to end."""
+    expensive = CostModel(CostTable([1, 512], [1.0, 1.0]), CostTable([1, 512], [1000.0, 1000.0]))
+    policy = AdaptivePolicy(expensive, 7, probe_every=10**9, step_costs=MeasuredStepCosts())
+    assert not policy.should_draft([f"r{i}" for i in range(7)], 8, 8, np.full(7, 7))
+    assert policy.planned_step_kind() == (PLAIN, 8)
