@@ -219,9 +219,11 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     Valued at the measured rates, the rule drafts beside chunks on the first and keeps them plain
     on the second, there by a thin margin (2-22%): the better choice each shape
     measured (the separate mode, which drafts there, on the first, runs 50-51; the fused mode's
-    plain chunk steps on the second, H200 run 45). Read from those runs on the CPU; not yet run
-    (BENCHMARKS.md, "The fused mode's margin valued at measured rates"). The rate comes from past
-    steps only, so the decision stays lossless."""
+    plain chunk steps on the second, H200 run 45). Read from those runs on the CPU (BENCHMARKS.md,
+    "The fused mode's margin valued at measured rates"); its arm's one run on the pair (H100 run
+    62) lost for other reasons, unpipelined steps and a noisy rate at one request, both changed
+    since, so the margin itself is still unmeasured. The rate comes from past steps only, so the
+    decision stays lossless."""
     objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
     b = int(np.argmax(objective))
     if b == 0:  # the drafts would all be thrown away
