@@ -179,14 +179,15 @@ def test_async_scheduling_equals_sync_on_gpu():
     assert runs[True][1].stats.num_discarded_rows > 0 and _graph_steps(llm) > 5
 
 
-@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
+@pytest.mark.parametrize("spec", ["fixed", "adaptive", "measured"])
 def test_pipelined_spec_steps_equal_sync_on_a_busy_gpu(spec, monkeypatch, tmp_path):
     """Pipelined speculative steps on the GPU, kept busy (a spin kernel queued before every graphed
     launch, so step t's input copies are still queued when the host fills step t + 1's): seeded
     T = 1 with stop tokens (requests end while their next step is in flight), arrivals (prefill
     rows ride along and sit the next step out). Fixed k: token for token the synchronous engine's
     (but for a first token drawn at a near-tie, below);
-    adaptive (its budgets come from confidences a step older): greedy tokens equal no-spec's."""
+    adaptive (its budgets come from confidences a step older), and adaptive on measured step costs
+    (pipelined since b591e30, its steps timed from their read backs): greedy tokens equal no-spec's."""
     from adaspec.spec_decode.graphed_step import GraphedSpecStep
 
     prompts = _prompts(19)
@@ -304,21 +305,20 @@ def test_decode_step_syncs_once(temperature, spec, extras, tmp_path):
 
 
 def test_adaptive_plain_async_steps_on_gpu():
-    """Adaptive speculation under async scheduling, with CUDA graphs: four plain async steps
-    (mixed graphs that capture the drafter's target layers, context written on the device), then
+    """Adaptive speculation under async scheduling without the speculative step's graphs (eager:
+    LLMEngine._adaptive_async_step; with graphs the steps are pipelined, every setting included,
+    since b591e30): four plain async steps (the drafter's context written on the device), then
     one that drafts, over and over. float32 greedy tokens equal the no-spec engine's, and the
-    acceptance is a synchronous engine's with the same steps drafting (whose skipped steps write
-    the drafter's context inside the speculative step's own graph): a context row written wrong
+    acceptance is a synchronous engine's with the same steps drafting: a context row written wrong
     or not at all would lower it."""
     prompts = _prompts(19)
     params = [SamplingParams(temperature=0, max_tokens=20 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
-    # the measured step costs keep the plain async steps (pipelined speculative steps would run the
-    # skipped steps as the speculative step's own one-token graph)
+    # measured step costs: the policy times the plain async steps it launches (policy.step_started)
     cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
            "enable_adaptive_verification": True, "adaptive_verification_step_costs": "measured"}
     # every request admitted and prefilled at once: the two engines then run the same steps (a
     # skipped step of the synchronous one reserves draft slots, which would chunk prefills apart)
-    kw = dict(max_num_seqs=24, device="cuda", dtype="float32", max_num_batched_tokens=2048)
+    kw = dict(max_num_seqs=24, device="cuda", dtype="float32", max_num_batched_tokens=2048, enforce_eager=True)
     want = [o.outputs[0].token_ids for o in LLM("tiny", **kw).generate(prompts, params)]
     stats = []
     for async_mode in (False, True):
@@ -333,6 +333,7 @@ def test_adaptive_plain_async_steps_on_gpu():
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert got == want
         assert eng.async_scheduling == async_mode and eng.stats.num_steps_draft_skipped > 10
+        assert eng.spec.graphed is None and (not async_mode or eng.num_result_waits > 10)  # plain async steps ran
         stats.append(eng.stats)
     a, b = stats
     assert a.num_accepted_tokens > 0
