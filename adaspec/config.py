@@ -248,8 +248,9 @@ class SpeculativeConfig:
     # figures, read on the CPU, that drafts beside chunks on the pair and not on the 8B shape;
     # the bench arm adaptive-fused-measured:K). Run on the pair (H100 run 62) that arm lost 24-35%
     # to "separate" at 1-256 requests: measured step costs then turned off the pipelined step, which
-    # made its drafting steps 1.4-2.1x longer, whatever the margin decided (pipelined since; not
-    # yet measured)
+    # made its drafting steps 1.4-2.1x longer, whatever the margin decided. Pipelined since: on the
+    # 8B shape at 256 requests (H100 run 63) it made 0.976x no-spec, as "fused" on the tables did
+    # (0.975x), where drafting does not pay and the drafter's context over prompts is the gap
     adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
