@@ -99,6 +99,25 @@ def decode_steps(row: dict) -> tuple[float, float | None] | None:
     return len(drafting) / len(decode), (statistics.mean(drafting) if drafting else None)
 
 
+def plain_and_chunk_costs(row: dict) -> tuple[float | None, float | None] | None:
+    """(mean wall in ms of the point's decode-only steps that did not draft, wall in ms per 1,000
+    prompt tokens over its steps with a prompt chunk), from its step trace; None without one, and
+    None for a kind it has no step of. Set beside no-spec's, they split a speculative arm's gap:
+    H100 run 63 found the Qwen3-8B shape's plain steps at no-spec's cost and its chunk steps 1-6%
+    dearer (the drafter's context over the prompt tokens). Under async scheduling a step call
+    waits for the step launched before it, so these are step calls' walls, not one step's GPU."""
+    trace, fields = row.get("step_trace"), row.get("step_trace_fields")
+    if not trace or not fields:
+        return None
+    wall, prompt, gen, drafted = (fields.index(k) for k in ("wall_ms", "prompt_tokens", "generated_tokens",
+                                                             "drafted_rows"))
+    plain = [s[wall] for s in trace if s[prompt] == 0 and s[gen] > 0 and s[drafted] == 0]
+    chunks = [s for s in trace if s[prompt] > 0]
+    prompt_tokens = sum(s[prompt] for s in chunks)
+    return (statistics.mean(plain) if plain else None,
+            1e3 * sum(s[wall] for s in chunks) / prompt_tokens if prompt_tokens else None)
+
+
 def frontier_cells(rows: list[dict]) -> dict:
     """(arm, concurrency) -> bench.aggregate.Cell of the offline points, with the keys the server
     report's verdict reads (per-user speed median as X, output throughput as Y)."""
@@ -141,6 +160,13 @@ def main(path: str, png: str | None = None) -> None:
     if any(r["decode_drafted_share"] is not None for r in rows):
         tables.append(("decode_drafted_share", "share of the decode-only steps that drafted (step trace)", "{:.2f}"))
         tables.append(("decode_drafting_ms", "ms per decode-only step that drafted (step trace)", "{:.2f}"))
+    for r in rows:
+        d = plain_and_chunk_costs({**r, "step_trace_fields": doc.get("step_trace_fields")})
+        r["decode_plain_ms"], r["chunk_ms_per_k_prompt"] = d if d is not None else (None, None)
+    if any(r["decode_plain_ms"] is not None or r["chunk_ms_per_k_prompt"] is not None for r in rows):
+        tables.append(("decode_plain_ms", "ms per decode-only step that did not draft (step trace)", "{:.2f}"))
+        tables.append(("chunk_ms_per_k_prompt", "ms of steps with a prompt chunk per 1,000 prompt tokens (step trace)",
+                       "{:.2f}"))
     print(f"\n{repeats_note(doc)}; ± is one standard deviation over a point's repeats (0 with one)")
     for key, title, fmt in tables:
         print(f"\n{title}\n")

@@ -78,3 +78,25 @@ def test_decode_steps_that_drafted_from_the_step_trace(tmp_path, capsys):
     p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps)]}))  # untraced sweep: no such table
     summarize_sweep.main(str(p))
     assert "decode-only" not in capsys.readouterr().out
+
+
+def test_plain_steps_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
+    """What a speculative arm's plain decode-only steps and its steps with prompt chunks cost,
+    beside no-spec's: where a gap to no-spec lies (H100 run 63's Qwen3-8B shape at 256 requests)."""
+    # [wall, prompt, generated, running, waiting, drafted rows, verified, skipped, fused]
+    steps = [[9.0, 2000, 1, 1, 0, 0, 0, 0, 0], [3.0, 1000, 2, 2, 0, 1, 3, 0, 0],  # chunks: 12 ms / 3k
+             [0.5, 0, 0, 0, 0, 0, 0, 0, 0],  # emitted nothing: neither kind
+             [2.0, 0, 3, 1, 0, 1, 6, 0, 0], [1.0, 0, 1, 1, 0, 0, 0, 1, 0], [1.5, 0, 1, 1, 0, 0, 0, 1, 0]]
+    plain, per_k = summarize_sweep.plain_and_chunk_costs({**_traced("a", steps), "step_trace_fields": FIELDS})
+    assert plain == 1.25 and per_k == 4.0
+    decode_only = [[1.0, 0, 1, 1, 0, 0, 0, 0, 0]]
+    assert summarize_sweep.plain_and_chunk_costs({**_traced("n", decode_only), "step_trace_fields": FIELDS}) \
+        == (1.0, None)
+    assert summarize_sweep.plain_and_chunk_costs(_traced("a", steps)) is None  # no fields: nothing to read
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps), _traced("n", decode_only)],
+                             "step_trace_fields": FIELDS}))
+    summarize_sweep.main(str(p))
+    out = capsys.readouterr().out
+    assert "ms per decode-only step that did not draft" in out and "| 1 | 1.25 ± 0.00 | 1.00 ± 0.00 |" in out
+    assert "per 1,000 prompt tokens" in out and "| 1 | 4.00 ± 0.00 | – |" in out
