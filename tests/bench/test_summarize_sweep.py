@@ -57,6 +57,14 @@ def _traced(arm, steps):
             "mean_accepted_length": None, "step_trace": steps}
 
 
+def _summary(tmp_path, capsys, rows, fields=FIELDS) -> str:
+    """summarize_sweep's output for a sweep of `rows` (fields None: a sweep without a step trace)."""
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {}, "rows": rows, **({"step_trace_fields": fields} if fields else {})}))
+    summarize_sweep.main(str(p))
+    return capsys.readouterr().out
+
+
 def test_decode_steps_that_drafted_from_the_step_trace(tmp_path, capsys):
     # [wall, prompt, generated, running, waiting, drafted rows, verified, skipped, fused]
     chunk = [9.0, 20, 1, 1, 0, 1, 3, 0, 0]  # carries a prompt chunk: not a decode-only step
@@ -68,16 +76,10 @@ def test_decode_steps_that_drafted_from_the_step_trace(tmp_path, capsys):
     plain = [[1.0, 0, 1, 1, 0, 0, 0, 0, 0]]
     assert summarize_sweep.decode_steps({**_traced("n", plain), "step_trace_fields": FIELDS}) == (0.0, None)
     assert summarize_sweep.decode_steps(_traced("a", steps)) is None  # no fields: nothing to read
-    p = tmp_path / "sweep.json"
-    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps), _traced("n", plain)],
-                             "step_trace_fields": FIELDS}))
-    summarize_sweep.main(str(p))
-    out = capsys.readouterr().out
+    out = _summary(tmp_path, capsys, [_traced("a", steps), _traced("n", plain)])
     assert "share of the decode-only steps that drafted" in out and "| 1 | 0.50 ± 0.00 | 0.00 ± 0.00 |" in out
     assert "| 1 | 2.50 ± 0.00 | – |" in out
-    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps)]}))  # untraced sweep: no such table
-    summarize_sweep.main(str(p))
-    assert "decode-only" not in capsys.readouterr().out
+    assert "decode-only" not in _summary(tmp_path, capsys, [_traced("a", steps)], fields=None)  # untraced sweep
 
 
 def test_plain_steps_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
@@ -93,10 +95,6 @@ def test_plain_steps_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
     assert summarize_sweep.plain_and_chunk_costs({**_traced("n", decode_only), "step_trace_fields": FIELDS}) \
         == (1.0, None)
     assert summarize_sweep.plain_and_chunk_costs(_traced("a", steps)) is None  # no fields: nothing to read
-    p = tmp_path / "sweep.json"
-    p.write_text(json.dumps({"args": {}, "rows": [_traced("a", steps), _traced("n", decode_only)],
-                             "step_trace_fields": FIELDS}))
-    summarize_sweep.main(str(p))
-    out = capsys.readouterr().out
+    out = _summary(tmp_path, capsys, [_traced("a", steps), _traced("n", decode_only)])
     assert "ms per decode-only step that did not draft" in out and "| 1 | 1.25 ± 0.00 | 1.00 ± 0.00 |" in out
     assert "per 1,000 prompt tokens" in out and "| 1 | 4.00 ± 0.00 | – |" in out
