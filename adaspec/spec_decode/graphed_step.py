@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -166,7 +167,9 @@ def readback_rows(tokens: torch.Tensor, n_acc: torch.Tensor, nq: torch.Tensor, s
 
 class GraphedSpecStep:
     def __init__(self, decoder, engine, batch_sizes: list[int] | None = None):
-        self.decoder, self.engine = decoder, engine
+        # weak: the decoder holds this step (decoder.graphed), as the engine holds the decoder
+        # (SpeculativeDecoder.__init__ says why no cycle may hold them)
+        self.decoder, self.engine = weakref.proxy(decoder), weakref.proxy(engine)
         self.model, self.drafter = engine.model, decoder.drafter
         self.k, self.block = decoder.num_spec_tokens, decoder.block
         self.adaptive = bool(decoder.cfg.enable_adaptive_verification)

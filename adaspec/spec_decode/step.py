@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -105,7 +106,11 @@ def load_speculative_drafter(config: EngineConfig, engine) -> DrafterSetup:
 
 class SpeculativeDecoder:
     def __init__(self, engine, setup: DrafterSetup, num_slots: int):
-        self.engine = engine
+        # a weak reference: the engine holds this decoder (engine.spec), and a strong one back would
+        # make a cycle that only the cyclic collector frees, so `del llm` kept the engine's and the
+        # drafter's KV caches (~1 GiB each on a CPU) until a full collection, and a test worker
+        # that ran engines back to back grew to 23.5 GB and was killed out of memory
+        self.engine = weakref.proxy(engine)
         self.cfg = setup.spec_cfg
         self.drafter = setup.drafter
         self.dcfg = setup.drafter_cfg
@@ -162,8 +167,10 @@ class SpeculativeDecoder:
                               if self.cfg.adaptive_verification_online_calibration else None,
                               unobserved=self.cfg.adaptive_verification_unobserved_confidence,
                               mixed_steps=self.cfg.adaptive_verification_mixed_steps,
-                              # engine.stats is replaced after the warm-up: look it up at each call
-                              on_step_cost=lambda *a: self.engine.stats.record_step_cost(*a))
+                              # engine.stats is replaced after the warm-up: look it up at each call,
+                              # through the engine's weak proxy (a closure over self would tie this
+                              # decoder in a cycle with its policy: __init__ says why none may)
+                              on_step_cost=lambda *a, engine=self.engine: engine.stats.record_step_cost(*a))
 
     def forget_history(self) -> None:
         """A fresh policy (nothing learned: confidences, online calibration, measured costs) and
