@@ -62,3 +62,43 @@ def _one_profile_run_per_shape():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(SpeculativeConfig, "from_dict", classmethod(with_one_run))
         yield
+
+
+_engines_built: list = []  # a weak reference to every engine the session built, in order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _note_every_engine():
+    """Records each LLMEngine as it is built (weakly), for _free_engines_left_in_cycles."""
+    import weakref
+
+    from adaspec.engine.llm_engine import LLMEngine
+
+    real = LLMEngine.__init__
+
+    def noted(self, *args, **kwargs):
+        _engines_built.append(weakref.ref(self))
+        real(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LLMEngine, "__init__", noted)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _free_engines_left_in_cycles():
+    """After a test, a full garbage collection when an engine it built outlived it. An engine
+    dies with its last reference, but a test can leave it in a reference cycle: `with
+    pytest.raises(...) as e` keeps the test's frame, and with it every engine in its locals, on
+    e's traceback. Each engine holds a KV cache of ~1 GiB (its drafter's another), so a worker
+    that ran such tests back to back, with no full collection between them (the collector's
+    oldest generation runs rarely), grew to 23.5 GB, and the kernel killed it out of memory
+    (twice on the 24 GiB development machine under `-n 2`). A collection takes ~0.2 s here, so
+    it runs only when it can free an engine."""
+    first = len(_engines_built)
+    yield
+    if any(ref() is not None for ref in _engines_built[first:]):
+        import gc
+
+        gc.collect()
+    del _engines_built[first:]  # dead or collected: nothing to keep
