@@ -21,7 +21,9 @@ dipped below the plain rate after a few short steps, though drafting made 1.8x t
 there; each dip ran plain steps until the next probe, 32-54% of the decode steps in all
 (BENCHMARKS.md, run 62). (Run 10 and 11 scaled the tables' prices by measured wall / priced ratios
 instead; at 16 requests that chose plain steps where drafting made 1.2x the tokens.) The walls are engine
-step-to-step intervals (everything the loop does until it starts the next step) and the tokens
+step-to-step intervals (without the graphs, everything the loop does until it starts the next
+step, policy.step_started; pipelined, from the previous step's results to this one's,
+LLMEngine._time_spec_step) and the tokens
 those the step emitted, of past steps only: no decision depends on a current draft (lossless,
 policy.py).
 """
