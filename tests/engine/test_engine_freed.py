@@ -7,6 +7,7 @@ import gc
 import weakref
 
 import pytest
+import torch
 
 from adaspec import LLM, SamplingParams
 
@@ -19,17 +20,25 @@ SPECS = {
 }
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
+                                    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_an_engine_dies_with_its_last_reference(name, tmp_path):
+def test_an_engine_dies_with_its_last_reference(name, device, tmp_path):
+    """On CUDA the engines capture their graphs (the graphed speculative step holds the decoder
+    and the engine through proxies), and the memory they allocated must come back with them."""
     spec = SPECS[name]
     if spec is not None:
         spec = {**spec, "cost_model_cache_dir": str(tmp_path)}
-    kw = dict(speculative_config=spec, async_scheduling=name.endswith("async") or None)
+    kw = dict(speculative_config=spec, async_scheduling=name.endswith("async") or None, device=device)
     LLM("tiny", **kw)  # the first engine of a process may import modules whose frames outlive it
     gc.collect()
     was = gc.isenabled()
     gc.disable()  # only reference counting may free it
     try:
+        before = torch.cuda.memory_allocated() if device == "cuda" else 0
         llm = LLM("tiny", **kw)
         llm.generate(["def f(x):", "import os"], SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
         engine = weakref.ref(llm.llm_engine)
@@ -37,6 +46,9 @@ def test_an_engine_dies_with_its_last_reference(name, tmp_path):
         del llm
         assert engine() is None, "the engine outlived its last reference (a reference cycle holds it)"
         assert spec_step is None or spec_step() is None
+        if device == "cuda":  # the KV caches, weights and graph buffers went with it
+            left = torch.cuda.memory_allocated() - before
+            assert left < 16 << 20, f"{left / 2**20:.0f} MiB of CUDA memory outlived the engine"
     finally:
         if was:
             gc.enable()
