@@ -44,6 +44,7 @@ sampling: SamplingBatch) -> DraftProposal``
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,21 +363,44 @@ class DSparkDrafter(nn.Module):
             return None, None
 
     def _markov_loop_fused(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
-        """The Markov loop in the fused kernels (2 a slot for greedy drafts, 3 for sampled ones)
-        over base [R, w, V] (bf16 or float32) -> (tokens [R, w], logits [R, w, V] float32 or None)."""
+        """The Markov loop in the fused kernels over base [R, w, V] (bf16 or float32) -> (tokens
+        [R, w], logits [R, w, V] float32 or None): up to markov_loop_triton.MAX_ROWS rows in one
+        kernel a slot (plus one), else markov_triton's two a slot for greedy drafts, three for sampled."""
         R, w, V = base.shape
         tokens = torch.empty(R, w, dtype=torch.long, device=base.device)
+        w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        if R <= markov_loop_rows():
+            from adaspec.models import markov_loop_triton as ml
+
+            logits = torch.empty(R, w, V, dtype=torch.float32, device=base.device) if return_logits else None
+            ml.markov_loop(base, anchor_ids.long(), w1, w2, sampling.temperature, tokens, logits, q_out=q,
+                           uniforms=u, bias_of=None if draft_bias is None else (lambda j: _slot_bias(draft_bias, j)))
+            return tokens, logits
         # the slot's logits: the probs kernel reads them (sampled rows), or the caller wants them all
         logits = None
         if return_logits or q is not None:
             logits = torch.empty(R, w if return_logits else 1, V, dtype=torch.float32, device=base.device)
-        w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
         for j in range(w):
             mt.markov_slot(base[:, j], anchor_ids.long() if j == 0 else tokens[:, j - 1], w1, w2, sampling.temperature,
                            tokens[:, j], None if logits is None else logits[:, j if return_logits else 0],
                            q_out=None if q is None else q[:, j], uniforms=None if q is None else u[j],
                            bias=None if draft_bias is None else _slot_bias(draft_bias, j))
         return tokens, (logits if return_logits else None)
+
+
+def markov_loop_rows() -> int:
+    """Up to how many rows the drafter drafts with the one-kernel-a-slot loop
+    (models/markov_loop_triton.py): its MAX_ROWS, or ADASPEC_MARKOV_LOOP_ROWS from the environment
+    (0: never; for A/B measurements, read when a step is drafted, so a graph keeps its capture's)."""
+    env = os.environ.get("ADASPEC_MARKOV_LOOP_ROWS")
+    if env is None:
+        from adaspec.models import markov_loop_triton as ml
+
+        return ml.MAX_ROWS
+    try:
+        return int(env)
+    except ValueError:
+        raise ValueError(f"ADASPEC_MARKOV_LOOP_ROWS must be a whole number of rows, got {env!r}") from None
 
 
 # The propose graph's bookkeeping around its matmuls and kernels, as pure functions: cuda_compiled

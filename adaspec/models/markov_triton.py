@@ -196,13 +196,22 @@ class FusedKernelUnavailable(RuntimeError):
     then fails raises the original error."""
 
 
-_proven: set[tuple] = set()  # the kernel variants that ran in this process
+proven: set[tuple] = set()  # the kernel variants that ran in this process
 
 
-def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...], rows: bool) -> None:
+def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...], rows: bool) -> None:
     if t.dtype != dtype or tuple(t.shape) != shape or (rows and t.stride(-1) != 1):
         want = f"{dtype} {list(shape)}" + (" with contiguous rows" if rows else "")
         raise ValueError(f"{name} must be {want}, got {t.dtype} {list(t.shape)} with strides {t.stride()}")
+
+
+def check_weights(w1: torch.Tensor, w2: torch.Tensor, V: int) -> None:
+    rank = w1.shape[1]
+    if not (w1.is_contiguous() and w2.is_contiguous()) or w2.shape != (V, rank) or w1.dtype != w2.dtype:
+        raise ValueError(f"w1 [V, r] and w2 [V, r] must be contiguous and of one dtype, got {w1.dtype} "
+                         f"{list(w1.shape)} and {w2.dtype} {list(w2.shape)}")
+    if rank > MAX_RANK:
+        raise ValueError(f"a Markov rank of at most {MAX_RANK} fits the kernels, got {rank}")
 
 
 def markov_slot(base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -219,26 +228,21 @@ def markov_slot(base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: to
     every row greedy, no q); bias [R, V] float32: the requests' additive rules for this slot, or None.
     Raises FusedKernelUnavailable when a kernel variant fails before it ever ran in the process."""
     R, V = base.shape
-    rank = w1.shape[1]
-    _check(base, "base", base.dtype, (R, V), True)
+    check_tensor(base, "base", base.dtype, (R, V), True)
     if (q_out is None) != (uniforms is None):
         raise ValueError("q_out and uniforms go together: both for a draw, neither when every row is greedy")
     if q_out is not None:
         if logits_out is None:
             raise ValueError("a draw needs logits_out: the probs kernel reads the slot's logits from it")
-        _check(q_out, "q_out", torch.float32, (R, V), True)
-        _check(uniforms, "uniforms", torch.float32, (R,), False)
+        check_tensor(q_out, "q_out", torch.float32, (R, V), True)
+        check_tensor(uniforms, "uniforms", torch.float32, (R,), False)
     if logits_out is not None:
-        _check(logits_out, "logits_out", torch.float32, (R, V), True)
+        check_tensor(logits_out, "logits_out", torch.float32, (R, V), True)
     if bias is not None:
-        _check(bias, "bias", torch.float32, (R, V), True)
-    _check(prev, "prev", torch.int64, (R,), False)
-    _check(tokens_out, "tokens_out", torch.int64, (R,), False)
-    if not (w1.is_contiguous() and w2.is_contiguous()) or w2.shape != (V, rank) or w1.dtype != w2.dtype:
-        raise ValueError(f"w1 [V, r] and w2 [V, r] must be contiguous and of one dtype, got {w1.dtype} "
-                         f"{list(w1.shape)} and {w2.dtype} {list(w2.shape)}")
-    if rank > MAX_RANK:
-        raise ValueError(f"a Markov rank of at most {MAX_RANK} fits the kernels, got {rank}")
+        check_tensor(bias, "bias", torch.float32, (R, V), True)
+    check_tensor(prev, "prev", torch.int64, (R,), False)
+    check_tensor(tokens_out, "tokens_out", torch.int64, (R,), False)
+    check_weights(w1, w2, V)
     if R == 0:
         return
     variant = (q_out is None, bias is not None, logits_out is not None, base.dtype, w2.dtype, V > 32768, str(base.device))
@@ -246,10 +250,10 @@ def markov_slot(base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: to
         _launch(base, prev, w1, w2, temperature.to(torch.float32).contiguous(), tokens_out, logits_out, q_out,
                 None if uniforms is None else uniforms.contiguous(), bias)
     except Exception as e:
-        if variant in _proven:
+        if variant in proven:
             raise
         raise FusedKernelUnavailable(f"{type(e).__name__}: {e}") from e
-    _proven.add(variant)
+    proven.add(variant)
 
 
 def _launch(base, prev, w1, w2, temperature, tokens_out, logits_out, q_out, uniforms, bias) -> None:

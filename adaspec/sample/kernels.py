@@ -57,10 +57,16 @@ def in_use(device) -> str:
 
 
 def markov_loop_in_use(device) -> str:
-    """How a run on `device` drafts its Markov slots, for result files: "fused" (the kernels of
-    models/markov_triton.py, on CUDA with the Triton sampler) or "torch"."""
+    """How a run on `device` drafts its Markov slots, for result files and the cost tables' key:
+    "torch" (the torch ops), "fused" (models/markov_triton.py's kernels, on CUDA with the Triton
+    sampler), or "fused+loopN" (up to N rows in one kernel a slot, models/markov_loop_triton.py,
+    markov_triton's above)."""
     if in_use(device) != "triton":
         return "torch"
     from adaspec.models import markov_triton
+    from adaspec.models.drafter import markov_loop_rows
 
-    return "fused" if markov_triton.enabled() else "torch"
+    if not markov_triton.enabled():
+        return "torch"
+    rows = markov_loop_rows()
+    return f"fused+loop{rows}" if rows > 0 else "fused"

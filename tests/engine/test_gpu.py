@@ -45,7 +45,7 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
     from adaspec.testing import make_bigram_drafter_dir, make_micro_model_dir, pin_cost_tables
 
     monkeypatch.setattr(markov_triton, "_enabled", fused_markov)
-    monkeypatch.setattr(markov_triton, "_proven", set())
+    monkeypatch.setattr(markov_triton, "proven", set())
     t = make_micro_model_dir(tmp_path / "t", mixing=0.02, init_std=0.3, seed=3)
     d = make_bigram_drafter_dir(tmp_path / "d", t, block_size=7)
     prompts = [list(range(1 + i, 10 + 3 * i)) for i in range(12)]
@@ -60,7 +60,7 @@ def test_speculative_on_cuda_equals_plain(tmp_path, fused_markov, monkeypatch):
             pin_cost_tables(llm)
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, p)] == plain
         assert llm.llm_engine.stats.num_accepted_tokens > 0
-    assert bool(markov_triton._proven) == fused_markov  # the kernels drafted (and only when switched on)
+    assert bool(markov_triton.proven) == fused_markov  # the kernels drafted (and only when switched on)
 
 
 def _micro_greedy_tokens_by_setting(tmp_path, switch, settings) -> dict:

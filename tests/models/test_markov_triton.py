@@ -11,6 +11,7 @@ from adaspec.testing import triton_kernels_or_skip
 
 triton = triton_kernels_or_skip()
 
+from adaspec.models import markov_loop_triton as ml  # noqa: E402
 from adaspec.models import markov_triton as mt  # noqa: E402
 from adaspec.sample import kernels  # noqa: E402
 from adaspec.sample.batch import SamplingBatch  # noqa: E402
@@ -62,13 +63,43 @@ def _inverse_cdf(q, u):
     return idx, margin
 
 
+IMPLS = {"slot": "markov_triton.markov_slot", "loop": "markov_loop_triton.markov_loop, one slot",
+         "loop-subtiles": "markov_loop_triton.markov_loop, one slot, programs of 4 sub-tiles"}
+_impl = "slot"
+
+
+@pytest.fixture(params=list(IMPLS))
+def impl(request, monkeypatch):
+    """A slot's kernels: markov_triton's, or markov_loop_triton's loop over one slot (its finishing
+    kernel draws and writes q), with programs of one sub-tile or, chunks capped at 2 a row, of 4."""
+    global _impl
+    _impl = request.param
+    if request.param == "loop-subtiles":
+        monkeypatch.setattr(ml, "MAX_CHUNKS", 2)
+    yield request.param
+    _impl = "slot"
+
+
+def _chunk_size(V: int) -> int:
+    """Entries per chunk of the draw's walk: the probs programs' (slot), or a loop program's."""
+    if _impl == "slot":
+        return mt.block_q(V)
+    subs, _ = ml.chunking(V)
+    return subs * mt.BLOCK_V
+
+
 def _run(base, prev, w1, w2, temps, u, bias=None, greedy=False):
     R, V = base.shape
     tokens = torch.full((R, 3), -1, dtype=torch.long, device=DEVICE)  # a strided column, like tokens[:, j]
     lg = torch.empty(R, V, device=DEVICE)
     q = None if greedy else torch.full((R, 2, V), -1.0, device=DEVICE)  # a slot of a strided buffer
-    mt.markov_slot(base, prev, w1, w2, temps, tokens[:, 1], lg, q_out=None if greedy else q[:, 1],
-                   uniforms=None if greedy else u, bias=bias)
+    if _impl == "slot":
+        mt.markov_slot(base, prev, w1, w2, temps, tokens[:, 1], lg, q_out=None if greedy else q[:, 1],
+                       uniforms=None if greedy else u, bias=bias)
+    else:
+        ml.markov_loop(base[:, None], prev, w1, w2, temps, tokens[:, 1:2], lg[:, None],
+                       q_out=None if greedy else q[:, 1:2], uniforms=None if greedy else u[None],
+                       bias_of=None if bias is None else (lambda j: bias))
     assert (tokens[:, [0, 2]] == -1).all()
     if q is not None:
         assert (q[:, 0] == -1).all()
@@ -76,7 +107,7 @@ def _run(base, prev, w1, w2, temps, u, bias=None, greedy=False):
 
 
 @pytest.mark.parametrize("R,V,rank", [(1, 200, 8), (5, 257, 16), (20, 130, 24)])
-def test_a_sampled_slot_is_the_torch_loops_slot(R, V, rank):
+def test_a_sampled_slot_is_the_torch_loops_slot(R, V, rank, impl):
     """Rows with T in {0, 0.5, 1, 2}, more rows than one logits program holds (20 > 16), ragged
     last chunks, a rank padded up to the dot's 16: logits and q as torch's, greedy rows the
     one-hot of the first argmax, every draw the inverse CDF of the q written."""
@@ -99,7 +130,7 @@ def test_a_sampled_slot_is_the_torch_loops_slot(R, V, rank):
     assert torch.equal(tok, want_tok)  # and torch's own draw, no uniform near a boundary here
 
 
-def test_draws_follow_q():
+def test_draws_follow_q(impl):
     """The same row 600 times with uniforms on a grid: the drawn tokens' frequencies are q's
     (each token gets the uniforms of its CDF interval: exact up to the grid's step)."""
     V, R = 40, 600
@@ -113,7 +144,7 @@ def test_draws_follow_q():
     assert (freq - q[0]).abs().max().item() <= 1.0 / R + 1e-6
 
 
-def test_greedy_slots_take_the_first_argmax_without_q():
+def test_greedy_slots_take_the_first_argmax_without_q(impl):
     """Every row greedy: the token is the first argmax of the slot's logits (ties across chunks too)."""
     V, R = 150, 18
     w1, w2 = _weights(V, 16, seed=5)
@@ -129,7 +160,7 @@ def test_greedy_slots_take_the_first_argmax_without_q():
     assert torch.equal(tok, lg.argmax(-1))
 
 
-def test_the_rules_bias_is_added_and_masked_tokens_are_never_drawn():
+def test_the_rules_bias_is_added_and_masked_tokens_are_never_drawn(impl):
     V, R = 100, 6
     w1, w2 = _weights(V, 16, seed=7)
     g = torch.Generator().manual_seed(4)
@@ -184,10 +215,13 @@ def _tiny_drafter(dtype=torch.float32):
     return DSparkDrafter(cfg).to(DEVICE, dtype).eval()
 
 
+@pytest.mark.parametrize("loop_rows", ["32", "0"])
 @pytest.mark.parametrize("all_greedy", [True, False])
-def test_the_drafters_fused_loop_is_its_torch_loop(all_greedy):
-    """DSparkDrafter's two loops over the same block: the same tokens, q and logits, with a
-    (first slot, other slots) rules' bias, for greedy and mixed sampled rows."""
+def test_the_drafters_fused_loop_is_its_torch_loop(all_greedy, loop_rows, monkeypatch):
+    """DSparkDrafter's fused loop and its torch loop over the same block: the same tokens, q and
+    logits, with a (first slot, other slots) rules' bias, for greedy and mixed sampled rows; the
+    fused loop in one kernel a slot (markov_loop_triton, 5 rows <= 32) and in markov_triton's slots."""
+    monkeypatch.setenv("ADASPEC_MARKOV_LOOP_ROWS", loop_rows)
     model = _tiny_drafter()
     R, k, V = 5, 4, 300
     g = torch.Generator().manual_seed(9)
@@ -248,18 +282,60 @@ def test_draft_block_on_gpu_is_the_same_with_and_without_the_fused_loop(temperat
     torch.testing.assert_close(b.confidences[same], a.confidences[same])
 
 
-def test_kernels_that_fail_before_they_ever_ran_leave_the_torch_loop_with_a_warning(monkeypatch):
+@pytest.mark.parametrize("subtiles", [False, True])
+def test_the_loops_slots_are_markov_triton_slots_one_after_another(subtiles, monkeypatch):
+    """markov_loop over 5 slots (rows sampled and greedy, a bias on some slots) against
+    markov_slot slot by slot, each reading the token before: the same tokens, logits and q; and
+    without logits_out (the loop keeps two slots' logits, alternating) the same tokens and q."""
+    if subtiles:
+        monkeypatch.setattr(ml, "MAX_CHUNKS", 2)
+    R, w, V = 7, 5, 230
+    g = torch.Generator().manual_seed(17)
+    w1, w2 = _weights(V, 16, seed=17)
+    base = (torch.randn(R, w, V, generator=g) * 2).to(DEVICE)
+    anchors = torch.randint(0, V, (R,), generator=g).to(DEVICE)
+    temps = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.0, 2.0], device=DEVICE)
+    u = torch.rand(w, R, generator=g).to(DEVICE)
+    bias = torch.randn(w, R, V, generator=g).to(DEVICE)
+    bias[2, :, 50:] = float("-inf")
+
+    def bias_of(j):
+        return None if j == 1 else bias[j]
+    tok, lg, q = (torch.empty(R, w, dtype=torch.long, device=DEVICE), torch.empty(R, w, V, device=DEVICE),
+                  torch.empty(R, w, V, device=DEVICE))
+    prev = anchors
+    for j in range(w):
+        mt.markov_slot(base[:, j].contiguous(), prev, w1, w2, temps, tok[:, j], lg[:, j], q_out=q[:, j],
+                       uniforms=u[j].contiguous(), bias=bias_of(j))
+        prev = tok[:, j]
+    got_tok, got_lg, got_q = torch.empty_like(tok), torch.empty_like(lg), torch.empty_like(q)
+    ml.markov_loop(base, anchors, w1, w2, temps, got_tok, got_lg, q_out=got_q, uniforms=u, bias_of=bias_of)
+    assert torch.equal(got_tok, tok)
+    assert (tok[:, 2] < 50).all()
+    torch.testing.assert_close(got_lg, lg, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_q, q, rtol=1e-5, atol=1e-7)
+    bare_tok, bare_q = torch.empty_like(tok), torch.empty_like(q)
+    ml.markov_loop(base, anchors, w1, w2, temps, bare_tok, None, q_out=bare_q, uniforms=u, bias_of=bias_of)
+    assert torch.equal(bare_tok, got_tok)
+    assert torch.equal(bare_q, got_q)
+
+
+@pytest.mark.parametrize("one_kernel_a_slot", [True, False])
+def test_kernels_that_fail_before_they_ever_ran_leave_the_torch_loop_with_a_warning(one_kernel_a_slot, monkeypatch):
     """A Triton that cannot compile a variant of the kernels must cost the fused loop, not the
     engine: the first failure of a variant is FusedKernelUnavailable, on which the drafter switches
-    the kernels off (warning) and drafts with the torch loop; a variant that once ran re-raises."""
+    the kernels off (warning) and drafts with the torch loop; a variant that once ran re-raises.
+    Both launchers: markov_loop_triton's (3 rows) and markov_triton's slots."""
+    monkeypatch.setenv("ADASPEC_MARKOV_LOOP_ROWS", "32" if one_kernel_a_slot else "0")
+    launcher = ml if one_kernel_a_slot else mt
     model = _tiny_drafter()
     R, k, V = 3, 4, 300
     base = torch.randn(R, k, V, device=DEVICE)
     anchor_ids = torch.zeros(R, dtype=torch.long, device=DEVICE)
     sampling = SamplingBatch.build([SamplingParams(temperature=0.0)] * R, [0] * R, DEVICE)
     monkeypatch.setattr(mt, "_enabled", True)
-    monkeypatch.setattr(mt, "_proven", set())
-    real = mt._launch
+    monkeypatch.setattr(mt, "proven", set())
+    real = launcher._launch
     broken = []
 
     def launch(*a, **kw):
@@ -267,9 +343,9 @@ def test_kernels_that_fail_before_they_ever_ran_leave_the_torch_loop_with_a_warn
             raise RuntimeError("no compiler")
         real(*a, **kw)
 
-    monkeypatch.setattr(mt, "_launch", launch)
+    monkeypatch.setattr(launcher, "_launch", launch)
     tok, _ = model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False)
-    assert tok is not None and mt._proven  # the greedy variant ran
+    assert tok is not None and mt.proven  # the greedy variant ran
     broken.append(1)
     with pytest.raises(RuntimeError, match="no compiler"):  # that variant once ran: a real failure
         model._markov_loop_fused_or_none(mt, base, anchor_ids, sampling, None, None, None, False)
@@ -287,7 +363,7 @@ def _slot_case(R, V, rank, seed, temps):
     return w1, w2, base, prev, torch.tensor(temps, device=DEVICE)
 
 
-def test_draw_edges_u_at_zero_and_one_and_a_fully_masked_row():
+def test_draw_edges_u_at_zero_and_one_and_a_fully_masked_row(impl):
     """u = 0 with the first tokens masked draws the first token with probability (never a masked
     one); u just below 1 draws the last token with probability; a row whose rules mask everything
     (q is NaN, as torch's softmax gives) still yields a token in range."""
@@ -304,7 +380,7 @@ def test_draw_edges_u_at_zero_and_one_and_a_fully_masked_row():
     assert 0 <= tok[2].item() < V and torch.isnan(q[2]).all()
 
 
-def test_ties_within_a_chunk_take_the_first_index():
+def test_ties_within_a_chunk_take_the_first_index(impl):
     R, V = 2, 100
     w1, w2 = _weights(V, 16, seed=5)
     w1[0] = 0.0
@@ -319,13 +395,13 @@ def test_ties_within_a_chunk_take_the_first_index():
 
 @pytest.mark.real_chunks
 @pytest.mark.parametrize("V", [2048] if not torch.cuda.is_available() else [16384, 151936])
-def test_the_real_chunk_sizes_draw_the_inverse_cdf_of_q(V):
+def test_the_real_chunk_sizes_draw_the_inverse_cdf_of_q(V, impl):
     """The module's own chunk sizes (the other tests shrink them), uniforms placed on the running
     sum's boundaries between the probs programs' chunks and one float step either side: every token
     has probability, and it is the float64 inverse CDF of q unless u * total lies within rounding of
     a boundary."""
     R = 24 if not torch.cuda.is_available() else 256
-    bq = mt.block_q(V)
+    bq = _chunk_size(V)
     w1, w2, base, prev, _ = _slot_case(1, V, 64, 31, [1.0])
     base, prev = base.expand(R, V).contiguous(), prev.expand(R).contiguous()
     temps = torch.ones(R, device=DEVICE)
