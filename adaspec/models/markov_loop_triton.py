@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from adaspec.models import markov_triton as mt
+from adaspec.models.markov_triton import slot_logits
 
 # up to this many rows the drafter drafts with this loop: above, every program's read of its rows'
 # partials (rows x chunks of them, redundantly per program) costs more than the launches it saves
@@ -149,18 +150,9 @@ def _slot_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, r
         for s in tl.static_range(SUBS):
             cols = c * CHUNK + s * BLOCK + lanes
             cmask = cols < V
-            w = tl.load(w2_ptr + cols.to(tl.int64)[None, :] * rank + ranks[:, None],
-                        mask=kmask[:, None] & cmask[None, :], other=0.0)
-            if IEEE:
-                b = tl.dot(e, w, input_precision="ieee")
-            else:
-                b = tl.dot(e, w)
-            if ROUND_BIAS:  # nn.Linear returns the bias in the weights' dtype
-                b = b.to(w2_ptr.dtype.element_ty).to(tl.float32)
+            x = slot_logits(e, w2_ptr, rank, ranks, kmask, rows64, rmask, cols, cmask, base_ptr, base_stride,
+                            bias_ptr, bias_stride, HAS_BIAS, ROUND_BIAS, IEEE)
             m2 = rmask[:, None] & cmask[None, :]
-            x = tl.load(base_ptr + rows64[:, None] * base_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32) + b
-            if HAS_BIAS:
-                x += tl.load(bias_ptr + rows64[:, None] * bias_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32)
             if STORE_LOGITS:
                 tl.store(lg_ptr + rows64[:, None] * lg_stride + cols[None, :], x, mask=m2)
             x = tl.where(cmask[None, :], x, -float("inf"))

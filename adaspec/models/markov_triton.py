@@ -75,6 +75,26 @@ def enabled() -> bool:
 
 
 @triton.jit
+def slot_logits(e, w2_ptr, rank, ranks, kmask, rows64, rmask, cols, cmask, base_ptr, base_stride, bias_ptr,
+                bias_stride, HAS_BIAS: tl.constexpr, ROUND_BIAS: tl.constexpr, IEEE: tl.constexpr):
+    """A [ROWS, BLOCK] tile of a slot's float32 logits U_j + W2 W1[prev] (+ the rules' bias): e
+    [ROWS, RANK] the rows' W1[prev]; W2 read once for all the rows (tl.dot)."""
+    w = tl.load(w2_ptr + cols.to(tl.int64)[None, :] * rank + ranks[:, None], mask=kmask[:, None] & cmask[None, :],
+                other=0.0)
+    if IEEE:
+        b = tl.dot(e, w, input_precision="ieee")  # [ROWS, BLOCK], float32 accumulation
+    else:
+        b = tl.dot(e, w)
+    if ROUND_BIAS:  # nn.Linear returns the bias in the weights' dtype
+        b = b.to(w2_ptr.dtype.element_ty).to(tl.float32)
+    m2 = rmask[:, None] & cmask[None, :]
+    x = tl.load(base_ptr + rows64[:, None] * base_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32) + b
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + rows64[:, None] * bias_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, rank, bias_ptr, bias_stride,
                    temp_ptr, lg_ptr, lg_stride, pm_ptr, ps_ptr, pa_ptr, pi_ptr, R, V, NC,
                    HAS_BIAS: tl.constexpr, ROUND_BIAS: tl.constexpr, IEEE: tl.constexpr, STORE_LOGITS: tl.constexpr,
@@ -90,20 +110,10 @@ def _logits_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr,
     cmask = cols < V
     prev = tl.load(prev_ptr + rows64 * prev_stride, mask=rmask, other=0).to(tl.int64)
     e = tl.load(w1_ptr + prev[:, None] * rank + ranks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-    w = tl.load(w2_ptr + cols.to(tl.int64)[None, :] * rank + ranks[:, None], mask=kmask[:, None] & cmask[None, :],
-                other=0.0)
-    if IEEE:
-        b = tl.dot(e, w, input_precision="ieee")  # [ROWS, BLOCK], float32 accumulation
-    else:
-        b = tl.dot(e, w)
-    if ROUND_BIAS:  # nn.Linear returns the bias in the weights' dtype
-        b = b.to(w2_ptr.dtype.element_ty).to(tl.float32)
-    m2 = rmask[:, None] & cmask[None, :]
-    x = tl.load(base_ptr + rows64[:, None] * base_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32) + b
-    if HAS_BIAS:
-        x += tl.load(bias_ptr + rows64[:, None] * bias_stride + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    x = slot_logits(e, w2_ptr, rank, ranks, kmask, rows64, rmask, cols, cmask, base_ptr, base_stride, bias_ptr,
+                    bias_stride, HAS_BIAS, ROUND_BIAS, IEEE)
     if STORE_LOGITS:  # what the probs kernel reads (sampled rows) or the caller asked for
-        tl.store(lg_ptr + rows64[:, None] * lg_stride + cols[None, :], x, mask=m2)
+        tl.store(lg_ptr + rows64[:, None] * lg_stride + cols[None, :], x, mask=rmask[:, None] & cmask[None, :])
     x = tl.where(cmask[None, :], x, -float("inf"))
     t = tl.load(temp_ptr + rows, mask=rmask, other=1.0).to(tl.float32)
     t = tl.where(t <= 0, 1.0, t)
