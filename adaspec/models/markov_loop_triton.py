@@ -16,7 +16,7 @@ with that token as the previous one, as markov_triton's logits kernel does. Ever
 kernel computes the same token for a row from the same partials with the same code, so no program
 waits for another; the partials (a few hundred floats a row) are read once per program, which is
 the price: it grows with rows x chunks, so the drafter takes this loop for few rows only
-(``MAX_ROWS``) and markov_triton's slots above that. A last kernel finishes slot k - 1. So k + 1
+(``MAX_ROWS``, or ADASPEC_MARKOV_LOOP_ROWS) and markov_triton's slots above that. A last kernel finishes slot k - 1. So k + 1
 launches draft k slots, greedy or sampled, where the slot kernels took 2k or 3k.
 
 Semantics are markov_triton's (the drafter's torch loop up to float rounding): q is written
@@ -36,9 +36,11 @@ import triton.language as tl
 from adaspec.models import markov_triton as mt
 from adaspec.models.markov_triton import slot_logits
 
-# up to this many rows the drafter drafts with this loop: above, every program's read of its rows'
-# partials (rows x chunks of them, redundantly per program) costs more than the launches it saves
-MAX_ROWS = 32
+# up to this many rows the drafter drafts with this loop (above, every program's read of its rows'
+# partials, rows x chunks of them redundantly per program, would cost more than the launches it
+# saves). 0, off, until a GPU run has tested and timed it: ADASPEC_MARKOV_LOOP_ROWS=32 in the
+# environment turns it on up to 32 rows (models/drafter.py, markov_loop_rows)
+MAX_ROWS = 0
 MAX_CHUNKS = 128  # partials per row: one [ROWS, 128] tile a program combines in registers
 
 

@@ -416,3 +416,15 @@ def test_the_real_chunk_sizes_draw_the_inverse_cdf_of_q(V, impl):
     torch.testing.assert_close(q.sum(1), torch.ones(R, device=DEVICE))
     idx, margin = _inverse_cdf(q, u)
     assert not ((tok != idx) & (margin > 1e-5)).any()
+
+
+def test_the_loops_row_limit_comes_from_the_environment(monkeypatch):
+    from adaspec.models.drafter import markov_loop_rows
+
+    monkeypatch.delenv("ADASPEC_MARKOV_LOOP_ROWS", raising=False)
+    assert markov_loop_rows() == ml.MAX_ROWS
+    monkeypatch.setenv("ADASPEC_MARKOV_LOOP_ROWS", "16")
+    assert markov_loop_rows() == 16
+    monkeypatch.setenv("ADASPEC_MARKOV_LOOP_ROWS", "lots")
+    with pytest.raises(ValueError, match="ADASPEC_MARKOV_LOOP_ROWS must be a whole number of rows, got 'lots'"):
+        markov_loop_rows()
