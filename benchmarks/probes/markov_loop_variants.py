@@ -1,6 +1,6 @@
 """GPU probe: the drafter's Markov loop of k slots in one kernel a slot (models/markov_loop_triton.py)
 against markov_triton's two or three kernels a slot, each replayed as a CUDA graph: the same
-tokens and q, and what each costs at how many rows. It sets the drafter's switch-over,
+tokens and q, and what each costs at how many rows. It is what sets the drafter's switch-over,
 markov_loop_triton.MAX_ROWS (the one-kernel loop reads every row's partials once per program, so
 its cost grows with rows x chunks while the launches it saves do not).
 
@@ -99,7 +99,7 @@ def main():
                       f"{r['ms_loop'] / r['ms_slots']:10.3f} {r['rows_differ']:11d} {r['q_max_abs_diff']:8.1e}", flush=True)
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "markov_loop_variants.json")
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "max_rows_in_use": ml.MAX_ROWS, "rows": rows}, indent=1))
+                               "drafter_loop_rows_default": ml.MAX_ROWS, "rows": rows}, indent=1))
     print(f"wrote {out}")
 
 
