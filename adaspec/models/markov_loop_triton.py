@@ -117,7 +117,7 @@ def _slot_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, r
             run = tl.sum(tl.where(offs[None, :] == chunk[:, None], incl - tot, 0.0), 1)
             drawn = tl.full((ROWS_,), V, tl.int32)
             last = tl.full((ROWS_,), -1, tl.int32)
-            for s in tl.static_range(SUBS):  # then the index: a scan of the chunk's q
+            for s in range(SUBS):  # then the index: a scan of the chunk's q
                 cols = chunk[:, None] * CHUNK + s * BLOCK + lanes[None, :]
                 m2 = rmask[:, None] & (cols < V)
                 x = tl.load(plg_ptr + rows64[:, None] * plg_stride + cols, mask=m2, other=-float("inf"))
@@ -132,7 +132,7 @@ def _slot_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, r
             # probability; a chunk without any (rounding again): the argmax. Greedy rows: the argmax.
             drawn = tl.where(drawn < V, drawn, last)
             tok = tl.where(greedy | (drawn < 0), best, drawn)
-            for s in tl.static_range(SUBS):  # this program's chunk of q_{j-1}
+            for s in range(SUBS):  # this program's chunk of q_{j-1}
                 cols = c * CHUNK + s * BLOCK + lanes
                 m2 = rmask[:, None] & (cols[None, :] < V)
                 x = tl.load(plg_ptr + rows64[:, None] * plg_stride + cols[None, :], mask=m2, other=-float("inf"))
@@ -149,7 +149,9 @@ def _slot_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, r
         e = tl.load(w1_ptr + prev[:, None] * rank + ranks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         m = tl.full((ROWS_,), -float("inf"), tl.float32)
         ssum = tl.zeros((ROWS_,), tl.float32)
-        for s in tl.static_range(SUBS):
+        amax = tl.full((ROWS_,), -float("inf"), tl.float32)
+        aidx = tl.full((ROWS_,), V, tl.int32)
+        for s in range(SUBS):
             cols = c * CHUNK + s * BLOCK + lanes
             cmask = cols < V
             x = slot_logits(e, w2_ptr, rank, ranks, kmask, rows64, rmask, cols, cmask, base_ptr, base_stride,
@@ -160,16 +162,15 @@ def _slot_kernel(base_ptr, base_stride, prev_ptr, prev_stride, w1_ptr, w2_ptr, r
             x = tl.where(cmask[None, :], x, -float("inf"))
             tile_max = tl.max(x, 1)
             tile_idx = tl.min(tl.where((x == tile_max[:, None]) & cmask[None, :], cols[None, :], V), 1)
-            if s == 0:
-                amax, aidx = tile_max, tile_idx
-            else:  # strictly greater: the first index on ties
-                aidx = tl.where(tile_max > amax, tile_idx, aidx)
-                amax = tl.maximum(amax, tile_max)
+            aidx = tl.where(tile_max > amax, tile_idx, aidx)  # strictly greater: the first index on ties
+            amax = tl.maximum(amax, tile_max)
             y = x / t[:, None]
             m_new = tl.maximum(m, tl.max(y, 1))
             safe = tl.where(m_new == -float("inf"), 0.0, m_new)
             ssum = ssum * tl.exp(m - safe) + tl.sum(tl.exp(y - safe[:, None]), 1)
             m = m_new
+        # a chunk whose logits are all -inf (the rules masked it): its first column, as markov_triton's
+        aidx = tl.where(aidx == V, c * CHUNK, aidx)
         out = rows64 * NC + c
         tl.store(pm_ptr + out, m, mask=rmask)
         tl.store(ps_ptr + out, ssum, mask=rmask)

@@ -428,3 +428,46 @@ def test_the_loops_row_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ADASPEC_MARKOV_LOOP_ROWS", "lots")
     with pytest.raises(ValueError, match="ADASPEC_MARKOV_LOOP_ROWS must be a whole number of rows, got 'lots'"):
         markov_loop_rows()
+
+
+_COMPILE_LOOP_KERNEL = r"""
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from adaspec.models import markov_loop_triton as ml
+
+FLAGS = ("LOGITS", "FINISH", "DRAW", "HAS_BIAS", "ROUND_BIAS", "IEEE", "STORE_LOGITS", "RANK", "ROWS_", "BLOCK", "SUBS",
+         "NC_P2")
+TYPES = {"base_ptr": "*bf16", "w1_ptr": "*bf16", "w2_ptr": "*bf16", "prev_ptr": "*i64", "tok_ptr": "*i64",
+         "pi_ptr": "*i32", "ppi_ptr": "*i32"}
+sig = {n: "constexpr" if n in FLAGS else TYPES.get(n, "*fp32") if n.endswith("_ptr") else "i32"
+       for n in ml._slot_kernel.arg_names}
+for logits, finish, draw, subs in [(True, False, True, 1), (True, True, True, 1), (False, True, True, 1),
+                                   (True, True, False, 1), (False, True, False, 1), (True, True, True, 16)]:
+    consts = dict(LOGITS=logits, FINISH=finish, DRAW=draw, HAS_BIAS=True, ROUND_BIAS=True, IEEE=False,
+                  STORE_LOGITS=logits, RANK=64, ROWS_=16, BLOCK=128, SUBS=subs, NC_P2=128)
+    kernel = triton.compile(ASTSource(fn=ml._slot_kernel, signature=sig, constexprs=consts),
+                            target=GPUTarget("cuda", 90, 32))
+    assert "cubin" in kernel.asm, sorted(kernel.asm)
+    print("compiled", logits, finish, draw, subs, flush=True)
+"""
+
+
+def test_the_loop_kernel_compiles_for_the_gpu_without_one(tmp_path):
+    """Every variant of markov_loop_triton's kernel the drafter launches (the first slot, the
+    middle ones, the last finish; sampled and greedy; 1 and 16 sub-tiles), compiled for sm_90
+    down to a cubin by Triton's own compiler and ptxas, in a process without the interpreter:
+    the interpreter runs what the compiler may refuse (a value defined in one branch of an
+    unrolled loop, say). Needs no GPU: skipped only where Triton has no CUDA backend."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # a fresh cache: compile, not read back
+    run = subprocess.run([sys.executable, "-c", _COMPILE_LOOP_KERNEL], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("compiled") == 6
