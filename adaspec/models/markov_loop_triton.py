@@ -193,7 +193,7 @@ def markov_loop(base: torch.Tensor, anchor_ids: torch.Tensor, w1: torch.Tensor, 
     when a kernel variant fails before it ever ran in the process."""
     R, w, V = base.shape
     check = mt.check_tensor
-    check(base[:, 0], "base", base.dtype, (R, V), True)
+    check(base, "base", base.dtype, (R, w, V), True)  # (w = 0: nothing to draft, returns below)
     if (q_out is None) != (uniforms is None):
         raise ValueError("q_out and uniforms go together: both for a draw, neither when every row is greedy")
     if q_out is not None:

@@ -204,6 +204,27 @@ def test_bad_arguments_are_refused():
         mt.markov_slot(base, prev, big1, big2, ones, tok, lg)
 
 
+def test_the_loops_bad_arguments_are_refused_and_no_slots_is_nothing_to_do():
+    V, R, w = 50, 2, 3
+    w1, w2 = _weights(V, 16)
+    base = torch.randn(R, w, V, device=DEVICE)
+    anchors = torch.zeros(R, dtype=torch.long, device=DEVICE)
+    tok = torch.empty(R, w, dtype=torch.long, device=DEVICE)
+    ones = torch.ones(R, device=DEVICE)
+    with pytest.raises(ValueError, match="q_out and uniforms"):
+        ml.markov_loop(base, anchors, w1, w2, ones, tok, q_out=torch.empty(R, w, V, device=DEVICE))
+    with pytest.raises(ValueError, match=r"uniforms must be torch.float32 \[3, 2\]"):  # slot-major
+        ml.markov_loop(base, anchors, w1, w2, ones, tok, q_out=torch.empty(R, w, V, device=DEVICE),
+                       uniforms=torch.rand(R, w, device=DEVICE))
+    with pytest.raises(ValueError, match="tokens_out must be torch.int64"):
+        ml.markov_loop(base, anchors, w1, w2, ones, tok[:, :2])
+    with pytest.raises(ValueError, match="slot 1's bias must be torch.float32"):
+        ml.markov_loop(base, anchors, w1, w2, ones, tok, bias_of=lambda j: torch.zeros(R, V + (j == 1), device=DEVICE))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        ml.markov_loop(base.transpose(0, 2).contiguous().transpose(0, 2), anchors, w1, w2, ones, tok)
+    ml.markov_loop(base[:, :0], anchors, w1, w2, ones, tok[:, :0])  # no slots: nothing to launch
+
+
 def _tiny_drafter(dtype=torch.float32):
     from adaspec.models.config import ModelConfig
     from adaspec.models.drafter import DrafterConfig, DSparkDrafter
