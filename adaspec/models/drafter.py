@@ -364,14 +364,15 @@ class DSparkDrafter(nn.Module):
 
     def _markov_loop_fused(self, mt, base, anchor_ids, sampling, q, u, draft_bias, return_logits: bool):
         """The Markov loop in the fused kernels over base [R, w, V] (bf16 or float32) -> (tokens
-        [R, w], logits [R, w, V] float32 or None): up to markov_loop_triton.MAX_ROWS rows in one
-        kernel a slot (plus one), else markov_triton's two a slot for greedy drafts, three for sampled."""
+        [R, w], logits [R, w, V] float32 or None): few rows of a small vocabulary in one kernel a slot
+        (plus one; markov_loop_triton.serves says which), else markov_triton's two a slot for
+        greedy drafts, three for sampled."""
         R, w, V = base.shape
         tokens = torch.empty(R, w, dtype=torch.long, device=base.device)
         w1, w2 = self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
-        if R <= markov_loop_rows():
-            from adaspec.models import markov_loop_triton as ml
+        from adaspec.models import markov_loop_triton as ml
 
+        if ml.serves(R, V, markov_loop_rows()):
             logits = torch.empty(R, w, V, dtype=torch.float32, device=base.device) if return_logits else None
             ml.markov_loop(base, anchor_ids.long(), w1, w2, sampling.temperature, tokens, logits, q_out=q,
                            uniforms=u, bias_of=None if draft_bias is None else (lambda j: _slot_bias(draft_bias, j)))

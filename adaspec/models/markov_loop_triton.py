@@ -36,12 +36,29 @@ import triton.language as tl
 from adaspec.models import markov_triton as mt
 from adaspec.models.markov_triton import slot_logits
 
-# up to this many rows the drafter drafts with this loop (above, every program's read of its rows'
-# partials, rows x chunks of them redundantly per program, would cost more than the launches it
-# saves). 0, off, until a GPU run has tested and timed it: ADASPEC_MARKOV_LOOP_ROWS=32 in the
-# environment turns it on up to 32 rows (models/drafter.py, markov_loop_rows)
-MAX_ROWS = 0
+# up to this many rows the drafter drafts with this loop, where a program covers one sub-tile
+# (above, every program's read of its rows' partials, rows x chunks of them redundantly per
+# program, costs more than the launches it saves). H100 run 64's probe
+# (benchmarks/probes/markov_loop_variants.py, 7 slots as graph replays): at V = 16,384 the loop took
+# 0.78-0.86x the slots' time up to 16 rows, 0.66-0.96x at 32, 0.91-0.97x at 64 and 1.1-1.5x at 256;
+# at V = 151,936 (16 sub-tiles a program) 1.7-3.0x at every rows count, hence MAX_SUBS.
+# ADASPEC_MARKOV_LOOP_ROWS in the environment overrides the rows (0: never; models/drafter.py)
+MAX_ROWS = 32
+MAX_SUBS = 1
 MAX_CHUNKS = 128  # partials per row: one [ROWS, 128] tile a program combines in registers
+
+
+def serves(R: int, V: int, max_rows: int) -> bool:
+    """Whether the drafter drafts R rows of vocabulary V with this loop (see MAX_ROWS)."""
+    return 0 < R <= max_rows and chunking(V)[0] <= MAX_SUBS
+
+
+def partials_width(nc: int) -> int:
+    """The partials tile's width for nc chunks a row: a power of 2, at least 16. Triton 3.6 (torch
+    2.11's) fails an assertion lowering the draw's scan over a tile 2 wide (ScanOpToLLVM.cpp,
+    with the launch's divisibility hints; 4 and up compiled), so vocabularies of one chunk
+    (V <= 128) would lose the fused loop there."""
+    return max(16, triton.next_power_of_2(nc))
 
 
 def chunking(V: int) -> tuple[int, int]:
@@ -256,5 +273,5 @@ def _launch(base, anchor_ids, w1, w2, temperature, tokens_out, logits_out, q_out
             LOGITS=logits, FINISH=finish, DRAW=draw, HAS_BIAS=bias is not None, ROUND_BIAS=w2.dtype != torch.float32,
             IEEE=w2.dtype == torch.float32, STORE_LOGITS=logits and lg is not None,
             RANK=max(16, triton.next_power_of_2(rank)), ROWS_=mt.ROWS, BLOCK=mt.BLOCK_V, SUBS=subs,
-            NC_P2=max(2, triton.next_power_of_2(nc)), num_warps=4,
+            NC_P2=partials_width(nc), num_warps=4,
         )

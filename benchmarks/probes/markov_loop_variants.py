@@ -64,11 +64,16 @@ def case(V, R, k, sampled, rank=64):
         tokens = torch.empty(R, k, dtype=torch.long, device=dev)
         q = torch.empty(R, k, V, device=dev) if sampled else None
         lg = torch.empty(R, V, device=dev)
-        replay = graphed(lambda: fn(base, anchors, w1, w2, temps, tokens, q, u, lg))
+        # the buffers as arguments, bound now: a graph writes where it was captured, so its
+        # buffers must live as long as it does (a closure over the loop's names would let the next
+        # iteration free them, and torch.cuda.graph's empty_cache unmap them: H100 run 64's illegal
+        # memory access at 151,936 x 32 rows)
+        bufs = (tokens, q, lg)
+        replay = graphed(lambda fn=fn, b=bufs: fn(base, anchors, w1, w2, temps, b[0], b[1], u, b[2]))
         replay()
         torch.cuda.synchronize()
-        out[name] = (replay, tokens.clone(), None if q is None else q.clone())
-    (_, t0, q0), (_, t1, q1) = out["slots"], out["loop"]
+        out[name] = (replay, tokens.clone(), None if q is None else q.clone(), bufs)
+    (_, t0, q0, _), (_, t1, q1, _) = out["slots"], out["loop"]
     rows_differ = int((t0 != t1).any(1).sum())
     same = (t0 == t1).all(1)
     q_err = float((q0[same] - q1[same]).abs().max()) if sampled and bool(same.any()) else 0.0
