@@ -16,8 +16,10 @@ with that token as the previous one, as markov_triton's logits kernel does. Ever
 kernel computes the same token for a row from the same partials with the same code, so no program
 waits for another; the partials (a few hundred floats a row) are read once per program, which is
 the price: it grows with rows x chunks, so the drafter takes this loop for few rows only
-(``MAX_ROWS``, or ADASPEC_MARKOV_LOOP_ROWS) and markov_triton's slots above that. A last kernel finishes slot k - 1. So k + 1
-launches draft k slots, greedy or sampled, where the slot kernels took 2k or 3k.
+(``MAX_ROWS``, or ADASPEC_MARKOV_LOOP_ROWS), and only where a program covers one sub-tile
+(``MAX_SUBS``: a vocabulary over 16,384 has fewer, longer programs), and markov_triton's slots
+elsewhere (``serves``). A last kernel finishes slot k - 1. So k + 1 launches draft k slots, greedy
+or sampled, where the slot kernels took 2k or 3k.
 
 Semantics are markov_triton's (the drafter's torch loop up to float rounding): q is written
 with the same expression and the same M and S that the draw used, in the same kernel, so the

@@ -59,8 +59,8 @@ def in_use(device) -> str:
 def markov_loop_in_use(device) -> str:
     """How a run on `device` drafts its Markov slots, for result files and the cost tables' key:
     "torch" (the torch ops), "fused" (models/markov_triton.py's kernels, on CUDA with the Triton
-    sampler), or "fused+loopN" (up to N rows in one kernel a slot, models/markov_loop_triton.py,
-    markov_triton's above)."""
+    sampler), or "fused+loopN" (up to N rows of a vocabulary of at most 16,384 in one kernel a slot,
+    models/markov_loop_triton.py's serves; markov_triton's slots elsewhere)."""
     if in_use(device) != "triton":
         return "torch"
     from adaspec.models import markov_triton
