@@ -58,8 +58,8 @@ def serves(R: int, V: int, max_rows: int) -> bool:
 def partials_width(nc: int) -> int:
     """The partials tile's width for nc chunks a row: a power of 2, at least 16. Triton 3.6 (torch
     2.11's) fails an assertion lowering the draw's scan over a tile 2 wide (ScanOpToLLVM.cpp,
-    with the launch's divisibility hints; 4 and up compiled), so vocabularies of one chunk
-    (V <= 128) would lose the fused loop there."""
+    with the launch's divisibility hints; 4 and up compiled), so vocabularies of one or two chunks
+    (V <= 256) would lose the fused loop there."""
     return max(16, triton.next_power_of_2(nc))
 
 
