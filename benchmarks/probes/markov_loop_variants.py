@@ -64,15 +64,13 @@ def case(V, R, k, sampled, rank=64):
         tokens = torch.empty(R, k, dtype=torch.long, device=dev)
         q = torch.empty(R, k, V, device=dev) if sampled else None
         lg = torch.empty(R, V, device=dev)
-        # the buffers as arguments, bound now: a graph writes where it was captured, so its
-        # buffers must live as long as it does (a closure over the loop's names would let the next
-        # iteration free them, and torch.cuda.graph's empty_cache unmap them: H100 run 64's illegal
-        # memory access at 151,936 x 32 rows)
-        bufs = (tokens, q, lg)
-        replay = graphed(lambda fn=fn, b=bufs: fn(base, anchors, w1, w2, temps, b[0], b[1], u, b[2]))
+        replay = graphed(lambda: fn(base, anchors, w1, w2, temps, tokens, q, u, lg))
         replay()
         torch.cuda.synchronize()
-        out[name] = (replay, tokens.clone(), None if q is None else q.clone(), bufs)
+        # the graph writes where it was captured, so out keeps its buffers as long as the graph:
+        # rebinding the names in the next iteration freed them, and torch.cuda.graph's empty_cache
+        # then unmapped them (H100 run 64's illegal memory access at 151,936 x 32 rows)
+        out[name] = (replay, tokens.clone(), None if q is None else q.clone(), (tokens, q, lg))
     (_, t0, q0, _), (_, t1, q1, _) = out["slots"], out["loop"]
     rows_differ = int((t0 != t1).any(1).sum())
     same = (t0 == t1).all(1)
