@@ -114,8 +114,10 @@ def _build_grammar_tokenizer(engine) -> None:
     try:
         grammar_tokenizer(engine.tokenizer, engine.model_config.vocab_size, engine.stop_checker.eos_token_ids)
     except Exception as e:  # noqa: BLE001 - whatever it is, only constrained requests need it
+        # str(e), not e: a handler that keeps the record (pytest's log capture, a memory handler)
+        # would keep the exception, its traceback's frames and through them this engine alive
         log.warning("warm-up: llguidance cannot read this tokenizer (%s: %s); structured outputs will fail",
-                    type(e).__name__, e)
+                    type(e).__name__, str(e))
 
 
 def _forget(engine) -> None:
