@@ -33,14 +33,15 @@ def test_an_engine_dies_with_its_last_reference(name, device, tmp_path):
     _assert_freed(_engine_kwargs(name, device, tmp_path), device)
 
 
-@pytest.mark.parametrize("name", ["plain", "adaptive"])
-def test_an_engine_whose_warm_up_logged_an_exception_dies_with_its_last_reference(name, tmp_path, monkeypatch):
+def test_an_engine_whose_warm_up_logged_an_exception_dies_with_its_last_reference(tmp_path, monkeypatch):
     """H100 run 65: every CUDA case above failed, the engine kept by pytest's log capture, which
     keeps a warning's record and with it its arguments: the warm-up logged the exception itself
     (llguidance missing), whose traceback's frames held the engine. The warm-up runs by default
-    only with CUDA graphs; here it is asked for on the CPU, without llguidance."""
+    only with CUDA graphs; here it is asked for on the CPU, without llguidance. (One case: the
+    warning is the same with or without speculation, and a speculative engine's warm-up on the
+    CPU costs ~13 s of the suite.)"""
     monkeypatch.setitem(sys.modules, "llguidance", None)  # its import fails
-    _assert_freed({**_engine_kwargs(name, "cpu", tmp_path), "warm_up_requests": True}, "cpu")
+    _assert_freed({**_engine_kwargs("plain", "cpu", tmp_path), "warm_up_requests": True}, "cpu")
 
 
 def _engine_kwargs(name, device, tmp_path) -> dict:
