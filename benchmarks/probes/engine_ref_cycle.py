@@ -45,7 +45,7 @@ def _edge_name(src, dst) -> str:
         for k, v in d.items():
             if v is dst:
                 return f".{k}"
-    if isinstance(src, types.FunctionType) is False and hasattr(type(src), "__slots__"):
+    if hasattr(type(src), "__slots__"):
         for k in type(src).__slots__:
             if getattr(src, k, None) is dst:
                 return f".{k}"
@@ -60,8 +60,7 @@ def _label(o) -> str:
 
 def find_cycle(root, banned: set[int], max_depth: int = 14):
     """A shortest path root -> ... -> root over referents, avoiding the objects in banned."""
-    parent = {id(root): None}
-    keep = {id(root): root}
+    parent = {id(root): None}  # (the objects stay alive during the search, so their ids stay theirs)
     frontier = [root]
     for _ in range(max_depth):
         nxt = []
@@ -77,7 +76,6 @@ def find_cycle(root, banned: set[int], max_depth: int = 14):
                 if id(r) in parent or id(r) in banned or isinstance(r, (types.ModuleType, type, str, int, float)):
                     continue
                 parent[id(r)] = o
-                keep[id(r)] = r
                 nxt.append(r)
         frontier = nxt
     return None

@@ -232,3 +232,33 @@ def test_draft_temperature_probe_on_the_tiny_pair(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/probes/draft_temperature_probe.py", "--temperature", "0"], cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--temperature must be > 0" in r.stderr
+
+
+def test_engine_ref_cycle_probe_names_a_cycles_edges_and_finds_none_in_a_cpu_engine(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+    try:
+        from engine_ref_cycle import _edge_name, find_cycle
+    finally:
+        sys.path.pop(0)
+
+    class Engine:
+        pass
+
+    class Runner:
+        pass
+
+    def build():
+        engine, runner = Engine(), Runner()
+        runner.callback = lambda: engine
+        engine.runner = runner
+        return engine
+
+    engine = build()
+    path = find_cycle(engine, set())
+    assert path[0] is engine and path[-1] is engine
+    edges = [_edge_name(a, b) for a, b in zip(path, path[1:])]
+    assert edges[:2] == [".runner", ".callback"] and ".cell_contents" in edges
+    assert find_cycle(engine, {id(path[-2])}) is None  # with the cell that points back banned
+    assert find_cycle(Engine(), set()) is None
+    stdout = run(["benchmarks/probes/engine_ref_cycle.py", "--device", "cpu", "--spec", "plain"], tmp_path)
+    assert "== plain on cpu: engine freed" in stdout and "after a collection: freed" in stdout
