@@ -4,6 +4,10 @@ tests/engine/test_engine_freed.py asserts that an engine dies with its last refe
 cyclic collector off). Where it fails, this prints each cycle through the engine as a path of
 attribute names, found by a breadth-first search over gc.get_referents from the engine back to
 itself, then removes that edge's owner from the search and looks again (up to --cycles paths).
+Then it collects and says whether the engine went: one still alive is held by something outside
+it, not by a cycle (H100 run 65's case under pytest, whose log capture kept a warning's record,
+the exception in its arguments and through its traceback the engine; this script runs without
+pytest, so such a holder shows only where a handler of its own keeps records).
 
     python3 benchmarks/probes/engine_ref_cycle.py [--device cuda] [--spec plain,adaptive]
 """
