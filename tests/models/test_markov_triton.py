@@ -452,6 +452,7 @@ def test_the_loops_row_limit_comes_from_the_environment(monkeypatch):
 
 
 _COMPILE_LOOP_KERNEL = r"""
+import itertools
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
@@ -464,9 +465,8 @@ TYPES = {"base_ptr": "*bf16", "w1_ptr": "*bf16", "w2_ptr": "*bf16", "prev_ptr": 
          "pi_ptr": "*i32", "ppi_ptr": "*i32"}
 # as a launch specializes: a chunk count of 1 is a constant, pointers and strides divisible by 16
 ONES = ("NC",)
-for V, (logits, finish, draw) in [(V, c) for V in (40, 16384, 151936) for c in
-                                  [(True, False, True), (True, True, True), (False, True, True), (True, True, False),
-                                   (False, True, False)]]:
+VARIANTS = [(True, False, True), (True, True, True), (False, True, True), (True, True, False), (False, True, False)]
+for V, (logits, finish, draw) in itertools.product((40, 16384, 151936), VARIANTS):
     subs, nc = ml.chunking(V)
     ones = ONES if nc == 1 else ()
     sig = {n: "constexpr" if n in FLAGS or n in ones else TYPES.get(n, "*fp32") if n.endswith("_ptr") else "i32"
