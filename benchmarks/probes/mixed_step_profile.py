@@ -12,7 +12,9 @@ Per arm, three passes over the same prompts after a warm-up wave:
     (kernels, CUDA-graph replays' kernels, copies) that each step call launched is summed per step
     kind (step_kernel_us; prefill = the call ran prompt tokens; under pipelining a call also
     finishes the step before it, whose kernels it did not launch, so the time follows the launch),
-    beside the pass's whole GPU activity (what the per-kind figures cover), and the top kernels;
+    beside the pass's whole GPU activity (what the per-kind figures cover), the 20 costliest
+    activities of each step kind by name (ms per step of that kind: two arms' lists side by side
+    say which kernels one arm's steps add), and the pass's top kernels;
   - cProfile: the host's functions by own time.
 A step kind whose wall time is well above its kernel time is host-bound there. Writes
 $OUT/mixed_step_profile.txt and $OUT/mixed_step_profile.json.
@@ -66,8 +68,9 @@ def _us(e) -> float:
     return e.time_range.end - e.time_range.start
 
 
-def step_kernel_us(events, num_steps: int) -> tuple[list[float] | None, float]:
+def step_kernel_us(events, num_steps: int, tied: list | None = None) -> tuple[list[float] | None, float]:
     """(GPU activity us per step call, or None where the profile cannot tie them; us not tied to any).
+    tied: a list that receives (step index, activity name, us) for every activity tied to a step.
 
     A record_function range appears twice: on the CPU (the step call) and on each stream's GPU
     timeline, as an annotation spanning the work that call launched, CUDA-graph replays included,
@@ -101,7 +104,24 @@ def step_kernel_us(events, num_steps: int) -> tuple[list[float] | None, float]:
             loose += _us(a)
         else:
             per_step[marks[i][1]] += _us(a)
+            if tied is not None:
+                tied.append((marks[i][1], a.name, _us(a)))
     return per_step, loose
+
+
+def top_kernels_per_step(tied: list, kinds: list[str], kind: str, n: int = 20) -> list[tuple[str, float]]:
+    """The n GPU activities with the most time in the steps of one kind, as (name, ms per step of
+    that kind): where two arms' steps of a kind differ, by name (H100 run 63: the 8B shape's chunk
+    steps cost 1-6% more with speculation, not yet split by kernel)."""
+    steps = sum(1 for k in kinds if k == kind)
+    if not steps:
+        return []
+    totals: dict[str, float] = {}
+    for i, name, us in tied:
+        if kinds[i] == kind:
+            totals[name] = totals.get(name, 0.0) + us
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:n]
+    return [(name, round(us / steps / 1e3, 4)) for name, us in ranked]
 
 
 def profiled_pass(eng, ps, params, cuda: bool) -> dict:
@@ -122,13 +142,15 @@ def profiled_pass(eng, ps, params, cuda: bool) -> dict:
     calls = sum(1 for e in events if e.name == STEP and e.device_type == torch.autograd.DeviceType.CPU)
     if calls != len(kinds):
         raise SystemExit(f"the profiler kept {calls} step ranges of {len(kinds)} step calls")
-    per_step, loose = step_kernel_us(events, len(kinds)) if cuda else (None, 0.0)
+    tied: list = []
+    per_step, loose = step_kernel_us(events, len(kinds), tied) if cuda else (None, 0.0)
     out = {}
     for kind in ("prefill", "decode"):
         idx = [i for i, k in enumerate(kinds) if k == kind]
         gpu = None if per_step is None or not idx else round(sum(per_step[i] for i in idx) / len(idx) / 1e3, 3)
         wall = round(1e3 * sum(walls[i] for i in idx) / len(idx), 3) if idx else None
-        out[kind] = dict(steps=len(idx), kernel_ms_per_step=gpu, wall_ms_per_step_profiled=wall)
+        out[kind] = dict(steps=len(idx), kernel_ms_per_step=gpu, wall_ms_per_step_profiled=wall,
+                         top_kernels_ms_per_step=top_kernels_per_step(tied, kinds, kind))
     # every GPU activity of the pass, tied to a step or not: what the per-kind figures cover
     total = sum(e.time_range.elapsed_us() for e in device_events(prof, annotations=(STEP,))) / 1e3
     out["kernel_ms_total"] = round(total, 3)
@@ -180,6 +202,9 @@ def profile_arm(arm: str, llm, args, out) -> dict:
                  f"({gpu['kernel_ms_not_tied_to_a_step']} ms not tied to a step call), "
                  f"over {gpu['wall_ms_total_profiled']} ms of step calls")
     lines.append(f"  step split (timed pass): {json.dumps(row['step_split'])}")
+    for kind in ("prefill", "decode"):
+        for name, ms in gpu[kind]["top_kernels_ms_per_step"]:
+            lines.append(f"    {kind} kernel {ms:9.4f} ms/step  {name[:110]}")
     print("\n".join(lines), flush=True)
     out.write("==== " + "\n".join(lines) + f"\n---- host (cProfile by own time, one pass)\n{host}\n"
               f"---- kernels (profiled pass)\n{gpu.pop('top_kernels')}\n")

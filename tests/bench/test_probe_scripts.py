@@ -101,6 +101,30 @@ def test_gpu_work_is_tied_to_the_step_call_that_launched_it():
     assert step_kernel_us(base + renamed[:2], 3) == (None, 39)  # every activity: 10 + 10 + 12 + 3 + 2 + 2
 
 
+def test_kernels_are_ranked_by_time_per_step_of_one_kind():
+    """mixed_step_profile.top_kernels_per_step: each kind's activities by name, summed over that
+    kind's steps only and divided by their count (ms), costliest first."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+    from mixed_step_profile import STEP, step_kernel_us, top_kernels_per_step
+
+    events = [
+        _event(STEP, "cpu", 0, 10, id=1), _event(STEP, "cpu", 10, 20, id=2), _event(STEP, "cpu", 20, 30, id=3),
+        _event(STEP, "gpu", 0, 10, id=1), _event(STEP, "gpu", 10, 20, id=2), _event(STEP, "gpu", 20, 30, id=3),
+        _event("gemm", "gpu", 0, 4), _event("ctx", "gpu", 4, 10),  # step 1 (a chunk step)
+        _event("gemm", "gpu", 10, 19),  # step 2 (decode)
+        _event("gemm", "gpu", 20, 28), _event("copy", "gpu", 28, 30),  # step 3 (a chunk step)
+    ]
+    tied: list = []
+    per_step, loose = step_kernel_us(events, 3, tied)
+    assert per_step == [10.0, 9.0, 10.0] and loose == 0.0 and len(tied) == 5
+    kinds = ["prefill", "decode", "prefill"]
+    # prefill: gemm (4 + 8) / 2 = 6 us, ctx 6 / 2 = 3, copy 2 / 2 = 1; the decode step's gemm left out
+    assert top_kernels_per_step(tied, kinds, "prefill") == [("gemm", 0.006), ("ctx", 0.003), ("copy", 0.001)]
+    assert top_kernels_per_step(tied, kinds, "decode") == [("gemm", 0.009)]
+    assert top_kernels_per_step(tied, kinds, "prefill", n=1) == [("gemm", 0.006)]
+    assert top_kernels_per_step(tied, ["decode"] * 3, "prefill") == []
+
+
 def test_mixed_step_profile_refuses_an_empty_workload_by_name(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/probes/mixed_step_profile.py", "--device", "cpu", "--waves", "0"],
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)},
