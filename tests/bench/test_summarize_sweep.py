@@ -98,3 +98,24 @@ def test_plain_steps_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
     out = _summary(tmp_path, capsys, [_traced("a", steps), _traced("n", decode_only)])
     assert "ms per decode-only step that did not draft" in out and "| 1 | 1.25 ± 0.00 | 1.00 ± 0.00 |" in out
     assert "per 1,000 prompt tokens" in out and "| 1 | 4.00 ± 0.00 | – |" in out
+
+
+def test_steady_plain_steps_from_the_step_trace(tmp_path, capsys):
+    """A plain decode-only step's price, from the plain steps with every request running whose
+    neighbours are such steps too: a step call next to a chunk, a drafting step or a shorter batch
+    carries other work's wait (H100 run 63's 8B shape: +1.5% that the mean over all plain steps hid)."""
+    # [wall, prompt, generated, running, waiting, drafted rows, verified, skipped, fused]
+    def p(ms, running=2):
+        return [ms, 0, running, running, 0, 0, 0, 1, 0]
+    chunk, drafting = [9.0, 500, 2, 2, 0, 0, 0, 0, 0], [3.0, 0, 6, 2, 0, 2, 6, 0, 0]
+    steps = [chunk, p(5.0), p(1.0), p(1.2), p(1.1), drafting, p(4.0), p(2.0), p(1.3),
+             p(0.5, running=1), p(0.6, running=1), p(0.7, running=1), p(0.8, running=1)]
+    # steady: 1.0, 1.2 and 2.0 (median 1.2, mean 1.4); not 5.0 (after the chunk), 1.1 (before the
+    # drafting step), 4.0 (after it), 1.3 (before a step with one request running) or the
+    # one-request steps themselves
+    row = {**_traced("a", steps), "concurrency": 2, "step_trace_fields": FIELDS}
+    assert summarize_sweep.steady_plain_ms(row) == 1.2
+    assert summarize_sweep.steady_plain_ms({**row, "step_trace": [chunk, p(1.0), drafting]}) is None
+    assert summarize_sweep.steady_plain_ms(_traced("a", steps)) is None  # no fields: nothing to read
+    out = _summary(tmp_path, capsys, [{**_traced("a", steps), "concurrency": 2}])
+    assert "ms per steady plain step" in out and "| 2 | 1.20 ± 0.00 |" in out
