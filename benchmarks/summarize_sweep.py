@@ -142,6 +142,25 @@ def steady_plain_ms(row: dict) -> float | None:
     return statistics.median(steady) if steady else None
 
 
+def chunk_steps(row: dict) -> tuple[float | None, int, float | None] | None:
+    """(ms of the first wave's steps, steps with a prompt chunk, mean prompt tokens per such step)
+    from the point's step trace; None without one. The first wave: the steps before the first
+    decode-only one, timed by the calls that wait for them (under async scheduling a call waits
+    for the step launched before it), None if the trace has no decode-only step. Until a request
+    ends, every arm admits the same requests in the same steps, so the first wave carries the same
+    prompt tokens in each arm and its time compares them step for step (H100 run 63's 8B shape:
+    +1.8% with speculation); a speculative arm then runs more, smaller chunk steps, its requests
+    finishing at different steps."""
+    trace, fields = row.get("step_trace"), row.get("step_trace_fields")
+    if not trace or not fields:
+        return None
+    wall, prompt, gen = (fields.index(k) for k in ("wall_ms", "prompt_tokens", "generated_tokens"))
+    first_decode = next((i for i, s in enumerate(trace) if s[prompt] == 0 and s[gen] > 0), None)
+    first_wave = sum(s[wall] for s in trace[1:first_decode + 1]) if first_decode else None
+    chunks = [s[prompt] for s in trace if s[prompt] > 0]
+    return first_wave, len(chunks), (statistics.mean(chunks) if chunks else None)
+
+
 def frontier_cells(rows: list[dict]) -> dict:
     """(arm, concurrency) -> bench.aggregate.Cell of the offline points, with the keys the server
     report's verdict reads (per-user speed median as X, output throughput as Y)."""
@@ -196,6 +215,14 @@ def main(path: str, png: str | None = None) -> None:
     if any(r["steady_plain_ms"] is not None for r in rows):
         tables.append(("steady_plain_ms", "ms per steady plain step: median, all requests running, between two "
                        "(step trace)", "{:.2f}"))
+    for r in rows:
+        d = chunk_steps({**r, "step_trace_fields": doc.get("step_trace_fields")})
+        r["first_wave_ms"], r["chunk_steps"], r["prompt_per_chunk_step"] = d if d is not None else (None, None, None)
+    if any(r["chunk_steps"] is not None for r in rows):
+        tables.append(("first_wave_ms", "ms of the first wave's steps, before the first decode-only step (step trace)",
+                       "{:.1f}"))
+        tables.append(("chunk_steps", "steps with a prompt chunk (step trace)", "{:.1f}"))
+        tables.append(("prompt_per_chunk_step", "prompt tokens per step with a prompt chunk (step trace)", "{:.0f}"))
     print(f"\n{repeats_note(doc)}; ± is one standard deviation over a point's repeats (0 with one)")
     for key, title, fmt in tables:
         print(f"\n{title}\n")

@@ -119,3 +119,22 @@ def test_steady_plain_steps_from_the_step_trace(tmp_path, capsys):
     assert summarize_sweep.steady_plain_ms(_traced("a", steps)) is None  # no fields: nothing to read
     out = _summary(tmp_path, capsys, [{**_traced("a", steps), "concurrency": 2}])
     assert "ms per steady plain step" in out and "| 2 | 1.20 ± 0.00 |" in out
+
+
+def test_first_wave_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
+    """The first wave's time (the steps before the first decode-only one, timed by the calls that
+    wait for them: one call later), the count of steps with a prompt chunk and their mean prompt
+    tokens: a speculative arm's extra, smaller chunk steps against no-spec's (H100 run 63, 8B)."""
+    # [wall, prompt, generated, running, waiting, drafted rows, verified, skipped, fused]
+    steps = [[0.5, 300, 0, 2, 1, 0, 0, 0, 0], [8.0, 100, 2, 3, 0, 0, 0, 0, 0],  # the first wave
+             [6.0, 0, 3, 3, 0, 0, 0, 0, 0],  # first decode-only step: its call waits for the wave's last
+             [1.0, 0, 3, 3, 0, 0, 0, 0, 0], [2.0, 50, 3, 3, 0, 0, 0, 0, 0], [1.0, 0, 3, 3, 0, 0, 0, 0, 0]]
+    row = {**_traced("a", steps), "step_trace_fields": FIELDS}
+    assert summarize_sweep.chunk_steps(row) == (14.0, 3, 150.0)
+    prefill_only = [[0.5, 300, 0, 2, 1, 0, 0, 0, 0], [8.0, 100, 2, 3, 0, 0, 0, 0, 0]]
+    assert summarize_sweep.chunk_steps({**row, "step_trace": prefill_only}) == (None, 2, 200.0)
+    assert summarize_sweep.chunk_steps(_traced("a", steps)) is None  # no fields: nothing to read
+    out = _summary(tmp_path, capsys, [_traced("a", steps)])
+    assert "ms of the first wave's steps" in out and "| 1 | 14.0 ± 0.0 |" in out
+    assert "steps with a prompt chunk (step trace)" in out and "| 1 | 3.0 ± 0.0 |" in out
+    assert "| 1 | 150 ± 0 |" in out
