@@ -250,7 +250,7 @@ class SpeculativeConfig:
     # to "separate" at 1-256 requests: measured step costs then turned off the pipelined step, which
     # made its drafting steps 1.4-2.1x longer, whatever the margin decided. Pipelined since: on the
     # 8B shape at 256 requests (H100 run 63) it made 0.976x no-spec, as "fused" on the tables did
-    # (0.975x), where drafting does not pay and the drafter's context over prompts is the gap
+    # (0.975x), where drafting does not pay and the drafter's context over every token is the gap
     adaptive_verification_mixed_steps: str = "separate"
     profile_context_len: int = 256  # context length of the dummy steps that build the cost tables
     profile_repeats: int = 9  # runs per shape (median); cheap: ~1 s of startup for 38 shapes on the H200
