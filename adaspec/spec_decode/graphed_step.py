@@ -525,14 +525,30 @@ class GraphPaddedCost(WrappedCost):
     runs the graph (B, Q) that pick() chooses, i.e. B*Q token rows, so it costs verify_ms(B*Q).
     Steps the graphs do not cover (more requests than captured) cost verify_ms(T)."""
 
+    MEMO_SIZE = 256  # answers kept; a steady load asks for one or two shapes, each up to R * k + 1 prices
+
     def __init__(self, cost, graphed: "GraphedSpecStep"):
         super().__init__(cost)
         self.graphed = graphed
+        self._memo: dict[tuple, np.ndarray] = {}
 
     def verify_ms_for(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
-        """verify_ms of the padded row counts, vectorized (the policy asks for every B at once)."""
+        """verify_ms of the padded row counts, vectorized (the policy asks for every B at once).
+        Remembered by (requests, tokens, whether graphs are held): the tables and the graphs'
+        shapes never change, and the policy asks the same question every step of a steady load
+        (at one request the padding and the lookups were ~a third of its host time a step). The
+        answer is read-only: callers add to it, never into it."""
         tokens = np.atleast_1d(np.asarray(tokens, dtype=np.int64))
-        return np.asarray(self.cost.verify_ms(self.padded(num_requests, tokens)), dtype=np.float64).reshape(tokens.shape)
+        key = (num_requests, bool(self.graphed.verify_graphs), tokens.shape, tokens.tobytes())
+        ms = self._memo.get(key)
+        if ms is None:
+            ms = np.asarray(self.cost.verify_ms(self.padded(num_requests, tokens)), dtype=np.float64)
+            ms = ms.reshape(tokens.shape).copy()
+            ms.setflags(write=False)
+            if len(self._memo) >= self.MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = ms
+        return ms
 
     def padded(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
         """The token rows the graph that pick() chooses runs (tokens itself where no graph covers)."""

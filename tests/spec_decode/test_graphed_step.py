@@ -405,6 +405,38 @@ def test_graph_padded_cost_prices_the_graph_a_step_runs():
     assert step_verify_ms(Linear(), 3, [3, 5]).tolist() == [3.0, 5.0]  # a plain cost model: tokens alone
 
 
+def test_graph_padded_cost_remembers_its_answers_until_the_graphs_go():
+    """verify_ms_for answers a repeated question from memory (the policy asks the same one every
+    step of a steady load), the same answer as computed afresh, read-only; once the graphs are
+    released a step runs unpadded, and so it is priced."""
+    from adaspec.spec_decode.graphed_step import GraphPaddedCost
+
+    class Graphs:
+        batch_sizes, levels, verify_graphs = [1, 2, 4, 8], [1, 3, 5, 8], {None: None}
+
+    class Counting:
+        calls = 0
+
+        def verify_ms(self, n):
+            Counting.calls += 1
+            return np.asarray(n, dtype=np.float64) * 2.0
+
+    graphs = Graphs()
+    cost = GraphPaddedCost(Counting(), graphs)
+    first = cost.verify_ms_for(3, np.array([3, 5, 12]))
+    again = cost.verify_ms_for(3, [3, 5, 12])  # a list or an array: the same question
+    assert first.tolist() == again.tolist() == [8.0, 24.0, 24.0] and Counting.calls == 1
+    with pytest.raises(ValueError):
+        again[0] = 0.0  # callers add to the answer, never into it
+    assert cost.verify_ms_for(3, [3]).tolist() == [8.0] and Counting.calls == 2  # another question
+    assert cost.verify_ms_for(5, [5, 12]).tolist() == [16.0, 48.0] and Counting.calls == 3  # pads to 8 requests
+    graphs.verify_graphs = {}  # released: steps run eagerly, unpadded
+    assert cost.verify_ms_for(3, [3, 5, 12]).tolist() == [6.0, 10.0, 24.0] and Counting.calls == 4
+    for n in range(2 * GraphPaddedCost.MEMO_SIZE):  # the memory stays bounded
+        cost.verify_ms_for(1, [n])
+    assert len(cost._memo) <= GraphPaddedCost.MEMO_SIZE
+
+
 @pytest.mark.parametrize("extra", [{}, dict(top_p=0.9, logprobs=1)])
 def test_synthetic_method_through_the_graphs(pair, extra):
     """method "synthetic": the graphed step drafts with the stand-in, accepts by the curve (rows
