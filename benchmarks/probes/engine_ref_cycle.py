@@ -91,8 +91,12 @@ def main() -> None:
     ap.add_argument("--spec", default="plain,adaptive")
     ap.add_argument("--cycles", type=int, default=6)
     a = ap.parse_args()
+    names = a.spec.split(",")
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        ap.error(f"--spec: unknown engine kind(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SPECS)}")
     from adaspec import LLM, SamplingParams
-    for name in a.spec.split(","):
+    for name in names:
         kw = dict(speculative_config=SPECS[name], device=a.device)
         LLM("tiny", **kw)
         gc.collect()

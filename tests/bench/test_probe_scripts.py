@@ -286,3 +286,11 @@ def test_engine_ref_cycle_probe_names_a_cycles_edges_and_finds_none_in_a_cpu_eng
     assert find_cycle(Engine(), set()) is None
     stdout = run(["benchmarks/probes/engine_ref_cycle.py", "--device", "cpu", "--spec", "plain"], tmp_path)
     assert "== plain on cpu: engine freed" in stdout and "after a collection: freed" in stdout
+
+
+def test_engine_ref_cycle_probe_refuses_an_unknown_engine_kind_by_name(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/probes/engine_ref_cycle.py", "--device", "cpu",
+                        "--spec", "plain,adaspec"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown engine kind(s) 'adaspec'; choose from plain, adaptive" in r.stderr
+    assert "Traceback" not in r.stderr
