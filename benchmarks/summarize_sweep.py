@@ -161,6 +161,22 @@ def chunk_steps(row: dict) -> tuple[float | None, int, float | None] | None:
     return first_wave, len(chunks), (statistics.mean(chunks) if chunks else None)
 
 
+# what main tables from a step trace: (the function of a point, (row key, title, format) per value)
+TRACE_TABLES = [
+    (decode_steps, [("decode_drafted_share", "share of the decode-only steps that drafted (step trace)", "{:.2f}"),
+                    ("decode_drafting_ms", "ms per decode-only step that drafted (step trace)", "{:.2f}")]),
+    (plain_and_chunk_costs, [
+        ("decode_plain_ms", "ms per decode-only step that did not draft (step trace)", "{:.2f}"),
+        ("chunk_ms_per_k_prompt", "ms of steps with a prompt chunk per 1,000 prompt tokens (step trace)", "{:.2f}")]),
+    (steady_plain_ms, [("steady_plain_ms", "ms per steady plain step: median, all requests running, between two "
+                        "(step trace)", "{:.2f}")]),
+    (chunk_steps, [
+        ("first_wave_ms", "ms of the first wave's steps, before the first decode-only step (step trace)", "{:.1f}"),
+        ("chunk_steps", "steps with a prompt chunk (step trace)", "{:.1f}"),
+        ("prompt_per_chunk_step", "prompt tokens per step with a prompt chunk (step trace)", "{:.0f}")]),
+]
+
+
 def frontier_cells(rows: list[dict]) -> dict:
     """(arm, concurrency) -> bench.aggregate.Cell of the offline points, with the keys the server
     report's verdict reads (per-user speed median as X, output throughput as Y)."""
@@ -197,32 +213,14 @@ def main(path: str, png: str | None = None) -> None:
         r["prefill_share"] = prefill_share(r)
     if any(r["prefill_share"] is not None for r in rows):
         tables.append(("prefill_share", "share of the point's wall time in steps with a prefill chunk", "{:.2f}"))
-    for r in rows:
-        d = decode_steps({**r, "step_trace_fields": doc.get("step_trace_fields")})
-        r["decode_drafted_share"], r["decode_drafting_ms"] = d if d is not None else (None, None)
-    if any(r["decode_drafted_share"] is not None for r in rows):
-        tables.append(("decode_drafted_share", "share of the decode-only steps that drafted (step trace)", "{:.2f}"))
-        tables.append(("decode_drafting_ms", "ms per decode-only step that drafted (step trace)", "{:.2f}"))
-    for r in rows:
-        d = plain_and_chunk_costs({**r, "step_trace_fields": doc.get("step_trace_fields")})
-        r["decode_plain_ms"], r["chunk_ms_per_k_prompt"] = d if d is not None else (None, None)
-    if any(r["decode_plain_ms"] is not None or r["chunk_ms_per_k_prompt"] is not None for r in rows):
-        tables.append(("decode_plain_ms", "ms per decode-only step that did not draft (step trace)", "{:.2f}"))
-        tables.append(("chunk_ms_per_k_prompt", "ms of steps with a prompt chunk per 1,000 prompt tokens (step trace)",
-                       "{:.2f}"))
-    for r in rows:
-        r["steady_plain_ms"] = steady_plain_ms({**r, "step_trace_fields": doc.get("step_trace_fields")})
-    if any(r["steady_plain_ms"] is not None for r in rows):
-        tables.append(("steady_plain_ms", "ms per steady plain step: median, all requests running, between two "
-                       "(step trace)", "{:.2f}"))
-    for r in rows:
-        d = chunk_steps({**r, "step_trace_fields": doc.get("step_trace_fields")})
-        r["first_wave_ms"], r["chunk_steps"], r["prompt_per_chunk_step"] = d if d is not None else (None, None, None)
-    if any(r["chunk_steps"] is not None for r in rows):
-        tables.append(("first_wave_ms", "ms of the first wave's steps, before the first decode-only step (step trace)",
-                       "{:.1f}"))
-        tables.append(("chunk_steps", "steps with a prompt chunk (step trace)", "{:.1f}"))
-        tables.append(("prompt_per_chunk_step", "prompt tokens per step with a prompt chunk (step trace)", "{:.0f}"))
+    fields = doc.get("step_trace_fields")
+    for fn, columns in TRACE_TABLES:  # each from the points' step traces, where they have them
+        for r in rows:
+            d = fn({**r, "step_trace_fields": fields})
+            d = (None,) * len(columns) if d is None else d if isinstance(d, tuple) else (d,)
+            r.update(zip((key for key, _, _ in columns), d))
+        if any(r[key] is not None for r in rows for key, _, _ in columns):
+            tables += columns
     print(f"\n{repeats_note(doc)}; ± is one standard deviation over a point's repeats (0 with one)")
     for key, title, fmt in tables:
         print(f"\n{title}\n")
