@@ -86,6 +86,25 @@ def test_numpy_and_torch_allocation_agree(conf, budget, as_tensor):
     assert allocate_torch(at, b, torch.tensor(limits)).tolist() == la.tolist()
 
 
+@FAST
+@given(conf_matrix(max_r=8, max_k=7), st.integers(0, 60))
+def test_the_sorted_and_the_pairwise_rank_allocate_alike(conf, budget):
+    """Above PAIRWISE_RANK_MAX slots allocate_torch ranks by a stable sort instead of counting
+    pairs: both give the host's allocation (ties by index included)."""
+    import adaspec.spec_decode.policy as policy
+
+    at = survival_torch(torch.tensor(conf))
+    limits = torch.tensor(np.random.default_rng(budget).integers(0, conf.shape[1] + 1, conf.shape[0]))
+    want = allocate(at.numpy().astype(np.float64), budget, limits.numpy()).tolist()
+    assert allocate_torch(at, budget, limits).tolist() == want
+    saved = policy.PAIRWISE_RANK_MAX
+    policy.PAIRWISE_RANK_MAX = 0  # every size sorts
+    try:
+        assert allocate_torch(at, budget, limits).tolist() == want
+    finally:
+        policy.PAIRWISE_RANK_MAX = saved
+
+
 def test_allocation_agrees_at_a_float32_tie():
     conf = np.array([[0.5], [0.5 + 1e-9]])  # distinct in float64, equal in float32
     at = survival_torch(torch.tensor(conf))
