@@ -136,10 +136,10 @@ _CODE_06B = {
         # recipe's builds gave without it (runs 34-40)
         "cache_target_features": True,
         # the whole step replayed as one CUDA graph (train/captured_step.py): H100 run 68, one target,
-        # the drafter trained both ways: 4,000 steps in 122.9 s against 130.6 s (25.6 ms a step of
-        # wall for 25.3 ms of kernels, against 30.2 for 25.6), held-out tau 4.823 / 3.330 against
-        # 4.795 / 3.322 at T = 0 / 1, and its CUDA test passed. A capture that fails trains on with
-        # ordinary steps (said in the log); --set drafter.cuda_graph_step=false turns it off
+        # the drafter trained both ways: steps 100-4,000 in 109.4 s against 112.1 s (~3 s a build),
+        # held-out tau 4.823 / 3.330 against 4.795 / 3.322 at T = 0 / 1, and its CUDA test passed.
+        # A capture that fails trains on with ordinary steps (said in the log); --set
+        # drafter.cuda_graph_step=false turns it off
         "cuda_graph_step": True,
     },
     # calibration prompts: "eval-code", the packaged eval-code prompts after the eval's 250 (same
