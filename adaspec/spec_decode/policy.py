@@ -297,10 +297,12 @@ PAIRWISE_RANK_MAX = 2048
 
 def _stable_descending_rank(flat: "torch.Tensor") -> "torch.Tensor":
     """Each element's place in a stable descending sort of ``flat``: the elements above it, plus
-    the equal ones before it. Counted pairwise for the graphs' sizes: compiled, that is one
-    reduction kernel, where a sort and the scatter of its order were an aten radix sort, its
-    copies, an arange and a scatter (H100 run 68: 9 of the adaptive propose graph's 76 kernels,
-    ~15 us of a one-request step). Beyond PAIRWISE_RANK_MAX the sort's O(N log N) wins."""
+    the equal ones before it. Counted pairwise for the graphs' sizes, a broadcast compare and a
+    sum that the compiler can fuse into one reduction kernel, where the sort and the scatter of
+    its order were an aten radix sort, its copies, an arange and a scatter (H100 run 68: with the
+    survivals' scan and the sum, 9 of the adaptive propose graph's 76 kernels, ~15 us of a
+    one-request step; the pairwise form is not yet profiled on a GPU). Beyond PAIRWISE_RANK_MAX,
+    where the N^2 compares grow, the sort stays."""
     n = flat.numel()
     idx = torch.arange(n, device=flat.device)
     if n > PAIRWISE_RANK_MAX:
