@@ -298,11 +298,11 @@ PAIRWISE_RANK_MAX = 2048
 def _stable_descending_rank(flat: "torch.Tensor") -> "torch.Tensor":
     """Each element's place in a stable descending sort of ``flat``: the elements above it, plus
     the equal ones before it. Counted pairwise for the graphs' sizes, a broadcast compare and a
-    sum that the compiler can fuse into one reduction kernel, where the sort and the scatter of
-    its order were an aten radix sort, its copies, an arange and a scatter (H100 run 68: with the
-    survivals' scan and the sum, 9 of the adaptive propose graph's 76 kernels, ~15 us of a
-    one-request step; the pairwise form is not yet profiled on a GPU). Beyond PAIRWISE_RANK_MAX,
-    where the N^2 compares grow, the sort stays."""
+    sum that the compiler fuses into one reduction kernel, where the sort and the scatter of its
+    order were an aten radix sort, its copies, an arange and a scatter (H100 run 69: the adaptive
+    propose graph 69 kernels instead of 76 and 0.210 ms instead of 0.222 at one request, adaptive:7
+    0.998 of fixed:7 instead of 0.990). Beyond PAIRWISE_RANK_MAX, where the N^2 compares grow, the
+    sort stays."""
     n = flat.numel()
     idx = torch.arange(n, device=flat.device)
     if n > PAIRWISE_RANK_MAX:
