@@ -27,8 +27,8 @@ import torch
 from adaspec.engine.cuda_graphs import GraphedForward, _Graph, release_graphs
 from adaspec.engine.graph_capture import record_graph
 from adaspec.sample.batch import SamplingBatch
-from adaspec.sample.probs import processed_probs
-from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.probs import sample_tokens
+from adaspec.sample.random import SAMPLE, keyed_uniforms
 
 
 def sample_decode_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -36,10 +36,7 @@ def sample_decode_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: t
     """The next token of each row of logits [N, V] (no filters): greedy rows (temperature 0) the
     argmax, the others drawn from softmax(logits / T) with the SAMPLE stream's uniform at the
     row's next position (its query token's position + 1)."""
-    unfiltered = torch.ones_like(temperature), torch.zeros_like(seeds)
-    probs = processed_probs(logits, temperature, *unfiltered, any_filter=False, any_greedy=False)
-    drawn = sample_categorical(probs, keyed_uniforms(seeds, positions + 1, SAMPLE))
-    return torch.where(temperature <= 0, logits.argmax(-1), drawn)
+    return sample_tokens(logits, temperature, keyed_uniforms(seeds, positions + 1, SAMPLE))
 
 
 class GraphedDecodeSampler:

@@ -82,6 +82,19 @@ def probs_and_argmax(logits: torch.Tensor, temperature: torch.Tensor,
     return probs, rows.argmax(-1)
 
 
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The next token [N] long of each row of logits [N, V], without filters: a greedy row's
+    (temperature <= 0) first argmax of the raw logits; a sampled row's inverse-CDF draw with its
+    uniform [N] from softmax(logits / T), i.e. sample_categorical over processed_probs. On CUDA one
+    Triton kernel, in which a greedy row costs one read of its logits and no write (a step of greedy
+    rows pays for an argmax, not for probabilities it discards)."""
+    if kernels.use_triton(logits):
+        return kernels.triton_sampling().sample_tokens(logits, temperature, uniforms)
+    unfiltered = torch.ones_like(temperature), torch.zeros_like(temperature, dtype=torch.long)
+    probs = processed_probs(logits, temperature, *unfiltered, any_filter=False, any_greedy=False)
+    return torch.where(temperature <= 0, logits.argmax(-1), sample_categorical(probs, uniforms))
+
+
 def _filtering_rows(top_k: torch.Tensor, top_p: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows whose top-k cuts the vocabulary, and those whose top-p is below 1 ([N] bool each)."""
     return (top_k > 0) & (top_k < V), top_p < 1.0

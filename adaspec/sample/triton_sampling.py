@@ -10,7 +10,11 @@ run 36), and the float cumsum alone was 5% of the adaptive step's kernel time at
 (run 38's profile). Here one program owns one row and walks it in BLOCK-wide chunks: pass 1 finds
 the row's max (online softmax sum, and the raw argmax for greedy rows or for a caller that asks for
 it: probs_and_argmax), pass 2 writes the probabilities, pass 3 (draws only) scans them for the
-sampled index.
+sampled index. `sample_tokens` (a step's next token per row, no probabilities wanted) branches per
+row: a greedy row makes the argmax pass only and writes nothing, so a step whose rows are all
+greedy reads its logits once, where the probabilities, the draw and a separate argmax read them
+four times and wrote them once (0.4 ms a step at 256 requests of Qwen3-8B's 151,936-token
+vocabulary: H100 run 69's profile).
 
 Semantics are the torch functions' (sample/probs.py, sample/random.py), up to float rounding:
 - probabilities: softmax(logits / T) per row; a row with T <= 0 is the one-hot of the raw logits'
@@ -67,6 +71,72 @@ def _find(row_ptr, u, total, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _argmax_update(x, cols, mask, V, best, best_i):
+    """(best, best_i) after a chunk x of a row: the first index of the largest raw logit so far."""
+    cmax = tl.max(x, 0)
+    cidx = tl.min(tl.where((x == cmax) & mask, cols, V), 0)
+    take = cmax > best
+    return tl.where(take, cmax, best), tl.where(take, cidx, best_i)
+
+
+@triton.jit
+def _row_argmax(in_row, V, BLOCK: tl.constexpr):
+    """The first index of a row's largest raw logit, in one pass that writes nothing."""
+    offs = tl.arange(0, BLOCK)
+    best = -float("inf")
+    best_i = V * 0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        best, best_i = _argmax_update(x, cols, mask, V, best, best_i)
+    return best_i
+
+
+@triton.jit
+def _row_softmax_stats(in_row, t, V, ARGMAX: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 1 over a row: (the max m of x / t, the sum of exp(x / t - m), both online; with ARGMAX
+    the first index of the raw logits' max, else 0)."""
+    offs = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    best = -float("inf")
+    best_i = V * 0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        if ARGMAX:
+            best, best_i = _argmax_update(x, cols, mask, V, best, best_i)
+        y = x / t
+        m_new = tl.maximum(m, tl.max(y, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(y - m_new), 0)
+        m = m_new
+    return m, s, best_i
+
+
+@triton.jit
+def _write_probs(in_row, out_row, t, m, s, greedy, best_i, V, GREEDY_ROWS: tl.constexpr, DRAW: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Pass 2: the row's probabilities exp(x / t - m) / s into out_row (with GREEDY_ROWS a greedy
+    row's one-hot on best_i instead) -> their running total (DRAW; else 0)."""
+    offs = tl.arange(0, BLOCK)
+    total = s * 0.0
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        mask = cols < V
+        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        p = tl.exp(x / t - m) / s
+        if GREEDY_ROWS:
+            p = tl.where(greedy, tl.where(cols == best_i, 1.0, 0.0), p)
+        p = tl.where(mask, p, 0.0)
+        tl.store(out_row + cols, p, mask=mask)
+        if DRAW:
+            total = _scan_total(p, total)
+    return total
+
+
+@triton.jit
 def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr, out_stride, token_ptr, argmax_ptr,
                   V, HAS_INDEX: tl.constexpr, GREEDY_ROWS: tl.constexpr, DRAW: tl.constexpr, ARGMAX: tl.constexpr,
                   BLOCK: tl.constexpr):
@@ -80,45 +150,36 @@ def _probs_kernel(logits_ptr, logits_stride, index_ptr, temp_ptr, u_ptr, out_ptr
     t = tl.load(temp_ptr + row).to(tl.float32)
     greedy = t <= 0
     t = tl.where(greedy, 1.0, t)
-    offs = tl.arange(0, BLOCK)
     # pass 1: max and sum of exp(x / t) (online), and the first argmax of the raw logits
-    m = -float("inf")
-    s = 0.0
-    best = -float("inf")
-    best_i = V * 0
-    for start in range(0, V, BLOCK):
-        cols = start + offs
-        mask = cols < V
-        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        if GREEDY_ROWS or ARGMAX:
-            cmax = tl.max(x, 0)
-            cidx = tl.min(tl.where((x == cmax) & mask, cols, V), 0)
-            take = cmax > best
-            best_i = tl.where(take, cidx, best_i)
-            best = tl.where(take, cmax, best)
-        y = x / t
-        m_new = tl.maximum(m, tl.max(y, 0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(y - m_new), 0)
-        m = m_new
+    m, s, best_i = _row_softmax_stats(in_row, t, V, ARGMAX=GREEDY_ROWS or ARGMAX, BLOCK=BLOCK)
     # pass 2: the probabilities (and, for a draw, their running total)
-    total = s * 0.0
-    for start in range(0, V, BLOCK):
-        cols = start + offs
-        mask = cols < V
-        x = tl.load(in_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        p = tl.exp(x / t - m) / s
-        if GREEDY_ROWS:
-            p = tl.where(greedy, tl.where(cols == best_i, 1.0, 0.0), p)
-        p = tl.where(mask, p, 0.0)
-        tl.store(out_row + cols, p, mask=mask)
-        if DRAW:
-            total = _scan_total(p, total)
+    total = _write_probs(in_row, out_row, t, m, s, greedy, best_i, V, GREEDY_ROWS=GREEDY_ROWS, DRAW=DRAW,
+                         BLOCK=BLOCK)
     if DRAW:
         tl.debug_barrier()  # pass 3 reads what other threads of this program stored in pass 2
         tok = _find(out_row, tl.load(u_ptr + row), total, V, BLOCK)
         tl.store(token_ptr + row, tok.to(tl.int64))
     if ARGMAX:
         tl.store(argmax_ptr + row, best_i.to(tl.int64))
+
+
+@triton.jit
+def _token_kernel(logits_ptr, logits_stride, temp_ptr, u_ptr, scratch_ptr, scratch_stride, token_ptr, V,
+                  BLOCK: tl.constexpr):
+    """A row's next token: a greedy row reads its logits once (the argmax) and writes nothing; a
+    sampled row runs _probs_kernel's passes into its scratch row and draws, as draw_from_logits."""
+    row = tl.program_id(0).to(tl.int64)
+    in_row = logits_ptr + row * logits_stride
+    t = tl.load(temp_ptr + row).to(tl.float32)
+    if t > 0:
+        out_row = scratch_ptr + row * scratch_stride
+        m, s, best_i = _row_softmax_stats(in_row, t, V, ARGMAX=False, BLOCK=BLOCK)
+        total = _write_probs(in_row, out_row, t, m, s, t <= 0, best_i, V, GREEDY_ROWS=False, DRAW=True, BLOCK=BLOCK)
+        tl.debug_barrier()  # pass 3 reads what other threads of this program stored in pass 2
+        tok = _find(out_row, tl.load(u_ptr + row), total, V, BLOCK)
+    else:
+        tok = _row_argmax(in_row, V, BLOCK)
+    tl.store(token_ptr + row, tok.to(tl.int64))
 
 
 @triton.jit
@@ -184,6 +245,21 @@ def draw_from_logits(logits: torch.Tensor, temperature: torch.Tensor, uniforms: 
     """(tokens [n] int64, probs [n, V]): `probs` and then `draw` over them, in one kernel."""
     p, tokens, _ = _launch_probs(logits, temperature, greedy_rows, None, out, uniforms)
     return tokens, p
+
+
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's next token [n] int64 (probs.sample_tokens): a row with T <= 0 the first argmax of
+    its raw logits, the others draw_from_logits's draw with their uniform."""
+    logits = _rows(logits)
+    n, V = logits.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if n:
+        # the sampled rows' probabilities between passes 2 and 3; greedy rows leave theirs untouched
+        scratch = torch.empty(n, V, dtype=torch.float32, device=logits.device)
+        _token_kernel[(n,)](logits, logits.stride(0), temperature.to(torch.float32).contiguous(),
+                            uniforms.to(torch.float32).contiguous(), scratch, scratch.stride(0), tokens, V,
+                            BLOCK=_block(V), num_warps=_NUM_WARPS)
+    return tokens
 
 
 def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

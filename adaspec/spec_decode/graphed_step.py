@@ -46,8 +46,8 @@ from adaspec.engine.cuda_graphs import (
 )
 from adaspec.engine.graph_capture import record_graph
 from adaspec.models.attention import AttentionMetadata
-from adaspec.sample.probs import probs_and_argmax, processed_probs, sample_from_logits
-from adaspec.sample.random import SAMPLE, keyed_uniforms, sample_categorical
+from adaspec.sample.probs import probs_and_argmax, processed_probs, sample_from_logits, sample_tokens
+from adaspec.sample.random import SAMPLE, keyed_uniforms
 from adaspec.sample.rejection import rejection_sample
 from adaspec.spec_decode import graphed_extras
 from adaspec.spec_decode.cost_model import WrappedCost
@@ -265,14 +265,11 @@ class GraphedSpecStep:
         hidden, captured = self.model(ids, pos, self.engine.kv_caches, meta, self.capture_layers)
         self.decoder.setup.write_context(captured, pos, slots)
         self.verify_hidden[: b * q].copy_(hidden)
-        sampling = StaticSampling(temps, seeds)
         rb = self.readback[:b]
         if K == 0:  # no drafts: sample each request's next token from its last row
-            greedy = temps <= 0
             last = (torch.cumsum(nq, 0) - 1).clamp_min(0)
             logits = self.model.compute_logits(hidden[last])
-            drawn = sample_categorical(sampling.probs(logits), keyed_uniforms(seeds, start + 1, SAMPLE))
-            tokens = torch.where(greedy, logits.argmax(-1), drawn)[:, None]
+            tokens = sample_tokens(logits, temps, keyed_uniforms(seeds, start + 1, SAMPLE))[:, None]
             n_acc = torch.zeros_like(start)
         else:
             logits = self.model.compute_logits(hidden)  # [B*Q, V]: every row, then the verify rows

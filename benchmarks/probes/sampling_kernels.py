@@ -11,8 +11,10 @@ processed_probs (max abs difference) and how many draws equal the torch inverse 
 same probabilities (a draw may differ only within float rounding of a CDF boundary), then times
 each variant as a CUDA graph replay (CUDA events, 200 replays): processed_probs, the draw, the
 plain decode sampler, and the drafter's k sequential slots (probabilities and a draw per slot,
-what the propose graph runs at T > 0), torch against Triton. Prints a table and writes
-$OUT/sampling_kernels.json.
+what the propose graph runs at T > 0), torch against Triton; the plain decode sampler
+(probs.sample_tokens: one kernel, an argmax pass alone for a greedy row) also against the three
+kernels it replaced (probabilities, draw, argmax), with a quarter of the rows greedy and with all.
+Prints a table and writes $OUT/sampling_kernels.json.
 
     python3 benchmarks/probes/sampling_kernels.py [--rows 1,256,2048] [--vocab 16384] [--slots 7]
     python3 benchmarks/probes/sampling_kernels.py --tune 4096x8,8192x16,16384x16,16384x32  # chunk x warps
@@ -113,9 +115,17 @@ def main():
                                             out=q[:, j])
             return tok
 
+        def three_kernels(t):  # the decode sampler before sample_tokens: probabilities, a draw, an argmax
+            drawn = sample_categorical(processed_probs(logits, t, ones, zeros, any_filter=False, any_greedy=False), u)
+            return torch.where(t <= 0, logits.argmax(-1), drawn)
+
+        greedy = torch.zeros_like(temp)
         parts = {"processed_probs": probs,
                  "sample_categorical": lambda: sample_categorical(p_ref, u),
                  "plain decode sampler": lambda: sample_decode_rows(logits, temp, seeds, pos),
+                 "plain as 3 kernels (before)": lambda: three_kernels(temp),
+                 "plain, every row greedy": lambda: sample_decode_rows(logits, greedy, seeds, pos),
+                 "every row greedy, 3 kernels": lambda: three_kernels(greedy),
                  f"drafter's {args.slots} slots": draft_slots}
         kernels.set_enabled(False)
         p_ref = probs()
@@ -127,7 +137,9 @@ def main():
         check = {"probs max abs diff": float((p_tri - p_ref).abs().max()),
                  "draws equal (same probs)": float((sample_categorical(p_ref, u) == tok_ref).float().mean()),
                  "plain sampler tokens equal": float((sample_decode_rows(logits, temp, seeds, pos) == plain_ref)
-                                                     .float().mean())}
+                                                     .float().mean()),
+                 "plain sampler = 3 kernels": float((sample_decode_rows(logits, temp, seeds, pos)
+                                                     == three_kernels(temp)).float().mean())}
         triton_ms = {k: time_replays(graphed(f), 200) for k, f in parts.items()}
         row = {"rows": n, "vocab": V, "check": check, "torch_ms": torch_ms, "triton_ms": triton_ms}
         rows.append(row)

@@ -186,3 +186,30 @@ def test_draws_on_a_uniform_grid_hit_each_token_in_proportion():
     counts = torch.bincount(tokens.cpu(), minlength=6).double()
     expected = p[0].double().cpu() / p[0].double().sum().cpu() * n
     assert (counts - expected).abs().max() <= 1.0, (counts, expected)
+
+
+@pytest.mark.parametrize("V", VOCABS)
+def test_sample_tokens_draw_as_the_fused_draw_and_give_greedy_rows_their_first_argmax(V):
+    """sample_tokens: a sampled row draws what draw_from_logits draws (the same passes), a greedy
+    row, which skips them, gets the first argmax of its raw logits (ties across chunks); the torch
+    path of probs.sample_tokens gives the same tokens."""
+    from adaspec.sample.probs import sample_tokens
+
+    logits, temps, u = _case(16, V, seed=V + 1)
+    assert temps[0] == 0
+    logits[0, :] = 0.0
+    logits[0, [V - 1, V // 2, 0]] = 5.0
+    got = ts.sample_tokens(logits, temps, u)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, ts.draw_from_logits(logits, temps, u)[0])
+    greedy = temps <= 0
+    assert torch.equal(got[greedy], logits.argmax(-1)[greedy]) and got[0].item() == 0
+    old = kernels.set_enabled(False)
+    try:
+        assert torch.equal(sample_tokens(logits, temps, u), got)
+    finally:
+        kernels.set_enabled(old)
+    # a batch of greedy rows only (the kernel's argmax pass alone), and of none
+    zeros = torch.zeros_like(temps)
+    assert torch.equal(ts.sample_tokens(logits, zeros, u), logits.argmax(-1))
+    assert ts.sample_tokens(logits[:0], temps[:0], u[:0]).shape == (0,)
