@@ -189,3 +189,21 @@ def test_greedy_rows_use_greedy_temperatures(micro_qwen3):
     drafter.config = replace(cfg, confidence_temperatures=t)  # no greedy set: every row uses the other
     prop = _propose(drafter, cache, ids, [15, 15], temperature=torch.tensor([0.0, 1.0]))
     torch.testing.assert_close(prop.confidences, torch.sigmoid(prop.conf_logits / 2.0))
+
+
+def test_a_narrower_draft_gives_the_lm_head_a_contiguous_input(micro_qwen3):
+    """The first w slots of a wider block reach the LM head as one contiguous [R, w, d] block: a
+    strided view made F.linear a batched matmul reading the head's whole weight once per request
+    (H100 run 70: 107 ms against 5 ms for the full block at 256 requests of the Qwen3-8B shape)."""
+    drafter, cfg, ids, feats, cache = _setup(micro_qwen3)
+    for r in range(3):
+        cache.write(drafter, r, feats[0], list(range(10)))
+    seen = []
+    hook = drafter.lm_head.register_forward_pre_hook(lambda m, args: seen.append((tuple(args[0].shape),
+                                                                                   args[0].is_contiguous())))
+    try:
+        for w in (None, 2):
+            _propose(drafter, cache, ids, [10, 10, 10], width=w)
+    finally:
+        hook.remove()
+    assert seen == [((3, cfg.block_size, cfg.base.hidden_size), True), ((3, 2, cfg.base.hidden_size), True)]
