@@ -12,9 +12,9 @@ the row's max (online softmax sum, and the raw argmax for greedy rows or for a c
 it: probs_and_argmax), pass 2 writes the probabilities, pass 3 (draws only) scans them for the
 sampled index. `sample_tokens` (a step's next token per row, no probabilities wanted) branches per
 row: a greedy row makes the argmax pass only and writes nothing, so a step whose rows are all
-greedy reads its logits once, where the probabilities, the draw and a separate argmax read them
-four times and wrote them once (0.4 ms a step at 256 requests of Qwen3-8B's 151,936-token
-vocabulary: H100 run 69's profile).
+greedy reads its logits once, where the probabilities, the draw and a separate argmax made five
+passes over the logits or the probabilities and wrote the probabilities once (0.4 ms a step at 256
+requests of Qwen3-8B's 151,936-token vocabulary: H100 run 69's profile).
 
 Semantics are the torch functions' (sample/probs.py, sample/random.py), up to float rounding:
 - probabilities: softmax(logits / T) per row; a row with T <= 0 is the one-hot of the raw logits'
