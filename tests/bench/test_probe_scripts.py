@@ -1,7 +1,8 @@
 """The CPU paths of measurement scripts that otherwise run only when someone profiles (or, for
 benchmarks/gpu_bisect.sh, only on a GPU machine):
 benchmarks/host_spec_step_bench.py (the host's work per speculative decode step, graphs stubbed),
-benchmarks/probes/mixed_step_profile.py (where the steps go under arrivals, per arm) and
+benchmarks/probes/mixed_step_profile.py (where the steps go under arrivals, per arm),
+benchmarks/probes/draft_width_cost.py (a narrow draft against the full block) and
 benchmarks/probes/first_request_stall.py (the first served steps with and without the startup
 warm-up). The first two broke silently before: the first when the graphed step's launch gained an
 argument its stub did not take."""
@@ -294,3 +295,14 @@ def test_engine_ref_cycle_probe_refuses_an_unknown_engine_kind_by_name(tmp_path)
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown engine kind(s) 'adaspec'; choose from plain, adaptive" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_draft_width_cost_times_every_width_at_every_request_count(tmp_path):
+    stdout = run(["benchmarks/probes/draft_width_cost.py", "--device", "cpu", "--requests", "1,3", "--widths", "2",
+                  "--k", "4", "--repeats", "1", "--shape-overrides", json.dumps(MICRO)], tmp_path,
+                 OUT=str(tmp_path / "out"))
+    assert "3 requests: 2 slots" in stdout and "4 slots" in stdout
+    d = json.loads((tmp_path / "out" / "draft_width_cost.json").read_text())
+    assert d["k"] == 4 and d["device"] == "cpu" and d["graphed"] is False
+    assert [r["requests"] for r in d["rows"]] == [1, 3]
+    assert all(set(r["ms"]) == {"2", "4"} and all(v > 0 for v in r["ms"].values()) for r in d["rows"])
