@@ -70,8 +70,8 @@ def main():
                 runs.append((time.perf_counter() - t0) * 1e3)
             ms[w] = statistics.median(runs)
         rows.append({"requests": n, "ms": {str(w): v for w, v in ms.items()}})
-        print(f"{n:4d} requests: " + ", ".join(f"{w} slots {ms[w]:8.3f} ms ({ms[w] / ms[args.k]:.2f}x)" for w in widths),
-              flush=True)
+        cells = [f"{w} slots {ms[w]:8.3f} ms ({ms[w] / ms[args.k]:.2f}x)" for w in widths]
+        print(f"{n:4d} requests: " + ", ".join(cells), flush=True)
     (out_dir / "draft_width_cost.json").write_text(json.dumps(
         {"commit": os.environ.get("ADASPEC_COMMIT"), "device": str(eng.device), "shape": args.shape,
          "shape_overrides": args.shape_overrides, "k": args.k, "repeats": args.repeats, "rows": rows,

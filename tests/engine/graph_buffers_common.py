@@ -21,8 +21,9 @@ from adaspec.testing import make_micro_drafter_dir, make_micro_model_dir  # noqa
 # for the test modules: their engines run on the CPU, so the Triton kernels need the interpreter; on
 # a CUDA machine it is off (a CUDA launch with CPU tensors fails: H100 run 70) and
 # tests/engine/test_cuda_graphs_gpu.py runs these paths on the GPU instead
-needs_kernels = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                   reason="the engines here run on the CPU: needs Triton's interpreter (TRITON_INTERPRET=1)")
+needs_kernels = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the engines here run on the CPU: needs Triton's interpreter (TRITON_INTERPRET=1)")
 
 
 def make_pair(tmp_path_factory):
