@@ -184,7 +184,10 @@ def test_the_plain_graphed_engines_parting_on_an_h100_is_a_near_tie():
         tap.remove()
     s = tap.plain["again"]
     u = _u(s["seed"], s["pos"], lockstep.SAMPLE)
-    assert all(lockstep.token_margin(s["probs"], u, t) < NEAR_TIE for t in (4863, 4867))
+    # "within rounding" here allows 10x NEAR_TIE: the CPU's float32 CDF over the vocabulary moves
+    # with its kernels' summation order (on a development CPU without AVX-512, 2026-12-07: 4867
+    # drawn at 2.5e-7 and 4863 at 1.6e-6), still two orders below the wide draws checked below
+    assert all(lockstep.token_margin(s["probs"], u, t) < 10 * NEAR_TIE for t in (4863, 4867))
     assert lockstep.token_margin(s["probs"], u, 262) > 1e-3  # a token far from the uniform is not
     for j in (9, 11):
         token, margin = draw_margin_after(eng, prompt, eager_h100[:j], params)
