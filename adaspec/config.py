@@ -201,14 +201,14 @@ class SpeculativeConfig:
     # until measured on the real pair (BENCHMARKS.md, run 11): its first version (the tables scaled
     # by measured wall / priced ratios) chose plain steps at 16 requests where drafting made more
     adaptive_verification_step_costs: str = "tables"
-    # how many of the k slots the adaptive step drafts: all of them ("full"), or ("budget") the
-    # fewest of about k/4, k/2, k (policy.draft_widths; graphed and eager steps alike) that hold
-    # every request's share of this step's budget when allocated by the old confidences (the same
-    # ones the budget came from, so the cap depends on no current draft: lossless); the vocabulary
-    # projection and Markov steps of the slots left out are saved. The cost tables then time every
-    # width's draft, and the policy prices each candidate budget with the narrowest draft that
-    # holds it (policy.slots_needed); every 16th such step drafts all k, so slots past the width
-    # get fresh confidences. Opt-in: measured on the H200 it made no difference beyond the
+    # how many of the k slots the adaptive step drafts: all of them ("full"), or ("budget") one of
+    # about k/4, k/2, k (policy.draft_widths; graphed and eager steps alike), chosen with the
+    # budget from the old confidences (so the cap depends on no current draft: lossless): the
+    # cost tables time every width's draft, and the policy weighs each width with every request
+    # capped at it (policy.width_capped_objective), so a loaded step may draft 2 slots of every
+    # request as a short fixed k does; the vocabulary projection and Markov steps of the slots
+    # left out are saved. Every 16th such step drafts all k, so slots past the width get fresh
+    # confidences. Opt-in: measured on the H200 it made no difference beyond the
     # spreads (Qwen3-8B shape and the code-0.6b pair, BENCHMARKS.md, run 18), though at 256 requests
     # of the 8B shape the full draft pass costs 80% of a plain step (run 17).
     adaptive_draft_width: str = "full"

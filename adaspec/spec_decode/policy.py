@@ -3,9 +3,13 @@
 Objective (VERIFY.md): with survivals ``a_{r,j} = prod_{i<=j} c_{r,i}``,
     B* = argmax_{B=0..Bmax} (n_sampling + sum of the B largest a) / (draft_ms(R) + verify_ms(T + B))
 (ties to the smaller B), then ``l_r`` = number of r's slots among the B* largest survivals.
-With narrow-draft tables (adaptive_draft_width "budget") draft_ms(R) is the cost of the narrowest
-profiled draft that holds the most slots any request gets among the B largest (slots_needed): what
-the step then drafts (graphed or eager: both take the budget and the width before drafting).
+With narrow-draft tables (adaptive_draft_width "budget") the step also picks how many slots per
+request to draft, w, one of the profiled widths: B and w together maximize
+    (n_sampling + sum of the B largest a_{r,j} with j < w) / (draft_ms(R, w) + verify_ms(T + B)),
+so that a loaded step can draft 2 or 4 slots of every request and spread B over those, as a fixed
+short k does, instead of paying the full draft for the few requests deep slots would go to
+(width_capped_objective). The step then drafts w slots and allocates B among them (graphed or
+eager: both take the budget and the width before drafting).
 The draft cost sits in EVERY candidate's denominator, B = 0 included: when B* = 0 is chosen
 the drafts are thrown away but they were already paid for, so the ratio that B = 0 competes
 with is the honest one for a step in which drafting happened. (Skipping the drafter entirely
@@ -24,7 +28,8 @@ multiplies these into the target's joint law.
 
 Now ``c_{r,i}`` depends on x_{r,i-1} (Markov feature), so ``a_{r,j}`` depends on x_{r,<j} only:
   * B* is computed from the PREVIOUS step's confidences (requests without any count as 1.0
-    for every slot), so B* involves no current draft at all.
+    for every slot), so B* involves no current draft at all; so is the draft width w, which then
+    caps every request's slots as a limit does.
   * Slot (r, j) is admitted iff fewer than B* slots outrank it in the order
     (survival desc, then flat index r*K + j asc). Who outranks (r, j)?  Other requests' slots
     (independent of x_{r,j}), and r's slots 1..j-1 (always: survivals never increase along j
@@ -106,21 +111,9 @@ def _vec(fn, x: np.ndarray) -> np.ndarray:
 
 def budget_objective(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
                      cost: Any, max_budget: int | None = None) -> np.ndarray:
-    """Ratio (expected tokens / step ms) for every B = 0..Bmax, as an array of length Bmax+1."""
-    a = np.asarray(survivals, dtype=np.float64)
-    narrow = prices_widths(cost)
-    if narrow:  # allocate's order (survival desc, then flat index), to know each B's draft width
-        order = np.argsort(-a.ravel(), kind="stable")
-        flat = a.ravel()[order]
-    else:  # every B drafts the full width: a plain sort (4x cheaper at 256 x 7 slots, every step)
-        flat = np.sort(a.ravel())[::-1]
-    bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
-    gain = n_sampling + np.concatenate(([0.0], np.cumsum(flat[:bmax])))
-    b = np.arange(bmax + 1)
-    draft = step_draft_ms(cost, num_requests, slots_needed(a, order, bmax)) if narrow \
-        else float(cost.draft_ms(num_requests))
-    den = draft + step_verify_ms(cost, num_requests, base_tokens + b)
-    return gain / np.maximum(den, 1e-12)
+    """Ratio (expected tokens / step ms) for every B = 0..Bmax, as an array of length Bmax+1 (with
+    narrow-draft tables: at each B, that of the best draft width: width_capped_objective)."""
+    return width_capped_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)[0]
 
 
 def prices_widths(cost: Any) -> bool:
@@ -128,14 +121,51 @@ def prices_widths(cost: Any) -> bool:
     return bool(getattr(cost, "prices_widths", False))
 
 
-def slots_needed(survivals: np.ndarray, order: np.ndarray, bmax: int) -> np.ndarray:
-    """For B = 0..bmax: the most slots any one request gets when the B best survivals are allocated
-    (allocate's order), i.e. how wide a draft a budget of B needs. Slots of survival 0 (past a
-    request's limit, or worthless) are not counted: they add nothing to the objective's gain."""
-    K = survivals.shape[-1] if survivals.ndim == 2 else 1
-    first = order[:bmax]
-    depth = np.where(survivals.ravel()[first] > 0, first % K + 1, 0)
-    return np.concatenate(([0], np.maximum.accumulate(depth))) if bmax else np.zeros(1, np.int64)
+def priced_widths(cost: Any, num_requests: int, k: int) -> tuple[list[int], np.ndarray]:
+    """(the draft widths worth weighing, ascending and ending at k; the draft price of every width
+    1..k). A cost model prices a width by the narrowest profiled draft that holds it, so within a
+    run of equal prices the widest is the one to weigh: it allows more and costs the same."""
+    prices = np.asarray(step_draft_ms(cost, num_requests, np.arange(1, k + 1)), dtype=np.float64)
+    return [w for w in range(1, k + 1) if w == k or prices[w - 1] != prices[w]], prices
+
+
+def width_capped_objective(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
+                           cost: Any, max_budget: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(objective, width, gain), arrays over B = 0..Bmax: the best rate (expected tokens / step ms)
+    a step verifying B drafts can reach, the draft width (slots per request) that reaches it, and
+    the expected tokens it counts (n_sampling + the survivals verified).
+
+    Without narrow-draft tables every step drafts all k slots: the rate of the B largest
+    survivals, width k. With them, each profiled width w is weighed with the B largest survivals
+    among the slots j < w of every request (the step caps each request at w) and w's own draft
+    price; B's entry is the best of them (ties to the narrower width). A width holding fewer than
+    B slots in all cannot verify B: it does not compete there."""
+    a = np.asarray(survivals, dtype=np.float64)
+    K = a.shape[-1] if a.ndim == 2 else 1
+    if not prices_widths(cost) or a.size == 0:
+        flat = np.sort(a.ravel())[::-1]
+        bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
+        gain = n_sampling + np.concatenate(([0.0], np.cumsum(flat[:bmax])))
+        den = float(cost.draft_ms(num_requests)) + step_verify_ms(cost, num_requests, base_tokens + np.arange(bmax + 1))
+        return gain / np.maximum(den, 1e-12), np.full(bmax + 1, K, dtype=np.int64), gain
+    order = np.argsort(-a.ravel(), kind="stable")  # allocate's order: survival desc, then flat index
+    flat, slot = a.ravel()[order], order % K
+    bmax = flat.size if max_budget is None else max(0, min(int(max_budget), flat.size))
+    verify = np.asarray(step_verify_ms(cost, num_requests, base_tokens + np.arange(bmax + 1)), dtype=np.float64)
+    objective = np.full(bmax + 1, -np.inf)
+    width = np.full(bmax + 1, K, dtype=np.int64)
+    gain = np.zeros(bmax + 1)
+    widths, prices = priced_widths(cost, num_requests, K)
+    for w in widths:  # narrow first: a tie keeps the narrower (cheaper to run) width
+        kept = flat[slot < w]  # still in allocate's order
+        n = min(kept.size, bmax) + 1
+        g = n_sampling + np.concatenate(([0.0], np.cumsum(kept[: n - 1])))
+        rate = g / np.maximum(prices[w - 1] + verify[:n], 1e-12)
+        better = rate > objective[:n]
+        objective[:n] = np.where(better, rate, objective[:n])
+        width[:n] = np.where(better, w, width[:n])
+        gain[:n] = np.where(better, g, gain[:n])
+    return objective, width, gain
 
 
 def step_draft_ms(cost: Any, num_requests: int, need: np.ndarray) -> np.ndarray:
@@ -175,6 +205,7 @@ class MixedStepTerms:
     ref: float = 0.0  # r_ref, tokens per ms the extra time is valued at
     t_plain: float = 0.0  # ms of the step without drafts
     t_draft: float = 0.0  # ms of the step with them
+    width: int | None = None  # slots per request the step drafts (width_capped_objective's, at B*)
 
     @property
     def drafts(self) -> bool:
@@ -224,11 +255,11 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
     62) lost for other reasons, unpipelined steps and a noisy rate at one request, both changed
     since, so the margin itself is still unmeasured. The rate comes from past steps only, so the
     decision stays lossless."""
-    objective = budget_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
+    objective, widths, gains = width_capped_objective(survivals, n_sampling, decode_tokens, num_requests, cost)
     b = int(np.argmax(objective))
     if b == 0:  # the drafts would all be thrown away
         return MixedStepTerms(0)
-    gain = float(np.sort(np.asarray(survivals, dtype=np.float64).ravel())[::-1][:b].sum())
+    gain = float(gains[b]) - n_sampling
     verify_b = float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens + b))[0])
     draft = (n_sampling + gain) / float(objective[b]) - verify_b  # the draft as the objective priced it
     plain_rate = n_sampling / max(float(np.ravel(step_verify_ms(cost, num_requests, decode_tokens))[0]), 1e-12)
@@ -239,7 +270,7 @@ def mixed_step_terms(survivals: np.ndarray, n_sampling: int, decode_tokens: int,
         t_draft = draft + verify_b + float(np.ravel(cost.verify_ms(prefill_tokens))[0]) - overhead
     else:
         t_draft = draft + float(np.ravel(cost.verify_ms(decode_tokens + b + prefill_tokens))[0])
-    return MixedStepTerms(b, gain, ref, t_plain, t_draft)
+    return MixedStepTerms(b, gain, ref, t_plain, t_draft, int(widths[b]))
 
 
 def draft_widths(k: int, narrow: bool) -> list[int]:
@@ -341,6 +372,7 @@ class AdaptiveBudget:
         self._conf = np.ones((64, self.k))
         self._free: list[int] = list(range(63, -1, -1))  # pop() hands out low rows first
         self.last_budget: int | None = None
+        self.last_width: int | None = None  # the draft width chosen with last_budget (its objective's)
         # online_calibration.SurvivalCorrection, or None: the budget's survivals as the confidences say
         self.correction = correction
 
@@ -384,7 +416,9 @@ class AdaptiveBudget:
         if limits is not None:
             a = np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a, 0.0)
         nreq = len(request_ids) if num_requests is None else num_requests
-        self.last_budget = choose_budget(a, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
+        objective, widths, _ = width_capped_objective(a, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
+        self.last_budget = int(np.argmax(objective))  # choose_budget's: ties to the smaller B
+        self.last_width = int(widths[self.last_budget])
         return self.last_budget
 
     def plan(self, request_ids: Sequence[Hashable], current_conf: np.ndarray, n_sampling: int, base_tokens: int,
@@ -524,7 +558,9 @@ class AdaptivePolicy:
         self._decided_requests: int | None = None  # requests of the step should_draft last decided for
         self.skipped_in_a_row = 0
         self.drafted_in_a_row = 0
-        self._budget_now: int | None = None  # B* found by should_draft, reused by plan this step
+        # (B*, draft width) found by should_draft, reused by step_budget / plan this step
+        self._budget_now: tuple[int, int] | None = None
+        self._width_now: int | None = None  # the width chosen with step_budget's B*, for draft_width
         # (requests, base tokens, B or None: no drafts, draft width: slots per request drafted)
         self._planned: tuple[int, int, int | None, int] | None = None
         self._probe_next = False  # plain_step_done announced a probe: the next should_draft drafts
@@ -621,8 +657,8 @@ class AdaptivePolicy:
         return max(rates) * num_requests if rates else None
 
     def _draft_pays(self, request_ids, n_sampling, base_tokens, limits, prefill_tokens: int = 0,
-                    prefill_apart: bool = False) -> tuple[bool, int]:
-        """(drafting beats a plain step, B* if it drafts), from old survivals and the tables, or
+                    prefill_apart: bool = False) -> tuple[bool, int, int]:
+        """(drafting beats a plain step, B* and its draft width if it drafts), from old survivals and the tables, or
         from the measured rates of both kinds where there are some (decode-only steps: a step
         with prompt chunks under mixed_steps "fused" is judged by mixed_step_drafts)."""
         r = len(request_ids)
@@ -631,9 +667,10 @@ class AdaptivePolicy:
         if self.mixed_steps == "fused" and prefill_tokens > 0:
             self._decided_by_rates = False
             decode_tokens = base_tokens if prefill_apart else base_tokens - prefill_tokens
-            return mixed_step_drafts(a, n_sampling, decode_tokens, prefill_tokens, r, self.cost, prefill_apart,
+            terms = mixed_step_terms(a, n_sampling, decode_tokens, prefill_tokens, r, self.cost, prefill_apart,
                                      self.measured_decode_rate(r))
-        objective = budget_objective(a, n_sampling, base_tokens, r, self.cost)
+            return terms.drafts, terms.budget, terms.width or a.shape[1]
+        objective, widths, _ = width_capped_objective(a, n_sampling, base_tokens, r, self.cost)
         # the same objective choose_budget maximizes (same old survivals, limits, step shape):
         # keep its argmax (first maximum = ties to the smaller B) so plan need not search again
         b = int(np.argmax(objective))
@@ -641,9 +678,9 @@ class AdaptivePolicy:
             drafting, plain = self.step_costs.rate(DRAFT, r), self.step_costs.rate(PLAIN, r)
             self._decided_by_rates = drafting is not None and plain is not None
             if self._decided_by_rates:
-                return drafting >= plain, b
+                return drafting >= plain, b, int(widths[b])
         plain_ms = float(np.ravel(step_verify_ms(self.cost, r, base_tokens))[0])
-        return float(objective[b]) > n_sampling / max(plain_ms, 1e-12), b
+        return float(objective[b]) > n_sampling / max(plain_ms, 1e-12), b, int(widths[b])
 
     def _probe_due(self) -> bool:
         if self._probe_next:  # plain_step_done announced a probe for this step
@@ -665,9 +702,9 @@ class AdaptivePolicy:
         if self.mixed_steps == "fused" and prefill_tokens > 0 and self._plain_probe_left == 0:
             # a step with prompt chunks, judged at the margin (mixed_step_drafts): the probes'
             # schedule, kept for runs of steps the decode tables skip, neither counts nor forces it
-            pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
+            pays, b, w = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
             if pays:
-                self._budget_now = b
+                self._budget_now = (b, w)
                 return True
             return self._skip(request_ids, base_tokens, n_sampling, probe=True)
         if self._plain_probe_left > 0:  # a plain probe's steps, where the engine asks every step
@@ -678,9 +715,9 @@ class AdaptivePolicy:
         self._decided_requests = len(request_ids)
         after_probe, self._after_probe = self._after_probe, False
         after_plain_probe, self._after_plain_probe = self._after_plain_probe, False
-        pays, b = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
+        pays, b, w = self._draft_pays(request_ids, n_sampling, base_tokens, limits, prefill_tokens, prefill_apart)
         if pays:
-            self._budget_now = b
+            self._budget_now = (b, w)
             self.skipped_in_a_row = 0
             self.probe_interval = self.probe_every
             if after_plain_probe:  # drafting still wins: look at plain steps less often
@@ -774,15 +811,20 @@ class AdaptivePolicy:
         return False
 
     def draft_width(self, request_ids, budget: int, limits, widths: Sequence[int]) -> int:
-        """The fewest of `widths` (ascending, the last = k) draft slots that hold every request's
-        share of `budget` when it is allocated by the stored (old) confidences, as the budget was:
-        a cap that depends on no current draft (lossless), so the step drafts only the slots it
+        """The slots per request this step drafts, one of `widths` (ascending, the last = k): the
+        width step_budget chose with `budget` (width_capped_objective: the step caps every request
+        at it); for a budget it did not choose, the fewest that hold every request's share of
+        `budget` when it is allocated by the stored (old) confidences, as the budget was. Either
+        way a cap that depends on no current draft (lossless), so the step drafts only the slots it
         can verify. The allocation by the current confidences may then give a request fewer."""
-        a = survival(self.budget.old_confidences(request_ids))
-        a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
-        # slots of survival 0 add nothing, and the objective's pricing (slots_needed) leaves them out
-        useful = min(int(budget), int((a > 0).sum()))
-        need = int(allocate(a, useful, limits).max()) if len(request_ids) else 0
+        planned, self._width_now = self._width_now, None
+        if planned is not None:
+            need = planned
+        else:
+            a = survival(self.budget.old_confidences(request_ids))
+            a = np.where(np.arange(a.shape[1])[None, :] < np.asarray(limits)[:, None], a, 0.0)
+            useful = min(int(budget), int((a > 0).sum()))  # slots of survival 0 add nothing
+            need = int(allocate(a, useful, limits).max()) if len(request_ids) else 0
         width = next((w for w in widths if w >= need), widths[-1])
         if self._refresh_due():  # now and then the whole block, so that slots past the width are seen again
             width = widths[-1]
@@ -803,20 +845,23 @@ class AdaptivePolicy:
         """B* for this step from the stored (old) confidences only, before any draft exists: the
         graphed step allocates it on the device (allocate_torch) without reading drafts back.
         whole=False: the rows are one part of a step split in two forwards (_plan_step)."""
-        b, self._budget_now = self._budget_now, None
-        if b is None:
+        planned, self._budget_now = self._budget_now, None
+        if planned is None:
             b = self.budget.budget(request_ids, n_sampling, base_tokens, limits=limits)
+            self._width_now = self.budget.last_width
+        else:
+            b, self._width_now = planned
         self.budget.last_budget = b
         self._plan_step(len(request_ids), base_tokens, b, timed=self._slots_mostly_free(limits), whole=whole)
         return b
 
     def plan(self, request_ids, conf, n_sampling, base_tokens, limits, whole: bool = True):
         """The verify lengths for this step's drafts (by their confidences); whole as step_budget."""
-        b, self._budget_now = self._budget_now, None
-        if b is None:
+        planned, self._budget_now = self._budget_now, None
+        if planned is None:
             lengths = self.budget.plan(request_ids, conf, n_sampling, base_tokens, limits=limits).astype(np.int64)
         else:
-            self.budget.last_budget = b
+            b = self.budget.last_budget = planned[0]
             lengths = allocate(survival(conf), b, limits).astype(np.int64)
         self._plan_step(len(request_ids), base_tokens, int(self.budget.last_budget),
                         timed=self._slots_mostly_free(limits), whole=whole)

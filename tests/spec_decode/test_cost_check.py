@@ -124,7 +124,7 @@ def test_an_adaptive_engine_counts_its_decode_steps(micro_pair, tmp_path, monkey
     # on the CPU the micro drafter costs as much as its target, so the policy would stop drafting
     # after the first step: make every step draft (its budget still the policy's)
     pays = AdaptivePolicy._draft_pays
-    monkeypatch.setattr(AdaptivePolicy, "_draft_pays", lambda self, *a: (True, pays(self, *a)[1]))
+    monkeypatch.setattr(AdaptivePolicy, "_draft_pays", lambda self, *a: (True, *pays(self, *a)[1:]))
     spec = {"method": "dspark", "model": micro_pair[1], "num_speculative_tokens": 3,
             "enable_adaptive_verification": True, "cost_model_cache_dir": str(tmp_path)}
     llm = LLM(micro_pair[0], speculative_config=spec, device="cpu", max_num_seqs=8)

@@ -266,37 +266,75 @@ def narrow_cost_model(draw, k):
 
 @FAST
 @given(conf_matrix(max_r=5, max_k=7), st.data())
-def test_objective_prices_the_draft_width_each_budget_needs(conf, data):
-    """With narrow-draft tables, the objective at every B charges the narrowest profiled draft that
-    holds the largest per-request share of B (brute force: allocate, then look the width up), and
-    the budget the policy picks is the smallest maximizer; its width is the one draft_width picks."""
-    from adaspec.spec_decode.policy import AdaptivePolicy
+def test_objective_weighs_every_draft_width_with_its_slots_capped(conf, data):
+    """With narrow-draft tables, the objective at every B is the best over the draft widths w of
+    (n + the B largest survivals among every request's first w slots) / (w's draft price +
+    verify(T + B)), a width holding fewer than B slots not competing (brute force over w = 1..k,
+    each priced as the cost model prices a draft holding w: the narrowest profiled width that does);
+    the width reported for B is a profiled one that reaches it, no narrower profiled one does; the
+    budget the policy picks is the smallest maximizer, and its draft width the objective's."""
+    from adaspec.spec_decode.policy import AdaptivePolicy, width_capped_objective
 
     R, k = conf.shape
     cost = data.draw(narrow_cost_model(k))
     limits = np.array(data.draw(st.lists(st.integers(0, k), min_size=R, max_size=R)))
     n_sampling, base = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 6))
     a = np.where(np.arange(k)[None, :] < limits[:, None], survival(conf), 0.0)
-    positive = int((a > 0).sum())
-    expected = []
-    for b in range(R * k + 1):
-        share = allocate(survival(conf), min(b, positive), limits)
-        need = int(share.max()) if b else 0
-        width = min((w for w in cost.draft_narrow if w >= need), default=None)
-        draft = cost.draft_narrow[width].lookup(R) if width is not None else cost.draft_ms(R)
-        gain = n_sampling + float(np.sort(a.ravel())[::-1][:b].sum())
-        expected.append(gain / (draft + cost.verify_ms(base + b)))
-    obj = budget_objective(a, n_sampling, base, R, cost)
+
+    def price(w):  # the narrowest profiled draft holding w slots, the full one where none does
+        held = [x for x in cost.draft_narrow if x >= w]
+        return cost.draft_narrow[min(held)].lookup(R) if held else cost.draft_ms(R)
+
+    def rate(b, w):
+        capped = np.sort(a[:, :w].ravel())[::-1]
+        if b > capped.size:
+            return -np.inf
+        return (n_sampling + float(capped[:b].sum())) / (price(w) + cost.verify_ms(base + b))
+
+    expected = [max(rate(b, w) for w in range(1, k + 1)) for b in range(R * k + 1)]
+    obj, width, gain = width_capped_objective(a, n_sampling, base, R, cost)
     assert np.allclose(obj, expected, rtol=1e-9, atol=1e-12)
+    profiled = sorted(cost.draft_narrow) + [k]
+    for b in range(R * k + 1):
+        w = int(width[b])
+        assert w in profiled and np.isclose(rate(b, w), obj[b], rtol=1e-9, atol=1e-12)
+        assert all(rate(b, x) < obj[b] * (1 - 1e-9) for x in profiled if x < w and price(x) < price(w))
+        assert np.isclose(gain[b], obj[b] * (price(w) + cost.verify_ms(base + b)), rtol=1e-9, atol=1e-9)
+    assert np.array_equal(budget_objective(a, n_sampling, base, R, cost), obj)
     b = choose_budget(a, n_sampling, base, R, cost)
     assert obj[b] == obj.max() and (obj[:b] < obj[b]).all()
     pol = AdaptivePolicy(cost, k)
     ids = [f"r{i}" for i in range(R)]
     pol.observe(ids, conf)
-    widths = sorted(cost.draft_narrow) + [k]
-    w = pol.draft_width(ids, b, limits, widths)
-    share = allocate(survival(conf), b, limits)
-    assert w == min(x for x in widths if x >= (share.max() if b else 0))
+    assert pol.step_budget(ids, n_sampling, base, limits) == b
+    assert pol.draft_width(ids, b, limits, profiled) == width[b]
+
+
+def test_a_loaded_step_drafts_a_narrow_width_for_every_request_rather_than_the_full_one_for_a_few():
+    """64 requests, 8 of them sure of every slot: by survival their deep slots rank above the
+    others' second ones, so a budget allocated over all 7 slots needs the full draft; priced that
+    way, a step that spreads its budget over 2 slots of every request was out of reach, and the
+    policy drafted 7 slots for 8 requests' sake. Capped at 2 slots, the step verifies ~2 drafts of
+    every request for a fifth of the draft's cost, at a better rate than any budget of the full draft."""
+    from adaspec.spec_decode.policy import AdaptivePolicy, width_capped_objective
+
+    verify = CostTable([1, 64, 128, 192, 256, 512], [1.0, 2.0, 2.6, 3.4, 5.0, 9.0])
+    cost = CostModel(verify, CostTable([1, 64], [0.5, 3.0]), {2: CostTable([1, 64], [0.2, 0.6])})
+    conf = np.tile([0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2], (64, 1))
+    conf[:8] = 0.99
+    a = survival(conf)
+    obj, width, _ = width_capped_objective(a, 64, 64, 64, cost)
+    b = int(np.argmax(obj))
+    assert width[b] == 2 and 120 <= b <= 128
+    full = budget_objective(a, 64, 64, 64, CostModel(verify, cost.draft))  # every B priced with 7 slots
+    assert obj[b] > 1.1 * full.max()
+    pol = AdaptivePolicy(cost, 7)
+    ids = [f"r{i}" for i in range(64)]
+    pol.observe(ids, conf)
+    assert pol.should_draft(ids, 64, 64, np.full(64, 7))
+    assert pol.step_budget(ids, 64, 64, np.full(64, 7)) == b
+    w = pol.draft_width(ids, b, np.full(64, 7), [2, 4, 7])
+    assert w == 2 and allocate(a, b, np.minimum(np.full(64, 7), w)).tolist() == [2] * (b - 64) + [1] * (128 - b)
 
 
 def test_a_cheap_narrow_draft_makes_drafting_pay_where_the_full_one_does_not():
