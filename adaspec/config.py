@@ -208,9 +208,9 @@ class SpeculativeConfig:
     # capped at it (policy.width_capped_objective), so a loaded step may draft 2 slots of every
     # request as a short fixed k does; the vocabulary projection and Markov steps of the slots
     # left out are saved. Every 16th such step drafts all k, so slots past the width get fresh
-    # confidences. Opt-in: measured on the H200 it made no difference beyond the
-    # spreads (Qwen3-8B shape and the code-0.6b pair, BENCHMARKS.md, run 18), though at 256 requests
-    # of the 8B shape the full draft pass costs 80% of a plain step (run 17).
+    # confidences. Opt-in: on the H100 (BENCHMARKS.md, run 71) within the spreads of the full
+    # width on the code-0.6b pair, and below it on the Qwen3-8B shape at 256 requests (it drafted
+    # nearly every step there and ran more steps with prompt chunks).
     adaptive_draft_width: str = "full"
     # scale the budget's survivals, per draft position, by accepted / predicted over the recent
     # verified drafts (spec_decode/online_calibration.py), so B* follows what the target accepts on
