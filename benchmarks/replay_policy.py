@@ -12,7 +12,9 @@ step would make under the same tables. Prefill chunks, host time between steps a
 modelled: the replay explains the decode steps' choice, the sweep measures the whole run. Every
 drafting arm is priced with the chosen adaptive arm's draft tables: the full draft (k slots), or for
 an adaptive-narrow arm's tables (--arm adaptive-narrow:K) the narrowest profiled draft that holds the
-slots a step verifies per request (fixed k included: its step drafts k slots).
+slots a step drafts per request: k for a fixed k, and for the adaptive step the width its policy
+chooses with the budget, every request capped at it (policy.width_capped_objective), as the engine
+runs it.
 
 With --blocks (a build's drafter/heldout_blocks.npz: every block the held-out decoding walk reaches,
 its calibrated confidences and accepted drafts) the requests differ as real ones do: each step draws
@@ -64,9 +66,7 @@ from adaspec.spec_decode.calibration import auc  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
-from adaspec.spec_decode.policy import (  # noqa: E402
-    allocate, budget_objective, choose_budget, step_draft_ms, survival,
-)
+from adaspec.spec_decode.policy import allocate, step_draft_ms, survival, width_capped_objective  # noqa: E402
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
 
 
@@ -99,12 +99,23 @@ def plain_rate(cost: GraphPaddedCost, requests: int) -> dict:
     return dict(slots=0.0, tokens=float(requests), ms=ms, rate=requests / ms)
 
 
+def choose(survivals: np.ndarray, requests: int, cost) -> tuple[int, np.ndarray, int]:
+    """(budget, verify lengths, draft width) as the engine's policy picks them for a decode-only
+    step of `requests` requests: the objective's budget and width (width_capped_objective; ties to
+    the smaller budget, as choose_budget), the budget allocated with every request capped at the
+    width. Without narrow-draft tables the width is k and caps nothing."""
+    objective, widths, _ = width_capped_objective(survivals, requests, requests, requests, cost)
+    b = int(np.argmax(objective))
+    w = int(widths[b])
+    return b, allocate(survivals, b, np.full(len(survivals), w)), w
+
+
 def adaptive_rate(cost: GraphPaddedCost, survivals: np.ndarray, requests: int) -> dict:
     """The budget the policy's objective picks for `requests` requests with these survivals."""
     grid = np.tile(survivals, (requests, 1))
-    b = choose_budget(grid, requests, requests, requests, cost)
-    ratio = float(budget_objective(grid, requests, requests, requests, cost)[b])
-    tokens = requests + float(np.sort(grid.ravel())[::-1][:b].sum())
+    objective, _, gain = width_capped_objective(grid, requests, requests, requests, cost)
+    b = int(np.argmax(objective))
+    ratio, tokens = float(objective[b]), float(gain[b])
     return dict(slots=b / requests, tokens=tokens, ms=tokens / ratio, rate=ratio)
 
 
@@ -170,13 +181,12 @@ def replay_blocks(cost_tables: dict, conf: np.ndarray, accepted: np.ndarray, con
             tokens = ms = slots = predicted = 0.0
             for s in range(steps):
                 surv = survivals_of(draws[s])
-                b = choose_budget(surv, c, c, c, policy_cost)
-                lengths = allocate(surv, b)
+                b, lengths, width = choose(surv, c, policy_cost)
                 tokens += float(np.sum(np.minimum(acc[s], lengths) + 1))
                 # what the objective expected of them: the survivals of the slots it verifies
                 predicted += c + float(np.sum(np.where(np.arange(k)[None, :] < lengths[:, None], surv, 0.0)))
                 # what the step costs: the tables' price of what it ran, plus the host's share
-                ms += step_ms(priced, c, c + b, need=int(lengths.max()) if b else 0) + extra
+                ms += step_ms(priced, c, c + b, need=width) + extra
                 slots += b / c
             row[name] = dict(slots=slots / steps, tokens=tokens / steps, ms=ms / steps, rate=tokens / ms,
                              predicted_tokens=predicted / steps, predicted_rate=predicted / ms)
@@ -213,10 +223,9 @@ def oracle_rate(cost: GraphPaddedCost, acc: np.ndarray, k: int, c: int, extra: f
     tokens = ms = slots = 0.0
     for a in acc:
         surv = (np.arange(k)[None, :] < a[:, None]).astype(np.float64)
-        b = choose_budget(surv, c, c, c, cost)
-        lengths = allocate(surv, b)
+        b, lengths, width = choose(surv, c, cost)
         tokens += float(np.sum(np.minimum(a, lengths) + 1))
-        ms += step_ms(cost, c, c + b, need=int(lengths.max()) if b else 0) + extra
+        ms += step_ms(cost, c, c + b, need=width) + extra
         slots += b / c
     n = len(acc)
     return dict(slots=slots / n, tokens=tokens / n, ms=ms / n, rate=tokens / ms)

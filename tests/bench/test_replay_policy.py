@@ -149,8 +149,9 @@ def test_replay_over_blocks_refuses_a_missing_temperature(replay, tmp_path):
 
 def test_an_adaptive_narrow_arms_tables_price_each_step_by_the_draft_it_needs(replay, tmp_path):
     """An adaptive-narrow arm's tables carry narrow drafts: fixed:3 is priced with the 4-slot draft
-    (the narrowest that holds 3), fixed:7 with the full one, and the adaptive step with the draft its
-    allocation needs; the full arm's tables price every drafting step with the full draft."""
+    (the narrowest that holds 3), fixed:7 with the full one, and the adaptive step with the draft
+    width its policy chose with the budget; the full arm's tables price every drafting step with
+    the full draft."""
     narrow = {**TABLES, "draft_narrow": {"2": {"sizes": [1, 64], "ms": [0.3, 0.6]},
                                          "4": {"sizes": [1, 64], "ms": [0.5, 1.2]}}}
     p = tmp_path / "sweep.json"
@@ -266,3 +267,33 @@ def test_the_ideal_row_decides_on_the_acceptance_probabilities(replay, tmp_path,
                         "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert "ideal_over_best_fixed" not in res["rows"][0] and res["slot_auc_ideal"] is None
+
+
+def test_the_replayed_adaptive_step_drafts_the_width_its_policy_chose_with_the_budget(replay, tmp_path):
+    """Narrow-draft tables and blocks of which an eighth are sure of every slot: the policy (as the
+    engine runs it, policy.width_capped_objective) drafts 2 slots of every request and caps each at
+    2, so the replay allocates with that cap and prices the 2-slot draft. Allocated without the cap,
+    the sure blocks' deep slots would take the budget and need the full draft."""
+    from adaspec.spec_decode.cost_model import CostModel
+    from adaspec.spec_decode.policy import allocate, survival
+
+    narrow = {**TABLES, "draft_narrow": {"2": {"sizes": [1, 64], "ms": [0.3, 0.6]}}}
+    n = 2048
+    sure = np.arange(n) % 8 == 0
+    conf = np.where(sure[:, None], 0.99, np.array([0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2])[None, :])
+    accepted = np.where(sure, 7, np.arange(n) % 3)
+    surv = survival(conf[:64])
+    cost = replay.padded_cost(CostModel.from_dict(narrow), [64], list(range(1, 9)))
+    b, lengths, width = replay.choose(surv, 64, cost)
+    assert width == 2 and b > 64 and lengths.max() == 2 and lengths.sum() == b
+    assert allocate(surv, b).max() == 7  # what the uncapped allocation would have drafted for
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {"concurrency": "64", "synthetic_acceptance": CURVE},
+                             "cost_tables": {"adaptive-narrow:7": narrow}}))
+    out = tmp_path / "rows.json"
+    assert replay.main([str(p), "--arm", "adaptive-narrow:7", "--blocks", str(_blocks(tmp_path, conf, accepted)),
+                        "--concurrency", "64", "--max-num-seqs", "64", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]["adaptive:7"]
+    # the draws are seeded: priced by the widths chosen, 10.3 ms a step; priced by the uncapped
+    # allocation's deepest slot (the replay before width_capped_objective), the same draws 11.3 ms
+    assert row["ms"] < 10.8 and row["slots"] < 3
