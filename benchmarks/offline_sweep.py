@@ -108,7 +108,7 @@ def run_point(llm, prompts, params, trace: bool = False):
         eng.add_request(rids[-1], p, each[i])
     t0 = time.monotonic()
     first, done, ntok = {}, {}, {}
-    clock = StepKinds(eng.stats, eng.scheduler if trace else None)
+    clock = StepKinds(eng.stats, eng.scheduler, trace=trace)
     while eng.has_unfinished_requests():
         clock.start()
         outs = eng.step()
@@ -154,19 +154,27 @@ class StepKinds:
     steps' tokens per ms is what benchmarks/replay_policy.py predicts from the cost tables; the
     prefill steps hold the rest of a point's time (H200 run 17: the Qwen3-8B shape's adaptive arm
     ran 36-39 of them at 256 requests, no-spec 24). Under async scheduling a step call also waits
-    for the step before it, so the split is by step call, not by GPU work."""
+    for the step before it, so the split is by step call, not by GPU work.
+
+    Given the scheduler, `decode_full_batch` counts the decode-only steps that began with the batch
+    full (max_num_seqs requests running), a subset of `decode`: arms compare there at the same
+    rows a step, where the decode-only steps as a whole mix the full batches with the waves' tails
+    (H100 run 71: ~73 rows a step for adaptive:7 against ~91 for fixed:3 at 128 requests)."""
 
     # --step-trace: one row per step call (counters are the stats' deltas over the call)
     TRACE_FIELDS = ("wall_ms", "prompt_tokens", "generated_tokens", "running", "waiting", "drafted_rows",
                     "verified_drafts", "draft_skipped", "mixed_fused")
 
-    def __init__(self, stats, scheduler=None):
+    def __init__(self, stats, scheduler=None, trace: bool = False):
         self.stats = stats
-        self.kinds = {k: [0, 0.0, 0] for k in ("prefill", "decode")}  # steps, seconds, tokens
+        # steps, seconds, tokens
+        self.kinds = {k: [0, 0.0, 0] for k in ("prefill", "decode") + (("decode_full_batch",) if scheduler else ())}
         self._t = self._prompt = self._gen = None
-        self.scheduler = scheduler  # given: record each step under self.trace
+        self.scheduler = scheduler
+        self.tracing = trace and scheduler is not None  # record each step under self.trace
         self.trace: list[list] = []
         self._at_start: tuple = ()
+        self._full = False  # the step being timed began with max_num_seqs requests running
 
     def _counters(self) -> tuple:
         s = self.stats
@@ -174,17 +182,22 @@ class StepKinds:
 
     def start(self) -> None:
         if self.scheduler is not None:  # before the clock starts: not timed
-            self._at_start = (len(self.scheduler.running), len(self.scheduler.waiting), *self._counters())
+            running = len(self.scheduler.running)
+            self._full = running >= self.scheduler.max_num_seqs
+            if self.tracing:
+                self._at_start = (running, len(self.scheduler.waiting), *self._counters())
         self._t, self._prompt, self._gen = time.perf_counter(), self.stats.num_prompt_tokens, self.stats.num_generated_tokens
 
     def stop(self) -> None:
         dt = time.perf_counter() - self._t
         prompt, gen = self.stats.num_prompt_tokens - self._prompt, self.stats.num_generated_tokens - self._gen
-        kind = self.kinds["prefill" if prompt > 0 else "decode"]
-        kind[0] += 1
-        kind[1] += dt
-        kind[2] += gen
-        if self.scheduler is not None:
+        names = ("prefill",) if prompt > 0 else ("decode", "decode_full_batch") if self._full else ("decode",)
+        for name in names:
+            kind = self.kinds[name]
+            kind[0] += 1
+            kind[1] += dt
+            kind[2] += gen
+        if self.tracing:
             running, waiting, *before = self._at_start
             deltas = [after - b for after, b in zip(self._counters(), before)]
             self.trace.append([round(1e3 * dt, 3), prompt, gen, running, waiting, *deltas])

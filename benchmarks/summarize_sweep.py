@@ -4,7 +4,9 @@ point a concurrency (error bars: ± one standard deviation over the repeats).
 
 After the tables: the share of each point's wall time spent in steps that carry a prefill chunk
 (where a point records its step kinds; H200 run 38: 80-88% for the speculative arms at 256 requests,
-where those steps cost ~14 ms against ~5.7 for a decode step), and the verdict per concurrency that
+where those steps cost ~14 ms against ~5.7 for a decode step), the tokens per ms of the decode-only
+steps that began with the batch full (offline_sweep's step_kinds decode_full_batch: the arms at the
+same rows a step, where all decode-only steps mix full batches with the waves' tails), and the verdict per concurrency that
 `adaspec bench report` gives a server sweep (bench/report.verdict_lines: the arms dominated beyond
 the repeat spreads, and each arm's distance to the Pareto edge). Where the sweep traced its steps
 (offline_sweep.py --step-trace), two more tables: the share of decode-only steps that drafted and
@@ -81,6 +83,13 @@ def prefill_share(row: dict) -> float | None:
         return None
     p = kinds.get("prefill") or {}
     return p.get("steps", 0) * p.get("ms_per_step", 0.0) / (1e3 * wall)
+
+
+def full_batch_rate(row: dict) -> float | None:
+    """Tokens per ms of the point's decode-only steps that began with max_num_seqs requests running
+    (step_kinds decode_full_batch, sweeps since 2026-12-07); None without such steps."""
+    full = (row.get("step_kinds") or {}).get("decode_full_batch") or {}
+    return full.get("tokens_per_ms")
 
 
 def decode_steps(row: dict) -> tuple[float, float | None] | None:
@@ -213,6 +222,11 @@ def main(path: str, png: str | None = None) -> None:
         r["prefill_share"] = prefill_share(r)
     if any(r["prefill_share"] is not None for r in rows):
         tables.append(("prefill_share", "share of the point's wall time in steps with a prefill chunk", "{:.2f}"))
+    for r in rows:
+        r["full_batch_rate"] = full_batch_rate(r)
+    if any(r["full_batch_rate"] is not None for r in rows):
+        tables.append(("full_batch_rate", "tokens per ms of the decode-only steps that began with the batch full",
+                       "{:.1f}"))
     fields = doc.get("step_trace_fields")
     for fn, columns in TRACE_TABLES:  # each from the points' step traces, where they have them
         for r in rows:

@@ -44,5 +44,5 @@ def test_a_profiled_point_is_recorded_apart_from_the_measured_ones(tmp_path):
     assert p["timer"] == "CPU ops" and p["steps"] > 0 and 0 < p["timed_ms_per_step"]
     assert p["busy_share"] == pytest.approx(p["timed_ms_per_step"] / p["wall_ms_per_step"], abs=1e-3)
     assert p["top"] and all(t["ms_per_step"] > 0 for t in p["top"]) and "aten::mm" in {t["name"] for t in p["top"]}
-    assert p["profiled_output_throughput"] > 0 and set(p["step_kinds"]) <= {"prefill", "decode"}
+    assert p["profiled_output_throughput"] > 0 and set(p["step_kinds"]) <= {"prefill", "decode", "decode_full_batch"}
     assert "profile fixed:3@2:" in r.stdout

@@ -287,3 +287,24 @@ def test_interleaved_engines_share_what_the_device_has_free():
         interleaved_kv_gib(16, 8, 4 * gib)
     with pytest.raises(SystemExit, match="positive"):
         interleaved_kv_gib(0, 4, 78 * gib)
+
+
+def test_decode_only_steps_at_a_full_batch_are_counted_apart():
+    """step_kinds' decode_full_batch: the decode-only steps that began with max_num_seqs requests
+    running, a subset of decode. Two requests of one length at max_num_seqs 2 fill every decode
+    step to its last; one request alone fills none."""
+    from offline_sweep import run_point
+
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM("tiny", device="cpu", max_num_seqs=2)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    both = run_point(llm, [[5, 6, 7], [8, 9, 10]], params)["step_kinds"]
+    assert both["decode"]["steps"] > 0 and both["decode_full_batch"]["steps"] == both["decode"]["steps"]
+    assert both["decode_full_batch"]["tokens"] == both["decode"]["tokens"]
+    alone = run_point(llm, [[5, 6, 7]], params)["step_kinds"]
+    assert alone["decode"]["steps"] > 0 and alone["decode_full_batch"] == dict(
+        steps=0, ms_per_step=None, tokens=0, tokens_per_ms=None)
+    staggered = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]],
+                          [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 5, 7)])["step_kinds"]
+    assert 0 < staggered["decode_full_batch"]["steps"] < staggered["decode"]["steps"]

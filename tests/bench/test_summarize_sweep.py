@@ -138,3 +138,19 @@ def test_first_wave_and_chunk_steps_from_the_step_trace(tmp_path, capsys):
     assert "ms of the first wave's steps" in out and "| 1 | 14.0 ± 0.0 |" in out
     assert "steps with a prompt chunk (step trace)" in out and "| 1 | 3.0 ± 0.0 |" in out
     assert "| 1 | 150 ± 0 |" in out
+
+
+def test_the_full_batch_decode_rate_is_tabled_where_points_record_it(tmp_path, capsys):
+    """step_kinds decode_full_batch (the decode-only steps that began with the batch full): its
+    tokens per ms get a table of their own, mean ± std over the repeats; points without it show –."""
+    rows = [_row("fixed:3", 64, r, 1000, 500) for r in range(2)]
+    for r, rate in zip(rows, (70.0, 72.0)):
+        r["step_kinds"]["decode_full_batch"] = {"steps": 5, "ms_per_step": 3.0, "tokens": 1000, "tokens_per_ms": rate}
+    rows.append(_row("none", 64, 0, 800, 400))  # an older sweep's point: no decode_full_batch
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {}, "rows": rows}))
+    summarize_sweep.main(str(p))
+    out = capsys.readouterr().out
+    assert "tokens per ms of the decode-only steps that began with the batch full" in out
+    assert "| 64 | 71.0 ± 1.4 | – |" in out
+    assert summarize_sweep.full_batch_rate(rows[-1]) is None
