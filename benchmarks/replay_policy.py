@@ -66,7 +66,9 @@ from adaspec.spec_decode.calibration import auc  # noqa: E402
 from adaspec.engine.cuda_graphs import capture_sizes  # noqa: E402
 from adaspec.spec_decode.cost_model import CostModel  # noqa: E402
 from adaspec.spec_decode.graphed_step import GraphPaddedCost, query_levels  # noqa: E402
-from adaspec.spec_decode.policy import allocate, step_draft_ms, survival, width_capped_objective  # noqa: E402
+from adaspec.spec_decode.policy import (  # noqa: E402
+    allocate, choose_budget_width, step_draft_ms, survival, width_capped_objective,
+)
 from adaspec.spec_decode.step_overhead import OverheadCost, StepOverhead  # noqa: E402
 
 
@@ -101,12 +103,9 @@ def plain_rate(cost: GraphPaddedCost, requests: int) -> dict:
 
 def choose(survivals: np.ndarray, requests: int, cost) -> tuple[int, np.ndarray, int]:
     """(budget, verify lengths, draft width) as the engine's policy picks them for a decode-only
-    step of `requests` requests: the objective's budget and width (width_capped_objective; ties to
-    the smaller budget, as choose_budget), the budget allocated with every request capped at the
-    width. Without narrow-draft tables the width is k and caps nothing."""
-    objective, widths, _ = width_capped_objective(survivals, requests, requests, requests, cost)
-    b = int(np.argmax(objective))
-    w = int(widths[b])
+    step of `requests` requests (policy.choose_budget_width), the budget allocated with every request
+    capped at the width. Without narrow-draft tables the width is k and caps nothing."""
+    b, w = choose_budget_width(survivals, requests, requests, requests, cost)
     return b, allocate(survivals, b, np.full(len(survivals), w)), w
 
 

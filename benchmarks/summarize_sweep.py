@@ -6,12 +6,12 @@ After the tables: the share of each point's wall time spent in steps that carry 
 (where a point records its step kinds; H200 run 38: 80-88% for the speculative arms at 256 requests,
 where those steps cost ~14 ms against ~5.7 for a decode step), the tokens per ms of the decode-only
 steps that began with the batch full (offline_sweep's step_kinds decode_full_batch: the arms at the
-same rows a step, where all decode-only steps mix full batches with the waves' tails), and the verdict per concurrency that
-`adaspec bench report` gives a server sweep (bench/report.verdict_lines: the arms dominated beyond
-the repeat spreads, and each arm's distance to the Pareto edge). Where the sweep traced its steps
-(offline_sweep.py --step-trace), two more tables: the share of decode-only steps that drafted and
-their mean wall (H100 run 62: with measured step costs, a point at one request ran 44-53% of its
-decode-only steps plain, at 2.1 ms a drafting step against the default arm's 1.5).
+same rows a step, where all decode-only steps mix full batches with the waves' tails), and the
+verdict per concurrency that `adaspec bench report` gives a server sweep (bench/report.verdict_lines:
+the arms dominated beyond the repeat spreads, and each arm's distance to the Pareto edge). Where the
+sweep traced its steps (offline_sweep.py --step-trace), two more tables: the share of decode-only
+steps that drafted and their mean wall (H100 run 62: with measured step costs, a point at one request
+ran 44-53% of its decode-only steps plain, at 2.1 ms a drafting step against the default arm's 1.5).
 
     python3 benchmarks/summarize_sweep.py SWEEP.json [--png frontier.png]
 """

@@ -194,7 +194,16 @@ def choose_budget(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_
     Ties go to the smaller B (np.argmax returns the first maximum). Pass survivals that no
     current draft influenced (one-step-old, see :class:`AdaptiveBudget`) to stay lossless.
     """
-    return int(np.argmax(budget_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)))
+    return choose_budget_width(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)[0]
+
+
+def choose_budget_width(survivals: np.ndarray, n_sampling: int, base_tokens: int, num_requests: int,
+                        cost: Any, max_budget: int | None = None) -> tuple[int, int]:
+    """(B*, the draft width that reaches it): choose_budget's budget, and the slots per request the
+    step then drafts and caps every request at (width_capped_objective; k without narrow tables)."""
+    objective, widths, _ = width_capped_objective(survivals, n_sampling, base_tokens, num_requests, cost, max_budget)
+    b = int(np.argmax(objective))
+    return b, int(widths[b])
 
 
 @dataclass(frozen=True)
@@ -416,9 +425,8 @@ class AdaptiveBudget:
         if limits is not None:
             a = np.where(np.arange(self.k)[None, :] < np.asarray(limits)[:, None], a, 0.0)
         nreq = len(request_ids) if num_requests is None else num_requests
-        objective, widths, _ = width_capped_objective(a, n_sampling, base_tokens, nreq, self.cost, self.max_budget)
-        self.last_budget = int(np.argmax(objective))  # choose_budget's: ties to the smaller B
-        self.last_width = int(widths[self.last_budget])
+        self.last_budget, self.last_width = choose_budget_width(a, n_sampling, base_tokens, nreq, self.cost,
+                                                                self.max_budget)
         return self.last_budget
 
     def plan(self, request_ids: Sequence[Hashable], current_conf: np.ndarray, n_sampling: int, base_tokens: int,

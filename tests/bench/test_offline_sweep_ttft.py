@@ -305,6 +305,6 @@ def test_decode_only_steps_at_a_full_batch_are_counted_apart():
     alone = run_point(llm, [[5, 6, 7]], params)["step_kinds"]
     assert alone["decode"]["steps"] > 0 and alone["decode_full_batch"] == dict(
         steps=0, ms_per_step=None, tokens=0, tokens_per_ms=None)
-    staggered = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]],
-                          [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 5, 7)])["step_kinds"]
+    lengths = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 5, 7)]
+    staggered = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]], lengths)["step_kinds"]
     assert 0 < staggered["decode_full_batch"]["steps"] < staggered["decode"]["steps"]
