@@ -137,6 +137,8 @@ def run_point(llm, prompts, params, trace: bool = False):
         verified_per_draft=(d("num_verified_tokens") / d("num_drafts")) if d("num_drafts") else None,
         # speculative steps that ran as CUDA graphs (the rest had a prefill chunk, logprobs or filters)
         spec_graphed_step_share=(d("num_graphed_steps") / d("num_steps")) if d("num_steps") else None,
+        # a KV cache too small for the point's requests preempts some; their recompute is in the wall
+        preemptions=d("num_preemptions"),
         # the target forwards of plain steps, by kind (decode graph, mixed graph, graph + eager, eager)
         forward_kinds={k: v - r0[k] for k, v in forward_kinds(eng.runner).items()},
         step_split=step_split(d, wall),
@@ -636,8 +638,8 @@ def main() -> None:
                                host_speed={"start": host_speed_start}, checkpoints=ckpt, rows=rows,
                                cost_tables=state["cost_tables"], partial=True), fh, indent=1)
         print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
-              f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}",
-              flush=True)
+              f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}"
+              + (f" preemptions={res['preemptions']}" if res["preemptions"] else ""), flush=True)
 
     def profile(arm, llm, arm_label, prompts):
         for c in [c for a, c in to_profile if a == arm]:

@@ -154,6 +154,20 @@ def test_run_point_gives_each_prompt_its_own_length():
     res = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]],
                     [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths])
     assert res["total_output_tokens"] == sum(lengths)
+    assert res["preemptions"] == 0
+
+
+def test_a_point_records_the_preemptions_a_small_kv_cache_forced():
+    """Each row says how many requests the point preempted, so a sweep whose KV cache was shrunk to
+    fit several engines shows whether it recomputed any."""
+    from offline_sweep import run_point
+
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM("tiny", device="cpu", max_num_seqs=4, block_size=16, num_kv_blocks=6, max_model_len=96)
+    res = run_point(llm, [[5, 6, 7]] * 4, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    assert res["total_output_tokens"] == 160
+    assert res["preemptions"] == llm.llm_engine.stats.num_preemptions > 0
 
 
 def test_step_trace_records_every_step_and_adds_up_to_the_point():
