@@ -227,6 +227,9 @@ def main(path: str, png: str | None = None) -> None:
     if any(r["full_batch_rate"] is not None for r in rows):
         tables.append(("full_batch_rate", "tokens per ms of the decode-only steps that began with the batch full",
                        "{:.1f}"))
+    if any(r.get("preemptions") for r in rows):  # recorded since 2026-12-07; a table only where some happened
+        tables.append(("preemptions", "requests preempted (the KV cache was full; their recompute is in the wall)",
+                       "{:.1f}"))
     fields = doc.get("step_trace_fields")
     for fn, columns in TRACE_TABLES:  # each from the points' step traces, where they have them
         for r in rows:

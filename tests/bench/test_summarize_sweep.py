@@ -154,3 +154,18 @@ def test_the_full_batch_decode_rate_is_tabled_where_points_record_it(tmp_path, c
     assert "tokens per ms of the decode-only steps that began with the batch full" in out
     assert "| 64 | 71.0 ± 1.4 | – |" in out
     assert summarize_sweep.full_batch_rate(rows[-1]) is None
+
+
+def test_preemptions_get_a_table_only_where_a_point_had_some(tmp_path, capsys):
+    rows = [_row("fixed:3", 64, r, 1000, 500) for r in range(2)] + [_row("none", 64, 0, 800, 400)]
+    p = tmp_path / "sweep.json"
+    for r in rows:
+        r["preemptions"] = 0
+    p.write_text(json.dumps({"args": {}, "rows": rows}))
+    summarize_sweep.main(str(p))
+    assert "requests preempted" not in capsys.readouterr().out
+    rows[0]["preemptions"], rows[1]["preemptions"] = 3, 5
+    p.write_text(json.dumps({"args": {}, "rows": rows}))
+    summarize_sweep.main(str(p))
+    out = capsys.readouterr().out
+    assert "requests preempted" in out and "| 64 | 4.0 ± 1.4 | 0.0 ± 0.0 |" in out
