@@ -55,7 +55,9 @@
 # Output lengths spread over [L(1 - r), L(1 + r)] instead of all L (without it the no-spec arm runs
 #   in waves that end on one step, BENCHMARKS.md run 18): OFFLINE_ARGS="--random-range-ratio 0.5" or
 #   SWEEP_ARGS="--random-range-ratio 0.5" (every `bench sweep` the H200 scripts run: MODE=server here,
-#   h200_moving_load.sh, h200_server_synthetic.sh).
+#   h200_moving_load.sh, h200_server_synthetic.sh). The offline sweep takes several, each a condition
+#   measured by the same engines on one build: OFFLINE_ARGS="--random-range-ratio 0,0.5" (H100 run 72:
+#   with 0.5 no-spec lost the most, 0.78x its fixed-length throughput at 256 requests on another build).
 # Where a point's time goes: OFFLINE_ARGS="--profile adaptive:7@256,none@256" runs those points once more
 #   under torch.profiler after the sweep (not among the points) and records kernel busy time against
 #   wall time and the top kernels under the JSON's `profiles` (H200 run 38: at 256 requests the

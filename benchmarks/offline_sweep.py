@@ -69,6 +69,22 @@ _lengths = _lengths_module()
 check_range_ratio, output_lengths = _lengths.check_range_ratio, _lengths.output_lengths
 
 
+def parse_range_ratios(text: str) -> list[float]:
+    """--random-range-ratio: one ratio or several, comma-separated, each in [0, 1) and none twice
+    (each is a condition of the sweep) -> the ratios in the order given; a ValueError naming the
+    bad entry otherwise."""
+    ratios = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"--random-range-ratio takes numbers in [0, 1), comma-separated; got {part.strip()!r}") from None
+        ratios.append(check_range_ratio(value))
+    if len(set(ratios)) != len(ratios):
+        raise ValueError(f"--random-range-ratio names a ratio twice: {text}")
+    return ratios
+
+
 def arm_config(arm: str, drafter: str | None, temperature: float, synthetic: dict | None = None) -> dict | None:
     """The arm's speculative config as `adaspec bench sweep` writes it (adaspec/bench/arms.py);
     synthetic: the "synthetic_*" keys for every speculative arm (method "synthetic"), or None."""
@@ -507,9 +523,11 @@ def main() -> None:
                          "64 tokens put the per-user speed's spread over repeats at 8-19%% on the code-0.6b pair at "
                          "T = 1 (H200 run 41, H100 runs 50-51), more than the gaps it decides; 64 costs seconds there")
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--random-range-ratio", type=float, default=0.0,
+    ap.add_argument("--random-range-ratio", default="0",
                     help="spread each request's max_tokens over [L(1 - r), L(1 + r)] (adaspec/bench/lengths.py), the "
-                         "same lengths for every arm at a point; default 0: every request asks for --output-len")
+                         "same lengths for every arm at a point; default 0: every request asks for --output-len. "
+                         "Several, comma-separated (e.g. 0,0.5): each is a condition of its own, measured with the "
+                         "same engines (one build, one start-up), each row naming its ratio")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dataset", default="eval-code")
@@ -542,9 +560,11 @@ def main() -> None:
                     help="KV cache per engine (default: the engine's, a share of free memory at load time)")
     args = ap.parse_args()
     try:
-        check_range_ratio(args.random_range_ratio)
+        ratios = parse_range_ratios(args.random_range_ratio)
     except ValueError as e:
         ap.error(str(e))
+    # the JSON's args: one ratio as a number (as before), several as a list
+    args.random_range_ratio = ratios[0] if len(ratios) == 1 else ratios
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -608,17 +628,18 @@ def main() -> None:
 
     warmed = set()
 
-    def point_inputs(prompts, c, r):
-        """The prompts and sampling parameters of point (C, repeat): the same for every arm."""
+    def point_inputs(prompts, c, r, ratio):
+        """The prompts and sampling parameters of point (C, repeat, range ratio): the same for every
+        arm (and the same prompts for every ratio)."""
         n = prompts_per_point(args.num_prompts, args.prompts_per_concurrency, c, args.min_prompts)
         # the point's lengths depend on (C, repeat) only: every arm gets the same ones
         params = [SamplingParams(temperature=args.temperature, max_tokens=n_tok, ignore_eos=True, seed=None)
-                  for n_tok in output_lengths(n, args.output_len, args.random_range_ratio, seed=100_003 * r + c)]
+                  for n_tok in output_lengths(n, args.output_len, ratio, seed=100_003 * r + c)]
         return [prompts[(r * n + i) % len(prompts)] for i in range(n)], params
 
-    def measure(arm, llm, arm_label, prompts, c, r):
+    def measure(arm, llm, arm_label, prompts, c, r, ratio):
         llm.llm_engine.scheduler.max_num_seqs = c  # closed loop of C in flight
-        sel, params = point_inputs(prompts, c, r)
+        sel, params = point_inputs(prompts, c, r, ratio)
         if (arm, c) not in warmed:
             # warm-up at this concurrency (C prompts, 8 tokens): the first prefill and decode of a new
             # batch shape compile kernels (Triton tiles, torch.compile guards), which must not be timed
@@ -629,7 +650,7 @@ def main() -> None:
                 gc.freeze()
         torch.manual_seed(r)
         res = run_point(llm, sel, params, trace=args.step_trace)
-        rows.append(dict(arm=arm, concurrency=c, repeat=r, num_prompts=len(sel), **res,
+        rows.append(dict(arm=arm, concurrency=c, repeat=r, random_range_ratio=ratio, num_prompts=len(sel), **res,
                          **({"synthetic_acceptance": arm_label} if arm_label else {})))
         if args.out:  # after every point: a run cut short keeps what it measured
             label = state["label"]
@@ -637,14 +658,16 @@ def main() -> None:
                 json.dump(dict(args=vars(args), **({"synthetic_acceptance": label} if label else {}),
                                host_speed={"start": host_speed_start}, checkpoints=ckpt, rows=rows,
                                cost_tables=state["cost_tables"], partial=True), fh, indent=1)
-        print(f"{arm:<12} c={c:<4} r={r} out tok/s={res['output_throughput']:8.1f} "
+        print(f"{arm:<12} c={c:<4} r={r}{f' rr={ratio:g}' if len(ratios) > 1 else ''} "
+              f"out tok/s={res['output_throughput']:8.1f} "
               f"user tok/s={res['median_user_speed'] or 0:7.1f} tau={res['mean_accepted_length'] or 0:.2f}"
               + (f" preemptions={res['preemptions']}" if res["preemptions"] else ""), flush=True)
 
     def profile(arm, llm, arm_label, prompts):
         for c in [c for a, c in to_profile if a == arm]:
             llm.llm_engine.scheduler.max_num_seqs = c
-            sel, params = point_inputs(prompts, c, 0)  # repeat 0's: the profile explains the points measured with them
+            # repeat 0's at the first ratio: the profile explains the points measured with them
+            sel, params = point_inputs(prompts, c, 0, ratios[0])
             torch.manual_seed(0)
             on_device = torch.cuda.is_available() and args.device != "cpu"
             got = profiled_point(llm, sel, params, on_device)
@@ -660,9 +683,10 @@ def main() -> None:
             freeze_startup_heap()
         try:
             for r in range(args.repeats):
-                for c in concs:
-                    for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
-                        measure(arm, *loaded[arm], c, r)
+                for ratio in ratios:
+                    for c in concs:
+                        for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
+                            measure(arm, *loaded[arm], c, r, ratio)
             for arm in arms:
                 profile(arm, *loaded[arm])
         finally:
@@ -670,9 +694,10 @@ def main() -> None:
         del loaded
     else:
         def measure_arm(arm, llm, arm_label, prompts):
-            for c in concs:
-                for r in range(args.repeats):
-                    measure(arm, llm, arm_label, prompts, c, r)
+            for ratio in ratios:
+                for c in concs:
+                    for r in range(args.repeats):
+                        measure(arm, llm, arm_label, prompts, c, r, ratio)
             profile(arm, llm, arm_label, prompts)
 
         sweep_arms_one_at_a_time(arms, load, measure_arm, freeze=args.gc == "freeze")
@@ -682,7 +707,7 @@ def main() -> None:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else platform.machine() + " CPU"
     if label:
         print(f"*** {label}: speculative arms drew acceptance from {args.synthetic_acceptance} ***")
-    spread = f" random_range_ratio={args.random_range_ratio:g}" if args.random_range_ratio else ""
+    spread = f" random_range_ratio={','.join(f'{x:g}' for x in ratios)}" if any(ratios) else ""
     from adaspec.sample import kernels
 
     on = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"  # as `dev`
@@ -694,18 +719,21 @@ def main() -> None:
           f"threads={torch.get_num_threads()} T={args.temperature} output_len={args.output_len}{spread} "
           f"repeats={args.repeats} sampler={sampler} markov_loop={markov_loop} kv_write={kv_write}")
     w = max(12, *(len(a) + 1 for a in arms))  # the arm column, as wide as the longest name
-    print(f"{'arm':<{w}}{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}{'tau':>7}{'verified/draft':>16}")
+    rr = len(ratios) > 1  # a ratio column only when the sweep had several
+    print(f"{'arm':<{w}}" + (f"{'rr':>5}" if rr else "") + f"{'conc':>5}{'out tok/s':>18}{'user tok/s (med)':>20}"
+          f"{'tau':>7}{'verified/draft':>16}")
     summary = []
-    for arm in args.arms.split(","):
-        for c in concs:
-            pts = [r for r in rows if r["arm"] == arm and r["concurrency"] == c]
-            f = lambda k: [p[k] for p in pts if p[k] is not None]
-            m = lambda xs: (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else (None, None)
-            thr, usr, tau, ver = m(f("output_throughput")), m(f("median_user_speed")), m(f("mean_accepted_length")), m(f("verified_per_draft"))
-            summary.append(dict(arm=arm, concurrency=c, output_throughput=thr, median_user_speed=usr,
-                                mean_accepted_length=tau, verified_per_draft=ver))
-            fmt = lambda t: f"{t[0]:.1f} ± {t[1]:.1f}" if t[0] is not None else "-"
-            print(f"{arm:<{w}}{c:>5}{fmt(thr):>18}{fmt(usr):>20}{(tau[0] or 0):>7.2f}{(ver[0] or 0):>16.2f}")
+    f = lambda pts, k: [p[k] for p in pts if p[k] is not None]
+    m = lambda xs: (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else (None, None)
+    fmt = lambda t: f"{t[0]:.1f} ± {t[1]:.1f}" if t[0] is not None else "-"
+    for arm, ratio, c in ((a, x, c) for a in args.arms.split(",") for x in ratios for c in concs):
+        pts = [r for r in rows if r["arm"] == arm and r["concurrency"] == c and r["random_range_ratio"] == ratio]
+        thr, usr = m(f(pts, "output_throughput")), m(f(pts, "median_user_speed"))
+        tau, ver = m(f(pts, "mean_accepted_length")), m(f(pts, "verified_per_draft"))
+        summary.append(dict(arm=arm, concurrency=c, random_range_ratio=ratio, output_throughput=thr,
+                            median_user_speed=usr, mean_accepted_length=tau, verified_per_draft=ver))
+        print(f"{arm:<{w}}" + (f"{ratio:>5g}" if rr else "") + f"{c:>5}{fmt(thr):>18}{fmt(usr):>20}"
+              f"{(tau[0] or 0):>7.2f}{(ver[0] or 0):>16.2f}")
     if args.out:
         from adaspec.bench.conditions import engine_commit
 

@@ -1,6 +1,8 @@
 """Print Markdown tables (mean ± std over repeats) from an offline_sweep.py JSON; with --png PATH
 also plot the frontier: output throughput against median per-user speed, one line per arm, each
-point a concurrency (error bars: ± one standard deviation over the repeats).
+point a concurrency (error bars: ± one standard deviation over the repeats). A sweep over several
+output-length conditions (`--random-range-ratio 0,0.5`) gets a section, and a PNG (`NAME_rr0.5.png`),
+per condition.
 
 After the tables: the share of each point's wall time spent in steps that carry a prefill chunk
 (where a point records its step kinds; H200 run 38: 80-88% for the speculative arms at 256 requests,
@@ -53,7 +55,9 @@ def plot(doc: dict, path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("output throughput (tok/s)")
     ax.set_ylabel("median per-user speed (tok/s)")
-    ax.set_title(f"T={a.get('temperature')}, {a.get('output_len')} output tokens, {repeats_note(doc)}"
+    rr = a.get("random_range_ratio")
+    spread = f" ± {rr:.0%}" if isinstance(rr, (int, float)) and rr else ""
+    ax.set_title(f"T={a.get('temperature')}, {a.get('output_len')}{spread} output tokens, {repeats_note(doc)}"
                  + (f"\n{label}" if label else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -202,6 +206,20 @@ def frontier_cells(rows: list[dict]) -> dict:
 
 def main(path: str, png: str | None = None) -> None:
     doc = read_json(path)
+    # a sweep over several output-length conditions (offline_sweep --random-range-ratio 0,0.5): each
+    # is a frontier of its own, tabled and judged apart (rows before 2026-12-07 name no ratio)
+    ratios = list(dict.fromkeys(r.get("random_range_ratio") for r in doc["rows"]))
+    if len(ratios) <= 1:
+        return report(doc, png)
+    for ratio in ratios:
+        sub = {**doc, "args": {**doc.get("args", {}), "random_range_ratio": ratio},
+               "rows": [r for r in doc["rows"] if r.get("random_range_ratio") == ratio]}
+        print(f"\n## output lengths with range ratio {ratio:g}")
+        report(sub, png and str(Path(png).with_name(f"{Path(png).stem}_rr{ratio:g}{Path(png).suffix}")))
+
+
+def report(doc: dict, png: str | None = None) -> None:
+    """The tables and the verdict of one frontier (one output-length condition)."""
     if png:
         plot(doc, png)
     rows = doc["rows"]

@@ -322,3 +322,58 @@ def test_decode_only_steps_at_a_full_batch_are_counted_apart():
     lengths = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 5, 7)]
     staggered = run_point(llm, [[5, 6, 7], [8, 9], [10, 11, 12]], lengths)["step_kinds"]
     assert 0 < staggered["decode_full_batch"]["steps"] < staggered["decode"]["steps"]
+
+
+def test_range_ratios_are_one_or_several_each_checked():
+    from offline_sweep import parse_range_ratios
+
+    assert parse_range_ratios("0") == [0.0] and parse_range_ratios("0.5") == [0.5]
+    assert parse_range_ratios("0,0.5") == [0.0, 0.5] and parse_range_ratios(" 0.5 , 0") == [0.5, 0.0]
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\), got 1.0"):
+        parse_range_ratios("0,1")
+    with pytest.raises(ValueError, match="comma-separated; got 'x'"):
+        parse_range_ratios("0.5,x")
+    with pytest.raises(ValueError, match="twice"):
+        parse_range_ratios("0.5,0.50")
+
+
+def test_several_range_ratios_are_conditions_measured_with_the_same_engines(monkeypatch, tmp_path):
+    """--random-range-ratio 0,0.5: every arm, concurrency and repeat is measured at each ratio by the
+    engines loaded once, each row names its ratio and gets that ratio's lengths (the same prompts),
+    and the summary has a line per ratio."""
+    import gc
+    import json
+
+    import offline_sweep
+    import torch
+
+    loads = []
+    real_load = offline_sweep.arm_config
+    monkeypatch.setattr(offline_sweep, "arm_config", lambda *a, **kw: loads.append(a[0]) or real_load(*a, **kw))
+    out = tmp_path / "sweep.json"
+    monkeypatch.setattr(sys, "argv", [
+        "offline_sweep.py", "--model", "tiny", "--arms", "none,fixed:2", "--concurrency", "2", "--num-prompts", "4",
+        "--output-len", "8", "--random-range-ratio", "0,0.5", "--repeats", "2", "--device", "cpu", "--threads", "1",
+        "--interleave", "--gc", "as-is", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        offline_sweep.main()
+    finally:
+        torch.set_num_threads(threads)
+        gc.unfreeze()
+        p = offline_sweep.GC_PAUSES
+        if p.started:
+            gc.callbacks.remove(p._callback)
+            p.started = False
+    assert sorted(loads) == ["fixed:2", "none"]  # one engine per arm for both conditions
+    d = json.loads(out.read_text())
+    assert d["args"]["random_range_ratio"] == [0.0, 0.5]
+    assert {(r["arm"], r["repeat"], r["random_range_ratio"]) for r in d["rows"]} == {
+        (a, rep, x) for a in ("none", "fixed:2") for rep in (0, 1) for x in (0.0, 0.5)}
+    for r in d["rows"]:
+        want = offline_sweep.output_lengths(4, 8, r["random_range_ratio"], seed=100_003 * r["repeat"] + 2)
+        assert r["total_output_tokens"] == sum(want)
+    spread = [r["total_output_tokens"] for r in d["rows"] if r["random_range_ratio"] == 0.5]
+    assert spread != [32] * len(spread)  # the spread condition did spread the lengths
+    assert [(s["arm"], s["random_range_ratio"]) for s in d["summary"]] == [
+        ("none", 0.0), ("none", 0.5), ("fixed:2", 0.0), ("fixed:2", 0.5)]

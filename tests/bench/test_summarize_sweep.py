@@ -169,3 +169,25 @@ def test_preemptions_get_a_table_only_where_a_point_had_some(tmp_path, capsys):
     summarize_sweep.main(str(p))
     out = capsys.readouterr().out
     assert "requests preempted" in out and "| 64 | 4.0 ± 1.4 | 0.0 ± 0.0 |" in out
+
+
+def test_each_output_length_condition_is_a_frontier_of_its_own(tmp_path, capsys):
+    """A sweep over --random-range-ratio 0,0.5: a section per ratio, each with its own tables, verdict
+    and PNG; rows of one ratio never enter the other's cells."""
+    rows = []
+    for ratio, (thr_a, thr_b) in ((0.0, (1000, 900)), (0.5, (700, 800))):
+        for r in range(2):
+            rows.append({**_row("fixed:3", 64, r, thr_a + r, 500 + r), "random_range_ratio": ratio})
+            rows.append({**_row("adaptive:7", 64, r, thr_b + r, 480 + r), "random_range_ratio": ratio})
+    p = tmp_path / "sweep.json"
+    p.write_text(json.dumps({"args": {"repeats": 2, "random_range_ratio": [0.0, 0.5]}, "rows": rows}))
+    png = tmp_path / "frontier.png"
+    summarize_sweep.main(str(p), str(png))
+    out = capsys.readouterr().out
+    first, second = out.split("## output lengths with range ratio 0.5")
+    assert "## output lengths with range ratio 0" in first
+    assert "| 64 | 1000 ± 1 | 900 ± 1 |" in first and "| 64 | 700 ± 1 | 800 ± 1 |" in second
+    assert "2 repeats" in first and "2 repeats" in second
+    assert "`adaptive:7` (by `fixed:3`)" in first and "`fixed:3` (by `adaptive:7`)" not in first
+    assert (tmp_path / "frontier_rr0.png").exists() and (tmp_path / "frontier_rr0.5.png").exists()
+    assert not png.exists()
