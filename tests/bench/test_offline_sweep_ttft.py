@@ -1,6 +1,7 @@
 """offline_sweep's helpers. TTFT counts from when a closed-loop client would have sent the request
 (when a slot freed), not from the start of the point: queued at t0, request j >= C waits for the
 (j - C)-th request to finish before it gets a slot. An arm swept alone is freed before the next loads."""
+import contextlib
 import sys
 from pathlib import Path
 
@@ -10,6 +11,27 @@ from adaspec.bench.checkpoint_id import checkpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from offline_sweep import closed_loop_arrivals  # noqa: E402
+
+
+@contextlib.contextmanager
+def sweep_main_in_this_process():
+    """Runs offline_sweep.main() in the test worker and puts back what main() changes there: the
+    thread count (--threads), a frozen heap (--gc freeze) and the collector's pause counter."""
+    import gc
+
+    import offline_sweep
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        yield offline_sweep
+    finally:
+        torch.set_num_threads(threads)
+        gc.unfreeze()
+        p = offline_sweep.GC_PAUSES
+        if p.started:
+            gc.callbacks.remove(p._callback)
+            p.started = False
 
 
 def test_first_c_at_start_then_each_when_a_slot_frees():
@@ -238,7 +260,6 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
     import json
 
     import offline_sweep
-    import torch
 
     frozen = []
     run_point = offline_sweep.run_point
@@ -248,8 +269,7 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
         return run_point(*a, **kw)
 
     monkeypatch.setattr(offline_sweep, "run_point", spy)
-    threads = torch.get_num_threads()  # main() sets this process's (the test worker's) thread count
-    try:
+    with sweep_main_in_this_process():
         for mode in ("freeze", "as-is"):
             out = tmp_path / f"{mode}.json"
             monkeypatch.setattr(sys, "argv", [
@@ -266,13 +286,6 @@ def test_an_interleaved_sweep_measures_with_the_startup_heap_frozen(monkeypatch,
             # which weights: the embedded pair's files (the drafter by default for the tiny target)
             assert d["checkpoints"] == checkpoints("tiny", "tiny-dspark") and all(d["checkpoints"].values())
             assert all(len(r["host"]["gc"]["collections"]) == 3 for r in d["rows"])
-    finally:
-        torch.set_num_threads(threads)
-        gc.unfreeze()
-        p = offline_sweep.GC_PAUSES
-        if p.started:
-            gc.callbacks.remove(p._callback)
-            p.started = False
 
 
 def test_host_speed_is_none_over_an_older_tree_without_it(monkeypatch):
@@ -341,11 +354,9 @@ def test_several_range_ratios_are_conditions_measured_with_the_same_engines(monk
     """--random-range-ratio 0,0.5: every arm, concurrency and repeat is measured at each ratio by the
     engines loaded once, each row names its ratio and gets that ratio's lengths (the same prompts),
     and the summary has a line per ratio."""
-    import gc
     import json
 
     import offline_sweep
-    import torch
 
     loads = []
     real_load = offline_sweep.arm_config
@@ -355,16 +366,8 @@ def test_several_range_ratios_are_conditions_measured_with_the_same_engines(monk
         "offline_sweep.py", "--model", "tiny", "--arms", "none,fixed:2", "--concurrency", "2", "--num-prompts", "4",
         "--output-len", "8", "--random-range-ratio", "0,0.5", "--repeats", "2", "--device", "cpu", "--threads", "1",
         "--interleave", "--gc", "as-is", "--out", str(out)])
-    threads = torch.get_num_threads()
-    try:
+    with sweep_main_in_this_process():
         offline_sweep.main()
-    finally:
-        torch.set_num_threads(threads)
-        gc.unfreeze()
-        p = offline_sweep.GC_PAUSES
-        if p.started:
-            gc.callbacks.remove(p._callback)
-            p.started = False
     assert sorted(loads) == ["fixed:2", "none"]  # one engine per arm for both conditions
     d = json.loads(out.read_text())
     assert d["args"]["random_range_ratio"] == [0.0, 0.5]
