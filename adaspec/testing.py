@@ -298,17 +298,22 @@ def no_eager_decodes(llm) -> None:
     spec._launch_eager = launch_eager
 
 
-def pin_cost_tables(llm, verify_ms: tuple[float, float] = (1.0, 1.5), draft_ms: float = 0.1):
+def pin_cost_tables(llm, verify_ms: tuple[float, float] = (1.0, 1.5), draft_ms: float = 0.1,
+                    step_overhead_ms: float = 0.0):
     """Give an adaptive engine fixed cost tables (and a fresh policy on them) in place of those it
     profiled at startup: those are timed on the machine at hand, and on a loaded one (CI, two test
     workers on two cores) the tiny pair's drafter costs about what its target does, so they can
     make the policy skip every draft and a test that needs speculation to run sees none. These
     tables rise gently with the tokens verified (1 to 32,768 tokens: verify_ms) and price a draft
-    at draft_ms, so drafting pays while the budget still drops the slots of low survival. -> the
-    CostModel."""
+    at draft_ms, so drafting pays while the budget still drops the slots of low survival. The step
+    overhead is pinned too (step_overhead_ms, in place of the default "measured", which follows the
+    steps' wall time), so no choice of the policy depends on the machine's load. -> the CostModel."""
+    from dataclasses import replace
+
     from adaspec.spec_decode.cost_model import CostModel, CostTable
 
     spec = llm.llm_engine.spec
+    spec.cfg = replace(spec.cfg, adaptive_verification_step_overhead_ms=step_overhead_ms)
     model = CostModel(CostTable([1, 1 << 15], list(verify_ms)), CostTable([1], [draft_ms]),
                       {w: CostTable([1], [draft_ms / 2]) for w in spec.cost_model.draft_narrow})
     spec.cost_model = model

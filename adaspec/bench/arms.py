@@ -2,8 +2,10 @@
 draft-or-not choice uses the step costs measured on the running engine, spec_decode/step_costs.py),
 `adaptive-narrow:K` (adaptive verification drafting only the slots its budget can use:
 "adaptive_draft_width": "budget"), `adaptive-overhead:K` (adaptive verification pricing every
-candidate step with the host's measured per-step overhead added:
-"adaptive_verification_step_overhead_ms": "measured"), `adaptive-tracked:K` (adaptive verification
+candidate step with the host's measured per-step overhead added, written out:
+"adaptive_verification_step_overhead_ms": "measured", the default since H100 run 73),
+`adaptive-tables:K` (adaptive verification priced by the cost tables alone, as vLLM prices it and as
+the default was before run 73: "adaptive_verification_step_overhead_ms": 0), `adaptive-tracked:K` (adaptive verification
 whose budget scales the confidences by what the target accepted lately, per position:
 "adaptive_verification_online_calibration": true), `adaptive-population:K` (adaptive verification
 counting a request no step drafted for yet at the running average of the observed confidences
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tracked",
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tables", "adaptive-tracked",
                   "adaptive-population", "adaptive-fused", "adaptive-fused-overhead", "adaptive-fused-measured")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
@@ -57,6 +59,8 @@ class Arm:
             cfg["adaptive_draft_width"] = "budget"
         if self.kind in ("adaptive-overhead", "adaptive-fused-overhead"):
             cfg["adaptive_verification_step_overhead_ms"] = "measured"
+        if self.kind == "adaptive-tables":
+            cfg["adaptive_verification_step_overhead_ms"] = 0.0
         if self.kind == "adaptive-tracked":
             cfg["adaptive_verification_online_calibration"] = True
         if self.kind == "adaptive-population":
@@ -74,8 +78,8 @@ def parse_arm(text: str) -> Arm:
     m = _ARM.match(t)
     if not m:
         raise ArmError(f"unknown arm {text!r}; use none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                       "adaptive-overhead:K, adaptive-tracked:K, adaptive-population:K, adaptive-fused:K, "
-                       "adaptive-fused-overhead:K or adaptive-fused-measured:K (K >= 1)")
+                       "adaptive-overhead:K, adaptive-tables:K, adaptive-tracked:K, adaptive-population:K, "
+                       "adaptive-fused:K, adaptive-fused-overhead:K or adaptive-fused-measured:K (K >= 1)")
     if t == "none":
         return Arm(t, "none")
     k = int(m.group(3))

@@ -177,6 +177,8 @@ def test_arm_parsing_and_configs():
                         "enable_adaptive_verification": True, "adaptive_verification_step_overhead_ms": "measured",
                         "draft_sample_method": "probabilistic"}
     assert all("adaptive_verification_step_overhead_ms" not in a.speculative_config("d", 0.0) for a in arms[1:5])
+    tables = parse_arm("adaptive-tables:7").speculative_config("d", 1.0)
+    assert tables["enable_adaptive_verification"] and tables["adaptive_verification_step_overhead_ms"] == 0.0
     narrow = arms[-2].speculative_config("d", 0.0)
     assert narrow["enable_adaptive_verification"] and narrow["adaptive_draft_width"] == "budget"
     assert "adaptive_draft_width" not in arms[2].speculative_config("d", 0.0)
