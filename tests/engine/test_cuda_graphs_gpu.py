@@ -314,8 +314,11 @@ def test_adaptive_plain_async_steps_on_gpu():
     prompts = _prompts(19)
     params = [SamplingParams(temperature=0, max_tokens=20 + 5 * (i % 7), ignore_eos=True) for i in range(19)]
     # measured step costs: the policy times the plain async steps it launches (policy.step_started)
+    # (the step overhead pinned to 0, the tables alone: a measured one follows wall time, and the two
+    # engines compared must verify alike)
     cfg = {"method": "dspark", "num_speculative_tokens": 5, "draft_sample_method": "greedy",
-           "enable_adaptive_verification": True, "adaptive_verification_step_costs": "measured"}
+           "enable_adaptive_verification": True, "adaptive_verification_step_costs": "measured",
+           "adaptive_verification_step_overhead_ms": 0}
     # every request admitted and prefilled at once: the two engines then run the same steps (a
     # skipped step of the synchronous one reserves draft slots, which would chunk prefills apart)
     kw = dict(max_num_seqs=24, device="cuda", dtype="float32", max_num_batched_tokens=2048, enforce_eager=True)

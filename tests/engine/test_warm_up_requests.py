@@ -17,7 +17,10 @@ def pair(micro_pair):
 
 def _spec(pair, tmp_path):
     return {"method": "dspark", "model": pair[1], "num_speculative_tokens": 7, "enable_adaptive_verification": True,
-            "adaptive_verification_online_calibration": True, "cost_model_cache_dir": str(tmp_path)}
+            "adaptive_verification_online_calibration": True, "cost_model_cache_dir": str(tmp_path),
+            # the tables alone: a measured overhead follows wall time, so two engines' budgets (and
+            # sampled texts) would differ whatever the warm-up left
+            "adaptive_verification_step_overhead_ms": 0}
 
 
 def _run(llm):

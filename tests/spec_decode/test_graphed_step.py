@@ -36,7 +36,9 @@ def _llm(pair, tmp_path, k, adaptive, graphed: bool, greedy_drafts=False, arriva
     between the graphs and the eager step); else every prompt is prefilled in the first step."""
     cfg = {"method": "dspark", "model": pair[1], "num_speculative_tokens": k,
            "enable_adaptive_verification": adaptive, "cost_model_cache_dir": str(tmp_path),
-           "draft_sample_method": "greedy" if greedy_drafts else "probabilistic"}
+           "draft_sample_method": "greedy" if greedy_drafts else "probabilistic",
+           # the tables alone: a measured overhead follows wall time, and the two steps must plan alike
+           "adaptive_verification_step_overhead_ms": 0}
     slots, budget = (6, 64) if arrivals else (12, 1024)
     llm = LLM(pair[0], speculative_config=cfg, max_num_seqs=slots, max_num_batched_tokens=budget, block_size=8)
     spec = llm.llm_engine.spec
