@@ -306,7 +306,7 @@ def pin_cost_tables(llm, verify_ms: tuple[float, float] = (1.0, 1.5), draft_ms: 
     make the policy skip every draft and a test that needs speculation to run sees none. These
     tables rise gently with the tokens verified (1 to 32,768 tokens: verify_ms) and price a draft
     at draft_ms, so drafting pays while the budget still drops the slots of low survival. The step
-    overhead is pinned too (step_overhead_ms, in place of the default "measured", which follows the
+    overhead is pinned too (step_overhead_ms, in place of a configured "measured", which follows the
     steps' wall time), so no choice of the policy depends on the machine's load. -> the CostModel."""
     from dataclasses import replace
 

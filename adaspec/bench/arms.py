@@ -3,9 +3,9 @@ draft-or-not choice uses the step costs measured on the running engine, spec_dec
 `adaptive-narrow:K` (adaptive verification drafting only the slots its budget can use:
 "adaptive_draft_width": "budget"), `adaptive-overhead:K` (adaptive verification pricing every
 candidate step with the host's measured per-step overhead added, written out:
-"adaptive_verification_step_overhead_ms": "measured", the default since H100 run 73),
-`adaptive-tables:K` (adaptive verification priced by the cost tables alone, as vLLM prices it and as
-the default was before run 73: "adaptive_verification_step_overhead_ms": 0), `adaptive-tracked:K` (adaptive verification
+"adaptive_verification_step_overhead_ms": "measured"), `adaptive-tables:K` (adaptive verification
+priced by the cost tables alone, as vLLM prices it, written out: "adaptive_verification_step_overhead_ms":
+0, the default), `adaptive-tracked:K` (adaptive verification
 whose budget scales the confidences by what the target accepted lately, per position:
 "adaptive_verification_online_calibration": true), `adaptive-population:K` (adaptive verification
 counting a request no step drafted for yet at the running average of the observed confidences

@@ -125,9 +125,9 @@ def test_config_rejects_a_bad_overhead(bad):
                                                       "adaptive_verification_step_overhead_ms": bad})
 
 
-def test_engine_with_the_default_measured_overhead_stays_lossless_greedy(tmp_path):
-    """The default (since H100 run 73) measures the overhead; 0 keeps the tables alone, and
-    testing.pin_cost_tables pins it so that no test's policy follows the machine's load."""
+def test_engine_with_a_measured_overhead_stays_lossless_greedy(tmp_path):
+    """"measured" learns the overhead in a running engine; the default (0) keeps the tables alone,
+    and testing.pin_cost_tables pins it so that no test's policy follows the machine's load."""
     from adaspec.testing import pin_cost_tables
 
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -135,12 +135,13 @@ def test_engine_with_the_default_measured_overhead_stays_lossless_greedy(tmp_pat
     plain = [o.outputs[0].token_ids for o in LLM("tiny", device="cpu").generate(prompts, params)]
     cfg = {"method": "dspark", "num_speculative_tokens": 4, "enable_adaptive_verification": True,
            "cost_model_cache_dir": str(tmp_path), "profile_repeats": 1}
-    llm = LLM("tiny", device="cpu", speculative_config=cfg)
+    llm = LLM("tiny", device="cpu", speculative_config={**cfg, "adaptive_verification_step_overhead_ms": "measured"})
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
     overhead = llm.llm_engine.spec.policy.overhead
     assert overhead.measured and overhead.samples > 0 and overhead.value >= 0
     pin_cost_tables(llm)
     llm.generate(prompts, params)
     assert not llm.llm_engine.spec.policy.overhead.measured and llm.llm_engine.spec.policy.overhead.value == 0.0
-    tables_alone = LLM("tiny", device="cpu", speculative_config={**cfg, "adaptive_verification_step_overhead_ms": 0})
+    tables_alone = LLM("tiny", device="cpu", speculative_config=cfg)  # the default
     assert not tables_alone.llm_engine.spec.policy.overhead.measured
+    assert tables_alone.llm_engine.spec.policy.overhead.value == 0.0
