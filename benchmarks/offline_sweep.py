@@ -342,19 +342,39 @@ def prompts_per_point(num_prompts: int | None, per_concurrency: int, concurrency
     return max(min_prompts, per_concurrency * concurrency)
 
 
-def interleaved_kv_gib(asked: float, num_engines: int, free_bytes: int, share: float = 0.6) -> float:
-    """KV cache GiB per engine for an interleaved sweep: `asked`, or less when num_engines of it
-    would take more than `share` of the device's free memory (the rest holds their weights, CUDA
-    graphs and activations). H100 run 56: five engines of 16 GiB ran out of memory on an 80 GB card,
-    the fifth engine's cache failing after four had loaded. Rounded down to 0.5 GiB; an error
-    naming the numbers when not even 0.5 GiB an engine fits."""
+def interleaved_kv_gib(asked: float, num_engines: int, free_bytes: int, weight_bytes: int = 0,
+                       share: float = 0.6) -> float:
+    """KV cache GiB per engine for an interleaved sweep: `asked`, or less when num_engines of it and
+    of the engine's weights (weight_bytes: target and drafter) would take more than `share` of the
+    device's free memory (the rest holds their CUDA graphs and activations). H100 run 56: five
+    engines of 16 GiB ran out of memory on an 80 GB card, the fifth engine's cache failing after four
+    had loaded; H100 run 74: three Qwen3-8B engines (15.3 GiB of weights each) with 15.5 GiB of cache
+    each, sized before the weights counted. Rounded down to 0.5 GiB; an error naming the numbers when
+    not even 0.5 GiB an engine fits."""
     if asked <= 0 or num_engines < 1:
         raise SystemExit(f"--kv-cache-gib must be positive and there must be an arm, got {asked} and {num_engines}")
-    fit = int(share * free_bytes / 2**30 / num_engines * 2) / 2
+    fit = int((share * free_bytes / num_engines - weight_bytes) / 2**30 * 2) / 2
     if fit < 0.5:
         raise SystemExit(f"{num_engines} interleaved engines do not fit: {free_bytes / 2**30:.1f} GiB free on the "
-                         "device; sweep fewer arms at once or without --interleave")
+                         f"device, {weight_bytes / 2**30:.1f} GiB of weights an engine; sweep fewer arms at once "
+                         "or without --interleave")
     return min(asked, fit)
+
+
+def engine_weight_bytes(shape: str | None, model: str, drafter: str | None) -> int:
+    """What one engine's weights take: the --shape's parameters in bf16, or the model's (and a
+    drafter directory's) safetensors files; 0 where neither is known (an embedded name)."""
+    from pathlib import Path
+
+    if shape:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from qwen3_shapes import param_count
+
+        return 2 * param_count(shape)
+    return sum(f.stat().st_size for d in (model, drafter) if d and Path(d).is_dir()
+               for f in Path(d).glob("*.safetensors"))
 
 
 def policy_step_costs(eng) -> dict | None:
@@ -593,7 +613,8 @@ def main() -> None:
     arms = args.arms.split(",")
     if args.interleave and args.kv_cache_gib and args.device != "cpu" and torch.cuda.is_available():
         asked = args.kv_cache_gib
-        args.kv_cache_gib = interleaved_kv_gib(asked, len(arms), torch.cuda.mem_get_info()[0])
+        args.kv_cache_gib = interleaved_kv_gib(asked, len(arms), torch.cuda.mem_get_info()[0],
+                                               engine_weight_bytes(args.shape, args.model, args.drafter))
         if args.kv_cache_gib < asked:  # (the JSON's args record the size that ran)
             print(f"--kv-cache-gib {asked:g} for each of {len(arms)} engines does not fit this device: "
                   f"{args.kv_cache_gib:g} GiB each", flush=True)

@@ -303,7 +303,7 @@ def test_interleaved_engines_share_what_the_device_has_free():
     """Each interleaved engine gets the KV cache asked for while all of them fit in 60% of the
     free memory, less when they would not (H100 run 56: 5 x 16 GiB on an 80 GB card ran out of
     memory), and a clear error when not even 0.5 GiB an engine fits."""
-    from offline_sweep import interleaved_kv_gib
+    from offline_sweep import engine_weight_bytes, interleaved_kv_gib
 
     gib = 2**30
     assert interleaved_kv_gib(16, 4, 139 * gib) == 16  # the H200: 4 x 16 fits
@@ -314,6 +314,27 @@ def test_interleaved_engines_share_what_the_device_has_free():
         interleaved_kv_gib(16, 8, 4 * gib)
     with pytest.raises(SystemExit, match="positive"):
         interleaved_kv_gib(0, 4, 78 * gib)
+    # each engine's weights come out of its share: three Qwen3-8B engines (15.3 GiB each) on an
+    # 80 GB card do not fit (H100 run 74 ran out of memory with 15.5 GiB of cache each), two do
+    eight_b = engine_weight_bytes("qwen3-8b", "unused", None)
+    assert eight_b == 2 * 8_190_735_360  # bf16
+    with pytest.raises(SystemExit, match="15.3 GiB of weights"):
+        interleaved_kv_gib(20, 3, 78 * gib, eight_b)  # 0.6 * 78 / 3 - 15.26 = 0.34
+    assert interleaved_kv_gib(20, 2, 79 * gib, eight_b) == 8.0  # 0.6 * 79 / 2 - 15.26 = 8.44, rounded down
+
+
+def test_an_engines_weights_are_its_safetensors_files(tmp_path):
+    from offline_sweep import engine_weight_bytes
+
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    target.mkdir(), drafter.mkdir()
+    (target / "model-00001-of-00002.safetensors").write_bytes(b"x" * 3000)
+    (target / "model-00002-of-00002.safetensors").write_bytes(b"x" * 1000)
+    (target / "config.json").write_text("{}")  # not weights
+    (drafter / "model.safetensors").write_bytes(b"x" * 500)
+    assert engine_weight_bytes(None, str(target), str(drafter)) == 4500
+    assert engine_weight_bytes(None, str(target), None) == 4000
+    assert engine_weight_bytes(None, "tiny", None) == 0  # an embedded name: not known here
 
 
 def test_decode_only_steps_at_a_full_batch_are_counted_apart():
