@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from adaspec.errors import AdaspecError
 
-ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tables", "adaptive-tracked",
-                  "adaptive-population", "adaptive-fused", "adaptive-fused-overhead", "adaptive-fused-measured")
+ADAPTIVE_KINDS = ("adaptive", "adaptive-measured", "adaptive-narrow", "adaptive-overhead", "adaptive-tables",
+                  "adaptive-tracked", "adaptive-population", "adaptive-fused", "adaptive-fused-overhead",
+                  "adaptive-fused-measured")
 SPECULATIVE_KINDS = ("fixed",) + ADAPTIVE_KINDS
 _ARM = re.compile(r"^(none|(" + "|".join(SPECULATIVE_KINDS) + r"):(\d+))$")
 

@@ -181,8 +181,8 @@ def add_parser(subparsers) -> None:
     w.add_argument("--drafter", help="drafter directory for the speculative arms (server default if omitted)")
     w.add_argument("--arms", default=None,
                    help="comma-separated: none, fixed:K, adaptive:K, adaptive-measured:K, adaptive-narrow:K, "
-                        "adaptive-overhead:K, adaptive-tables:K, adaptive-tracked:K, adaptive-population:K, adaptive-fused:K, "
-                        "adaptive-fused-overhead:K, adaptive-fused-measured:K (bench/arms.py says what each sets; default none,fixed:1,fixed:3,fixed:7,adaptive:7)")
+                        "adaptive-overhead:K, adaptive-tables:K, adaptive-tracked:K, adaptive-population:K, "
+                        "adaptive-fused:K, adaptive-fused-overhead:K, adaptive-fused-measured:K (bench/arms.py says what each sets; default none,fixed:1,fixed:3,fixed:7,adaptive:7)")
     w.add_argument("--base-url", action="append", metavar="ARM=URL",
                    help="use a running server for ARM instead of starting one (repeatable; replaces --arms)")
     w.add_argument("--concurrency", type=_int_list, default=[1, 16, 32, 64, 128, 256], action=_Given)
