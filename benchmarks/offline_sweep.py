@@ -161,6 +161,7 @@ def run_point(llm, prompts, params, trace: bool = False):
         step_kinds=clock.summary(),
         **({"step_trace": clock.trace} if trace else {}),
         policy_overhead_ms=policy_overhead_ms(eng),
+        policy_overhead=policy_overhead(eng),
         policy_step_costs=policy_step_costs(eng),
         host=dict(host_load(h0, h1, wall), python_loop_ms=loop_ms),
     )
@@ -377,18 +378,31 @@ def engine_weight_bytes(shape: str | None, model: str, drafter: str | None) -> i
                for f in Path(d).glob("*.safetensors"))
 
 
+def _policy(eng):
+    """The engine's speculative policy, or None (no speculation)."""
+    return getattr(getattr(eng, "spec", None), "policy", None)
+
+
 def policy_step_costs(eng) -> dict | None:
     """The adaptive policy's measured tokens per request per ms per step kind and batch-size bucket at
     the end of a point (spec_decode/step_costs.py); None where it does not measure them."""
-    costs = getattr(getattr(getattr(eng, "spec", None), "policy", None), "step_costs", None)
+    costs = getattr(_policy(eng), "step_costs", None)
     return None if costs is None else costs.snapshot()
 
 
 def policy_overhead_ms(eng) -> float | None:
     """The adaptive policy's step overhead at the end of a point (ms added to its cost tables);
     None for an arm without one (no speculation, fixed k)."""
-    overhead = getattr(getattr(getattr(eng, "spec", None), "policy", None), "overhead", None)
+    overhead = getattr(_policy(eng), "overhead", None)
     return None if overhead is None else round(overhead.value, 3)
+
+
+def policy_overhead(eng) -> dict | None:
+    """The measured step overhead's state at the end of a point (step_overhead.StepOverhead.snapshot:
+    the value priced, its signed average, the samples, how many were floored at 0); None where the
+    overhead is not measured."""
+    overhead = getattr(_policy(eng), "overhead", None)
+    return overhead.snapshot() if overhead is not None and overhead.measured else None
 
 
 def step_split(d, wall: float) -> dict:

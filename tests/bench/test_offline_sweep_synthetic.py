@@ -48,6 +48,7 @@ def test_offline_sweep_on_a_shape_with_synthetic_acceptance(tmp_path):
         assert kinds["decode"]["steps"] > 0 and kinds["decode"]["tokens_per_ms"] > 0
         # only the adaptive arm's policy has a step overhead (0 by default: the tables alone)
         assert row["policy_overhead_ms"] == (0.0 if row["arm"].startswith("adaptive") else None)
+        assert row["policy_overhead"] is None  # its state is recorded only where it is measured
         if row["arm"] == "none":  # the no-spec arm: no speculative config at all, so no label
             assert "synthetic_acceptance" not in row and row["mean_accepted_length"] is None
         else:

@@ -401,3 +401,23 @@ def test_several_range_ratios_are_conditions_measured_with_the_same_engines(monk
     assert spread != [32] * len(spread)  # the spread condition did spread the lengths
     assert [(s["arm"], s["random_range_ratio"]) for s in d["summary"]] == [
         ("none", 0.0), ("none", 0.5), ("fixed:2", 0.0), ("fixed:2", 0.5)]
+
+
+def test_a_point_records_the_measured_overheads_state():
+    """policy_overhead: the value priced, the signed average and the floored samples of an arm
+    whose overhead is measured; None for a fixed overhead and for an engine without a policy."""
+    from types import SimpleNamespace
+
+    from offline_sweep import policy_overhead, policy_overhead_ms
+
+    from adaspec.spec_decode.step_overhead import StepOverhead
+
+    def engine(overhead):
+        return SimpleNamespace(spec=SimpleNamespace(policy=SimpleNamespace(overhead=overhead)))
+
+    measured = StepOverhead("measured", alpha=1.0)
+    measured.observe(3.0, 5.0)
+    assert policy_overhead(engine(measured)) == {"ms": 0.0, "signed_ms": -2.0, "samples": 1, "floored": 1}
+    assert policy_overhead_ms(engine(measured)) == 0.0
+    assert policy_overhead(engine(StepOverhead(1.5))) is None and policy_overhead_ms(engine(StepOverhead(1.5))) == 1.5
+    assert policy_overhead(SimpleNamespace(spec=None)) is None
