@@ -362,18 +362,27 @@ def interleaved_kv_gib(asked: float, num_engines: int, free_bytes: int, weight_b
     return min(asked, fit)
 
 
+def _qwen3_shapes():
+    """benchmarks/qwen3_shapes.py (beside this script, which may run from any directory)."""
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import qwen3_shapes
+
+    return qwen3_shapes
+
+
 def engine_weight_bytes(shape: str | None, model: str, drafter: str | None) -> int:
-    """What one engine's weights take: the --shape's parameters in bf16, or the model's (and a
+    """What one engine's weights take: the --shape's parameters in bf16 (the whole shape's:
+    --shape-overrides that shrink it are not counted, an upper bound), or the model's (and a
     drafter directory's) safetensors files; 0 where neither is known (an embedded name)."""
     from pathlib import Path
 
     if shape:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from qwen3_shapes import param_count
-
-        return 2 * param_count(shape)
+        return 2 * _qwen3_shapes().param_count(shape)
     return sum(f.stat().st_size for d in (model, drafter) if d and Path(d).is_dir()
                for f in Path(d).glob("*.safetensors"))
 
@@ -486,13 +495,10 @@ def synthetic_keys(args) -> dict | None:
 
 def shape_model_dir(name: str, overrides: str | None) -> str:
     """A config.json-only directory of a Qwen3 shape (weights: load_format "dummy")."""
-    import sys
     import tempfile
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from qwen3_shapes import SHAPES, write_shape
-
+    shapes = _qwen3_shapes()
+    SHAPES, write_shape = shapes.SHAPES, shapes.write_shape
     if name not in SHAPES:
         raise SystemExit(f"unknown --shape {name!r}; known: {', '.join(SHAPES)}")
     d = write_shape(name, tempfile.mkdtemp(prefix="adaspec-shape-"))
