@@ -193,10 +193,11 @@ class SpeculativeConfig:
     # ms every candidate step pays beyond the cost tables (host, prefill chunks riding along), or
     # "measured": tracked online as (step wall time - the tables' price), spec_decode/step_overhead.py.
     # 0 (default): the tables alone, as vLLM's adaptive verification prices steps, and a budget that
-    # depends on no wall clock. "measured" made 1.00-1.07x the tables alone on two builds of the
-    # code-0.6b pair (H100 runs 72 and 73), but on the Qwen3-8B shape at 256 requests (run 74) its
-    # estimate ran up to 4-11 ms and the arm made 0.86-0.96x no-spec, where the tables alone had made
-    # 0.977x (run 71): opt-in until its estimate is sound there
+    # depends on no wall clock. "measured" made 1.00-1.07x the tables alone's output throughput on
+    # two builds of the code-0.6b pair (H100 runs 72 and 73, T = 1, 64-256 requests, means of 3
+    # repeats), but on the Qwen3-8B shape at 256 requests (run 74, T = 0, synthetic acceptance) its
+    # estimate ran up to 4-11 ms and the arm made 0.86x and 0.96x no-spec in its two repeats, where
+    # the tables alone had made 0.977x (run 71): opt-in until its estimate is sound there
     adaptive_verification_step_overhead_ms: float | str = 0.0
     # whether drafting pays in a step is judged on the cost tables alone ("tables", as vLLM), or on
     # the tokens per request per ms that each kind of step (drafting; plain, async where the engine
