@@ -408,8 +408,8 @@ def policy_overhead_ms(eng) -> float | None:
 
 def policy_overhead(eng) -> dict | None:
     """The measured step overhead's state at the end of a point (step_overhead.StepOverhead.snapshot:
-    the value priced, its signed average, the samples, how many were floored at 0); None where the
-    overhead is not measured."""
+    the value priced, its signed average, the samples, how many were negative, the per-sample-floored
+    average); None where the overhead is not measured."""
     overhead = getattr(_policy(eng), "overhead", None)
     return overhead.snapshot() if overhead is not None and overhead.measured else None
 

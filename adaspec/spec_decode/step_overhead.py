@@ -9,8 +9,12 @@ the overhead grows (for B2 > B1, B2 wins iff overhead * (gain2 - gain1) > gain1 
 and the left side grows with the overhead). Without it the policy verifies fewer drafts than pays.
 
 `StepOverhead` holds the overhead: a fixed value, or "measured": an exponential average of
-(the step's wall time - the tables' time for what it ran), never below 0, updated after each step
-the policy planned. Only past steps' times enter, so no decision depends on a current draft
+(the step's wall time - the tables' time for what it ran), updated after each step the policy
+planned, priced at 0 while the average is negative. The samples themselves are not floored: the
+pipelined step is timed launch to launch, so a step launched behind a long one (a prompt-chunk
+step) carries that step's GPU time while the long one's own interval is short, and the samples
+alternate around the true overhead. Flooring each sample kept the long ones and dropped the short
+ones' negative residual: on the Qwen3-8B shape (H100 run 74) that estimate ran up to 10.7 ms. Only past steps' times enter, so no decision depends on a current draft
 (lossless, policy.py). `OverheadCost` adds it to every verify forward's price, so drafting and a
 plain step are both charged it.
 """
@@ -35,29 +39,31 @@ class StepOverhead:
             raise ValueError(f"step overhead must be a number of ms >= 0 or {MEASURED!r}, got {setting!r}")
         self.alpha = alpha
         self.samples = 0
-        # what the floor hides, for the benchmarks (H100 run 74: on the Qwen3-8B shape the value ran
-        # up to 10.7 ms): the same average of the samples before each is floored, and how many were
-        # floored (the step ran faster than its price); neither enters the price
-        self.signed = 0.0
+        self.signed = 0.0  # the average before the floor
+        # for the benchmarks, never priced: how many samples were negative (the step ran faster
+        # than its price), and the estimate that floored each sample (the rule before run 74's
+        # finding), to show the bias where long and short steps alternate
         self.floored = 0
+        self.per_sample_floored = 0.0
 
     def observe(self, wall_ms: float, predicted_ms: float) -> None:
         """One planned step: it took wall_ms, the tables priced what it ran at predicted_ms."""
         if not self.measured:
             return
         raw = float(wall_ms) - float(predicted_ms)
-        sample = max(0.0, raw)
         first = self.samples == 0
-        self.value = sample if first else self.alpha * sample + (1.0 - self.alpha) * self.value
         self.signed = raw if first else self.alpha * raw + (1.0 - self.alpha) * self.signed
+        self.value = max(0.0, self.signed)
+        floored = max(0.0, raw)
+        self.per_sample_floored = floored if first else self.alpha * floored + (1.0 - self.alpha) * self.per_sample_floored
         self.floored += raw < 0
         self.samples += 1
 
     def snapshot(self) -> dict:
-        """The state a benchmark records: the value priced, the signed average, the samples and how
-        many of them were floored."""
+        """The state a benchmark records: the value priced, the signed average, the samples, how
+        many of them were negative, and the per-sample-floored average (not priced)."""
         return {"ms": round(self.value, 3), "signed_ms": round(self.signed, 3), "samples": self.samples,
-                "floored": self.floored}
+                "floored": self.floored, "per_sample_floored_ms": round(self.per_sample_floored, 3)}
 
 
 class OverheadCost(WrappedCost):

@@ -417,7 +417,8 @@ def test_a_point_records_the_measured_overheads_state():
 
     measured = StepOverhead("measured", alpha=1.0)
     measured.observe(3.0, 5.0)
-    assert policy_overhead(engine(measured)) == {"ms": 0.0, "signed_ms": -2.0, "samples": 1, "floored": 1}
+    assert policy_overhead(engine(measured)) == {"ms": 0.0, "signed_ms": -2.0, "samples": 1, "floored": 1,
+                                                 "per_sample_floored_ms": 0.0}
     assert policy_overhead_ms(engine(measured)) == 0.0
     assert policy_overhead(engine(StepOverhead(1.5))) is None and policy_overhead_ms(engine(StepOverhead(1.5))) == 1.5
     assert policy_overhead(SimpleNamespace(spec=None)) is None

@@ -38,11 +38,14 @@ def test_fixed_and_measured_overhead():
     assert m.value == 6.0  # the first sample is taken as is
     m.observe(6.0, 4.0)
     assert m.value == pytest.approx(0.5 * 2.0 + 0.5 * 6.0)
-    m.observe(1.0, 4.0)  # faster than the tables: a sample of 0, never negative
-    assert m.value == pytest.approx(0.5 * 4.0) and m.samples == 3
-    # what the floor hides: the signed average and the floored samples (not priced)
-    assert m.signed == pytest.approx(0.5 * -3.0 + 0.5 * (0.5 * 2.0 + 0.5 * 6.0)) and m.floored == 1
-    assert m.snapshot() == {"ms": 2.0, "signed_ms": 0.5, "samples": 3, "floored": 1}
+    m.observe(1.0, 4.0)  # faster than the tables: a negative sample, averaged as it is
+    assert m.value == pytest.approx(0.5 * -3.0 + 0.5 * 4.0) and m.samples == 3
+    assert m.signed == m.value and m.floored == 1
+    m.observe(-20.0, 4.0)  # the average goes negative: priced at 0, the average kept
+    assert m.value == 0.0 and m.signed == pytest.approx(0.5 * -24.0 + 0.5 * 0.5) and m.floored == 2
+    # the rule before H100 run 74's finding (each sample floored at 0), recorded, not priced
+    assert m.per_sample_floored == pytest.approx(0.5 * 0.0 + 0.5 * (0.5 * 0.0 + 0.5 * 4.0))
+    assert m.snapshot() == {"ms": 0.0, "signed_ms": -11.75, "samples": 4, "floored": 2, "per_sample_floored_ms": 1.0}
     for bad in (-1.0, "fast", None, True):
         with pytest.raises(ValueError, match="step overhead"):
             StepOverhead(bad)
@@ -112,16 +115,22 @@ def test_a_narrow_step_is_measured_against_the_narrow_draft_it_ran():
     assert policy.overhead.value == pytest.approx(3.0)
 
 
-def test_alternating_long_and_short_steps_bias_the_floored_value_and_not_the_signed_one():
+def test_alternating_long_and_short_steps_leave_the_priced_value_near_the_true_overhead():
     """A step launched behind a long one carries its time (the pipelined step is timed launch to
-    launch), while the long one's own interval is short: the samples alternate around 0. The value
-    priced keeps only the positive ones (H100 run 74: 10.7 ms on the Qwen3-8B shape); the signed
-    average, recorded beside it, stays near the true 0."""
+    launch), while the long one's own interval is short: the samples alternate around the true
+    overhead (0 here). Flooring each sample kept only the positive ones (H100 run 74: 10.7 ms on the
+    Qwen3-8B shape); the value priced is the floor of the signed average, near 0."""
     m = StepOverhead("measured", alpha=0.1)
     for _ in range(200):
         m.observe(wall_ms=10.0, predicted_ms=110.0)  # the chunk step: launched, the next at once
         m.observe(wall_ms=150.0, predicted_ms=50.0)  # the step behind it: both steps' GPU time
-    assert m.value > 40.0 and abs(m.signed) < 6.0 and m.floored == 200 and m.samples == 400
+    assert m.value < 6.0 and m.per_sample_floored > 40.0 and m.floored == 200 and m.samples == 400
+    # with a true overhead of 3 ms on both kinds the value finds it within the alternation's ripple
+    m = StepOverhead("measured", alpha=0.1)
+    for _ in range(200):
+        m.observe(wall_ms=13.0, predicted_ms=110.0)
+        m.observe(wall_ms=153.0, predicted_ms=50.0)
+    assert 3.0 - 6.0 < m.signed < 3.0 + 6.0 and m.value == max(0.0, m.signed)
 
 
 def test_policy_measures_a_step_without_drafts_against_a_plain_verify():
