@@ -198,7 +198,8 @@ class SpeculativeConfig:
     # repeats), but on the Qwen3-8B shape at 256 requests (run 74, T = 0, synthetic acceptance) its
     # estimate ran up to 4-11 ms and the arm made 0.86x and 0.96x no-spec in its two repeats, where
     # the tables alone had made 0.977x (run 71): opt-in until its estimate is sound there. Those runs
-    # floored each sample at 0; the average is now floored instead (step_overhead.py says why)
+    # floored each sample at 0; the average is now floored instead (step_overhead.py says why): on
+    # the 8B shape (run 75) it made 1.024x the tables alone with output lengths 32-96, 0.986x with 64
     adaptive_verification_step_overhead_ms: float | str = 0.0
     # whether drafting pays in a step is judged on the cost tables alone ("tables", as vLLM), or on
     # the tokens per request per ms that each kind of step (drafting; plain, async where the engine
