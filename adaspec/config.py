@@ -199,7 +199,9 @@ class SpeculativeConfig:
     # estimate ran up to 4-11 ms and the arm made 0.86x and 0.96x no-spec in its two repeats, where
     # the tables alone had made 0.977x (run 71): opt-in until its estimate is sound there. Those runs
     # floored each sample at 0; the average is now floored instead (step_overhead.py says why): on
-    # the 8B shape (run 75) it made 1.024x the tables alone with output lengths 32-96, 0.986x with 64
+    # the 8B shape (run 75) it made 1.024x the tables alone with output lengths 32-96, 0.986x with 64;
+    # on the pair (H200 run 76, T = 1) it ended every point at 0 (the tables priced above the steps'
+    # wall there) and tied the tables alone: 1.025x at 64 requests, 0.997x at 256
     adaptive_verification_step_overhead_ms: float | str = 0.0
     # whether drafting pays in a step is judged on the cost tables alone ("tables", as vLLM), or on
     # the tokens per request per ms that each kind of step (drafting; plain, async where the engine
