@@ -12,7 +12,9 @@ from adaspec.testing import triton_kernels_or_skip
 triton = triton_kernels_or_skip()
 
 from adaspec.models import fused  # noqa: E402
-from adaspec.models.qk_norm_rope_triton import qk_norm_rope_write_kv_triton, unsupported  # noqa: E402
+from adaspec.models.qk_norm_rope_triton import (  # noqa: E402
+    heads_per_program, launch, qk_norm_rope_write_kv_triton, unsupported,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -54,6 +56,29 @@ def test_float32_equals_the_eager_function(T, Hq, Hkv, D, norm):
     assert torch.equal(got[:, :, untouched], storage[:, :, untouched])  # other slots, and the other layer
     assert torch.equal(got[0], storage[0])
     assert not torch.equal(got[1, :, slots], storage[1, :, slots])
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,hb", [(5, 6, 3, 2), (5, 6, 3, 4), (3, 16, 8, 8), (4, 0, 3, 2), (70, 4, 2, None)])
+def test_heads_grouped_in_a_program_equal_the_eager_function(T, Hq, Hkv, hb):
+    """Programs that take a group of heads (heads_per_program: many rows), with groups that do not
+    divide the heads (masked), and keys alone (Hq = 0): what one head a program writes. hb None: the
+    launch's own choice, grouped at 70 rows."""
+    args, storage, slots = _case(T, Hq, Hkv, 16, torch.float32, seed=T + Hq, S=2 * T + 8)
+    want = storage.clone()
+    q_want = fused.qk_norm_rope_write_kv(*args, want[1, 0], want[1, 1], slots)
+    got = storage.clone()
+    q_got = launch(*args, got[1, 0], got[1, 1], slots, heads_per_prog=hb)
+    torch.testing.assert_close(q_got, q_want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(storage.shape[2], dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    assert torch.equal(got[:, :, untouched], storage[:, :, untouched])
+
+
+def test_many_rows_group_heads_and_few_rows_do_not():
+    assert heads_per_program(8, 24) == 1  # decode at a few requests: a program per head
+    assert heads_per_program(2048, 24) == 8
+    assert heads_per_program(2048, 6) == 8 and heads_per_program(2048, 2) == 2  # never more than the heads
 
 
 def test_bfloat16_agrees_to_a_rounding_step():
@@ -100,15 +125,19 @@ def test_it_names_what_it_cannot_take():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors under the interpreter; on CUDA: tests/engine/test_gpu.py")
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "adaptive"])
-def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, monkeypatch, tmp_path):
+@pytest.mark.parametrize("spec,grouped", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "adaptive", "adaptive-grouped"])
+def test_the_engine_gives_the_same_tokens_with_the_kernel(spec, grouped, monkeypatch, tmp_path):
     """ADASPEC_FUSED_KV_WRITE=triton through the engine (target layers, the drafter's block and
     its context), here on the CPU under the interpreter: the tokens of the separate writes, and
-    the kernel ran."""
+    the kernel ran. grouped: every call takes heads in groups (heads_per_program's choice from
+    GROUPED_FROM_ROWS rows, here from one), as a loaded GPU step's calls do."""
     from adaspec import LLM, SamplingParams
     from adaspec.models import qk_norm_rope_triton
     from adaspec.testing import pin_cost_tables
 
+    if grouped:
+        monkeypatch.setattr(qk_norm_rope_triton, "GROUPED_FROM_ROWS", 1)
     calls = []
     kernel = qk_norm_rope_triton.launch
     monkeypatch.setattr(fused, "_kernel_device", lambda t: True)
