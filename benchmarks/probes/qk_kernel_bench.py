@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from adaspec.engine.graph_capture import record_graph
+
 
 def case(T: int, Hq: int, Hkv: int, D: int, dtype=torch.bfloat16, P: int = 4096):
     g = torch.Generator(device="cuda").manual_seed(T)
@@ -44,10 +46,7 @@ def time_us(fn, iters: int, per_graph: int = 20) -> float:
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
+    graph, _ = record_graph(lambda: [fn() for _ in range(per_graph)])
     replays = max(1, iters // per_graph)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
