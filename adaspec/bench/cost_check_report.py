@@ -10,14 +10,19 @@ policy verifies more drafts than pay (why this exists: H200 run 28, BENCHMARKS.m
 from __future__ import annotations
 
 
-def pooled(points: list[dict]) -> dict[tuple[str, int], dict[int, list[float]]]:
-    """(arm, concurrency) -> {q: [steps, priced ms summed, wall ms summed]} over the repeats."""
-    out: dict[tuple[str, int], dict[int, list[float]]] = {}
+WHOLE_RUN = "whole run"  # the C of a moving load's points (no one concurrency: its phases' steps together)
+
+
+def pooled(points: list[dict]) -> dict[tuple[str, int | str], dict[int, list[float]]]:
+    """(arm, concurrency, or WHOLE_RUN for a moving load's points) -> {q: [steps, priced ms summed,
+    wall ms summed]} over the repeats."""
+    out: dict[tuple[str, int | str], dict[int, list[float]]] = {}
     for p in points:
         cells = p.get("spec_cost_check")
         if not cells:
             continue
-        d = out.setdefault((p["arm"], int(p["concurrency"])), {})
+        c = p.get("concurrency")
+        d = out.setdefault((p["arm"], WHOLE_RUN if c is None else int(c)), {})
         for q, (n, priced, wall) in cells.items():
             acc = d.setdefault(int(q), [0.0, 0.0, 0.0])
             acc[0] += n

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaspec.bench.aggregate import mean_std
+from adaspec.bench.cost_check_report import cost_check_section
 
 # (key, column title) of each table.
 COLUMNS = (
@@ -155,6 +156,8 @@ def build_markdown(manifest: dict | None, points: list[dict], png_name: str = "f
     md += ["## Frontier", "", f"![frontier]({png_name})", "",
            "x = median per-user speed, y = output throughput; large markers: the whole run, small ones: each phase.", ""]
     md += ["## The moving-load question", ""] + goal_lines(whole, arms, reps) + [""]
+    # the served steps against the tables, every phase's together (the counters are the server's, per run)
+    md += cost_check_section(points, arms)
     failed = sum(s.failed for s in whole.values())
     counts: dict[str, tuple[int, int]] = {}
     for p in points:  # whole runs, all repeats of an arm together

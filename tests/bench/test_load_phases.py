@@ -218,6 +218,8 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
         pts.append(phased_point("none", r, 100 + 10 * r, 50 + 2 * r, ph(40, 40, 300, 30)))
         pts.append(phased_point("fixed:7", r, 150 + 10 * r, 60 + 2 * r, ph(60, 60, 250, 20)))
         pts.append(phased_point("adaptive:7", r, 200 + 10 * r, 50 + 2 * r, ph(58, 58, 320, 30)))
+        # the server's cost check over the run: [steps, priced ms, wall ms per step] by q
+        pts[-1]["spec_cost_check"] = {"3": [2.0, 1.0 + r, 3.0 + 2 * r]}
     (tmp_path / "points").mkdir()
     for p in pts:
         (tmp_path / "points" / f"{p['arm'].replace(':', '-')}_phases_r{p['repeat']}.json").write_text(json.dumps(p))
@@ -235,6 +237,8 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
     assert "`none`: output throughput +95.2% (higher), median per-user speed +0.0% (within spread) -> beats it" in md
     assert "`fixed:7`: output throughput +32.3% (higher), median per-user speed -16.4% (lower) -> does not beat it" in md
     assert "burst" not in md
+    # the repeats pooled, weighted by their steps: priced (2 x 1 + 2 x 2) / 4, measured (2 x 3 + 2 x 5) / 4
+    assert "| adaptive:7 | whole run | 4: 1.50 -> 4.00 |" in md
     p0 = json.loads((tmp_path / "points" / "fixed-7_phases_r0.json").read_text())
     p0.update(burst_delivered_requests=3, completed=36)
     (tmp_path / "points" / "fixed-7_phases_r0.json").write_text(json.dumps(p0))
