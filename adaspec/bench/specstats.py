@@ -21,13 +21,14 @@ SUFFIXES = {
     "spec_decode_cost_check_steps": "cost_check_steps",
     "spec_decode_cost_check_priced_ms": "cost_check_priced_ms",
     "spec_decode_cost_check_wall_ms": "cost_check_wall_ms",
+    "spec_decode_cost_check_requests": "cost_check_requests",
     # adaspec only: the engine's steps and the wall seconds spent inside them (engine_delta)
     "engine_steps": "engine_steps",
     "engine_step_seconds": "engine_step_seconds",
 }
 _LABELED = {"accepted_per_pos": "position", "verified_per_pos": "position", "predicted_per_pos": "position",
             "budget_steps": "budget", "cost_check_steps": "query_len", "cost_check_priced_ms": "query_len",
-            "cost_check_wall_ms": "query_len"}
+            "cost_check_wall_ms": "query_len", "cost_check_requests": "query_len"}
 # adaspec only: present when acceptance follows a configured curve (method "synthetic"); its
 # label "note" says so ("synthetic acceptance: timing only")
 SYNTHETIC_SUFFIX = "spec_decode_synthetic_acceptance"
@@ -78,8 +79,9 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
         spec_calibration_ratio_per_pos=None,
         spec_budget_steps=None,
         # the adaptive policy's cost tables on the served steps: {query_len: [steps, mean priced ms,
-        # mean wall ms]} and, over all of them, wall / priced (> 1: the steps cost more than priced;
-        # the host's share is in the wall time, so the slope over query_len is what tells)
+        # mean wall ms, mean requests (servers before the requests counter: absent)]} and, over all
+        # of them, wall / priced (> 1: the steps cost more than priced; the host's share is in the
+        # wall time, so the slope over query_len at a like batch is what tells)
         spec_cost_check=None,
         spec_cost_ratio=None,
         spec_synthetic_acceptance=None,  # the server's note when its acceptance was synthetic
@@ -120,9 +122,11 @@ def spec_delta(before: dict | None, after: dict | None) -> dict:
             res["spec_calibration_ratio"] = sum(per) / sum(pred)
     if "cost_check_steps" in after:
         moved = {key: {q: v - before.get(key, {}).get(q, 0.0) for q, v in after.get(key, {}).items()}
-                 for key in ("cost_check_steps", "cost_check_priced_ms", "cost_check_wall_ms")}
+                 for key in ("cost_check_steps", "cost_check_priced_ms", "cost_check_wall_ms", "cost_check_requests")}
         n, priced, wall = moved["cost_check_steps"], moved["cost_check_priced_ms"], moved["cost_check_wall_ms"]
-        cells = {str(q): [n[q], priced.get(q, 0.0) / n[q], wall.get(q, 0.0) / n[q]] for q in sorted(n) if n[q] > 0}
+        reqs = moved["cost_check_requests"] if "cost_check_requests" in after else None
+        cells = {str(q): [n[q], priced.get(q, 0.0) / n[q], wall.get(q, 0.0) / n[q]]
+                 + ([reqs.get(q, 0.0) / n[q]] if reqs is not None else []) for q in sorted(n) if n[q] > 0}
         res["spec_cost_check"] = cells or None
         total_priced = sum(priced.get(q, 0.0) for q in n if n[q] > 0)
         if total_priced > 0:

@@ -64,6 +64,9 @@ class EngineStats:
     cost_check_steps: list[int] = field(default_factory=list)
     cost_check_priced_ms: list[float] = field(default_factory=list)
     cost_check_wall_ms: list[float] = field(default_factory=list)
+    # and their requests, summed: steps of one q at different batch sizes price differently, so a
+    # slope over q read without the mean batch can be the batch's (H200 run 76's served steps)
+    cost_check_requests: list[int] = field(default_factory=list)
     # "synthetic acceptance: timing only" when the speculative method is "synthetic" (acceptance
     # drawn from a configured curve, spec_decode/synthetic.py): the counters above are not the target's
     synthetic_acceptance: str | None = None
@@ -112,10 +115,12 @@ class EngineStats:
         if num_requests <= 0 or base_tokens != num_requests or budget is None:
             return
         q = max(1, -(-(base_tokens + int(budget)) // num_requests))
-        for lst, zero in ((self.cost_check_steps, 0), (self.cost_check_priced_ms, 0.0), (self.cost_check_wall_ms, 0.0)):
+        for lst, zero in ((self.cost_check_steps, 0), (self.cost_check_priced_ms, 0.0), (self.cost_check_wall_ms, 0.0),
+                          (self.cost_check_requests, 0)):
             while len(lst) < q:
                 lst.append(zero)
         self.cost_check_steps[q - 1] += 1
+        self.cost_check_requests[q - 1] += int(num_requests)
         self.cost_check_priced_ms[q - 1] += float(priced_ms)
         self.cost_check_wall_ms[q - 1] += float(wall_ms)
 

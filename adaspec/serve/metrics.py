@@ -58,6 +58,7 @@ _QLEN_COUNTERS = {
     "cost_check_priced_ms": ("spec_decode_cost_check_priced_ms",
                              "What the adaptive policy's cost tables priced those steps at (ms, summed)."),
     "cost_check_wall_ms": ("spec_decode_cost_check_wall_ms", "What those steps took (ms of wall time, summed)."),
+    "cost_check_requests": ("spec_decode_cost_check_requests", "The requests those steps ran (summed)."),
 }
 
 

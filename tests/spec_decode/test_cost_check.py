@@ -32,6 +32,7 @@ def test_steps_are_counted_by_query_tokens_per_request():
     s.record_step_cost(0, 0, 0, 1.0, 1.0)  # nothing ran
     assert s.cost_check_steps == [1, 0, 2]
     assert s.cost_check_priced_ms == [1.0, 0.0, 4.5] and s.cost_check_wall_ms == [1.5, 0.0, 7.0]
+    assert s.cost_check_requests == [4, 0, 8]
 
 
 def test_the_policy_reports_each_drafting_step_it_planned_with_the_tables_price():
@@ -79,22 +80,28 @@ def test_metrics_to_the_bench_point_and_the_report():
     before = parse_spec_counters(generate_latest(m.registry).decode())
     for wall in (3.0, 5.0):
         eng.stats.record_step_cost(2, 2, 2, 1.5, wall)  # q = 2
-    eng.stats.record_step_cost(2, 2, 6, 2.0, 8.0)  # q = 4
+    eng.stats.record_step_cost(3, 3, 9, 2.0, 8.0)  # q = 4, three requests
     m.update_engine(eng)
     after = parse_spec_counters(generate_latest(m.registry).decode())
     assert after["cost_check_steps"] == {2: 3.0, 4: 1.0}
+    assert after["cost_check_requests"] == {2: 6.0, 4: 3.0}
     d = spec_delta(before, after)
-    assert d["spec_cost_check"] == {"2": [2.0, 1.5, 4.0], "4": [1.0, 2.0, 8.0]}  # [steps, priced, wall] per step
+    # [steps, priced, wall, requests] per step
+    assert d["spec_cost_check"] == {"2": [2.0, 1.5, 4.0, 2.0], "4": [1.0, 2.0, 8.0, 3.0]}
     assert d["spec_cost_ratio"] == pytest.approx((3.0 + 5.0 + 8.0) / (1.5 + 1.5 + 2.0))
     assert spec_delta({}, {"drafts": 3.0})["spec_cost_check"] is None  # vLLM or a fixed k: nothing invented
     # the report pools the repeats, weighting each by its steps
     points = [{"arm": "adaptive:7", "concurrency": 16, "spec_cost_check": d["spec_cost_check"]},
-              {"arm": "adaptive:7", "concurrency": 16, "spec_cost_check": {"2": [2.0, 2.5, 6.0]}},
+              {"arm": "adaptive:7", "concurrency": 16, "spec_cost_check": {"2": [2.0, 2.5, 6.0, 4.0]}},
               {"arm": "fixed:3", "concurrency": 16, "spec_cost_check": None}]
-    assert pooled(points) == {("adaptive:7", 16): {2: [4.0, 8.0, 20.0], 4: [1.0, 2.0, 8.0]}}
+    assert pooled(points) == {("adaptive:7", 16): {2: [4.0, 8.0, 20.0, 12.0], 4: [1.0, 2.0, 8.0, 3.0]}}
     lines = cost_check_section(points, ["fixed:3", "adaptive:7"])
-    assert "| adaptive:7 | 16 | 4: 2.00 -> 5.00 | 1: 2.00 -> 8.00 |" in lines
+    assert "| adaptive:7 | 16 | 4 (R 3): 2.00 -> 5.00 | 1 (R 3): 2.00 -> 8.00 |" in lines
     assert cost_check_section(points[2:], ["fixed:3"]) == []
+    # a point from a server without the requests counter (three values a cell): no batch shown
+    older = [points[0], {"arm": "adaptive:7", "concurrency": 16, "spec_cost_check": {"2": [2.0, 2.5, 6.0]}}]
+    assert pooled(older)[("adaptive:7", 16)][2] == [4.0, 8.0, 20.0, None]
+    assert "| adaptive:7 | 16 | 4: 2.00 -> 5.00 | 1 (R 3): 2.00 -> 8.00 |" in cost_check_section(older, ["adaptive:7"])
 
 
 def test_the_engine_process_ships_every_counter_the_metrics_read():
