@@ -135,19 +135,20 @@ def qk_norm_rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots)
 
 
+GROUPED_FROM_ROWS = 64  # rows from which a program takes a group of heads
+GROUP_HEADS = 8  # heads a program takes from there
+
+
 def heads_per_program(rows: int, heads: int) -> int:
     """Heads one program normalizes, rotates and writes: 1 (the most programs) for a few rows, where
     the grid is small and each program's latency is the step's; a group of up to GROUP_HEADS for
     many rows (prefill chunks, verify rows at high load), where one program per head launched
     ~48,000 programs of 256 bytes for 2,000 rows of the 0.6B shape's 24 heads, 18 us a call at 256
-    requests on the H200 (run 76's profile): the programs' own overhead, not the bytes, took the time."""
+    requests on the H200 (run 76's profile), likely the programs' own overhead rather than the bytes
+    (an estimate from sizes: H100 run 77 did not time the kernel alone)."""
     if rows < GROUPED_FROM_ROWS:
         return 1
     return min(GROUP_HEADS, triton.next_power_of_2(max(heads, 1)))
-
-
-GROUPED_FROM_ROWS = 64  # rows from which a program takes a group of heads
-GROUP_HEADS = 8  # heads a program takes from there
 
 
 def launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_cache, v_cache, slots,
@@ -160,6 +161,8 @@ def launch(q, k, v, positions, cos_table, sin_table, q_weight, k_weight, eps, k_
     out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
     if T == 0:
         return out
+    if heads_per_prog is not None and (heads_per_prog < 1 or heads_per_prog & (heads_per_prog - 1)):
+        raise ValueError(f"heads_per_prog must be a power of two (a Triton block), got {heads_per_prog}")
     hb = heads_per_prog or heads_per_program(T, max(Hq, Hkv))
     has_norm = q_weight is not None
     grid = (T, -(-Hq // hb) + -(-Hkv // hb))

@@ -79,6 +79,10 @@ def test_many_rows_group_heads_and_few_rows_do_not():
     assert heads_per_program(8, 24) == 1  # decode at a few requests: a program per head
     assert heads_per_program(2048, 24) == 8
     assert heads_per_program(2048, 6) == 8 and heads_per_program(2048, 2) == 2  # never more than the heads
+    args, storage, slots = _case(3, 4, 2, 16, torch.float32)
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="power of two"):
+            launch(*args, storage[1, 0], storage[1, 1], slots, heads_per_prog=bad)
 
 
 def test_bfloat16_agrees_to_a_rounding_step():
