@@ -91,7 +91,7 @@ def main():
     measured = {keys[i]: float(np.median(r)) for i, r in runs.items()}
     device = torch.cuda.get_device_name() if sync else "cpu"
     print(f"device {device}; k = {k}, context {ctx}, {args.repeats} runs a graph, in rounds")
-    print(f"the table (tokens -> ms): " + ", ".join(f"{int(n)}: {m:.3f}" for n, m in zip(table.sizes, table.ms)))
+    print("the table (tokens -> ms): " + ", ".join(f"{int(n)}: {m:.3f}" for n, m in zip(table.sizes, table.ms)))
     levels = sorted({q for _, q in keys})
     print(f"{'B':>4} " + " ".join(f"{'Q=%d meas/price' % q:>18}" for q in levels))
     rows = []
