@@ -125,6 +125,12 @@ class CostModel:
     # narrower drafts (adaptive_draft_width "budget"): draft width -> cost by requests, for the widths
     # below k that the graphed step captured; empty: every draft is priced as the full one
     draft_narrow: dict[int, CostTable] = field(default_factory=dict)
+    # the captured verify graphs, timed one by one: query tokens a request (the graph's level) ->
+    # cost by the graph's rows (requests). `verify` times n tokens as n / (k + 1) rows of k + 1, so a
+    # step of fewer tokens a row (more rows for its tokens) pays per-row work (each row's context
+    # read by attention, its sampling) that the token table prices at fewer rows; graphed_step.
+    # GraphPaddedCost prices a graphed step from these when they hold its graph. Empty: no graphs.
+    verify_graph: dict[int, CostTable] = field(default_factory=dict)
 
     def verify_ms(self, n_tokens):
         return self.verify.lookup(n_tokens)
@@ -146,10 +152,18 @@ class CostModel:
             out = np.where(need <= w, float(self.draft_narrow[w].lookup(n_requests)), out)
         return out
 
+    def verify_graph_ms(self, rows: int, level: int) -> float | None:
+        """What the verify graph of `rows` requests and `level` query tokens each costs, or None
+        when the graph tables do not hold that level (then the token table prices it)."""
+        t = self.verify_graph.get(int(level))
+        return None if t is None else float(t.lookup(int(rows)))
+
     def to_dict(self) -> dict[str, Any]:
         d = {"verify": self.verify.to_dict(), "draft": self.draft.to_dict()}
         if self.draft_narrow:
             d["draft_narrow"] = {str(w): t.to_dict() for w, t in sorted(self.draft_narrow.items())}
+        if self.verify_graph:
+            d["verify_graph"] = {str(q): t.to_dict() for q, t in sorted(self.verify_graph.items())}
         return d
 
     @classmethod
@@ -157,12 +171,17 @@ class CostModel:
         narrow = {int(w): CostTable.from_dict(t) for w, t in (d.get("draft_narrow") or {}).items()}
         if any(w < 1 for w in narrow):
             raise ValueError(f"draft widths must be >= 1, got {sorted(narrow)}")
-        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]), narrow)
+        graph = {int(q): CostTable.from_dict(t) for q, t in (d.get("verify_graph") or {}).items()}
+        if any(q < 1 for q in graph):
+            raise ValueError(f"verify graph levels (query tokens a request) must be >= 1, got {sorted(graph)}")
+        return cls(CostTable.from_dict(d["verify"]), CostTable.from_dict(d["draft"]), narrow, graph)
 
     def tables(self) -> list[tuple[str, CostTable, str]]:
-        """(name, table, unit) of every table, the narrow drafts after the full one."""
+        """(name, table, unit) of every table, the narrow drafts after the full one, then the
+        verify graphs by level."""
         out = [("verify", self.verify, "tokens"), ("draft", self.draft, "requests")]
-        return out + [(f"draft of {w} slots", t, "requests") for w, t in sorted(self.draft_narrow.items())]
+        out += [(f"draft of {w} slots", t, "requests") for w, t in sorted(self.draft_narrow.items())]
+        return out + [(f"verify graph of {q} tokens a request", t, "requests") for q, t in sorted(self.verify_graph.items())]
 
     def describe(self) -> str:
         """Human-readable tables (for ``adaspec profile``)."""
@@ -252,20 +271,40 @@ def _time_table(fn, sizes, repeats, warmup, timer, sync, capture_limit) -> CostT
     one's higher at every shape in three pairs of profiles, whichever arm started first: an offset
     between the arms that rounds cannot remove; whether drift within a ~0.2 s profile matters at
     all is what benchmarks/probes/cost_table_stability.py measures.)"""
-    for n in sizes:
+    ms = _time_shapes(fn, [(n,) for n in sizes], repeats, warmup, timer, sync)
+    return CostTable(sizes, [ms[(n,)] for n in sizes], capture_limit)
+
+
+def _time_shapes(fn, shapes, repeats, warmup, timer, sync) -> dict[tuple, float]:
+    """fn(*shape) for every shape, warmed up, then timed in rounds (_time_table): shape -> median ms."""
+    for shape in shapes:
         for _ in range(warmup):
-            fn(n)
-    runs: dict[int, list[float]] = {n: [] for n in sizes}
+            fn(*shape)
+    runs: dict[tuple, list[float]] = {shape: [] for shape in shapes}
     for _ in range(repeats):
-        for n in sizes:
+        for shape in shapes:
             if sync is not None:
                 sync()  # do not charge this shape for queued work of the previous one
             t0 = timer()
-            fn(n)
+            fn(*shape)
             if sync is not None:
                 sync()
-            runs[n].append((timer() - t0) * 1e3)
-    return CostTable(sizes, [float(np.median(runs[n])) for n in sizes], capture_limit)
+            runs[shape].append((timer() - t0) * 1e3)
+    return {shape: float(np.median(r)) for shape, r in runs.items()}
+
+
+def graph_rows_grid(batch_sizes: Iterable[int]) -> list[int]:
+    """The captured batch sizes whose verify graphs are timed: 1, 2, 4, 8 and then those nearest
+    a x1.5 / x2 ladder (the rest are interpolated between them: a graph's cost grows smoothly with
+    its rows, and every one of 8 query levels at every eighth batch size would triple the profile)."""
+    caps = sorted({int(b) for b in batch_sizes if int(b) >= 1})
+    if not caps:
+        return []
+    want = _geometric(caps[-1])
+    out = {caps[-1]}
+    for w in want:
+        out.add(min(caps, key=lambda b: (abs(b - w), b)))
+    return sorted(out)
 
 
 def profile(
@@ -281,6 +320,8 @@ def profile(
     draft_capture_limit: int | None = None,
     fn_draft_width: Callable[[int, int], None] | None = None,
     narrow_widths: Sequence[int] = (),
+    fn_verify_graph: Callable[[int, int], None] | None = None,
+    graph_shapes: Sequence[tuple[int, int]] = (),
 ) -> CostModel:
     """Time dummy steps; each shape's cost is the median of ``repeats`` runs (ms).
 
@@ -288,12 +329,22 @@ def profile(
     devices are measured, not just kernel launches. ``fn_draft=None`` gives a zero draft table.
     ``fn_draft_width(n, w)`` drafts w slots for n requests: timed over ``draft_sizes`` for every
     width in ``narrow_widths`` (those below k; ``fn_draft`` times the full width).
+    ``fn_verify_graph(rows, q)`` replays the verify graph of `rows` requests of q query tokens:
+    timed for every (rows, q) of ``graph_shapes`` into CostModel.verify_graph.
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     verify = _time_table(fn_verify, list(verify_sizes), repeats, warmup, timer, sync, verify_capture_limit)
+    graph = {}
+    if graph_shapes:
+        if fn_verify_graph is None:
+            raise ValueError("graph_shapes given without fn_verify_graph")
+        ms = _time_shapes(fn_verify_graph, [(int(b), int(q)) for b, q in graph_shapes], repeats, warmup, timer, sync)
+        for q in sorted({q for _, q in ms}):
+            rows = sorted(b for b, level in ms if level == q)
+            graph[q] = CostTable(rows, [ms[(b, q)] for b in rows], None)
     if fn_draft is None:
-        return CostModel(verify, CostTable([1], [0.0], None))
+        return CostModel(verify, CostTable([1], [0.0], None), verify_graph=graph)
     draft = _time_table(fn_draft, list(draft_sizes), repeats, warmup, timer, sync, draft_capture_limit)
     narrow = {}
     if narrow_widths and fn_draft_width is None:
@@ -301,7 +352,7 @@ def profile(
     for w in sorted({int(w) for w in narrow_widths}):
         narrow[w] = _time_table(lambda n, w=w: fn_draft_width(n, w), list(draft_sizes), repeats, warmup, timer,
                                 sync, draft_capture_limit)
-    return CostModel(verify, draft, narrow)
+    return CostModel(verify, draft, narrow, graph)
 
 
 # -- disk cache -----------------------------------------------------------------------------

@@ -476,6 +476,16 @@ class GraphedSpecStep:
         self.nq[: key[0]].copy_(torch.tensor(nq, dtype=torch.int64))
         self.verify_graphs[key].replay()
 
+    def time_verify_graph(self, rows: int, q: int, table: list[int], context_len: int) -> None:
+        """Profiler: the verify graph of `rows` requests (a captured batch size) verifying q - 1
+        drafts each (q: one of self.levels), every request at context_len."""
+        key = (rows, q)
+        if key not in self.verify_graphs:
+            raise ValueError(f"no captured verify graph of {rows} requests x {q} query tokens")
+        self._fill_dummy(rows, table, context_len, q - 1)
+        self.nq[:rows].fill_(q)
+        self.verify_graphs[key].replay()
+
     def _fill_dummy(self, b: int, table: list[int], context_len: int, slots: int) -> None:
         self.block_tables[:b].fill_(self.engine.scratch_block)
         self.block_tables[:b, : len(table)] = torch.tensor(table, dtype=torch.int32)
@@ -519,8 +529,10 @@ class _SpecMirrors:
 
 class GraphPaddedCost(WrappedCost):
     """The cost tables as the graphed step pays them: a step of T query tokens over R requests
-    runs the graph (B, Q) that pick() chooses, i.e. B*Q token rows, so it costs verify_ms(B*Q).
-    Steps the graphs do not cover (more requests than captured) cost verify_ms(T)."""
+    runs the graph (B, Q) that pick() chooses, so it costs what that graph was timed at
+    (CostModel.verify_graph: B rows of Q tokens) or, where the tables hold no such timing,
+    verify_ms(B*Q) of its token rows. Steps the graphs do not cover (more requests than captured)
+    cost verify_ms(T)."""
 
     MEMO_SIZE = 256  # answers kept; a steady load asks for one or two shapes, each up to R * k + 1 prices
 
@@ -540,8 +552,15 @@ class GraphPaddedCost(WrappedCost):
         key = (num_requests, bool(self.graphed.verify_graphs), tokens.shape, tokens.tobytes())
         ms = self._memo.get(key)
         if ms is None:
-            ms = np.asarray(self.cost.verify_ms(self.padded(num_requests, tokens)), dtype=np.float64)
+            b, levels, covered = self._graphs_for(num_requests, tokens)
+            ms = np.asarray(self.cost.verify_ms(np.where(covered, b * levels, tokens)), dtype=np.float64)
             ms = ms.reshape(tokens.shape).copy()
+            timed = getattr(self.cost, "verify_graph_ms", None)
+            if timed is not None and b:
+                for q in np.unique(levels[covered]):  # the graphs timed one by one, where the tables hold them
+                    graph_ms = timed(b, int(q))
+                    if graph_ms is not None:
+                        ms[covered & (levels == q)] = graph_ms
             ms.setflags(write=False)
             if len(self._memo) >= self.MEMO_SIZE:
                 self._memo.clear()
@@ -550,13 +569,19 @@ class GraphPaddedCost(WrappedCost):
 
     def padded(self, num_requests: int, tokens: np.ndarray) -> np.ndarray:
         """The token rows the graph that pick() chooses runs (tokens itself where no graph covers)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        b, levels, covered = self._graphs_for(num_requests, tokens)
+        return np.where(covered, b * levels, tokens)
+
+    def _graphs_for(self, num_requests: int, tokens: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """(B: the graphs' rows for num_requests, 0 when none covers them; per entry of tokens the
+        query level Q of the graph pick() chooses; whether a graph covers that entry at all)."""
         g = self.graphed
         if not g.verify_graphs or num_requests > g.batch_sizes[-1]:
-            return tokens
+            return 0, np.zeros(tokens.shape, dtype=np.int64), np.zeros(tokens.shape, dtype=bool)
         b = next(x for x in g.batch_sizes if x >= num_requests)
         levels = np.asarray(g.levels, dtype=np.int64)
         # the smallest level whose b*q holds the tokens; steps with drafts skip the q = 1 level
         idx = np.searchsorted(b * levels, tokens, side="left")
         idx = np.where((tokens > num_requests) & (levels[np.minimum(idx, len(levels) - 1)] == 1), idx + 1, idx)
-        covered = idx < len(levels)
-        return np.where(covered, b * levels[np.minimum(idx, len(levels) - 1)], tokens)
+        return b, levels[np.minimum(idx, len(levels) - 1)], idx < len(levels)

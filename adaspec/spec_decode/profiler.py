@@ -21,7 +21,7 @@ from adaspec.models.fused import kv_write_in_use
 from adaspec.sample import kernels
 from adaspec.sample.probs import processed_probs
 from adaspec.spec_decode.cost_model import (
-    CostModel, cache_path, default_cache_key, draft_grid, load_or_profile, profile, verify_grid,
+    CostModel, cache_path, default_cache_key, draft_grid, graph_rows_grid, load_or_profile, profile, verify_grid,
 )
 
 log = logging.getLogger("adaspec.profile")
@@ -33,7 +33,8 @@ log = logging.getLogger("adaspec.profile")
 # (propose; verify with accept; query-length levels). 4: the adaptive step's verify graphs at every
 # query length (a table entry now times the graph that length picks), and drafts of k < block_size
 # slots run k slots' heads only. 5: the shapes' runs in rounds over the table (cost_model._time_table).
-STEP_REVISION = 5
+# 6: the verify graphs timed one by one (CostModel.verify_graph), as the graphed step is priced.
+STEP_REVISION = 6
 
 
 # the server log's line that carries the cost tables as JSON (replay_policy.py reads it)
@@ -52,15 +53,20 @@ class _DummySeq:
         self.logits_rule = None
 
 
+def _dummy_context(engine, decoder) -> tuple[int, list[int]]:
+    """(context length, block table) of every dummy request: profile_context_len tokens (what
+    max_model_len allows), over blocks that all requests alias."""
+    k = decoder.num_spec_tokens
+    ctx = max(1, min(decoder.cfg.profile_context_len, engine.max_model_len - decoder.block - 2))
+    n_blocks = -(-(ctx + max(k + 1, decoder.block)) // engine.config.block_size)
+    return ctx, [i % engine.num_blocks for i in range(n_blocks)]
+
+
 def _dummy_steps(engine, decoder):
     from adaspec.sampling_params import SamplingParams
 
-    cfg = engine.config
     k = decoder.num_spec_tokens
-    ctx = max(1, min(decoder.cfg.profile_context_len, engine.max_model_len - decoder.block - 2))
-    bs = cfg.block_size
-    n_blocks = -(-(ctx + max(k + 1, decoder.block)) // bs)
-    table = [i % engine.num_blocks for i in range(n_blocks)]
+    ctx, table = _dummy_context(engine, decoder)
     params = SamplingParams(temperature=1.0, max_tokens=16)
 
     g = decoder.graphed
@@ -85,10 +91,24 @@ def _dummy_steps(engine, decoder):
     return verify, draft, draft, ctx
 
 
+def verify_graph_shapes(decoder) -> tuple[object, list[tuple[int, int]]]:
+    """(fn(rows, q) replaying that verify graph over dummy requests, the (rows, q) to time): every
+    query level at the batch sizes of graph_rows_grid (the rest interpolated), or (None, []) when
+    the step runs no verify graphs (eager, CPU): the token table then prices every step."""
+    g = decoder.graphed
+    if g is None or not g.verify_graphs:
+        return None, []
+    ctx, table = _dummy_context(g.engine, decoder)
+    rows = graph_rows_grid(g.batch_sizes)
+    shapes = [(b, q) for b in rows for q in g.levels if (b, q) in g.verify_graphs]
+    return (lambda b, q: g.time_verify_graph(b, q, table, ctx)), shapes
+
+
 def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> CostModel:
     cfg = engine.config
     k = decoder.num_spec_tokens
     verify_fn, draft_fn, draft_width_fn, ctx = _dummy_steps(engine, decoder)
+    graph_fn, graph_shapes = verify_graph_shapes(decoder)
     # adaptive_draft_width "budget": the narrower drafts get tables of their own
     narrow = [w for w in decoder.draft_widths if w < k]
     max_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (k + 1))
@@ -114,9 +134,10 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
 
     def run_profile() -> CostModel:
         vgrid, dgrid, repeats = verify_grid(max_tokens), draft_grid(cfg.max_num_seqs), decoder.cfg.profile_repeats
-        shapes = len(vgrid) + len(dgrid) * (1 + len(narrow))
+        shapes = len(vgrid) + len(dgrid) * (1 + len(narrow)) + len(graph_shapes)
         announce(f"profiling the adaptive policy's cost tables: {shapes} shapes x {repeats} runs"
-                 + (f" (drafts of {', '.join(map(str, narrow))} and {k} slots)" if narrow else "") + where)
+                 + (f" (drafts of {', '.join(map(str, narrow))} and {k} slots)" if narrow else "")
+                 + (f" ({len(graph_shapes)} of them verify graphs)" if graph_shapes else "") + where)
         warmup = 1
         with progress_bar(shapes * (repeats + warmup), "cost tables") as bar:
             def counted(fn):
@@ -128,7 +149,8 @@ def build_cost_model(engine, decoder, drafter_path: str, cache: bool = True) -> 
             with torch.inference_mode():
                 model = profile(counted(verify_fn), counted(draft_fn), vgrid, dgrid, repeats=repeats, warmup=warmup,
                                 sync=sync, fn_draft_width=counted(draft_width_fn) if narrow else None,
-                                narrow_widths=narrow)
+                                narrow_widths=narrow, fn_verify_graph=counted(graph_fn) if graph_shapes else None,
+                                graph_shapes=graph_shapes)
         profiled.append(True)
         return model
 
@@ -152,6 +174,7 @@ def describe_tables(model: CostModel) -> str:
 
     parts = [f"verify ms by tokens {fmt(model.verify)}", f"draft ms by requests {fmt(model.draft)}"]
     parts += [f"draft of {w} slots ms by requests {fmt(t)}" for w, t in sorted(model.draft_narrow.items())]
+    parts += [f"verify graph of {q} tokens a request ms by requests {fmt(t)}" for q, t in sorted(model.verify_graph.items())]
     return "; ".join(parts)
 
 

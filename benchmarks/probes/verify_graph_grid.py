@@ -67,10 +67,7 @@ def main():
     keys = sorted(key for key in g.verify_graphs if key[1] > 1)  # drafting steps verify q > 1 tokens a row
 
     def replay(i: int) -> None:
-        b, q = keys[i]
-        g._fill_dummy(b, table_blocks, ctx, q - 1)
-        g.nq[:b].fill_(q)
-        g.verify_graphs[(b, q)].replay()
+        g.time_verify_graph(*keys[i], table_blocks, ctx)
 
     with torch.inference_mode():
         sizes = verify_grid(min(engine.config.max_num_batched_tokens, engine.config.max_num_seqs * (k + 1)))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaspec.spec_decode.cost_model import (CostModel, CostTable, cache_path, default_cache_key, draft_grid,
-                                     load_or_profile, plot_cost_model, profile, verify_grid)
+                                     graph_rows_grid, load_or_profile, plot_cost_model, profile, verify_grid)
 
 
 def test_forced_non_decreasing_with_running_max():
@@ -199,3 +199,53 @@ def test_narrow_tables_round_trip_and_old_files_still_load(tmp_path):
         CostModel.from_dict({**old, "draft_narrow": {"0": {"sizes": [1], "ms": [0.1]}}})
     plot_cost_model(m, tmp_path / "narrow.png")
     assert (tmp_path / "narrow.png").stat().st_size > 1000
+
+
+def test_graph_rows_grid_keeps_the_small_sizes_the_largest_and_a_ladder_between():
+    from adaspec.engine.cuda_graphs import capture_sizes
+
+    assert graph_rows_grid(capture_sizes(128)) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]
+    assert graph_rows_grid([1, 2, 4, 6]) == [1, 2, 4, 6]
+    for caps in ([3, 40, 41, 200], capture_sizes(256), capture_sizes(100), [5]):
+        grid = graph_rows_grid(caps)
+        assert set(grid) <= set(caps) and grid[-1] == max(caps) and grid == sorted(set(grid))
+    for caps in (capture_sizes(256), capture_sizes(100), capture_sizes(1000)):  # every eighth size
+        grid = graph_rows_grid(caps)
+        assert all(b / a <= 2.0 for a, b in zip(grid, grid[1:]))  # no wide gap to interpolate over
+        assert len(grid) < len(caps) / 2 or len(caps) < 20
+    assert graph_rows_grid([]) == []
+
+
+def test_profile_times_every_verify_graph_in_rounds_into_tables_by_level():
+    """fn_verify_graph(rows, q) for every shape: one table per query level, by rows, each entry the
+    median of its runs (a fake clock: a graph costs 1 ms + 0.1 ms a row + 0.01 ms a token)."""
+    clock = {"t": 0.0}
+    seen = []
+
+    def graph(b, q):
+        seen.append((b, q))
+        clock["t"] += (1.0 + 0.1 * b + 0.01 * b * q) / 1e3
+
+    shapes = [(b, q) for b in (1, 8, 16) for q in (1, 4, 8)]
+    m = profile(lambda n: None, lambda n: None, [1], [1], repeats=3, warmup=1, timer=lambda: clock["t"],
+                fn_verify_graph=graph, graph_shapes=shapes)
+    assert len(seen) == len(shapes) * 4 and seen[:len(shapes)] == shapes  # warm-ups, then rounds
+    assert sorted(m.verify_graph) == [1, 4, 8]
+    assert m.verify_graph[4].sizes.tolist() == [1, 8, 16]
+    assert m.verify_graph[4].ms.tolist() == pytest.approx([1.14, 2.12, 3.24])
+    assert m.verify_graph_ms(12, 8) == pytest.approx((1.0 + 0.8 + 0.64 + 1.0 + 1.6 + 1.28) / 2)  # interpolated
+    assert m.verify_graph_ms(8, 5) is None  # a level the tables do not hold
+    with pytest.raises(ValueError, match="graph_shapes given without fn_verify_graph"):
+        profile(lambda n: None, None, [1], [1], graph_shapes=[(1, 2)])
+
+
+def test_verify_graph_tables_round_trip_and_old_files_still_load():
+    m = CostModel(_model().verify, _model().draft, verify_graph={2: CostTable([1, 8], [0.5, 0.7]),
+                                                                  8: CostTable([1, 8], [0.6, 1.2])})
+    back = CostModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert sorted(back.verify_graph) == [2, 8] and back.verify_graph_ms(8, 8) == 1.2
+    assert "verify graph of 8 tokens a request cost" in m.describe()
+    old = _model().to_dict()
+    assert "verify_graph" not in old and CostModel.from_dict(old).verify_graph == {}
+    with pytest.raises(ValueError, match="verify graph levels"):
+        CostModel.from_dict({**old, "verify_graph": {"0": {"sizes": [1], "ms": [0.1]}}})

@@ -542,3 +542,72 @@ def test_read_back_without_a_launch_is_an_error(pair, tmp_path):
     llm.generate(_prompts(3), GREEDY)  # steps launch and read back in pairs
     with pytest.raises(RuntimeError, match="without a launched"):
         g.read_back()
+
+
+class _EveryLevelGraphs:  # what GraphPaddedCost reads of a GraphedSpecStep: batch sizes 1, 2, 4, 8, every level
+    batch_sizes, levels, verify_graphs = [1, 2, 4, 8], list(range(1, 9)), {None: None}
+
+
+def test_graph_padded_cost_prices_a_timed_graph_by_its_rows_and_level():
+    """With the verify graphs timed (CostModel.verify_graph), a step is priced as its graph (B rows,
+    Q tokens each) was timed; a level the tables do not hold, and a step no graph covers, fall back
+    to the token table."""
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
+    from adaspec.spec_decode.policy import step_verify_ms
+
+    class Graphs:
+        batch_sizes, levels, verify_graphs = [1, 2, 4, 8], [1, 3, 5, 8], {None: None}
+
+    tokens = CostTable([1, 64], [1.0, 64.0])  # 1 ms a token
+    cost = GraphPaddedCost(CostModel(tokens, CostTable([1], [0.5]),
+                                     verify_graph={3: CostTable([1, 2, 4, 8], [10.0, 20.0, 40.0, 80.0]),
+                                                   8: CostTable([1, 8], [100.0, 800.0])}), Graphs())
+    # 3 requests run the graphs of 4: q = 1 (untimed: 4 token rows), q = 3 (timed: 40), q = 5 (untimed:
+    # 20 token rows), q = 8 (timed: 400, interpolated between 1 and 8 rows), and 33 tokens no graph holds
+    assert step_verify_ms(cost, 3, [3, 5, 12, 13, 20, 21, 32, 33]).tolist() == \
+        [4.0, 40.0, 40.0, 20.0, 20.0, 400.0, 400.0, 33.0]
+
+
+def test_timed_graphs_let_the_budget_follow_what_each_graph_costs():
+    """A verify graph costs 1 ms + 0.05 ms a row + 0.004 ms a token row (rows cost attention's reads of
+    their context). The token table times n tokens as n / 8 rows of 8, so at 8 requests it prices
+    fewer drafts a request at fewer rows than the step has: it makes extra drafts look dearer than
+    they are, and verifies too few. Priced from the timed graphs, the budget is the one a brute-force
+    search over every B with the true cost picks."""
+    from adaspec.spec_decode.cost_model import CostModel, CostTable
+    from adaspec.spec_decode.policy import choose_budget
+
+    def graph_ms(b, q):
+        return 1.0 + 0.05 * b + 0.004 * b * q
+
+    graphs = _EveryLevelGraphs()
+    sizes = list(range(1, 65))
+    tokens = CostTable(sizes, [graph_ms(-(-n // 8), 8) for n in sizes])  # as profiler.time_verify runs them
+    draft = CostTable([1, 8], [0.3, 0.4])
+    timed = {q: CostTable(graphs.batch_sizes, [graph_ms(b, q) for b in graphs.batch_sizes]) for q in graphs.levels}
+    surv = np.tile(np.cumprod([0.8, 0.7, 0.65, 0.6, 0.6, 0.6, 0.6]), (8, 1))
+    by_tokens = choose_budget(surv, 8, 8, 8, GraphPaddedCost(CostModel(tokens, draft), graphs))
+    by_graphs = choose_budget(surv, 8, 8, 8, GraphPaddedCost(CostModel(tokens, draft, verify_graph=timed), graphs))
+
+    flat = np.sort(surv.ravel())[::-1]
+    rates = [(8 + flat[:b].sum()) / (0.4 + graph_ms(8, next(q for q in range(2 if b else 1, 9) if 8 * q >= 8 + b)))
+             for b in range(flat.size + 1)]
+    assert by_graphs == int(np.argmax(rates))
+    assert by_tokens < by_graphs  # the token table verifies fewer: what the timed graphs repair
+
+
+def test_the_profile_times_every_level_of_the_captured_verify_graphs(pair, tmp_path):
+    """build_cost_model over a graphed step (capture(eager=True) on the CPU): the verify graphs are
+    timed at every query level, at the grid of their batch sizes, and the policy's prices then come
+    from those timings."""
+    from adaspec.spec_decode.policy import step_verify_ms
+    from adaspec.spec_decode.profiler import build_cost_model
+
+    llm = _llm(pair, tmp_path, 7, True, graphed=True)
+    spec = llm.llm_engine.spec
+    model = build_cost_model(llm.llm_engine, spec, pair[1], cache=False)
+    assert sorted(model.verify_graph) == list(range(1, 9))
+    assert all(t.sizes.tolist() == [1, 2, 4, 6] for t in model.verify_graph.values())
+    priced = GraphPaddedCost(model, spec.graphed)
+    assert step_verify_ms(priced, 3, [3 + 3 * 5]).tolist() == [model.verify_graph_ms(4, 5)]  # 18 tokens: 4 x 5
+    assert step_verify_ms(priced, 6, [6 * 8]).tolist() == [model.verify_graph_ms(6, 8)]
