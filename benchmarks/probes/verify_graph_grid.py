@@ -17,7 +17,7 @@ The engine: the code-0.6b pair's target shape on random weights (load_format "du
 synthetic stand-in drafter at k = 7 (timing only), adaptive verification, CUDA graphs.
 Writes $OUT/verify_graph_grid.json.
 
-    python3 benchmarks/probes/verify_graph_grid.py [--max-num-seqs 128] [--repeats 9] [--context 256]
+    python3 benchmarks/probes/verify_graph_grid.py [--max-num-seqs 128] [--repeats 9] [--context 256] [--distinct-kv]
 """
 import argparse
 import json
@@ -48,6 +48,10 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--context", type=int, default=256, help="context length of every dummy row")
+    ap.add_argument("--distinct-kv", action="store_true",
+                    help="time the grid a second time with each row reading its own context blocks (the profiler "
+                         "aliases every row to the same blocks, which can stay in the L2 cache; real requests read "
+                         "theirs from memory)")
     args = ap.parse_args()
     spec = {"method": "synthetic", "synthetic_acceptance": CURVE, "num_speculative_tokens": 7,
             "enable_adaptive_verification": True, "cost_model_cache_dir": tempfile.mkdtemp(),
@@ -66,29 +70,57 @@ def main():
     table_blocks = [i % engine.num_blocks for i in range(-(-(ctx + k + 1) // bs))]
     keys = sorted(key for key in g.verify_graphs if key[1] > 1)  # drafting steps verify q > 1 tokens a row
 
-    def replay(i: int) -> None:
-        g.time_verify_graph(*keys[i], table_blocks, ctx)
+    distinct = torch.arange(args.max_num_seqs * len(table_blocks), dtype=torch.int32).view(args.max_num_seqs, -1)
+    distinct = (distinct % engine.num_blocks).to(g.block_tables.device)
 
-    with torch.inference_mode():
-        sizes = verify_grid(min(engine.config.max_num_batched_tokens, engine.config.max_num_seqs * (k + 1)))
-        table = _time_table(verify, sizes, args.repeats, 1, time.perf_counter, sync, None)
-        # the grid in rounds, raw medians (no running max: a graph is not a size on one axis)
+    def replay(i: int, own_blocks: bool = False) -> None:
+        b, q = keys[i]
+        if own_blocks:  # every row reads its own context, as real requests do (the profile aliases them)
+            g._fill_dummy(b, table_blocks, ctx, q - 1)
+            g.block_tables[:b, : len(table_blocks)] = distinct[:b]
+            g.nq[:b].fill_(q)
+            g.verify_graphs[keys[i]].replay()
+        else:
+            g.time_verify_graph(b, q, table_blocks, ctx)
+
+    def time_grid(own_blocks: bool) -> dict:
+        """(rows, q) -> median ms over the grid, timed in rounds (raw medians: no running max)."""
         runs = {i: [] for i in range(len(keys))}
         for i in range(len(keys)):
-            replay(i)
+            replay(i, own_blocks)
         for _ in range(args.repeats):
             for i in range(len(keys)):
                 if sync is not None:
                     sync()
                 t0 = time.perf_counter()
-                replay(i)
+                replay(i, own_blocks)
                 if sync is not None:
                     sync()
                 runs[i].append(1e3 * (time.perf_counter() - t0))
-    measured = {keys[i]: float(np.median(r)) for i, r in runs.items()}
+        return {keys[i]: float(np.median(r)) for i, r in runs.items()}
+
+    with torch.inference_mode():
+        sizes = verify_grid(min(engine.config.max_num_batched_tokens, engine.config.max_num_seqs * (k + 1)))
+        table = _time_table(verify, sizes, args.repeats, 1, time.perf_counter, sync, None)
+        grids = {"aliased": time_grid(False)}
+        if args.distinct_kv:
+            grids["distinct"] = time_grid(True)
     device = torch.cuda.get_device_name() if sync else "cpu"
     print(f"device {device}; k = {k}, context {ctx}, {args.repeats} runs a graph, in rounds")
     print("the table (tokens -> ms): " + ", ".join(f"{int(n)}: {m:.3f}" for n, m in zip(table.sizes, table.ms)))
+    out = {"device": device, "k": k, "context_len": ctx, "repeats": args.repeats, "max_num_seqs": args.max_num_seqs,
+           "table": table.to_dict()}
+    for mode, measured in grids.items():
+        print(f"every row's context: {'its own blocks' if mode == 'distinct' else 'the same blocks (as the profile)'}")
+        out[mode] = report(measured, table)
+    dest = Path(os.environ.get("OUT", "."))
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "verify_graph_grid.json").write_text(json.dumps(out, indent=1))
+
+
+def report(measured: dict, table) -> dict:
+    """Print measured / priced ms by rows and level, and the fit; -> both as JSON."""
+    keys = sorted(measured)
     levels = sorted({q for _, q in keys})
     print(f"{'B':>4} " + " ".join(f"{'Q=%d meas/price' % q:>18}" for q in levels))
     rows = []
@@ -113,12 +145,7 @@ def main():
                "rms_residual_ms": float(np.sqrt(np.mean(resid ** 2))), "graphs": len(fit_rows)}
         print(f"fit over {len(fit_rows)} graphs of B >= 8: ms = {coef[0]:.3f} + {1e3 * coef[1]:.2f} us x B "
               f"+ {1e3 * coef[2]:.3f} us x B*Q (rms residual {fit['rms_residual_ms']:.3f} ms)")
-    dest = Path(os.environ.get("OUT", "."))
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "verify_graph_grid.json").write_text(json.dumps(
-        {"device": device, "k": k, "context_len": ctx, "repeats": args.repeats, "max_num_seqs": args.max_num_seqs,
-         "table": table.to_dict(), "graphs": rows, "fit": fit}, indent=1))
-
+    return {"graphs": rows, "fit": fit}
 
 if __name__ == "__main__":
     main()
