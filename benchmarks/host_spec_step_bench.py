@@ -9,7 +9,7 @@ at 256 requests of the 0.6B shape (BENCHMARKS.md, run 8).
 
     python3 benchmarks/host_spec_step_bench.py [--batch 256] [--steps 100] [--repeats 3]
         [--output-kind final_only|cumulative|new_tokens] [--adaptive] [--no-detokenize]
-        [--gc as-is|freeze] [--accepted 0..7] [--out FILE]
+        [--gc as-is|freeze] [--accepted 0..4] [--out FILE]
 
 final_only is what LLM.generate and benchmarks/offline_sweep.py ask for; new_tokens, the server's
 engine process (cumulative before it, and the server's engine thread). --gc freeze freezes the
@@ -83,9 +83,9 @@ def main() -> int:
                     help="--no-detokenize: the engine makes no text (what `adaspec serve --api-detokenize` asks of it)")
     ap.add_argument("--gc", choices=("as-is", "freeze"), default="as-is",
                     help="freeze: gc.freeze() after each build, as the sweep and `adaspec serve` do")
-    ap.add_argument("--accepted", type=int, default=None, choices=range(0, 8), metavar="0..7",
-                    help="drafts every request accepts a step (default: 0-4 at random): how the host's work grows "
-                         "with the tokens a step emits")
+    ap.add_argument("--accepted", type=int, default=None, choices=range(0, 5), metavar="0..4",
+                    help="drafts every request accepts a step, of the 4 the stub verifies (default: 0-4 at random): "
+                         "how the host's work grows with the tokens a step emits")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -99,13 +99,15 @@ def main() -> int:
         for _ in range(args.steps):
             eng.step()
         runs.append((time.perf_counter() - t0) / args.steps * 1e3)
+        accepted_length = eng.stats.mean_accepted_length  # tokens a drafting request gained a step (the stub's)
         gc.unfreeze()
     med = statistics.median(runs)
     print(f"batch {args.batch}, {args.output_kind} outputs{'' if args.detokenize else ' without text'}, "
           f"{'adaptive' if args.adaptive else 'fixed'}:7, gc {args.gc}, accepted {'0-4' if args.accepted is None else args.accepted}: host step {med:.2f} ms (runs {', '.join(f'{r:.2f}' for r in runs)})")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump(dict(args=vars(args), torch=torch.__version__, runs_ms=runs, median_ms=med), fh, indent=1)
+            json.dump(dict(args=vars(args), torch=torch.__version__, runs_ms=runs, median_ms=med,
+                           mean_accepted_length=accepted_length), fh, indent=1)
     return 0
 
 

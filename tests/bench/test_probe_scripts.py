@@ -28,10 +28,15 @@ def test_host_spec_step_bench_runs_the_stubbed_graphed_step(tmp_path):
     out = tmp_path / "host.json"
     stdout = run(["benchmarks/host_spec_step_bench.py", "--batch", "8", "--steps", "3", "--repeats", "2",
                   "--out", str(out)], tmp_path)
-    assert "batch 8, final_only outputs, fixed:7, gc as-is: host step" in stdout
+    assert "batch 8, final_only outputs, fixed:7, gc as-is, accepted 0-4: host step" in stdout
     d = json.loads(out.read_text())
     assert len(d["runs_ms"]) == 2 and all(ms > 0 for ms in d["runs_ms"])
     assert min(d["runs_ms"]) <= d["median_ms"] <= max(d["runs_ms"])
+    stdout = run(["benchmarks/host_spec_step_bench.py", "--batch", "8", "--steps", "3", "--repeats", "1",
+                  "--accepted", "4", "--out", str(out)], tmp_path)
+    d = json.loads(out.read_text())
+    assert "accepted 4: host step" in stdout and d["args"]["accepted"] == 4
+    assert d["mean_accepted_length"] == 5.0  # every drafting request took 4 drafts and the bonus
 
 
 def test_mixed_step_profile_on_a_micro_shape(tmp_path):
