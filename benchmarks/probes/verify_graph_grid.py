@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaspec import LLM  # noqa: E402
 from adaspec.spec_decode.cost_model import _time_table, verify_grid  # noqa: E402
-from adaspec.spec_decode.profiler import _dummy_steps  # noqa: E402
+from adaspec.spec_decode.profiler import _dummy_context, _dummy_steps  # noqa: E402
 from qwen3_shapes import write_preset_shape  # noqa: E402
 
 # run 76's held-out conditional acceptance at T = 1 (the stand-in drafter's curve: timing only)
@@ -64,10 +64,9 @@ def main():
     if g is None or not g.verify_graphs:
         raise SystemExit("verify_graph_grid.py: this engine captured no verify graphs (CUDA graphs off?)")
     k = decoder.num_spec_tokens
-    verify, _, _, ctx = _dummy_steps(engine, decoder)
+    verify, _, _, _ = _dummy_steps(engine, decoder)
+    ctx, table_blocks = _dummy_context(engine, decoder)  # what the profile's dummy requests read
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
-    bs = engine.config.block_size
-    table_blocks = [i % engine.num_blocks for i in range(-(-(ctx + k + 1) // bs))]
     keys = sorted(key for key in g.verify_graphs if key[1] > 1)  # drafting steps verify q > 1 tokens a row
 
     distinct = torch.arange(args.max_num_seqs * len(table_blocks), dtype=torch.int32).view(args.max_num_seqs, -1)
