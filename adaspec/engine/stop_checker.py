@@ -151,10 +151,10 @@ class StopChecker:
         # a finished request (or one with stop strings) gets the whole output decoded once
         text = self._decode(seq)
         if seq.finish_reason is None:
-            # hold back what may still turn into a stop string, and an unfinished UTF-8 sequence
-            hold = partial_stop_suffix(text, seq.params.stop) if seq.params.stop else 0
-            stable = text[: len(text) - hold]
-            stable = stable.rstrip("\ufffd")
+            # hold back an unfinished UTF-8 sequence, then what may still turn into a stop string
+            # (in that order: a tail that ends in half a character matches no stop string's start)
+            stable = text.rstrip("\ufffd")
+            stable = stable[: len(stable) - partial_stop_suffix(stable, seq.params.stop)] if seq.params.stop else stable
             if len(stable) >= len(seq.output_text):
                 seq.output_text = stable
         else:

@@ -2,7 +2,7 @@
 ends every request exactly where the token-by-token path does: same tokens kept, same finish
 reason and stop reason, same count, same final text."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from adaspec.engine.sequence import Sequence
 from adaspec.engine.stop_checker import StopChecker
@@ -68,3 +68,35 @@ def test_the_token_that_stops_a_request_is_no_part_of_its_text(kind, include):
         checker.append(seq, [word, last, word])
         assert seq.output_token_ids == [word, last] and seq.finish_reason == "stop"
         assert seq.output_text == tok.decode([word, last] if include else [word], skip_special_tokens=False)
+
+
+# " é" in the tiny tokenizer: a space, then the two bytes of "é" as two tokens (the first alone
+# decodes to U+FFFD); "世" is three byte tokens
+_PIECES = {"sp": [224], "e1": [131], "e2": [106], "x": [300], "w1": [142], "w2": [120], "w3": [248]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.sampled_from(sorted(_PIECES)), min_size=1, max_size=14),
+       stops=st.lists(st.sampled_from(["é é", "é", " é", "é x", "世"]), min_size=1, max_size=2),
+       chunk=st.integers(1, 3))
+@example(pieces=["sp", "e1", "e2", "sp", "e1", "e2"], stops=["é é"], chunk=1)  # ' é \ufffd' held nothing back
+def test_streamed_text_with_stop_strings_only_grows(pieces, stops, chunk):
+    """A client shown a request's text step by step never sees text taken back: what may still
+    become a stop string is held back even while the text ends in half a character (the held tail
+    was once measured before the half character was stripped, so ' é' went out, then ' ')."""
+    tok = Tokenizer.from_dir(resolve_model_path("tiny"))
+    assert tok.decode([224, 131, 106]) == " é" and tok.decode([224, 131]).endswith("\ufffd")
+    ids = [t for p in pieces for t in _PIECES[p]]
+    params = SamplingParams(max_tokens=64, stop=stops, ignore_eos=True, output_kind=RequestOutputKind.CUMULATIVE)
+    seq, checker, shown = _seq(3, [], params), StopChecker(tok, 256), ""
+    for i in range(0, len(ids), chunk):  # several tokens a step, as speculative steps append
+        checker.append(seq, ids[i:i + chunk])
+        assert seq.output_text.startswith(shown), (shown, seq.output_text)
+        shown = seq.output_text
+        if seq.finish_reason is not None:
+            break
+    whole = tok.decode(ids)
+    if seq.finish_reason is None:  # no stop string in it: all but a possible stop's start is shown
+        assert not any(s in whole for s in stops) and whole.startswith(shown)
+    else:  # cut before the first stop string
+        assert shown == whole[: min(whole.find(s) for s in stops if s in whole)]
