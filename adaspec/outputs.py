@@ -31,7 +31,7 @@ class CompletionOutput:
     text: str  # cumulative text, minus any held-back partial stop-string match
     token_ids: list[int]  # cumulative generated token ids
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
-    stop_reason: int | str | None = None  # the stop string or token id that ended it
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it (None: an end of sequence)
     # one dict per generated token: {token_id: logprob}, chosen token included (Logprob values
     # from LLM.generate, floats from the engine)
     logprobs: list[dict[int, float]] | None = None

@@ -45,7 +45,7 @@ class StopChecker:
                 seq.logprobs.append(logprobs[i])
             appended += 1
             if not p.ignore_eos and tok in self.eos_token_ids:
-                self._finish(seq, "stop", tok)
+                self._finish(seq, "stop", None)  # as vLLM: an end of sequence is no stop_reason
             elif tok in p.stop_token_ids:
                 self._finish(seq, "stop", tok)
             elif p.stop and seq.num_output_tokens > (p.min_tokens or 0) and self._hit_stop_string(seq):
@@ -79,8 +79,9 @@ class StopChecker:
         stops = seq.stop_ids  # end-of-sequence (unless ignored) and the stop tokens
         if stops and not stops.isdisjoint(tokens[:n]):  # a stop token at or before the length limit wins
             for i in range(n):
-                if tokens[i] in stops:
-                    n, reason, stop_tok = i + 1, "stop", tokens[i]
+                if tokens[i] in stops:  # an end of sequence first, as the token-by-token path checks
+                    eos = not seq.params.ignore_eos and tokens[i] in self.eos_token_ids
+                    n, reason, stop_tok = i + 1, "stop", None if eos else tokens[i]
                     break
         seq.token_ids.extend(tokens[:n])
         # such a request has no text stream and no stop strings: its text, if kept at all, is only
@@ -167,5 +168,6 @@ class StopChecker:
 
 
 def stopped_by_token(finish_reason: str | None, stop_reason) -> bool:
-    """Whether a request ended on an end-of-sequence or stop token (its last token), not a stop string."""
-    return finish_reason == "stop" and isinstance(stop_reason, int)
+    """Whether a request ended on an end-of-sequence (stop_reason None) or stop token (its id), its
+    last token, rather than on a stop string."""
+    return finish_reason == "stop" and not isinstance(stop_reason, str)

@@ -29,7 +29,7 @@ def _both(checker, prompt_len, generated, tokens, params):
 @settings(max_examples=400, deadline=None)
 @given(prompt_len=st.integers(1, 6), generated=st.lists(st.integers(0, 6), max_size=5),
        tokens=st.lists(st.integers(0, 6), max_size=9), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
-       max_model_len=st.integers(2, 24), ignore_eos=st.booleans(), stops=st.lists(st.integers(3, 6), max_size=2))
+       max_model_len=st.integers(2, 24), ignore_eos=st.booleans(), stops=st.lists(st.integers(2, 6), max_size=2))
 def test_the_whole_list_path_ends_where_the_token_by_token_path_does(prompt_len, generated, tokens, max_tokens,
                                                                        max_model_len, ignore_eos, stops):
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stops,
@@ -100,3 +100,18 @@ def test_streamed_text_with_stop_strings_only_grows(pieces, stops, chunk):
         assert not any(s in whole for s in stops) and whole.startswith(shown)
     else:  # cut before the first stop string
         assert shown == whole[: min(whole.find(s) for s in stops if s in whole)]
+
+
+@pytest.mark.parametrize("plain", [True, False])  # the whole-list path, and the token-by-token one (logprobs)
+@pytest.mark.parametrize("ignore_eos, stops, want", [
+    (False, [], None),  # as vLLM: an end of sequence ends it with no stop_reason
+    (False, [EOS], None),  # the end of sequence is checked first
+    (True, [EOS], EOS),  # ignored, it is one of the stop tokens
+    (False, [5], 5),
+])
+def test_stop_reason_is_the_stop_token_and_none_for_an_end_of_sequence(plain, ignore_eos, stops, want):
+    params = SamplingParams(max_tokens=10, ignore_eos=ignore_eos, stop_token_ids=stops,
+                            logprobs=None if plain else 0, output_kind=RequestOutputKind.FINAL_ONLY)
+    seq = _seq(2, [], params)
+    StopChecker(None, 64, eos_token_ids={EOS}).append(seq, [4, 5 if stops == [5] else EOS, 6])
+    assert (seq.finish_reason, seq.stop_reason, seq.output_token_ids) == ("stop", want, [4, seq.output_token_ids[1]])
