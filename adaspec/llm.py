@@ -123,7 +123,7 @@ class LLM:
         for out, p in zip(outs, params):
             for comp in out.outputs:
                 if comp.logprobs is not None:
-                    self._vllm_logprobs(comp, p.logprobs, p.greedy)
+                    self._vllm_logprobs(comp, p.logprobs, p.greedy and not p.rules_may_move_argmax)
             if out.prompt_logprobs is not None:
                 self._vllm_prompt_logprobs(out)
         return outs
@@ -142,26 +142,34 @@ class LLM:
         tok = self.llm_engine.tokenizer
         return tok.decode([tid], skip_special_tokens=False) if tok is not None else f"token_id:{tid}"
 
-    def _vllm_logprobs(self, comp, top_n: int, greedy: bool = False) -> None:
+    def _vllm_logprobs(self, comp, top_n: int, argmax_is_chosen: bool = False) -> None:
         """A completion's logprob dicts as vLLM's LLM returns them: Logprob values with their rank
         and decoded token, and its cumulative_logprob. Each dict holds the vocabulary's top_n, whose
-        ranks are exact, and the chosen token, an entry of its own when outside them: rank 1 when
-        greedy (the argmax), else None (not computed)."""
+        ranks are exact, and the chosen token, an entry of its own when outside them (chosen_rank)."""
         from adaspec.outputs import Logprob
 
-        tok = self.llm_engine.tokenizer
-
-        def text(tid: int) -> str:
-            return tok.decode([tid], skip_special_tokens=False) if tok is not None else f"token_id:{tid}"
-
+        text = self._token_text
         rebuilt, total = [], 0.0
         for chosen, d in zip(comp.token_ids, comp.logprobs):
             outside = len(d) > top_n  # the chosen token is not among the top_n
             top = sorted((t for t in d if not (outside and t == chosen)), key=lambda t: -d[t])
             lp = {t: Logprob(d[t], i + 1, text(t)) for i, t in enumerate(top)}
             if outside:
-                lp[chosen] = Logprob(d[chosen], 1 if greedy else None, text(chosen))
+                rank = chosen_rank(d[chosen], [d[t] for t in top], argmax_is_chosen)
+                lp[chosen] = Logprob(d[chosen], rank, text(chosen))
             rebuilt.append(lp)
             total += d[chosen]
         comp.logprobs, comp.cumulative_logprob = rebuilt, total
 
+
+
+def chosen_rank(chosen_lp: float, top_lps: list[float], argmax_is_chosen: bool) -> int | None:
+    """vLLM's rank (1 + the tokens with a higher logprob) of a chosen token that is no entry of
+    the requested top n (top_lps, descending), where it can be known from them: the chosen token
+    ties or beats the last of them (only the top n can then be above it), or none were asked
+    for and the pick is the argmax (greedy, no rule moving it). None otherwise (not computed)."""
+    if top_lps and chosen_lp >= top_lps[-1]:
+        return 1 + sum(1 for v in top_lps if v > chosen_lp)
+    if not top_lps and argmax_is_chosen:
+        return 1
+    return None

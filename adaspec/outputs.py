@@ -8,7 +8,7 @@ class Logprob(float):
     """vLLM's Logprob (`.logprob`, `.rank`, `.decoded_token`) that is also the float it holds, so
     code written for either shape reads it. LLM.generate returns these; the engine's own outputs
     (what the server reads) keep plain floats. rank: 1 for the likeliest token of the vocabulary;
-    None for a chosen token outside the requested top-n (whose rank was not computed)."""
+    None for a chosen token outside the requested top-n whose rank was not computed (llm.chosen_rank)."""
 
     __slots__ = ("rank", "decoded_token")
 

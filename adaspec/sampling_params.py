@@ -232,6 +232,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def rules_may_move_argmax(self) -> bool:
+        """Whether a logits rule of sample/logits_rules.py may make the target's pick differ from
+        the argmax of its raw logprobs (what logprobs report): penalties, min_tokens, a bias, an
+        allowed set or bad words. min_p cannot, and a grammar's mask shows in the logprobs."""
+        return not (is_neutral(self.repetition_penalty, (1.0,)) and is_neutral(self.presence_penalty, (0.0,))
+                    and is_neutral(self.frequency_penalty, (0.0,)) and not self.min_tokens
+                    and not any((self.logit_bias or {}).values()) and self.allowed_token_ids is None
+                    and not self.bad_words)
+
 
 @dataclass
 class StructuredOutputsParams:

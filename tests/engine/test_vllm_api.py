@@ -2,6 +2,7 @@
 engine arguments): prompt dicts, vLLM's fields adaspec does not implement, neutral engine
 arguments and dtype spellings."""
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from adaspec import LLM, SamplingParams, TextPrompt, TokensPrompt
@@ -158,6 +159,41 @@ def test_logprobs_are_vllm_logprob_objects_that_read_as_floats(llm):
     # logprobs=0 asks for the chosen token only: a greedy one is the argmax, rank 1
     only = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=3, logprobs=0))[0].outputs[0]
     assert [[v.rank for v in d.values()] for d in only.logprobs] == [[1]] * 3
+
+
+@pytest.mark.parametrize("top_n", [0, 1, 2])
+def test_a_greedy_pick_a_rule_moved_is_not_ranked_first(llm, top_n):
+    """Logprobs are the raw model's (before bias and penalties), so a greedy token that a logit
+    bias made the pick is not the raw argmax: its rank is unknown (None), not 1 (it was 1)."""
+    plain = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=1, logprobs=3))[0].outputs[0]
+    low = min(plain.logprobs[0], key=lambda t: plain.logprobs[0][t])  # the 3rd likeliest
+    other = next(t for t in range(50, 400) if t not in plain.logprobs[0])  # outside the raw top 3
+    for forced in (low, other):
+        params = SamplingParams(temperature=0, max_tokens=1, logprobs=top_n, logit_bias={forced: 100.0})
+        d = llm.generate("def f():", params)[0].outputs[0].logprobs[0]
+        ranks = {t: v.rank for t, v in d.items()}
+        # the 3rd likeliest or beyond, outside the top 0-2 asked for, below the last of them
+        assert ranks[forced] is None and list(ranks.values()).count(1) == min(top_n, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-6, 0), min_size=1, max_size=8), top_n=st.integers(0, 4),
+       pick=st.integers(0, 7), argmax=st.booleans())
+def test_chosen_rank_is_vllms_rank_wherever_it_gives_one(values, top_n, pick, argmax):
+    """chosen_rank against the brute-force rank over a whole (small) vocabulary: exact where it
+    answers, and it answers whenever the top n decide it."""
+    from adaspec.llm import chosen_rank
+
+    chosen = pick % len(values)
+    top = sorted((v for i, v in enumerate(values) if i != chosen), reverse=True)[:top_n]
+    if chosen in sorted(range(len(values)), key=lambda i: -values[i])[:top_n]:
+        return  # inside the top n: ranked by its place there, not by chosen_rank
+    truth = 1 + sum(v > values[chosen] for v in values)
+    is_argmax = argmax and truth == 1  # what the engine can know: a greedy pick no rule moved
+    got = chosen_rank(values[chosen], top, is_argmax)
+    assert got is None or got == truth
+    if (top and values[chosen] >= top[-1]) or (not top and is_argmax):
+        assert got == truth
 
 
 def test_the_tokenizer_reads_as_a_transformers_one_where_users_reach_for_it(llm):
