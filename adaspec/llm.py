@@ -90,35 +90,23 @@ class LLM:
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) if isinstance(p, SamplingParams)
                   else p for p in params]
         engine = self.llm_engine
-        ids = []
+        ids, done = [], {}
         try:
             for prompt, p in zip(prompts, params):
                 rid = f"gen-{self._counter}"
                 self._counter += 1
                 engine.add_request(rid, prompt, p)
                 ids.append(rid)
-        except Exception:
+            self._run_to_completion(ids, done, use_tqdm)
+        except BaseException:  # a bad request, the progress bar, Ctrl-C: none of this call's requests go on
             for rid in ids:
                 engine.abort_request(rid)
-            while engine.has_unfinished_requests():
-                engine.step()
+            try:
+                while engine.has_unfinished_requests():  # the aborts' outputs, a step in flight
+                    engine.step()
+            except Exception:  # an engine that failed: the error that stopped this call is the one to see
+                pass
             raise
-        done: dict[str, RequestOutput] = {}
-        bar = None
-        if use_tqdm:  # vLLM's: True, or a tqdm-like class to make the bar with
-            if callable(use_tqdm):
-                make = use_tqdm
-            else:
-                from tqdm import tqdm as make
-            bar = make(total=len(ids), desc="generate", unit="req")
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-                    if bar:
-                        bar.update(1)
-        if bar:
-            bar.close()
         outs = [done[r] for r in ids]
         for out, p in zip(outs, params):
             for comp in out.outputs:
@@ -127,6 +115,25 @@ class LLM:
             if out.prompt_logprobs is not None:
                 self._vllm_prompt_logprobs(out)
         return outs
+
+    def _run_to_completion(self, ids: list[str], done: dict, use_tqdm: bool | Callable) -> None:
+        """Step the engine until it has no work, keeping the finished outputs by request id."""
+        bar = None
+        if use_tqdm:  # vLLM's: True, or a tqdm-like class to make the bar with
+            if callable(use_tqdm):
+                make = use_tqdm
+            else:
+                from tqdm import tqdm as make
+            bar = make(total=len(ids), desc="generate", unit="req")
+        engine = self.llm_engine
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if bar:
+                        bar.update(1)
+        if bar:
+            bar.close()
 
     def _vllm_prompt_logprobs(self, out) -> None:
         """Prompt logprobs as vLLM's Logprob objects: the top-n ranked 1..n, the prompt token with

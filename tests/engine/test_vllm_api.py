@@ -256,6 +256,30 @@ def test_use_tqdm_takes_a_bar_class_as_vllm_does(llm):
     assert made == [{"total": 2, "desc": "generate", "unit": "req"}, 2]
 
 
+@pytest.mark.parametrize("fails_in", ["bar", "update"])
+def test_a_generate_call_that_fails_leaves_no_request_running(llm, fails_in):
+    """An exception out of a generate call (here its progress bar, as a Ctrl-C would) aborts the
+    call's requests: the next call does not first run them to their end (it did)."""
+    class Interrupted(Exception):
+        pass
+
+    class Bar:
+        def __init__(self, **kw):
+            if fails_in == "bar":
+                raise Interrupted
+
+        def update(self, k):
+            raise Interrupted
+
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    with pytest.raises(Interrupted):
+        llm.generate(["a", "b", "c", "d"], [SamplingParams(max_tokens=1)] + [long] * 3, use_tqdm=Bar)
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.num_running() == engine.num_waiting() == 0
+    out = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].finish_reason == "length"
+
+
 def test_a_greedy_request_keeps_no_filter():
     sp = SamplingParams(temperature=0, top_p=0.5, top_k=3)
     assert (sp.temperature, sp.top_p, sp.top_k) == (0.0, 1.0, 0)
