@@ -3,6 +3,7 @@
 documented way to pass token ids since its `prompt_token_ids=` keyword went away."""
 from __future__ import annotations
 
+import numbers
 from typing import TypedDict
 
 from adaspec.errors import InvalidRequestError
@@ -37,4 +38,4 @@ def prompt_of(p) -> str | list[int]:
 def is_single_prompt(prompts) -> bool:
     """A string, a dict, or a list of token ids is one prompt; anything else a sequence of them."""
     return isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and bool(prompts)
-                                                and isinstance(prompts[0], int))
+                                                and isinstance(prompts[0], numbers.Integral))  # numpy's too

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass
 
 from adaspec.errors import InvalidRequestError
@@ -99,7 +100,7 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = [as_int(t) for t in self.stop_token_ids or []]
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -311,6 +312,22 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         return next(k for k in self.KINDS if getattr(self, k) is not None and getattr(self, k) is not False)
+
+
+def as_int(value):
+    """An integer of any integral type (numpy's too) as a Python int; anything else (a bool among
+    them) as it is, for the validation to name."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value) is not int:
+        return int(value)
+    return value
+
+
+def token_ids(values) -> list[int] | None:
+    """A list or tuple of integers (numpy's too, as a list of them converts) as Python ints, else None."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    ids = [as_int(t) for t in values]
+    return ids if all(type(t) is int for t in ids) else None
 
 
 def token_id(key) -> int | None:

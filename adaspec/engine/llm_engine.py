@@ -35,7 +35,7 @@ from adaspec.sample.batch import SamplingBatch, SamplingBatchCache
 from adaspec.sample.logits_rules import LogitsRule, apply_logits_rules, logits_with_rules, rows_of
 from adaspec.sample.probs import logprobs_of
 from adaspec.sample.random import SAMPLE, keyed_uniforms, new_seeds, sample_categorical
-from adaspec.sampling_params import RequestOutputKind, SamplingParams, truncated_prompt
+from adaspec.sampling_params import RequestOutputKind, SamplingParams, token_ids, truncated_prompt
 
 log = logging.getLogger("adaspec.engine")
 # the clock step() is timed with (EngineStats.time_in_steps); tests give a fake one
@@ -385,10 +385,11 @@ class LLMEngine:
         if self.tokenizer is None and params.stop:
             raise InvalidRequestError("stop strings need a tokenizer, and this engine runs with "
                                       "skip_tokenizer_init=True: use stop_token_ids instead", param="stop")
+        given_ids = None if isinstance(prompt, str) else token_ids(prompt)  # numpy integers taken too
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)  # a BOS, as vLLM
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            text, ids = None, list(prompt)
+        elif given_ids is not None:
+            text, ids = None, given_ids
             vocab = self.model_config.vocab_size
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:

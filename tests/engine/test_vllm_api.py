@@ -300,3 +300,23 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens():
         with pytest.raises(InvalidRequestError, match="truncate_prompt_tokens must be") as e:
             SamplingParams(truncate_prompt_tokens=bad)
         assert e.value.param == "truncate_prompt_tokens"
+
+
+def test_numpy_integers_are_token_ids(llm):
+    """Token ids out of numpy (a list of np.int64, as `list(array)` gives) are taken as ints, in
+    the prompt and in stop_token_ids; bools and floats stay refused."""
+    import numpy as np
+
+    greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    ref = llm.generate([[5, 6, 7]], SamplingParams(**greedy), use_tqdm=False)[0]
+    stop = ref.outputs[0].token_ids[1]
+    got = llm.generate(list(np.array([5, 6, 7])), SamplingParams(**greedy, stop_token_ids=list(np.array([stop]))),
+                       use_tqdm=False)[0]
+    assert got.prompt_token_ids == [5, 6, 7] and all(type(t) is int for t in got.prompt_token_ids)
+    cut = ref.outputs[0].token_ids.index(stop) + 1
+    assert got.outputs[0].token_ids == ref.outputs[0].token_ids[:cut] and got.outputs[0].stop_reason == stop
+    for bad in ([True, 2], [1.0, 2]):
+        with pytest.raises(InvalidRequestError, match="list of token ids"):
+            llm.generate([bad], SamplingParams(max_tokens=1), use_tqdm=False)
+    with pytest.raises(InvalidRequestError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=[np.float64(3.0)])
