@@ -245,7 +245,7 @@ def _engine_main(factory: Callable[[], Any], conns, log_level: int = logging.INF
 class _Client:
     """One API server's pipe as the child sees it: what it has been sent, what waits for it."""
 
-    __slots__ = ("conn", "outbox", "acks", "unanswered", "steps_seen")
+    __slots__ = ("conn", "outbox", "acks", "unanswered", "steps_seen", "counts_seen")
 
     def __init__(self, conn):
         self.conn = conn
@@ -253,6 +253,7 @@ class _Client:
         self.acks: list[tuple] = []
         self.unanswered = 0  # batches sent that this server has not asked "more" after yet
         self.steps_seen = None  # the engine's step count in the last snapshot sent
+        self.counts_seen = (0, 0)  # the engine's (running, waiting) in the last snapshot sent
 
     def due(self) -> bool:
         """Acks go at once (a request's first token waits on its ack), news when the server is ready."""
@@ -321,14 +322,19 @@ def serve_engine(engine, conns) -> None:
                     return
             snapshot = None
             steps = getattr(engine.stats, "num_steps", None)
+            counts = (engine.num_running(), engine.num_waiting())
             for client in list(clients):  # (a server whose pipe broke is dropped from clients)
                 # with several servers each gets every step's snapshot (once it has asked for more),
                 # even when the step had no news for it: the first adds the engine's counters to the
-                # metrics (metrics.py), and each checks --max-queue against the engine's waiting count
-                stale = len(clients) > 1 and client.unanswered <= 0 and client.steps_seen != steps
+                # metrics (metrics.py), and each checks --max-queue against the engine's waiting count.
+                # Any server gets one when the counts moved without news for it (its own requests
+                # aborted, e.g. clients that went away): else its --max-queue check and its gauges
+                # kept the old counts, and a full queue refused every request while the engine idled
+                stale = client.unanswered <= 0 and ((len(clients) > 1 and client.steps_seen != steps)
+                                                    or client.counts_seen != counts)
                 if client.due() or stale:
                     snapshot = snapshot or EngineSnapshot.of(engine)
-                    client.steps_seen = steps
+                    client.steps_seen, client.counts_seen = steps, (snapshot.running, snapshot.waiting)
                     acks, client.acks = client.acks, []
                     try:
                         client.conn.send(("batch", acks, client.outbox.take(), snapshot))

@@ -100,6 +100,55 @@ def test_a_killed_engine_process_fails_open_requests_and_ends_the_server(tmp_pat
         s.close()
 
 
+def test_requests_whose_clients_left_free_the_queue_for_new_ones(tmp_path):
+    """Streams dropped by their clients are aborted in the engine without news to send back: the
+    server must still learn the engine's new counts, or --max-queue (checked against them) refused
+    every later request with 503 while the engine idled, and the gauges kept the old counts."""
+    import json
+    import socket
+
+    long_micro = str(testing.make_micro_model_dir(tmp_path / "micro", max_position_embeddings=4096))
+    s = _server(long_micro, {"max_model_len": 4096, "num_kv_blocks": 260, "max_num_seqs": 1}, max_queue=1)
+    host, port = s.url.split("//")[1].split(":")
+    socks = []
+
+    def until(pred, what):
+        deadline = time.monotonic() + 60  # a bound on a hang only
+        while not pred() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pred(), what
+
+    try:
+        body = json.dumps({"model": "micro", "prompt": "x", "max_tokens": 4000, "ignore_eos": True,
+                           "stream": True}).encode()
+        for _ in range(2):  # one runs, one waits: the queue of 1 is full
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            socks.append(sock)
+        until(lambda: s.engine_thread.waiting_estimate() == 1, "the second request waits")
+        r = httpx.post(s.url + "/v1/completions", json={"model": "micro", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 503
+        for sock in socks:
+            sock.close()
+        until(lambda: s.engine(request_counts) == (0, 0, False), "both aborted in the engine")
+
+        def gauges():
+            return {line.split("{")[0]: float(line.split()[-1]) for line in httpx.get(s.url + "/metrics").text.splitlines()
+                    if line.startswith(("adaspec:num_requests_running{", "adaspec:num_requests_waiting{"))}
+
+        # before any new request (whose news would bring fresh counts anyway)
+        until(lambda: s.engine_thread.waiting_estimate() == 0, "the server sees the queue empty")
+        until(lambda: gauges() == {"adaspec:num_requests_running": 0.0, "adaspec:num_requests_waiting": 0.0},
+              "the gauges follow the engine")
+        r = httpx.post(s.url + "/v1/completions", json={"model": "micro", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    finally:
+        for sock in socks:
+            sock.close()
+        s.close()
+
+
 def test_a_load_error_in_the_engine_process_is_raised_by_start(tmp_path):
     from adaspec.config import EngineConfig
     from adaspec.serve.cli import build_engine

@@ -131,7 +131,7 @@ def test_an_add_is_acknowledged_at_once_even_while_news_waits(child):
     assert {r[0] for r in msg[2]} <= {"r1", "r2"}
 
 
-def test_an_aborted_request_sends_nothing_more():
+def test_an_aborted_request_sends_nothing_more_but_the_counts():
     child = _Child(max_num_seqs=4, max_model_len=1 << 20, num_kv_blocks=1 << 16)
     try:  # long enough to be running still when the abort comes (a call is answered between steps)
         child.conn.send(("add", "r1", FakeTokenizer().encode("a"), SamplingParams(max_tokens=1 << 19), 0.0))
@@ -139,6 +139,11 @@ def test_an_aborted_request_sends_nothing_more():
         assert child.call(UNFINISHED) is True  # a step or more of news pending
         child.conn.send(("abort", "r1"))
         child.wait_finished()
+        child.conn.send(("more",))
+        # no news of r1, but the engine's counts moved since the last batch: the server's queue
+        # check and gauges need them (else a full queue stayed full), so one batch of them comes
+        kind, acks, records, snapshot = child.recv()
+        assert (kind, acks, records, snapshot.running, snapshot.waiting) == ("batch", [], [], 0, 0)
         child.conn.send(("more",))
         # a call is answered while its loop turn runs, before that turn's batch would go out: the
         # second reply comes after anything the first one's turn sent
