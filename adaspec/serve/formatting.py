@@ -55,6 +55,14 @@ class LogprobFormatter:
     def _top(self, d: dict[int, float]) -> list[tuple[int, float]]:
         return sorted(d.items(), key=lambda kv: -kv[1])[: self.top_n]
 
+    def _top_and_chosen(self, d: dict[int, float], tid: int) -> list[tuple[int, float]]:
+        """The top n and the chosen token: OpenAI's completions "always return the logprob of the
+        sampled token, so there may be up to logprobs+1 elements" (vLLM's too; logprobs=0 gives it alone)."""
+        top = self._top(d)
+        if tid in d and all(t != tid for t, _ in top):
+            top.append((tid, d[tid]))
+        return top
+
     def completion(self, ids: list[int], lps: list[dict[int, float] | None]) -> dict:
         """An entry None (an echoed prompt's first token) has null logprobs, as OpenAI's echo."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -62,7 +70,7 @@ class LogprobFormatter:
             s = self._s(tid)
             out["tokens"].append(s)
             out["token_logprobs"].append(None if d is None else _lp(d.get(tid, _MIN_LOGPROB)))
-            out["top_logprobs"].append(None if d is None else {self._s(t): _lp(v) for t, v in self._top(d)})
+            out["top_logprobs"].append(None if d is None else {self._s(t): _lp(v) for t, v in self._top_and_chosen(d, tid)})
             out["text_offset"].append(self.offset)
             self.offset += len(s)
         return out

@@ -80,6 +80,21 @@ def test_logits_rules_reach_the_engine(client, reference):
     assert r.choices[0].text == ref.outputs[0].text != plain.outputs[0].text
 
 
+def test_completion_top_logprobs_hold_the_sampled_token(client):
+    """OpenAI's completions: "the API will always return the logprob of the sampled token, so there
+    may be up to logprobs+1 elements" (vLLM's too): logprobs=0 gives the sampled token alone, and a
+    sampled token outside the top n is an entry beside them (it was left out)."""
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
+    assert [d[t] for d, t in zip(lp.top_logprobs, lp.tokens)] == lp.token_logprobs
+    r = client.completions.create(model="micro", prompt=PROMPTS[0], max_tokens=40, temperature=5.0, seed=3,
+                                  logprobs=1, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert all(t in d and 1 <= len(d) <= 2 for d, t in zip(lp.top_logprobs, lp.tokens))
+    assert any(len(d) == 2 for d in lp.top_logprobs), "at T = 5 some sampled token is not the likeliest"
+
+
 def test_echo_and_prompt_logprobs_match_llm_generate(client, real_server, reference):
     """Completions' echo (the prompt's text, tokens and logprobs before the completion's; the first
     token's logprob null), echo with max_tokens 0 (the prompt alone), and vLLM's prompt_logprobs
