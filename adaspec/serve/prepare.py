@@ -97,9 +97,12 @@ def _check_length(state: ServeState, n_prompt: int, max_tokens: int | None, para
                    f"completion). Reduce the prompt or {max_tokens_param}.", max_tokens_param, "context_length_exceeded")
 
 
-def _check_text_length(state: ServeState, text: str, param: str) -> None:
+def _check_text_length(state: ServeState, text: str, param: str, truncated: bool = False) -> None:
+    """Refuse a text no tokenization of which fits, before tokenizing it; not one that
+    truncate_prompt_tokens will cut (vLLM truncates, then checks the length; the body's size cap
+    still bounds the text)."""
     bound = state.prompt_bound
-    if bound is not None and bound.cannot_fit(text, state.max_model_len):
+    if not truncated and bound is not None and bound.cannot_fit(text, state.max_model_len):
         raise _bad(f"This model's maximum context length is {state.max_model_len} tokens, and your prompt has "
                    f"{len(text)} characters: more than any tokenization of it could fit. Shorten the prompt.",
                    param, "context_length_exceeded")
@@ -219,12 +222,14 @@ def _with_param(make, param: str):
         raise InvalidRequestError(f"{param}: {e}", param=param) from None
 
 
-def completion_prompt_ids(state: ServeState, prompt, add_special_tokens: bool | None = None) -> list[int]:
+def completion_prompt_ids(state: ServeState, prompt, add_special_tokens: bool | None = None,
+                          truncated: bool = False) -> list[int]:
     """One prompt (a string or token ids) -> token ids. A text prompt gets the tokenizer's special
-    tokens (a Llama tokenizer's BOS) unless add_special_tokens is False, as vLLM's completions."""
+    tokens (a Llama tokenizer's BOS) unless add_special_tokens is False, as vLLM's completions.
+    truncated: truncate_prompt_tokens will cut the ids (_check_text_length)."""
     if isinstance(prompt, str):
         _need_tokenizer(state, "tokenize a text prompt", "prompt")
-        _check_text_length(state, prompt, "prompt")
+        _check_text_length(state, prompt, "prompt", truncated)
         special = add_special_tokens is not False
         return list(_tok(lambda: state.tokenizer.encode(prompt, add_special_tokens=special), "prompt",
                          "tokenize the prompt"))
@@ -233,13 +238,14 @@ def completion_prompt_ids(state: ServeState, prompt, add_special_tokens: bool | 
     return ids
 
 
-def completion_prompts(state: ServeState, prompt, add_special_tokens: bool | None = None) -> list[list[int]]:
+def completion_prompts(state: ServeState, prompt, add_special_tokens: bool | None = None,
+                       truncated: bool = False) -> list[list[int]]:
     """The ``prompt`` field -> one token-id list per prompt (a list of strings or of id lists is a batch)."""
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) > MAX_BATCH:
             raise _bad(f"At most {MAX_BATCH} prompts per request, got {len(prompt)}.", "prompt")
-        return [completion_prompt_ids(state, p, add_special_tokens) for p in prompt]
-    return [completion_prompt_ids(state, prompt, add_special_tokens)]
+        return [completion_prompt_ids(state, p, add_special_tokens, truncated) for p in prompt]
+    return [completion_prompt_ids(state, prompt, add_special_tokens, truncated)]
 
 
 def _check_choices(num_prompts: int, n: int) -> None:
@@ -276,7 +282,8 @@ def prepare_completion(state: ServeState, req: CompletionRequest
     if len(batch) <= MAX_BATCH:  # before the prompts are tokenized (a longer batch is refused there)
         _check_choices(len(batch), params.n)
     prompts = [truncated_prompt(ids, params, state.max_model_len)
-               for ids in completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"))]
+               for ids in completion_prompts(state, req.prompt, _flag(req.add_special_tokens, "add_special_tokens"),
+                                             params.truncate_prompt_tokens is not None)]
     for ids in prompts:
         _check_length(state, len(ids), params.max_tokens, "prompt")
     if not echo:
@@ -300,7 +307,8 @@ def chat_request_ids(state: ServeState, req, tools: list[dict] | None) -> list[i
     return chat_request_prompt(state, req, tools)[0]
 
 
-def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tuple[list[int], str]:
+def chat_request_prompt(state: ServeState, req, tools: list[dict] | None,
+                        truncated: bool = False) -> tuple[list[int], str]:
     """A chat or /tokenize request's messages through the chat template -> (token ids, text). The
     template writes the special tokens, so none are added unless add_special_tokens is true (vLLM's
     chat default). The template sees add_generation_prompt (default true, but false under
@@ -311,7 +319,7 @@ def chat_request_prompt(state: ServeState, req, tools: list[dict] | None) -> tup
     add = _flag(req.add_generation_prompt, "add_generation_prompt")
     cont = _flag(req.continue_final_message, "continue_final_message")
     text = _render_chat(state, req, tools, add is not False and not (cont and add is None))
-    _check_text_length(state, text, "messages")
+    _check_text_length(state, text, "messages", truncated)
     special = bool(_flag(req.add_special_tokens, "add_special_tokens"))
     return list(_tok(lambda: state.tokenizer.encode(text, add_special_tokens=special), "messages",
                      "tokenize the messages")), text
@@ -391,7 +399,7 @@ def prepare_chat(state: ServeState, req: ChatCompletionRequest) -> tuple[list[in
         # parser turns them on so)
         params.skip_special_tokens = False
     _check_choices(1, params.n)
-    ids, text = chat_request_prompt(state, req, tools.template_tools)
+    ids, text = chat_request_prompt(state, req, tools.template_tools, params.truncate_prompt_tokens is not None)
     ids = truncated_prompt(ids, params, state.max_model_len)
     _check_length(state, len(ids), params.max_tokens, "messages",
                   "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")

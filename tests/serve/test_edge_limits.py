@@ -126,6 +126,19 @@ def test_a_text_that_cannot_fit_is_refused_without_tokenizing_it(recording, path
     assert httpx.post(s.url + "/tokenize", json={"prompt": "y" * 64}).status_code == 200  # (tokenize has no limit)
 
 
+@pytest.mark.parametrize("path, body", [
+    (C, {"prompt": "y" * 100_000}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 100_000}]}),
+])
+def test_a_text_truncate_prompt_tokens_cuts_is_not_refused_for_its_length(recording, path, body):
+    """vLLM truncates first, then checks the length: the text bound (no tokenization could fit)
+    must not refuse a prompt that truncate_prompt_tokens will cut to fit (it did, with a 400)."""
+    s, tok = recording
+    r = httpx.post(s.url + path, json={**body, "max_tokens": 2, "truncate_prompt_tokens": 20}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 20
+
+
 def test_tokenizing_a_large_body_does_not_block_the_event_loop(recording):
     s, tok = recording
     tok.gate = threading.Event()
