@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from adaspec.errors import InvalidRequestError
 
@@ -115,6 +116,14 @@ def install_handlers(app: FastAPI) -> None:
         if e.status_code == 404:
             msg = f"Not found: {request.method} {request.url.path}"
         return error_response(e.status_code, msg, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect):
+        # the client closed the connection before its body was in: no error of the server's, and
+        # nobody reads the answer (499: nginx's "client closed request"), so one quiet log line,
+        # not an internal error's tracebacks that any client could flood the log with
+        log.info("client went away during %s %s before its body arrived", request.method, request.url.path)
+        return error_response(499, "The client closed the connection before sending the whole body.")
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):

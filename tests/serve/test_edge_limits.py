@@ -185,3 +185,28 @@ def test_only_a_large_body_goes_to_a_worker_thread(recording, monkeypatch, size,
     r = httpx.post(s.url + C, content=_padded({"prompt": "yy", "max_tokens": 2}, size), headers=JSON, timeout=60)
     assert r.status_code == 200, r.text
     assert tok.encoded == [2] and len(calls) == hops, calls
+
+
+def test_a_client_that_leaves_mid_body_is_no_internal_error(caplog):
+    """A client that closes its connection before the whole body arrived is logged as such, once,
+    not as an internal error with tracebacks (any client could flood the error log so)."""
+    import logging
+    import socket
+    import time
+
+    s = LiveServer(lambda: FakeEngine(), names=("fake",))
+    try:
+        with caplog.at_level(logging.INFO):
+            host, port = s.url.split("//")[1].split(":")
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\":")
+            sock.close()  # after the headers and part of the body: the app is reading the rest
+            deadline = time.monotonic() + 30  # a bound on a hang only
+            while not any("went away" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert httpx.get(s.url + "/health").status_code == 200
+        assert any("went away" in r.getMessage() for r in caplog.records)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    finally:
+        s.close()
