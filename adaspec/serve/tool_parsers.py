@@ -143,8 +143,9 @@ class JsonCalls(ToolCallParser):
     """Calls as JSON objects {"name": str, ARGUMENT_KEYS[0] (or the next key): object}, one after
     another: OPEN before the first, SEP between two, CLOSE after the last (None: nothing). Each
     object is a call once complete; what cannot be read so (the text cut short by max_tokens, an
-    object that is no call) is content at the end. ``max_calls``: an object after that many calls
-    is content too. This class reads tool_choice "required"'s array.
+    object that is no call) is content at the end, and with no call at all the content is the text
+    exactly (as HermesCalls'). ``max_calls``: an object after that many calls is content too. This
+    class reads tool_choice "required"'s array.
 
     The text is read once, character by character (an object's end is found by its brace depth
     outside strings, then it is decoded once): a long argument costs time linear in its length."""
@@ -161,8 +162,11 @@ class JsonCalls(ToolCallParser):
         self.obj: list[str] = []  # the object being read
         self.nesting = Nesting('"', "{[", "}]")
         self.rest: list[str] = []  # after a wrong turn: everything from the object or mark that was wrong
+        self.before_calls: list[str] = []  # the text fed while no call was read: the content if none is
 
     def feed(self, text: str) -> Parsed:
+        if self.num_calls == 0:
+            self.before_calls.append(text)
         calls = []
         for i, ch in enumerate(text):
             if self.expect in ("end", "bad"):
@@ -211,6 +215,8 @@ class JsonCalls(ToolCallParser):
         return None if args is None else self._new_call(value["name"], args)
 
     def finish(self) -> Parsed:
+        if self.num_calls == 0:
+            return Parsed(content="".join(self.before_calls))
         rest = "".join(self.obj) + "".join(self.rest)
         return Parsed(content=rest if rest.strip() else "")
 
@@ -248,6 +254,8 @@ class Llama3JsonCalls(JsonCalls):
     def finish(self) -> Parsed:
         if self.mode is None:  # nothing but whitespace or a piece of the tag
             return Parsed(content=self.head)
+        if self.mode == "calls" and self.num_calls == 0:  # the text exactly: the head held what the
+            return Parsed(content=self.head + "".join(self.before_calls[1:]))  # first feed got less of
         return Parsed() if self.mode == "text" else super().finish()
 
 
