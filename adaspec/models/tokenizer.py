@@ -157,7 +157,8 @@ class Tokenizer:
 
     def __getstate__(self) -> dict:
         # the engine process sends its tokenizer to the API servers: compiled templates and the lock stay
-        return {k: v for k, v in self.__dict__.items() if k not in ("_compiled_templates", "_templates_lock")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_compiled_templates", "_templates_lock",
+                                                                    "_token_bytes")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _compiled_templates={}, _templates_lock=threading.Lock())
@@ -208,6 +209,15 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
+
+    def token_bytes(self, i: int) -> bytes:
+        """The token's own bytes, part of a UTF-8 character included (models/token_bytes.py)."""
+        table = self.__dict__.get("_token_bytes")
+        if table is None:
+            from adaspec.models.token_bytes import TokenBytes
+
+            table = self._token_bytes = TokenBytes(self._tok)
+        return table(i)
 
     # -- what code written for a transformers tokenizer (vLLM's get_tokenizer()) reads ------------
     def __len__(self) -> int:

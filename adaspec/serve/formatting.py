@@ -52,6 +52,11 @@ class LogprobFormatter:
         # no tokenizer (--skip-tokenizer-init): vLLM's "token_id:N" spelling of a token
         return self.tok.decode([tid]) if self.tok is not None else f"token_id:{tid}"
 
+    def _bytes(self, tid: int, text: str) -> list[int]:
+        """OpenAI's `bytes`: the token's own (part of a character too, where its text is U+FFFD)."""
+        token_bytes = getattr(self.tok, "token_bytes", None)
+        return list(token_bytes(tid)) if token_bytes is not None else list(text.encode())
+
     def _top(self, d: dict[int, float]) -> list[tuple[int, float]]:
         return sorted(d.items(), key=lambda kv: -kv[1])[: self.top_n]
 
@@ -79,9 +84,9 @@ class LogprobFormatter:
         content = []
         for tid, d in zip(ids, lps):
             s = self._s(tid)
-            content.append({"token": s, "logprob": _lp(d.get(tid, _MIN_LOGPROB)), "bytes": list(s.encode()),
+            content.append({"token": s, "logprob": _lp(d.get(tid, _MIN_LOGPROB)), "bytes": self._bytes(tid, s),
                             "top_logprobs": [{"token": (ts := self._s(t)), "logprob": _lp(v),
-                                              "bytes": list(ts.encode())} for t, v in self._top(d)]})
+                                              "bytes": self._bytes(t, ts)} for t, v in self._top(d)]})
         return {"content": content}
 
 
