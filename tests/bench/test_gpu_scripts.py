@@ -160,7 +160,8 @@ def test_rules_ab_runs_both_trees_and_records_each_ones_commit(tmp_path):
     (old / "adaspec").symlink_to(ROOT / "adaspec")
     out = tmp_path / "out"
     run_script(["benchmarks/gpu_rules_ab.sh"],
-               {"OUT": str(out), "DEVICE": "cpu", "SUITE_S": "300", "OLD_TREE": os.path.relpath(old, ROOT),
+               {"OUT": str(out), "DEVICE": "cpu", "SUITE_S": "300", "SUITE_TESTS": "tests/engine/test_gpu.py",
+                "OLD_TREE": os.path.relpath(old, ROOT),
                 "OLD_SHA": "0ld0001", "NEW_SHA": "new0002",
                 "BENCH_ARGS": "--arms none --variants plain,ruled --requests 2 --max-tokens 8 --repeats 1"}, tmp_path)
     assert returned_files(out) == ["gpu.txt", "gpu_suite.txt", "lr_new.json", "lr_new.txt", "lr_old.json", "lr_old.txt"]
