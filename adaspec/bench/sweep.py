@@ -213,7 +213,10 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
     return m
 
 
-def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path, machine: dict) -> dict:
+def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path, machine: dict,
+               server_alive=None) -> dict:
+    """Runs one point and writes its file. `server_alive` (the sweep's own server): a point during
+    which the server died is written incomplete (`server_died`), so a resume measures it again."""
     bc = BenchConfig(
         base_url=url, model=cfg.model or None, prompts=prompts_for(cfg, c),
         max_concurrency=c, load_phases=cfg.load_phases if c is PHASED else None,
@@ -224,9 +227,13 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path,
         extra={"arm": arm.name, "concurrency": c, "repeat": r},
     )
     res = run_benchmark(bc)
-    # A point where nothing completed says nothing about the arm: keep it for inspection but
-    # not as done, so a rerun measures it again.
-    res["complete"] = res["completed"] > 0
+    # A point where nothing completed says nothing about the arm, and one during which the server
+    # died measured a crash (its requests cut short, or served by a dying process): keep either for
+    # inspection but not as done, so a rerun measures it again.
+    died = server_alive is not None and not server_alive()
+    res["complete"] = res["completed"] > 0 and not died
+    if died:
+        res["server_died"] = True
     # The conditions this point was measured under, with the point: the report reads them from
     # here, so a directory never claims settings a point was not measured with.
     res["conditions"] = {**settings(cfg), "arm": arm_record(cfg, arm), **machine}
@@ -303,11 +310,25 @@ def _run_sweep(cfg: SweepConfig) -> dict:
             server.start()
             cfg.log(f"[{arm.name}] server ready in {server.startup_s:.1f} s")
             url = server.url
+        alive = (lambda: server.proc.poll() is None) if server is not None else None
+
+        def died_error(during: str, kept: bool = True) -> Exception:
+            from adaspec.bench.server import tail
+
+            what = "its point is kept as incomplete" if kept else "no point was written"
+            return ServerStartError(f"server for arm {arm.name} died (code {server.proc.returncode}) {during}; "
+                                    f"{what}, and a resume measures it again:\n{tail(server.log_path)}")
+
         try:
             for c, r in todo:
-                res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), machine)
-                run["points_run"] += 1
                 where = "phases " + format_phases(cfg.load_phases) if c is PHASED else f"C={c}"
+                try:
+                    res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), machine, alive)
+                except BenchError:
+                    if alive is not None and not alive():  # e.g. every warm-up failed because it died
+                        raise died_error(f"during {where} repeat {r + 1}", kept=False) from None
+                    raise
+                run["points_run"] += 1
                 cfg.log(
                     f"[{arm.name}] {where} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
                     f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"
@@ -316,10 +337,8 @@ def _run_sweep(cfg: SweepConfig) -> dict:
                               f"{_f(ph.get('output_throughput'))} tok/s, per-user {_f(ph.get('median_per_user_tok_s'))} tok/s, "
                               f"TTFT p50 {_f(ph.get('median_ttft_ms'))} ms" for ph in res.get("phases") or [])
                 )
-                if server is not None and server.proc.poll() is not None:
-                    from adaspec.bench.server import tail
-
-                    raise ServerStartError(f"server for arm {arm.name} died (code {server.proc.returncode}):\n{tail(server.log_path)}")
+                if res.get("server_died"):
+                    raise died_error(f"during {where} repeat {r + 1}")
         finally:
             if server is not None:
                 server.stop()

@@ -1,0 +1,99 @@
+"""`bench sweep` when things go wrong: a server that dies during a point, a sweep interrupted
+between points, arms whose file names collide, concurrencies added on resume, and code that
+changes between arms. The arms' servers are in-process fakes (no subprocess), so each test is fast."""
+import json
+from pathlib import Path
+
+import pytest
+
+from adaspec.bench import server as server_mod
+from adaspec.bench.cli import sweep_config_from_args
+from adaspec.bench.sweep import run_sweep
+from adaspec.cli import build_parser
+from adaspec.errors import AdaspecError
+
+from .fakeserver import FakeServer, Script
+
+FAST = Script(chunks=[(0.0, "ab", 2), (0.0, "c", 1)], prompt_tokens=4)
+
+
+class FakeProc:
+    def __init__(self, owner):
+        self.owner = owner
+        self.returncode = None
+
+    def poll(self):
+        # "dies" once it has answered `dies_after` completions requests
+        if self.owner.dies_after is not None and len(self.owner.fake.requests) >= self.owner.dies_after:
+            self.returncode = -9
+        return self.returncode
+
+
+class FakeServerProcess:
+    """Stands in for adaspec.bench.server.ServerProcess: an in-process fake OpenAI server."""
+    dies_after = None  # set per test: the server counts as dead after this many requests
+    started: list = []
+    on_start = None  # called with the arm's log path when its server starts (tests hook in there)
+
+    def __init__(self, model, spec_config, log_path, extra_args=None, startup_timeout=600.0, launcher=None):
+        self.model, self.spec_config, self.log_path = model, spec_config, Path(log_path)
+        self.fake = FakeServer({}, default=FAST)
+        self.startup_s = 0.0
+        self.proc = None
+
+    def command_line(self) -> str:
+        return f"fake serve {self.model}"
+
+    def start(self):
+        if FakeServerProcess.on_start:
+            FakeServerProcess.on_start(self.log_path)
+        self.fake.__enter__()
+        self.proc = FakeProc(self)
+        FakeServerProcess.started.append(self)
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.fake.url
+
+    def stop(self, grace: float = 30.0) -> None:
+        if self.proc is not None and self.fake._thread.is_alive():
+            self.fake.__exit__()
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    monkeypatch.setattr(server_mod, "ServerProcess", FakeServerProcess)
+    monkeypatch.setattr(FakeServerProcess, "dies_after", None)
+    monkeypatch.setattr(FakeServerProcess, "started", [])
+    monkeypatch.setattr(FakeServerProcess, "on_start", None)
+    return FakeServerProcess
+
+
+def _cfg(out, *extra, log=None):
+    argv = ["bench", "sweep", "--model", "m0", "--concurrency", "2", "--repeats", "1", "--num-prompts", "4",
+            "--num-warmups", "0", "--dataset", "random", "--tokenizer", "tiny", "--output-len", "8",
+            "--out", str(out), "--disable-tqdm", "--no-report", *extra]
+    if "--arms" not in extra and "--base-url" not in extra:
+        argv += ["--arms", "none"]
+    return sweep_config_from_args(build_parser().parse_args(argv), log=log or (lambda *a: None))
+
+
+def _point(out, name):
+    return json.loads((Path(out) / "points" / name).read_text())
+
+
+def test_a_point_during_which_the_server_died_is_incomplete_and_measured_again(tmp_path, fake_servers):
+    out = tmp_path / "o"
+    fake_servers.dies_after = 2  # dies after 2 of the point's 4 requests were answered (all 4 completed)
+    with pytest.raises(AdaspecError, match=r"server for arm none died .* during C=2 repeat 1; its point is kept"):
+        run_sweep(_cfg(out))
+    p = _point(out, "none_c2_r0.json")
+    assert p["completed"] == 4 and p["server_died"] is True
+    assert p["complete"] is False, "a point cut short by a crash must not count as measured"
+    # resume with a healthy server: the point is measured again, not skipped
+    fake_servers.dies_after = None
+    run_sweep(_cfg(out))
+    p = _point(out, "none_c2_r0.json")
+    assert p["complete"] is True and "server_died" not in p
+    assert len(fake_servers.started) == 2 and len(fake_servers.started[1].fake.requests) == 4
