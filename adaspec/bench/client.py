@@ -48,6 +48,9 @@ class RequestResult:
     # The stream ended cleanly after a chunk with a finish_reason but sent no `data: [DONE]`
     # (transformers serve does that); complete, and counted so the result says so.
     without_done: bool = False
+    # The stream ended in `data: [DONE]` but no chunk carried a finish_reason: complete (vLLM's
+    # client counts any stream that delivered a chunk), and counted so the result says so.
+    without_finish_reason: bool = False
 
     @property
     def ttft(self) -> float | None:
@@ -131,7 +134,22 @@ async def send_request(
     headers: dict[str, str] | None = None,
     clock: Clock = time.perf_counter,
 ) -> RequestResult:
+    """One streamed request, timed. Never raises: whatever goes wrong (an HTTP error, a broken or
+    odd stream, an error event, a body that is not UTF-8, a usage that is not a number) is this
+    request's failure, with its message in `error`, and the run goes on (as vLLM's client)."""
     r = RequestResult()
+    try:
+        return await _send_request(session, url, payload, endpoint, headers, clock, r)
+    except Exception as e:  # noqa: BLE001
+        r.success = False
+        r.error = r.error or (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        if not r.end_time:
+            r.end_time = clock()
+        return r
+
+
+async def _send_request(session, url: str, payload: dict, endpoint: str, headers, clock: Clock,
+                        r: RequestResult) -> RequestResult:
     texts: list[str] = []
     cum_tokens: list[int | None] = []  # cumulative completion_tokens seen with each choices chunk
     usage: dict | None = None
@@ -141,7 +159,8 @@ async def send_request(
         async with session.post(url, json=payload, headers=headers) as resp:
             r.status = resp.status
             if resp.status != 200:
-                body = (await resp.text())[:300]
+                # bytes, decoded leniently: an error page need not be UTF-8
+                body = (await resp.read()).decode("utf-8", errors="replace")[:300]
                 r.error = f"HTTP {resp.status}: {body}" + refused_field_hint(resp.status, body, payload)
                 return r
             parser = SSEParser()
@@ -157,9 +176,13 @@ async def send_request(
                         data = json.loads(ev)
                     except json.JSONDecodeError:
                         raise RuntimeError(f"malformed SSE data: {ev[:100]!r}") from None
+                    if not isinstance(data, dict):
+                        raise RuntimeError(f"SSE data is not a JSON object: {ev[:100]!r}")
                     if "error" in data:
                         err = data["error"]
                         raise RuntimeError(f"server error in stream: {err.get('message', err) if isinstance(err, dict) else err}")
+                    if data.get("object") == "error":  # older vLLM: {"object": "error", "message": ...}
+                        raise RuntimeError(f"server error in stream: {data.get('message', ev[:200])}")
                     if data.get("usage"):
                         usage = data["usage"]
                     choices = data.get("choices") or []
@@ -178,7 +201,7 @@ async def send_request(
             async for data in resp.content.iter_any():
                 handle(parser.feed(data))
             handle(parser.close())
-    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ConnectionError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever goes wrong in one request fails that request, never the run (as vLLM's client)
         r.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         r.end_time = clock()
         return r
@@ -192,6 +215,8 @@ async def send_request(
             r.error = "stream ended before a finish_reason or data: [DONE]"
             return r
         r.without_done = True  # as vLLM's client: a finished choice ends the stream
+    elif r.finish_reason is None:
+        r.without_finish_reason = True
     if not r.chunk_times:
         r.error = "stream carried no tokens"
         return r

@@ -181,6 +181,9 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
         "usage_missing_requests": sum(r.usage_missing for r in ok),
         # complete streams that ended on a finish_reason without `data: [DONE]` (not failures)
         "streams_without_done": sum(r.without_done for r in ok),
+        # complete streams that ended in `data: [DONE]` with no finish_reason on any chunk (counted
+        # complete, as vLLM's client does; whether the answer was whole, only the server knows)
+        "streams_without_finish_reason": sum(r.without_finish_reason for r in ok),
         "prompt_tokens_missing_requests": sum(r.prompt_tokens is None for r in ok),
         "total_chunks": chunks,
         "mean_tokens_per_chunk": out_tok / chunks if chunks else None,

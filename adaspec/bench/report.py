@@ -186,6 +186,7 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     md += verdict_lines(cells, arms) + [""]
     failed = sum(c.failed for c in cells.values())
     missing = sum(c.usage_missing for c in cells.values())
+    no_finish = sum(int(p.get("streams_without_finish_reason") or 0) for p in points)
     mixed = point_conditions.mixed_settings(points)
     bursts = burst_line({f"{c.arm} at C={c.concurrency}": (c.burst_delivered, c.completed) for c in cells.values()})
     busy = busy_client_line({f"{c.arm} at C={c.concurrency}": c.client_cpu_per_wall for c in cells.values()})
@@ -194,6 +195,8 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
                    "see Conditions; compare only points measured alike."),
         failed_line(failed),
         missing and f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).",
+        no_finish and (f"- {no_finish} streams ended in `data: [DONE]` without a finish_reason on any chunk; counted as "
+                       "complete (as vLLM's client does), though nothing in them said the answer was whole."),
         bursts, busy,
     ])
     return "\n".join(md)

@@ -281,6 +281,9 @@ def format_summary(res: dict) -> str:
                                                                    ("p90_per_user_tok_s", 8), ("median_ttft_ms", 13))))
     if res.get("streams_without_done"):
         lines.append(f"NOTE: {res['streams_without_done']} streams ended on a finish_reason without data: [DONE] (counted as complete)")
+    if res.get("streams_without_finish_reason"):
+        lines.append(f"NOTE: {res['streams_without_finish_reason']} streams ended in data: [DONE] without a finish_reason "
+                     "on any chunk (counted as complete, as vLLM's client does)")
     if res.get("usage_missing_requests"):
         lines.append(f"WARNING: {res['usage_missing_requests']} responses had no usage; their tokens were counted as chunks")
     if res.get("burst_delivered_requests"):
