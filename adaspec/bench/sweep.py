@@ -329,6 +329,8 @@ def _run_sweep(cfg: SweepConfig) -> dict:
                         raise died_error(f"during {where} repeat {r + 1}", kept=False) from None
                     raise
                 run["points_run"] += 1
+                # the record follows each point, so a sweep stopped anywhere says what it measured
+                write_json_atomic(str(mpath), manifest)
                 cfg.log(
                     f"[{arm.name}] {where} repeat {r + 1}/{cfg.repeats}: {res['completed']} ok, {res['failed']} failed, "
                     f"output {_f(res.get('output_throughput'))} tok/s, per-user {_f(res.get('median_per_user_tok_s'))} tok/s"

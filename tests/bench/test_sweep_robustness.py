@@ -97,3 +97,21 @@ def test_a_point_during_which_the_server_died_is_incomplete_and_measured_again(t
     p = _point(out, "none_c2_r0.json")
     assert p["complete"] is True and "server_died" not in p
     assert len(fake_servers.started) == 2 and len(fake_servers.started[1].fake.requests) == 4
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_the_manifest_counts_each_point_as_it_is_written(tmp_path, fake_servers):
+    """An interrupted sweep's manifest once said points_run: 0 (it was written only after each arm)."""
+    out = tmp_path / "o"
+
+    def log(msg):
+        if "C=1 repeat" in msg:
+            raise Interrupt  # as a Ctrl-C right after the first point
+    with pytest.raises(Interrupt):
+        run_sweep(_cfg(out, "--arms", "none,fixed:3", "--concurrency", "1,2", log=log))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["runs"][-1]["points_run"] == 1 and m["runs"][-1]["end"] is None
+    assert [p.name for p in (out / "points").glob("*.json")] == ["none_c1_r0.json"]
