@@ -44,7 +44,7 @@ class Arm:
     @property
     def slug(self) -> str:
         """File-name safe form ("fixed-7")."""
-        return re.sub(r"[^A-Za-z0-9_.-]", "-", self.name)
+        return slug(self.name)
 
     def speculative_config(self, drafter: str | None, temperature: float, extra: dict | None = None) -> dict | None:
         if self.kind == "none":
@@ -109,3 +109,15 @@ def external_arm(name: str) -> Arm:
 
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
+def refuse_slug_collisions(names) -> None:
+    """Two arm names with one file-name form would write the same point and log files (one arm's
+    points taken for the other's): refused, naming both."""
+    seen: dict[str, str] = {}
+    for name in names:
+        s = slug(name)
+        if seen.get(s, name) != name:
+            raise ArmError(f"arms {seen[s]!r} and {name!r} would share the file name {s!r} (points/{s}_c*_r*.json, "
+                           f"logs/{s}.log): rename one of them")
+        seen.setdefault(s, name)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaspec.bench import checkpoint_id, conditions, point_conditions
-from adaspec.bench.arms import Arm, external_arm
+from adaspec.bench.arms import Arm, external_arm, refuse_slug_collisions
 from adaspec.bench.phases import format_phases
 from adaspec.bench.runner import BenchConfig, BenchError, run_benchmark, write_json_atomic
 
@@ -281,6 +281,8 @@ def _run_sweep(cfg: SweepConfig) -> dict:
     if old is None and any((out / "points").glob("*.json")):
         raise BenchError(f"{out / 'points'} holds points but no manifest.json, so their settings are unknown; "
                          "use --force-new or a new --out directory")
+    # the earlier sweep's arms too: a new arm whose files would be an earlier arm's is refused
+    refuse_slug_collisions([a["name"] for a in (old or {}).get("arms", [])] + [a.name for a in cfg.arms])
     manifest = build_manifest(cfg, old)
     machine = {k: manifest[k] for k in ("hardware", "engine_commit", "checkpoints")}
     run = {"start": conditions.now_iso(), "end": None, "points_run": 0, "points_skipped": 0,
@@ -378,6 +380,9 @@ def arms_for(arms_text: str | None, base_urls: dict[str, str]) -> list[Arm]:
     """Arms to run: from --base-url when given (servers we did not start), else from --arms."""
     from adaspec.bench.arms import parse_arms
 
-    if base_urls:
-        return [external_arm(n) for n in base_urls]
-    return parse_arms(arms_text or "none,fixed:1,fixed:3,fixed:7,adaptive:7")
+    from adaspec.bench.arms import refuse_slug_collisions
+
+    arms = [external_arm(n) for n in base_urls] if base_urls else \
+        parse_arms(arms_text or "none,fixed:1,fixed:3,fixed:7,adaptive:7")
+    refuse_slug_collisions(a.name for a in arms)
+    return arms

@@ -115,3 +115,14 @@ def test_the_manifest_counts_each_point_as_it_is_written(tmp_path, fake_servers)
     m = json.loads((out / "manifest.json").read_text())
     assert m["runs"][-1]["points_run"] == 1 and m["runs"][-1]["end"] is None
     assert [p.name for p in (out / "points").glob("*.json")] == ["none_c1_r0.json"]
+
+
+def test_arms_whose_file_names_collide_are_refused_naming_both(tmp_path, fake_servers):
+    with pytest.raises(AdaspecError, match="arms 'a:b' and 'a-b' would share the file name 'a-b'"):
+        _cfg(tmp_path / "o", "--base-url", "a:b=http://127.0.0.1:9", "--base-url", "a-b=http://127.0.0.1:9")
+    # across a resume: an earlier arm's files are not taken for a new arm's
+    with FakeServer({}, default=FAST) as srv:
+        run_sweep(_cfg(tmp_path / "o", "--base-url", f"a:b={srv.url}"))
+        with pytest.raises(AdaspecError, match="arms 'a:b' and 'a-b' would share the file name 'a-b'"):
+            run_sweep(_cfg(tmp_path / "o", "--base-url", f"a-b={srv.url}"))
+    assert _point(tmp_path / "o", "a-b_c2_r0.json")["arm"] == "a:b"
