@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaspec.errors import AdaspecError
+
 # The quantities the report aggregates (keys of one point's result JSON).
 KEYS = [
     "output_throughput",
@@ -55,15 +57,29 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
 
 
+class PointFileError(AdaspecError):
+    """A complete point file without what the report groups points by."""
+
+
 def load_points(out_dir: str | Path) -> list[dict]:
+    """The complete points of a sweep directory; one missing its arm or concurrency (a file not
+    written by a sweep, or edited) is refused naming the file and the key."""
     pts = []
     for p in sorted(Path(out_dir, "points").glob("*.json")):
         try:
             d = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # a torn file from an interrupted run; the sweep redoes it
-        if d.get("complete"):
-            pts.append(d)
+        if not isinstance(d, dict) or not d.get("complete"):
+            continue
+        for key in ("arm", "concurrency"):
+            if key not in d:
+                raise PointFileError(f"{p}: a complete point without the key {key!r} (every point a sweep writes "
+                                     "has it; move the file out of the points folder or add the key)")
+        c = d["concurrency"]
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int)):
+            raise PointFileError(f"{p}: 'concurrency' is {c!r}, not a whole number (or null for a moving load)")
+        pts.append(d)
     return pts
 
 

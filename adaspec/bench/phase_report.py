@@ -80,16 +80,24 @@ def _table(rows: dict[str, Stats | None], arms: list[str], reps: int) -> list[st
 
 def compare(a: Stats, b: Stats) -> dict:
     """How arm a stands against arm b: relative differences (%) and whether each is beyond the
-    spread (a.mean - a.std > b.mean + b.std for 'higher', the mirror for 'lower')."""
+    spread (a.mean - a.std > b.mean + b.std for 'higher', the mirror for 'lower'). Where either arm
+    has fewer than 2 repeats there is no spread to judge by: the side is the means' alone, marked
+    "spread unknown" (never "higher" or "lower" beyond spread)."""
+    from adaspec.bench.report import MIN_REPEATS_FOR_SPREAD
+
+    unknown = min(a.n, b.n) < MIN_REPEATS_FOR_SPREAD
     out = {}
     for key in (THROUGHPUT, SPEED):
         ma, mb = a.mean.get(key), b.mean.get(key)
         if ma is None or mb is None or not mb:
             out[key] = None
             continue
-        sa, sb = a.std.get(key) or 0.0, b.std.get(key) or 0.0
-        side = "higher" if ma - sa > mb + sb else "lower" if ma + sa < mb - sb else "within spread"
-        out[key] = {"pct": 100.0 * (ma - mb) / mb, "side": side}
+        if unknown:
+            side = ("higher" if ma > mb else "lower" if ma < mb else "equal") + ", spread unknown"
+        else:
+            sa, sb = a.std.get(key) or 0.0, b.std.get(key) or 0.0
+            side = "higher" if ma - sa > mb + sb else "lower" if ma + sa < mb - sb else "within spread"
+        out[key] = {"pct": 100.0 * (ma - mb) / mb, "side": side, "spread_unknown": unknown}
     return out
 
 
@@ -102,7 +110,7 @@ def goal_lines(whole: dict[str, Stats], arms: list[str], reps: int) -> list[str]
         return ["- no adaptive arm in this sweep: nothing to hold against the goal."]
     for ad in adaptive:
         verdicts = []
-        met = True
+        met = met_on_means = True
         for other in arms:
             if other == ad or other not in whole or ad not in whole:
                 continue
@@ -110,21 +118,28 @@ def goal_lines(whole: dict[str, Stats], arms: list[str], reps: int) -> list[str]
             t, v = c[THROUGHPUT], c[SPEED]
             if t is None or v is None:
                 verdicts.append(f"`{other}`: not measured")
-                met = False
+                met = met_on_means = False
                 continue
-            ok = t["side"] == "higher" and v["side"] != "lower"
+            on_means = t["side"].startswith("higher") and not v["side"].startswith("lower")
+            ok = on_means and not t["spread_unknown"]
             met &= ok
+            met_on_means &= on_means
+            said = "beats it" if ok else "beats it on the means only" if on_means else "does not beat it"
             verdicts.append(f"`{other}`: output throughput {t['pct']:+.1f}% ({t['side']}), median per-user speed "
-                            f"{v['pct']:+.1f}% ({v['side']}) -> {'beats it' if ok else 'does not beat it'}")
+                            f"{v['pct']:+.1f}% ({v['side']}) -> {said}")
         if not verdicts:
             continue
-        head = (f"- **`{ad}` {'meets' if met else 'does not meet'} the goal** (more output throughput than every other "
+        verdict = "meets" if met else "meets on the means only, not beyond spread," if met_on_means else "does not meet"
+        head = (f"- **`{ad}` {verdict} the goal** (more output throughput than every other "
                 f"arm beyond the spread, at a median per-user speed not lower beyond the spread) over the whole run:")
         lines.append(head)
         lines += [f"  - {v}" for v in verdicts]
     if reps <= 1:
-        lines.append("- With one repeat there is no spread: any difference counts here; rerun with --repeats 3 "
-                     "before drawing conclusions.")
+        lines.append("- With one repeat there is no spread: nothing is beyond spread here, only the means compare; "
+                     "rerun with --repeats 3 before drawing conclusions.")
+    elif any(s.n < 2 for s in whole.values()):
+        lines.append("- An arm with one repeat (a sweep stopped early) has no spread: against it only the means "
+                     "compare (\"spread unknown\").")
     return lines
 
 

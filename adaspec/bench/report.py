@@ -30,10 +30,13 @@ def _num(v: float | None) -> str:
     return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
 
 
-def mean_pm_std(cell: Cell | None, key: str) -> str:
+def mean_pm_std(cell: Cell | None, key: str, reps: int = 0) -> str:
+    """Mean ± std over the cell's repeats; a cell with fewer repeats than `reps` (the sweep's most)
+    says how many it has (an interrupted sweep can be reported)."""
     if cell is None or cell.mean.get(key) is None:
         return "–"
     s = f"{_num(cell.mean[key])} ± {_num(cell.std[key])}" if cell.n > 1 else _num(cell.mean[key])
+    s += f" ({cell.n} of {reps} repeats)" if cell.n < reps else ""
     return s + (f" ({cell.failed} failed)" if cell.failed and key == Y else "")
 
 
@@ -43,12 +46,23 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+# A spread is known from this many repeats on: a cell with fewer has none (its std reads 0), so no
+# dominance "beyond spread" is claimed by or against it.
+MIN_REPEATS_FOR_SPREAD = 2
+
+
 def verdict_lines(cells: dict[tuple[str, int], Cell], arms: list[str]) -> list[str]:
-    """Per concurrency: arms dominated beyond spread, and each arm's distance to the global edge."""
+    """Per concurrency: arms dominated beyond spread, and each arm's distance to the global edge.
+    A cell with fewer than MIN_REPEATS_FOR_SPREAD repeats has no spread: an arm worse on both axes
+    where either side is such a cell is listed apart, never as dominated beyond spread."""
     pts = cell_points(cells)
     edge = pareto_edge(pts)
     on_edge = {p.key for p in edge}
     lines = []
+
+    def known(key) -> bool:
+        return cells[key].n >= MIN_REPEATS_FOR_SPREAD
+
     for c in sorted({k[1] for k in cells}):
         here = [p for p in pts if p.key[1] == c]
         if not here:
@@ -62,10 +76,32 @@ def verdict_lines(cells: dict[tuple[str, int], Cell], arms: list[str]) -> list[s
             gy, gx = edge_gap(p, edge)
             where = "on the edge" if p.key in on_edge else f"{gy:.1f}% below in throughput, {gx:.1f}% below in per-user speed"
             parts.append(f"`{arm}` {where}")
-        doms = [f"`{a}` (by {', '.join(f'`{b[0]}`' for b in by)})" for (a, _), by in dom.items() if by]
+        beyond = {a: [b for b in by if known(a) and known(b)] for a, by in dom.items()}
+        unknown = {a: [b for b in by if not (known(a) and known(b))] for a, by in dom.items()}
+
+        def listed(found):
+            return [f"`{a[0]}` (by {', '.join(f'`{b[0]}`' for b in by)})" for a, by in found.items() if by]
+
+        doms, worse = listed(beyond), listed(unknown)
         head = f"- **C={c}**: dominated beyond spread: {', '.join(doms) if doms else 'none'}."
+        if worse:
+            head += (f" Worse on both axes, spread unknown (a cell with fewer than {MIN_REPEATS_FOR_SPREAD} "
+                     f"repeats): {', '.join(worse)}.")
         lines.append(head + " Distance to the edge: " + "; ".join(parts) + ".")
     return lines
+
+
+def fewer_repeats_line(cells: dict[tuple[str, int], Cell]) -> str | None:
+    """A warning naming the cells with fewer repeats than the sweep's most (e.g. an interrupted sweep)."""
+    reps = max((c.n for c in cells.values()), default=0)
+    short = [c for c in cells.values() if c.n < reps]
+    if not short:
+        return None
+    names = ", ".join(f"{c.arm} at C={c.concurrency} ({c.n})" for c in short)
+    one = any(c.n < MIN_REPEATS_FOR_SPREAD for c in short)
+    return (f"- cells with fewer repeats than the others' {reps}: {names}. Their means rest on fewer runs"
+            + ("; with one repeat a cell has no spread, so no dominance beyond spread is claimed by or against it."
+               if one else "."))
 
 
 def conditions_lines(manifest: dict | None, points: list[dict] | None = None) -> list[str]:
@@ -134,9 +170,9 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
     md += ["## Conditions", ""] + conditions_lines(manifest, points) + [""]
     spread = f"mean ± sample std over {reps} repeats" if reps > 1 else "one repeat, no spread"
     md += [f"## Output throughput (tok/s, {spread})", ""]
-    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), Y) for a in arms] for c in concs]) + [""]
+    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), Y, reps) for a in arms] for c in concs]) + [""]
     md += [f"## Per-user speed (tok/s, median over requests; {spread})", ""]
-    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), X) for a in arms] for c in concs]) + [""]
+    md += table(["C"] + arms, [[str(c)] + [mean_pm_std(cells.get((a, c)), X, reps) for a in arms] for c in concs]) + [""]
     md += ["## Latency (ms, mean over repeats): TTFT p50 / TTFT p99 / ITL p99 (per chunk)", ""]
 
     def lat(cell):
@@ -180,9 +216,9 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
            "by more than both spreads (mean + std < other's mean − std). Distance to the edge: how much "
            "less throughput than the best point at least as fast per user, and how much slower per user "
            "than the best point with at least as much throughput.", ""]
-    if reps <= 1:
-        md += ["With one repeat there is no spread: any difference counts as dominance here, so read "
-               "this verdict as indicative only and rerun with --repeats 3 before drawing conclusions.", ""]
+    if reps < MIN_REPEATS_FOR_SPREAD:
+        md += ["With one repeat there is no spread: no arm is dominated beyond spread here; arms worse on both axes "
+               "are listed as such, to read as indicative only. Rerun with --repeats 3 before drawing conclusions.", ""]
     md += verdict_lines(cells, arms) + [""]
     failed = sum(c.failed for c in cells.values())
     missing = sum(c.usage_missing for c in cells.values())
@@ -194,6 +230,7 @@ def build_markdown(out_dir: Path, manifest: dict | None, points: list[dict], png
         mixed and (f"- the points were measured under different settings ({', '.join(mixed)}): "
                    "see Conditions; compare only points measured alike."),
         failed_line(failed),
+        fewer_repeats_line(cells),
         missing and f"- {missing} responses had no usage chunk; their tokens were counted as chunks (too low under speculation).",
         no_finish and (f"- {no_finish} streams ended in `data: [DONE]` without a finish_reason on any chunk; counted as "
                        "complete (as vLLM's client does), though nothing in them said the answer was whole."),

@@ -250,14 +250,21 @@ def test_phase_report_tables_and_goal_on_known_numbers(tmp_path):
     md = write_report(tmp_path)["markdown"]
     assert "the benchmark client was CPU-bound" in md and "fixed:7 0.97" in md
     # an arm a stopped sweep left with one repeat says so
+    none_r1 = (tmp_path / "points" / "none_phases_r1.json").read_text()
     (tmp_path / "points" / "none_phases_r1.json").unlink()
     md = write_report(tmp_path)["markdown"]
     assert "| `none` (1 of 2 repeats) | 100.0 |" in md
-    # without fixed:7 the goal is met
+    # without fixed:7 the goal is met on the means; against none's single repeat (no spread) no more
     for r in range(2):
         (tmp_path / "points" / f"fixed-7_phases_r{r}.json").unlink()
     md = write_report(tmp_path)["markdown"]
-    assert "- **`adaptive:7` meets the goal**" in md and "| `fixed:7`" not in md
+    assert "- **`adaptive:7` meets on the means only, not beyond spread, the goal**" in md and "| `fixed:7`" not in md
+    assert "`none`: output throughput +105.0% (higher, spread unknown), median per-user speed +2.0% (higher, spread " \
+           "unknown) -> beats it on the means only" in md
+    assert "An arm with one repeat (a sweep stopped early) has no spread" in md
+    (tmp_path / "points" / "none_phases_r1.json").write_text(none_r1)
+    md = write_report(tmp_path)["markdown"]
+    assert "- **`adaptive:7` meets the goal**" in md and "spread unknown" not in md
 
 
 def test_report_refuses_a_mixture_of_phased_and_plain_points(tmp_path):

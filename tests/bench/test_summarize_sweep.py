@@ -32,7 +32,10 @@ def test_prefill_share_and_the_verdict(tmp_path, capsys):
     assert "| 64 | 0.50 ± 0.00 | 0.80 ± 0.00 | – |" in out
     assert summarize_sweep.prefill_share(rows[0]) == 0.5 and summarize_sweep.prefill_share(rows[-1]) is None
     verdict = {line.split("**")[1]: line for line in out.splitlines() if line.startswith("- **C=")}
-    assert "dominated beyond spread: `adaptive:7` (by `fixed:3`), `none`" in verdict["C=64"]
+    assert "dominated beyond spread: `adaptive:7` (by `fixed:3`)." in verdict["C=64"]
+    # none has one repeat: no spread, so worse on both axes but not "beyond spread"
+    assert "Worse on both axes, spread unknown (a cell with fewer than 2 repeats): `none` (by `fixed:3`, " \
+           "`adaptive:7`)." in verdict["C=64"]
     assert "dominated beyond spread: none." in verdict["C=256"]
 
 
