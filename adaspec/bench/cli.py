@@ -324,7 +324,9 @@ def sweep_config_from_args(args, log=print):
             raise AdaspecError(f"--speculative-config-extra is not valid JSON: {e}") from None
         if not isinstance(spec_extra, dict):
             raise AdaspecError("--speculative-config-extra must be a JSON object")
-    pool = max(num_prompts, (1 if phases else waves) * max(concurrency))
+    # The pool covers every point of this run, and those an earlier run left in --out (a resume checks
+    # that the prompts they sent are the ones this pool gives them)
+    pool = max(num_prompts, (1 if phases else waves) * max(concurrency + _earlier_concurrency(args)))
     kind, path = resolve_endpoint(args.backend, args.endpoint)
     if path is not None:
         raise AdaspecError("bench sweep posts to the /v1 paths; give --endpoint completions or chat (or --backend)")
@@ -344,6 +346,20 @@ def sweep_config_from_args(args, log=print):
         progress=not args.disable_tqdm,
         report=not args.no_report, log=log,
     )
+
+
+def _earlier_concurrency(args) -> list[int]:
+    """The concurrencies an earlier sweep in --out measured (none with --force-new)."""
+    import json
+    from pathlib import Path
+
+    if getattr(args, "force_new", False):
+        return []
+    try:
+        old = json.loads((Path(args.out) / "manifest.json").read_text())
+        return [int(c) for c in old.get("concurrency") or []]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []  # no earlier sweep, or a record the sweep itself refuses with a clearer message
 
 
 def _check_range_ratio(args) -> float:

@@ -50,10 +50,24 @@ def values(points: list[dict], get) -> dict[str, list[str]]:
     return out
 
 
+def sent_prompts_groups(points: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """Per concurrency (a moving load: its schedule), the distinct `sent_prompts_sha256` of its points
+    -> the points that sent each: points of one concurrency must have sent the same prompts (points
+    from before it was recorded are left out)."""
+    groups: dict[str, list[dict]] = {}
+    for p in points:
+        if (p.get("conditions") or {}).get("sent_prompts_sha256") is not None:
+            where = "the load phases" if p.get("load_phases") else f"C={p.get('concurrency')}"
+            groups.setdefault(where, []).append(p)
+    return {where: values(ps, lambda c: c.get("sent_prompts_sha256")) for where, ps in groups.items()}
+
+
 def mixed_settings(points: list[dict]) -> list[str]:
-    """Names of the settings whose value differs between points (arm settings within an arm)."""
+    """Names of the settings whose value differs between points (arm settings within an arm; the
+    prompts sent within a concurrency)."""
     pts = [p for p in points if p.get("conditions")]
     mixed = [label for key, label in SHARED if len(values(pts, lambda c, k=key: setting(c, k))) > 1]
+    mixed += [f"prompts sent at {where}" for where, vals in sent_prompts_groups(pts).items() if len(vals) > 1]
     for arm in sorted({p.get("arm") for p in pts}, key=str):
         mine = [p for p in pts if p.get("arm") == arm]
         mixed += [f"{label} of arm {arm}" for key, label in ARM
@@ -87,6 +101,9 @@ def lines(points: list[dict], describe_hardware) -> list[str]:
         if key in OPTIONAL and list(vals) == ["null"]:
             continue
         out += item(label, key, vals)
+    for where, vals in sent_prompts_groups(pts).items():
+        if len(vals) > 1:
+            out += item(f"prompts sent at {where} (sha256)", "sent_prompts_sha256", vals)
     out.append("- arms:")
     for arm in sorted({p.get("arm") for p in pts}, key=str):
         mine = [p for p in pts if p.get("arm") == arm]

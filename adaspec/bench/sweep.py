@@ -7,6 +7,7 @@ a rerun with the same --out continues where the last one stopped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import signal
@@ -66,6 +67,10 @@ class SweepConfig:
     # A moving load (phases.py): each arm runs this schedule once per repeat, one point each,
     # instead of one point per concurrency; num_prompts is then the schedule's request count.
     load_phases: list | None = None
+    # How many prompts of the sequence `prompts_sha256` covers: None, the first num_prompts (what
+    # every point sends, whatever the concurrencies). A sweep from before hashed its whole pool,
+    # max(num_prompts, W x its largest C); resuming one keeps that count (run_sweep sets it).
+    prompts_hashed: int | None = None
 
 
 # The "concurrency" of a moving-load point: its schedule, not one number.
@@ -89,10 +94,39 @@ def point_done(path: Path) -> bool:
         return False
 
 
+def prompts_sequence(cfg: SweepConfig, n: int) -> list[str]:
+    """The first n prompts of the sweep's sequence (the pool, cycled). Every point sends a prefix of
+    it, and the datasets make it prefix-stable (a larger pool extends a smaller one)."""
+    return [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
+
+
 def prompts_for(cfg: SweepConfig, c: int | None) -> list[str]:
     # At least C prompts, or the point never reaches its concurrency; a moving load sends one per request.
     n = cfg.num_prompts if c is PHASED else max(cfg.num_prompts, cfg.prompts_per_concurrency * c)
-    return [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
+    return prompts_sequence(cfg, n)
+
+
+def prompts_sha256(prompts: list[str]) -> str:
+    return hashlib.sha256("\x1e".join(prompts).encode()).hexdigest()
+
+
+def sent_key(c: int | None) -> str:
+    """A point's concurrency as the manifest's `sent_prompts_sha256` keys it."""
+    return "phases" if c is PHASED else str(c)
+
+
+def sent_prompts(cfg: SweepConfig, concurrencies) -> dict[str, str]:
+    """sha256 of the prompts a point at each concurrency sends (`sent_key` -> hash)."""
+    return {sent_key(c): prompts_sha256(prompts_for(cfg, c)) for c in concurrencies}
+
+
+def old_pool_size(old: dict) -> int:
+    """How many prompts a manifest from before `prompts_sha256_count` hashed: its whole pool."""
+    n = int(old.get("num_prompts") or 0)
+    if old.get("load_phases"):
+        return n
+    w = int(old.get("prompts_per_concurrency", SETTING_DEFAULTS.get("prompts_per_concurrency", 1)))
+    return max([n] + [w * int(c) for c in old.get("concurrency") or []])
 
 
 def arm_record(cfg: SweepConfig, arm: Arm) -> dict:
@@ -118,7 +152,10 @@ def settings(cfg: SweepConfig) -> dict:
         "temperature": cfg.temperature,
         "endpoint": cfg.endpoint,
         "prompts": cfg.prompts_desc,
-        "prompts_sha256": hashlib.sha256("\x1e".join(cfg.prompts).encode()).hexdigest(),
+        # the prompts every point sends (the first num_prompts), so adding a concurrency changes nothing here;
+        # what each point sent beyond them is its own `sent_prompts_sha256`
+        "prompts_sha256": prompts_sha256(prompts_sequence(cfg, cfg.prompts_hashed or cfg.num_prompts)),
+        "prompts_sha256_count": cfg.prompts_hashed or cfg.num_prompts,
         "num_prompts": cfg.num_prompts,
         "prompts_per_concurrency": cfg.prompts_per_concurrency,
         "num_warmups": cfg.num_warmups,
@@ -129,6 +166,7 @@ def settings(cfg: SweepConfig) -> dict:
 
 def _flag(key: str) -> str:
     return {"prompts": "--dataset/--dataset-path/--random-input-len", "prompts_sha256": "the prompt texts",
+            "sent_prompts_sha256": "the prompt texts",
             "speculative_config": "--drafter/--temperature/--speculative-config-extra",
             "server_args": "--server-arg", "base_url": "--base-url", "num_prompts": "--num-prompts/--load-phases"}.get(key, "--" + key.replace("_", "-"))
 
@@ -138,6 +176,12 @@ def differences(cfg: SweepConfig, old: dict) -> list[str]:
     new = settings(cfg)
     diff = [f"{k} ({_flag(k)}): {old.get(k, SETTING_DEFAULTS.get(k))!r} -> {new[k]!r}" for k in SETTINGS
             if old.get(k, SETTING_DEFAULTS.get(k)) != new[k]]
+    # what the earlier points sent, concurrency by concurrency (the pool covers them: cli sizes it so)
+    for key, was in (old.get("sent_prompts_sha256") or {}).items():
+        now = prompts_sha256(prompts_for(cfg, PHASED if key == "phases" else int(key)))
+        if now != was:
+            diff.append(f"prompts sent at {'the load phases' if key == 'phases' else f'C={key}'} "
+                        f"({_flag('sent_prompts_sha256')}): {was!r} -> {now!r}")
     prev_arms = {a["name"]: a for a in old.get("arms", [])}
     for arm in cfg.arms:
         prev, rec = prev_arms.get(arm.name), arm_record(cfg, arm)
@@ -206,6 +250,8 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
         arms[arm.name] = arm_record(cfg, arm)
     m["arms"] = list(arms.values())
     m["concurrency"] = sorted(set((old or {}).get("concurrency", [])) | set(cfg.concurrency))
+    m["sent_prompts_sha256"] = {**((old or {}).get("sent_prompts_sha256") or {}),
+                                **sent_prompts(cfg, [c for c, _ in grid(cfg)])}
     m["repeats"] = max((old or {}).get("repeats", 0), cfg.repeats)
     m["start_time"] = (old or {}).get("start_time") or conditions.now_iso()
     m["end_time"] = None
@@ -236,7 +282,8 @@ def _run_point(cfg: SweepConfig, arm: Arm, url: str, c: int, r: int, path: Path,
         res["server_died"] = True
     # The conditions this point was measured under, with the point: the report reads them from
     # here, so a directory never claims settings a point was not measured with.
-    res["conditions"] = {**settings(cfg), "arm": arm_record(cfg, arm), **machine}
+    res["conditions"] = {**settings(cfg), "sent_prompts_sha256": prompts_sha256(bc.prompts),
+                         "arm": arm_record(cfg, arm), **machine}
     write_json_atomic(str(path), res)
     return res
 
@@ -281,6 +328,10 @@ def _run_sweep(cfg: SweepConfig) -> dict:
     if old is None and any((out / "points").glob("*.json")):
         raise BenchError(f"{out / 'points'} holds points but no manifest.json, so their settings are unknown; "
                          "use --force-new or a new --out directory")
+    if old is not None and "prompts_sha256_count" not in old:
+        # from before: its prompts_sha256 covers its whole pool; this sweep's points hash the same count,
+        # so old and new points of one directory compare alike
+        cfg = dataclasses.replace(cfg, prompts_hashed=old_pool_size(old))
     # the earlier sweep's arms too: a new arm whose files would be an earlier arm's is refused
     refuse_slug_collisions([a["name"] for a in (old or {}).get("arms", [])] + [a.name for a in cfg.arms])
     manifest = build_manifest(cfg, old)

@@ -8,6 +8,7 @@ import pytest
 
 from adaspec.bench import server as server_mod
 from adaspec.bench.cli import sweep_config_from_args
+from adaspec.bench.report import write_report
 from adaspec.bench.sweep import run_sweep
 from adaspec.cli import build_parser
 from adaspec.errors import AdaspecError
@@ -126,3 +127,87 @@ def test_arms_whose_file_names_collide_are_refused_naming_both(tmp_path, fake_se
         with pytest.raises(AdaspecError, match="arms 'a:b' and 'a-b' would share the file name 'a-b'"):
             run_sweep(_cfg(tmp_path / "o", "--base-url", f"a-b={srv.url}"))
     assert _point(tmp_path / "o", "a-b_c2_r0.json")["arm"] == "a:b"
+
+
+def _jsonl(path, prompts):
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def _jsonl_cfg(out, data, *extra, log=None):
+    argv = ["--dataset", "jsonl", "--dataset-path", str(data), "--num-prompts", "2", *extra]
+    return _cfg(out, *argv, log=log)
+
+
+def test_a_resume_may_add_concurrencies_but_not_change_what_points_sent(tmp_path, fake_servers):
+    """The README says concurrencies may be added on resume; the prompt hash covered the whole pool,
+    max(num_prompts, W x the largest C), so adding one was refused ("Differing: prompts_sha256")."""
+    out, data = tmp_path / "o", _jsonl(tmp_path / "p.jsonl", ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"])
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "1,2"))
+    said = []
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "1,2,4", log=said.append))  # resumes: only C=4 is new
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["runs"][-1]["points_run"] == 1 and m["runs"][-1]["points_skipped"] == 2
+    assert m["concurrency"] == [1, 2, 4] and set(m["sent_prompts_sha256"]) == {"1", "2", "4"}
+    p4, p2 = _point(out, "none_c4_r0.json"), _point(out, "none_c2_r0.json")
+    assert p4["completed"] == 4 and p4["conditions"]["prompts_sha256"] == p2["conditions"]["prompts_sha256"]
+    assert [r["prompt"] for r in fake_servers.started[1].fake.requests] == ["p0", "p1", "p2", "p3"]
+    md = write_report(out)["markdown"]
+    assert "MIXED" not in md and "different settings" not in md
+
+    # prompts that an earlier point sent and this run would send otherwise: refused, naming the concurrency
+    _jsonl(data, ["p0", "p1", "p2", "CHANGED", "p4", "p5", "p6", "p7"])
+    with pytest.raises(AdaspecError) as e:
+        run_sweep(_jsonl_cfg(out, data, "--concurrency", "1"))  # C=4 not rerun, but its points are in --out
+    msg = str(e.value)
+    assert "prompts sent at C=4 (the prompt texts)" in msg
+    assert "C=1" not in msg and "C=2" not in msg and "prompts_sha256" not in msg  # the first two are the same
+    _jsonl(data, ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"])
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "1"))
+
+    # points of one concurrency that sent different prompts are never reported as alike
+    path = out / "points" / "none_c2_r0.json"
+    p = json.loads(path.read_text())
+    p["conditions"]["sent_prompts_sha256"] = "0" * 64
+    path.write_text(json.dumps(p))
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "2", "--repeats", "2"))
+    md = write_report(out)["markdown"]
+    assert "- **prompts sent at C=2 (sha256): MIXED**" in md
+    assert "measured under different settings (prompts sent at C=2)" in md
+
+
+def test_a_sweep_from_before_resumes_with_its_whole_pool_hashed(tmp_path, fake_servers):
+    """A manifest from before hashed the whole pool (here max(2, 4) = 4 prompts) and no per-point
+    prompts: it resumes, adding a concurrency, and its new points hash the same prompts."""
+    from adaspec.bench.sweep import prompts_sha256
+
+    out, data = tmp_path / "o", _jsonl(tmp_path / "p.jsonl", ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"])
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "1,4"))
+    whole_pool = prompts_sha256(["p0", "p1", "p2", "p3"])
+    for f in [out / "manifest.json", *(out / "points").glob("*.json")]:
+        d = json.loads(f.read_text())
+        c = d.get("conditions") or d
+        for k in ("prompts_sha256_count", "sent_prompts_sha256"):
+            c.pop(k)
+        c["prompts_sha256"] = whole_pool
+        f.write_text(json.dumps(d))
+    run_sweep(_jsonl_cfg(out, data, "--concurrency", "1,4,8"))
+    p8 = _point(out, "none_c8_r0.json")
+    assert p8["conditions"]["prompts_sha256"] == whole_pool and p8["conditions"]["prompts_sha256_count"] == 4
+    assert "MIXED" not in write_report(out)["markdown"]
+    # another pool at the old concurrencies is still refused
+    _jsonl(data, ["p0", "p1", "p2", "CHANGED", "p4", "p5", "p6", "p7"])
+    with pytest.raises(AdaspecError, match=r"prompts_sha256 \(the prompt texts\)"):
+        run_sweep(_jsonl_cfg(out, data, "--concurrency", "1"))
+
+
+def test_sweeps_of_other_concurrencies_merge_on_their_common_cells(tmp_path, fake_servers, monkeypatch):
+    from adaspec.bench.merge import merge_sweeps
+
+    monkeypatch.setenv("ADASPEC_COMMIT", "abc123")
+    data = _jsonl(tmp_path / "p.jsonl", ["p0", "p1", "p2", "p3"])
+    run_sweep(_jsonl_cfg(tmp_path / "a", data, "--concurrency", "1,2"))
+    run_sweep(_jsonl_cfg(tmp_path / "b", data, "--concurrency", "1,4"))
+    res = merge_sweeps([tmp_path / "a", tmp_path / "b"], tmp_path / "m", concurrency=[1], report=False,
+                       assume_same_checkpoints="test: fake servers")
+    assert res["points"] == 2
