@@ -294,6 +294,8 @@ def sweep_config_from_args(args, log=print):
 
     if args.repeats < 1:
         raise AdaspecError("--repeats must be at least 1")
+    if args.num_warmups < 0:
+        raise AdaspecError(f"--num-warmups must be at least 0, got {args.num_warmups}")
     phases = getattr(args, "load_phases", None)
     waves = getattr(args, "prompts_per_concurrency", 1)
     if waves < 1:

@@ -84,6 +84,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         raise BenchError(f"--endpoint must be completions or chat, got {cfg.endpoint!r}")
     if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
         raise BenchError(f"--max-concurrency must be at least 1, got {cfg.max_concurrency}")
+    if cfg.num_warmups < 0:
+        raise BenchError(f"--num-warmups must be at least 0, got {cfg.num_warmups}")
     for flag, v in (("--request-rate", cfg.request_rate), ("--burstiness", cfg.burstiness)):
         if not v > 0:  # NaN too; vLLM refuses a rate of 0 as well (inf, the default rate, is a closed loop)
             raise BenchError(f"{flag} must be > 0 (inf allowed), got {v}")
