@@ -102,6 +102,9 @@ BURST_MIN_CHUNKS = 3
 # (one event loop): it read the streams late, so its chunk times, per-user speeds and TTFT include its
 # own lag. A suspected cause of the bursts above.
 CLIENT_BUSY_CPU_PER_WALL = 0.9
+# ...judged over runs of at least this many wall seconds only: a run of milliseconds (a server that
+# refused every request at once, an unreachable one) is all client work, and says nothing of a lag.
+CLIENT_BUSY_MIN_WALL_S = 1.0
 
 
 def client_busy(cpu_per_wall: float | None) -> bool:

@@ -158,7 +158,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         if bar:
             bar.close()
     wall = wall_now() - wall0
-    client_cpu = round((cpu_now() - cpu0) / wall, 3) if wall > 0 else None
+    # not measured (null) over a run too short to tell a busy client (metrics.CLIENT_BUSY_MIN_WALL_S)
+    client_cpu = round((cpu_now() - cpu0) / wall, 3) if wall >= metrics.CLIENT_BUSY_MIN_WALL_S else None
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         after = await specstats.scrape(session, base, headers)
@@ -185,6 +186,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "metrics_available": after is not None,
         # the client process's CPU seconds per wall second while the requests ran (metrics.CLIENT_BUSY_CPU_PER_WALL)
         "client_cpu_per_wall": client_cpu,
+        "client_wall_s": round(wall, 3),  # the wall seconds it was measured over
     }
     out.update(metrics.compute_metrics(results, last - first, cfg.metric_percentiles, cfg.percentile_metrics,
                                        cfg.goodput))
