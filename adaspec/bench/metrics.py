@@ -38,22 +38,30 @@ def _stat(values: Sequence[float], name: str, unit: str, scale: float, pcts: Ite
 
 
 def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float | None:
-    """Smallest value whose cumulative weight reaches q% of the total (inverted CDF).
+    """numpy's linear percentile of the values, each counted `weight` times.
 
-    With integer weights this equals expanding each value `weight` times and taking numpy's
-    `inverted_cdf` percentile, so a chunk of 3 tokens counts as 3 token gaps.
+    With integer weights this equals expanding each value `weight` times and taking
+    `np.percentile` (method "linear", the default, as `_pct` and vLLM use), so with every weight 1
+    it is `np.percentile` itself and a chunk of 3 tokens counts as 3 token gaps. A fractional
+    weight covers that share of a sample: the expanded sample's k-th value is the one whose
+    cumulative weight first exceeds k, and position q/100 (W - 1) of total weight W is
+    interpolated between its two neighbours.
     """
-    pairs = sorted((v, w) for v, w in zip(values, weights) if w > 0)
+    pairs = sorted((float(v), float(w)) for v, w in zip(values, weights) if w > 0)
     if not pairs:
         return None
-    total = sum(w for _, w in pairs)
-    target = q / 100.0 * total
-    acc = 0.0
-    for v, w in pairs:
-        acc += w
-        if acc >= target - 1e-12 * total:
-            return float(v)
-    return float(pairs[-1][0])
+    cum = np.cumsum([w for _, w in pairs])
+    vals = [v for v, _ in pairs]
+
+    def expanded(k: float) -> float:  # the k-th value (0-based) of the expanded sample
+        i = int(np.searchsorted(cum, k, side="right"))
+        return vals[min(i, len(vals) - 1)]
+
+    h = max(0.0, q / 100.0 * (cum[-1] - 1.0))  # in numpy's order of operations
+    lo = float(np.floor(h))
+    a, b = expanded(lo), expanded(lo + 1.0)
+    t = h - lo
+    return float(a + t * (b - a)) if t else float(a)
 
 
 def token_itl_samples(r: RequestResult) -> tuple[list[float], list[float]]:

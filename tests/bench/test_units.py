@@ -30,12 +30,31 @@ def test_sse_unterminated_last_event():
 
 
 @given(st.lists(st.tuples(st.floats(0, 100, allow_nan=False), st.integers(1, 5)), min_size=1, max_size=30),
-       st.sampled_from([1, 10, 50, 90, 99, 100]))
+       st.floats(0, 100))
 def test_weighted_percentile_equals_expanded(pairs, q):
+    """Integer weights: numpy's linear percentile (vLLM's, and the per-chunk ITL's) of the expanded sample."""
     vals = [v for v, _ in pairs]
     wts = [w for _, w in pairs]
     expanded = [v for v, w in pairs for _ in range(w)]
-    assert weighted_percentile(vals, wts, q) == pytest.approx(np.percentile(expanded, q, method="inverted_cdf"))
+    assert weighted_percentile(vals, wts, q) == pytest.approx(np.percentile(expanded, q), rel=1e-9, abs=1e-9)
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=40), st.floats(0, 100))
+def test_weighted_percentile_with_unit_weights_is_numpys(vals, q):
+    assert weighted_percentile(vals, [1] * len(vals), q) == pytest.approx(np.percentile(vals, q), rel=1e-9, abs=1e-6)
+
+
+def test_per_token_and_per_chunk_itl_agree_when_every_chunk_is_one_token():
+    """They disagreed (an inverted-CDF weighted percentile against numpy's linear one)."""
+    from adaspec.bench.client import RequestResult
+    from adaspec.bench.metrics import compute_metrics
+
+    rs = [RequestResult(success=True, output_tokens=len(t), send_time=0.0, chunk_times=t, chunk_tokens=[1] * len(t),
+                        end_time=t[-1]) for t in ([0.1, 0.13, 0.2, 0.21], [0.05, 0.3, 0.31, 0.5, 0.57])]
+    m = compute_metrics(rs, duration=1.0, percentiles=(10, 25, 90, 99))
+    for stat in ("median", "p10", "p25", "p90", "p99"):
+        assert m[f"{stat}_itl_token_ms"] == pytest.approx(m[f"{stat}_itl_ms"], rel=1e-12), stat
+    assert m["mean_itl_token_ms"] == pytest.approx(m["mean_itl_ms"])
 
 
 def test_parse_real_prometheus_client_output():
