@@ -173,7 +173,23 @@ def add_parser(subparsers) -> None:
     s.add_argument("--result-dir", default=None, help="folder for --save-result (default: the current folder)")
     s.add_argument("--result-filename", default=None,
                    help="file name for --save-result (default: LABEL-RATEqps[-concurrencyC]-MODEL-DATE.json, as vLLM)")
+    s.add_argument("--save-detailed", action="store_true",
+                   help="with --save-result: also write the per-request lists (input_lens, output_lens, ttfts, itls, "
+                        "latencies, errors, generated_texts, ...), as vLLM's flag; without it the file holds the "
+                        "run's figures only")
     s.add_argument("--label", help="a name for this run, stored in the result")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name sent in the requests, when the server serves --model under another name "
+                        "(vLLM's flag; default: --model)")
+    s.add_argument("--top-p", type=float, default=None, help="top_p sent with every request (default: not sent)")
+    s.add_argument("--top-k", type=int, default=None, help="top_k sent with every request (default: not sent)")
+    s.add_argument("--min-p", type=float, default=None, help="min_p sent with every request (default: not sent)")
+    s.add_argument("--request-id-prefix", default=None,
+                   help="send request i with the header x-request-id: PREFIX + i (warm-ups: PREFIX warmup- i), "
+                        "as vLLM's flag (default: no such header)")
+    s.add_argument("--ready-check-timeout-sec", type=float, default=600.0,
+                   help="wait up to this many seconds for the server to answer GET /v1/models before the run "
+                        "(vLLM's flag; 0 skips the wait)")
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser("sweep", help="arms x concurrency x repeats, servers started per arm; resumable")
@@ -256,14 +272,28 @@ def cmd_serve(args) -> int:
             raise AdaspecError(f"--load-phases sets the concurrency and number of requests phase by phase; "
                                f"drop {', '.join(given)}")
         num_prompts = sum(p.num_requests for p in args.load_phases)
+    if args.num_warmups < 0:
+        raise AdaspecError(f"--num-warmups must be at least 0, got {args.num_warmups}")
+    if not args.ready_check_timeout_sec >= 0:
+        raise AdaspecError(f"--ready-check-timeout-sec must be at least 0, got {args.ready_check_timeout_sec}")
+    if args.save_detailed and not args.save_result:
+        raise AdaspecError("--save-detailed says what --save-result writes; add --save-result")
     kind, path = resolve_endpoint(args.backend, args.endpoint)
+    base_url = args.base_url or f"http://{args.host}:{args.port}"
+    model = args.model
+    if args.dataset == "random" and not args.tokenizer and not model:
+        # the prompts are counted in the model's tokens: ask the server which model it serves, as
+        # the run would (vLLM does the same without --model)
+        from adaspec.bench.runner import server_model
+
+        model = server_model(base_url, args.api_key, args.ready_check_timeout_sec)
     # unlike `vllm bench serve`, --dataset random does not imply --ignore-eos: servers that refuse
     # the field (transformers serve) must stay measurable; the README says to add it
     ignore_eos = args.ignore_eos
     prompts = load_prompts(args.dataset, num_prompts, args.dataset_path, args.random_input_len, args.seed,
-                           args.tokenizer or args.model)
+                           args.tokenizer or model)
     cfg = BenchConfig(
-        base_url=args.base_url or f"http://{args.host}:{args.port}", model=args.model, prompts=prompts,
+        base_url=base_url, model=model, prompts=prompts,
         max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
         output_len=args.output_len, random_range_ratio=range_ratio, ignore_eos=ignore_eos,
         temperature=args.temperature, num_warmups=args.num_warmups, endpoint=kind, endpoint_path=path,
@@ -272,6 +302,10 @@ def cmd_serve(args) -> int:
         progress=not args.disable_tqdm, percentile_metrics=args.percentile_metrics,
         metric_percentiles=args.metric_percentiles, load_phases=args.load_phases,
         goodput=dict(args.goodput) if args.goodput else None,
+        backend=args.backend, served_model_name=args.served_model_name,
+        sampling={"top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p},
+        request_id_prefix=args.request_id_prefix, ready_check_timeout=args.ready_check_timeout_sec,
+        keep_texts=args.save_detailed,
         extra={"dataset": args.dataset, "dataset_path": args.dataset_path},
     )
     res = run_benchmark(cfg)
@@ -280,8 +314,11 @@ def cmd_serve(args) -> int:
         first = next((e for e in res["errors"] if e), "")
         print(f"adaspec: no request completed; first error: {first}", file=sys.stderr)
     if args.save_result:
+        from adaspec.bench.metrics import PER_REQUEST_KEYS
+
         out = os.path.join(args.result_dir or ".", args.result_filename or result_filename(res))
-        write_json_atomic(out, res)
+        # as vLLM: the per-request lists only with --save-detailed (a sweep's points keep them all)
+        write_json_atomic(out, res if args.save_detailed else {k: v for k, v in res.items() if k not in PER_REQUEST_KEYS})
         print(f"result written to {out}")
     return 0 if res["completed"] else 1
 

@@ -261,14 +261,22 @@ async def run_requests(
     on_done: Callable[[RequestResult], None] | None = None,
     clock: Clock = time.perf_counter,
     caps: list[int] | None = None,
+    request_ids: list[str] | None = None,
 ) -> tuple[list[RequestResult], float, float]:
     """Send every payload at its offset with at most `max_concurrency` in flight; with `caps`
     (one per payload: a moving load, see phases.py), in order, each once fewer than its cap are
     in flight (offsets and max_concurrency are not used then).
 
     Returns the results in payload order, the first send time and the last completion time
-    (both on `clock`; the send schedule itself runs on real time).
+    (both on `clock`; the send schedule itself runs on real time). `request_ids`: one per payload,
+    sent as its `x-request-id` header (vLLM's --request-id-prefix).
     """
+
+    def headers_of(i: int) -> dict[str, str] | None:
+        if request_ids is None:
+            return headers
+        return {**(headers or {}), "x-request-id": request_ids[i]}
+
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     # limit=0: the connector must never be the hidden concurrency cap.
@@ -276,15 +284,15 @@ async def run_requests(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         start = time.perf_counter()
 
-        async def one(payload: dict, offset: float) -> RequestResult:
+        async def one(i: int, payload: dict, offset: float) -> RequestResult:
             delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             if sem is None:
-                res = await send_request(session, url, payload, endpoint, headers, clock)
+                res = await send_request(session, url, payload, endpoint, headers_of(i), clock)
             else:
                 async with sem:
-                    res = await send_request(session, url, payload, endpoint, headers, clock)
+                    res = await send_request(session, url, payload, endpoint, headers_of(i), clock)
             if on_done:
                 on_done(res)
             return res
@@ -293,14 +301,14 @@ async def run_requests(
             from adaspec.bench.phases import run_phased
 
             async def send_one(i: int) -> RequestResult:
-                res = await send_request(session, url, payloads[i], endpoint, headers, clock)
+                res = await send_request(session, url, payloads[i], endpoint, headers_of(i), clock)
                 if on_done:
                     on_done(res)
                 return res
 
             results = await run_phased(send_one, caps)
         else:
-            results = await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets)))
+            results = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(zip(payloads, offsets))))
     first = min((r.send_time for r in results), default=0.0)
     last = max((r.end_time for r in results), default=0.0)
     return list(results), first, last

@@ -225,6 +225,13 @@ def compute_metrics(results: list[RequestResult], duration: float, percentiles=(
     return m
 
 
+# The per-request lists of a result (per_request_lists, the moving load's request_phases and
+# --save-detailed's generated_texts): what `bench serve --save-result` leaves out of its file
+# without --save-detailed, as vLLM does with its own (input_lens, output_lens, ttfts, itls, errors, ...).
+PER_REQUEST_KEYS = ("send_offsets", "input_lens", "output_lens", "ttfts", "itls", "latencies", "chunk_tokens",
+                    "finish_reasons", "errors", "request_phases", "generated_texts")
+
+
 def per_request_lists(results: list[RequestResult], start: float | None = None) -> dict:
     """The per-request arrays `vllm bench serve --save-result` writes (same keys), plus ours:
     `send_offsets`, when each request was sent, in seconds after `start` (the run's first send),

@@ -53,6 +53,24 @@ class BenchConfig:
     # vLLM's --goodput: SLOs in ms by metric (ttft, tpot, e2el); request_goodput counts the
     # requests that meet every one of them, per second. None: not measured (the key is null)
     goodput: dict | None = None
+    # vLLM's --backend as given (openai, vllm, openai-chat), recorded as the result's "backend"; None:
+    # openai or openai-chat by the endpoint
+    backend: str | None = None
+    # vLLM's --served-model-name: the model name sent in the requests (None: `model`, or the server's)
+    served_model_name: str | None = None
+    # vLLM's sampling flags: top_p, top_k, min_p sent in every request body when given (None: not sent)
+    sampling: dict = field(default_factory=dict)
+    # vLLM's --request-id-prefix: request i carries the header x-request-id: PREFIX + i (None: no header)
+    request_id_prefix: str | None = None
+    # vLLM's --ready-check-timeout-sec: wait up to this many seconds for /v1/models to answer (a status
+    # below 500) before anything is sent; 0: no wait (the sweep waits for its own servers' /health)
+    ready_check_timeout: float = 0.0
+    # keep each request's text as `generated_texts` (vLLM's --save-detailed writes them)
+    keep_texts: bool = False
+
+
+# Seconds between two tries of the ready check (tests shorten it).
+READY_POLL_S = 1.0
 
 
 def normalize_base_url(url: str) -> str:
@@ -75,6 +93,56 @@ async def _resolve_model(session, base: str, headers: dict) -> str:
         return data["data"][0]["id"]
     except (aiohttp.ClientError, KeyError, IndexError, ValueError, OSError) as e:
         raise BenchError(f"no --model given and {base}/v1/models did not name one ({e})") from None
+
+
+async def wait_ready(base: str, headers: dict, timeout_s: float, log=None) -> None:
+    """Until the server answers GET /v1/models with a status below 500 (it is up and routing;
+    a 401 or 404 says so too), for at most timeout_s seconds (vLLM's --ready-check-timeout-sec).
+    vLLM sends a test request until one succeeds; the warm-ups do that here, and a server that
+    refuses a request stays measurable (its failures are the result)."""
+    import aiohttp
+
+    if not timeout_s > 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    said = False
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(10.0, timeout_s))) as session:
+        while True:
+            try:
+                async with session.get(base + "/v1/models", headers=headers) as resp:
+                    if resp.status < 500:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"{base} did not answer GET /v1/models within {timeout_s:g} s "
+                                 f"(--ready-check-timeout-sec; 0 skips the wait); last: {last}")
+            if not said and log:
+                log(f"waiting up to {timeout_s:g} s for {base} to answer ({last})")
+                said = True
+            await asyncio.sleep(min(READY_POLL_S, left))
+
+
+def server_model(base_url: str, api_key: str | None = None, ready_timeout: float = 0.0) -> str:
+    """The model a server names first at /v1/models (after the ready check), as `vllm bench serve`
+    takes it without --model."""
+    import aiohttp
+
+    async def ask() -> str:
+        base, headers = normalize_base_url(base_url), {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        await wait_ready(base, headers, ready_timeout, _stderr)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            return await _resolve_model(session, base, headers)
+
+    return asyncio.run(ask())
+
+
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)
 
 
 async def run_benchmark_async(cfg: BenchConfig) -> dict:
@@ -105,8 +173,10 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     base = normalize_base_url(cfg.base_url)
     url = base + (cfg.endpoint_path or ("/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"))
     headers = _headers(cfg)
+    await wait_ready(base, headers, cfg.ready_check_timeout, _stderr)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         model = cfg.model or await _resolve_model(session, base, headers)
+    sent_model = cfg.served_model_name or model
 
     if cfg.random_range_ratio and cfg.output_len is None:
         raise BenchError("random_range_ratio spreads output_len, which is not set (no max_tokens is sent)")
@@ -121,8 +191,12 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
             ignore_eos=cfg.ignore_eos,
             # Off by default, as in `vllm bench serve`: per-request seeds can cost the server speed.
             seed=cfg.seed + i if cfg.request_seeds and cfg.temperature > 0 else None,
+            extra_body={k: v for k, v in cfg.sampling.items() if v is not None},
         )
-        return client.build_payload(spec, model, cfg.endpoint, cfg.continuous_usage)
+        return client.build_payload(spec, sent_model, cfg.endpoint, cfg.continuous_usage)
+
+    def ids(prefix: str, n: int) -> list[str] | None:
+        return None if cfg.request_id_prefix is None else [f"{cfg.request_id_prefix}{prefix}{i}" for i in range(n)]
 
     if cfg.num_warmups:
         # Not measured: fills caches, compiles kernels, sizes buffers at this concurrency.
@@ -131,7 +205,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         warm_cap = max(caps) if caps else cfg.max_concurrency
         wres, _, _ = await client.run_requests(
             url, warm, cfg.endpoint, warm_cap, [0.0] * len(warm), headers, cfg.request_timeout,
-            clock=cfg.clock,
+            clock=cfg.clock, request_ids=ids("warmup-", len(warm)),
         )
         if all(not r.success for r in wres):
             raise BenchError(f"every warm-up request to {url} failed; first error: {wres[0].error}")
@@ -153,6 +227,7 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         results, first, last = await client.run_requests(
             url, payloads, cfg.endpoint, cfg.max_concurrency, offsets, headers, cfg.request_timeout,
             on_done=(lambda r: bar.update(1)) if bar else None, clock=cfg.clock, caps=caps,
+            request_ids=ids("", len(payloads)),
         )
     finally:
         if bar:
@@ -167,12 +242,13 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     out: dict = {
         "date": started.strftime("%Y%m%d-%H%M%S"),  # vLLM's format (here in UTC)
         "started_at": started.isoformat(timespec="seconds"),
-        "backend": "openai-chat" if cfg.endpoint == "chat" else "openai",
+        "backend": cfg.backend or ("openai-chat" if cfg.endpoint == "chat" else "openai"),
         "label": cfg.label,
         "base_url": base,
         "endpoint": cfg.endpoint,
         "endpoint_path": url[len(base):],
         "model_id": model,
+        "served_model_name": cfg.served_model_name,
         "num_prompts": len(payloads),
         "max_concurrency": cfg.max_concurrency,
         "request_rate": "inf" if cfg.request_rate == float("inf") else cfg.request_rate,
@@ -181,6 +257,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
         "random_range_ratio": cfg.random_range_ratio,
         "ignore_eos": cfg.ignore_eos,
         "temperature": cfg.temperature,
+        **{k: cfg.sampling.get(k) for k in ("top_p", "top_k", "min_p")},
+        "request_id_prefix": cfg.request_id_prefix,
         "num_warmups": cfg.num_warmups,
         "seed": cfg.seed,
         "metrics_available": after is not None,
@@ -198,6 +276,8 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict:
     out.update(specstats.spec_delta(before, after))
     out.update(specstats.engine_delta(before, after, out["duration"], out["total_output_tokens"]))
     out.update(metrics.per_request_lists(results, first))
+    if cfg.keep_texts:
+        out["generated_texts"] = [r.text for r in results]
     out.update(cfg.extra)
     return out
 
@@ -255,6 +335,7 @@ def format_summary(res: dict) -> str:
         f"{'Total input tokens:':<40}{f('total_input_tokens')}",
         f"{'Total generated tokens:':<40}{f('total_output_tokens')}",
         f"{'Request throughput (req/s):':<40}{f('request_throughput')}",
+    ] + ([f"{'Request goodput (req/s):':<40}{f('request_goodput')}"] if res.get("request_goodput") is not None else []) + [
         f"{'Output token throughput (tok/s):':<40}{f('output_throughput')}",
         f"{'Total token throughput (tok/s):':<40}{f('total_token_throughput')}",
         f"{'Per-user speed median (tok/s):':<40}{f('median_per_user_tok_s')}",

@@ -59,7 +59,7 @@ def test_bench_serve_against_transformers_serve(transformers_server, tmp_path, b
     rc = main(["bench", "serve", "--base-url", transformers_server, "--backend", backend, "--dataset", "random",
                "--tokenizer", "tiny", "--random-input-len", "16", "--random-output-len", "8", "--num-prompts", "3",
                "--max-concurrency", "2", "--temperature", "0", "--num-warmups", "1", "--disable-tqdm",
-               "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"])
+               "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "r.json"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     res = json.loads((tmp_path / "r.json").read_text())

@@ -51,9 +51,12 @@ def test_vllm_style_run(tmp_path, capsys):
         assert key in res, key
     assert not any(re.fullmatch(r"p[\d.]+_(tpot|itl|itl_token)_ms", k) for k in res)
     for key in ("date", "model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
-                "request_throughput", "output_throughput", "total_token_throughput", "input_lens", "output_lens",
-                "ttfts", "itls", "latencies", "errors", "request_goodput", "max_concurrent_requests"):
+                "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+                "max_concurrent_requests"):
         assert key in res, key
+    # as vLLM: the per-request lists only with --save-detailed
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "errors", "send_offsets", "generated_texts"):
+        assert key not in res, key
     assert re.fullmatch(r"\d{8}-\d{6}", res["date"]) and res["started_at"].startswith(res["date"][:4])
     assert res["request_goodput"] is None  # no --goodput: not measured
     out = capsys.readouterr().out
