@@ -253,6 +253,10 @@ def build_manifest(cfg: SweepConfig, old: dict | None) -> dict:
     m["sent_prompts_sha256"] = {**((old or {}).get("sent_prompts_sha256") or {}),
                                 **sent_prompts(cfg, [c for c, _ in grid(cfg)])}
     m["repeats"] = max((old or {}).get("repeats", 0), cfg.repeats)
+    # every engine commit the directory's points were measured with (each point records its own,
+    # read when its arm's server started): more than one means its points ran different code
+    m["engine_commits"] = list(dict.fromkeys(((old or {}).get("engine_commits") or
+                                              ([old.get("engine_commit")] if old else [])) + [m["engine_commit"]]))
     m["start_time"] = (old or {}).get("start_time") or conditions.now_iso()
     m["end_time"] = None
     m["runs"] = (old or {}).get("runs", [])
@@ -349,6 +353,14 @@ def _run_sweep(cfg: SweepConfig) -> dict:
             cfg.log(f"[{arm.name}] all {len(every)} points done, skipped")
             continue
         server = None
+        # the code this arm's points run: read again as its server starts (a commit made during a
+        # sweep reaches the arms started after it); each point records it, the manifest lists them all
+        commit = conditions.engine_commit()
+        arm_machine = {**machine, "engine_commit": commit}
+        if commit not in manifest["engine_commits"]:
+            manifest["engine_commits"].append(commit)
+            cfg.log(f"note: the engine commit changed during the sweep ({manifest['engine_commit']!r} -> {commit!r}); "
+                    f"arm {arm.name}'s points record it, and the report marks the engine commit as mixed")
         if arm.name in cfg.base_urls:
             url = cfg.base_urls[arm.name]
         else:
@@ -376,7 +388,7 @@ def _run_sweep(cfg: SweepConfig) -> dict:
             for c, r in todo:
                 where = "phases " + format_phases(cfg.load_phases) if c is PHASED else f"C={c}"
                 try:
-                    res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), machine, alive)
+                    res = _run_point(cfg, arm, url, c, r, point_path(out, arm, c, r), arm_machine, alive)
                 except BenchError:
                     if alive is not None and not alive():  # e.g. every warm-up failed because it died
                         raise died_error(f"during {where} repeat {r + 1}", kept=False) from None

@@ -211,3 +211,21 @@ def test_sweeps_of_other_concurrencies_merge_on_their_common_cells(tmp_path, fak
     res = merge_sweeps([tmp_path / "a", tmp_path / "b"], tmp_path / "m", concurrency=[1], report=False,
                        assume_same_checkpoints="test: fake servers")
     assert res["points"] == 2
+
+
+def test_each_point_records_the_commit_its_arms_server_started_on(tmp_path, fake_servers, monkeypatch):
+    """A commit made during a sweep reaches the arms started after it: their points must not claim
+    the commit read at the sweep's start (the report and manifest say the points ran different code)."""
+    from adaspec.bench import conditions
+
+    commits = iter(["aaa", "aaa", "bbb"])  # the sweep's start, arm none's server, arm fixed:3's server
+    monkeypatch.setattr(conditions, "engine_commit", lambda root=None: next(commits))
+    said = []
+    run_sweep(_cfg(tmp_path / "o", "--arms", "none,fixed:3", log=said.append))
+    assert _point(tmp_path / "o", "none_c2_r0.json")["conditions"]["engine_commit"] == "aaa"
+    assert _point(tmp_path / "o", "fixed-3_c2_r0.json")["conditions"]["engine_commit"] == "bbb"
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["engine_commit"] == "aaa" and m["engine_commits"] == ["aaa", "bbb"]
+    assert any("the engine commit changed during the sweep ('aaa' -> 'bbb')" in s for s in said)
+    md = write_report(tmp_path / "o")["markdown"]
+    assert "- **engine commit: MIXED**" in md and "measured under different settings (engine commit)" in md
