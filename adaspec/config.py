@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,13 +20,17 @@ _TYPE_CHECKS = {
 }
 
 
-def check_field_types(config: Any, what: str) -> None:
-    """Every bool, int and float field of a config dataclass (optional ones may also be None)
-    holds a value of its type: a ConfigError naming the field otherwise."""
+def check_field_types(config: Any, what: str, strings: bool = False) -> None:
+    """Every bool, int and float field of a config dataclass (optional ones may also be None), and
+    with strings=True every str field (a path-like object too), holds a value of its type: a
+    ConfigError naming the field otherwise. (strings is for configs read from JSON: in Python an
+    engine argument such as dtype may be given as a torch dtype.)"""
+    checks = {**_TYPE_CHECKS, "str": (lambda v: isinstance(v, (str, os.PathLike)), "a string")} if strings \
+        else _TYPE_CHECKS
     for f in fields(config):
         kind = str(f.type)
         optional = kind.endswith(" | None")
-        check = _TYPE_CHECKS.get(kind[: -len(" | None")] if optional else kind)
+        check = checks.get(kind[: -len(" | None")] if optional else kind)
         v = getattr(config, f.name)
         if check is None or (optional and v is None):
             continue
@@ -126,6 +131,12 @@ class EngineConfig:
                 self.speculative_config = json.loads(self.speculative_config)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
+        if self.speculative_config is not None and not isinstance(self.speculative_config, dict):
+            v = self.speculative_config
+            kind = ("a JSON list" if isinstance(v, (list, tuple)) else "a JSON string" if isinstance(v, str)
+                    else "a JSON true/false" if isinstance(v, bool) else "a JSON number" if isinstance(v, (int, float))
+                    else type(v).__name__)
+            raise ConfigError(f"speculative_config must be a JSON object (e.g. {{\"method\": \"dspark\"}}), got {kind}")
         check_field_types(self, "engine argument")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ConfigError(f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}")
@@ -281,7 +292,7 @@ class SpeculativeConfig:
                 f"unknown speculative_config key(s): {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
             )
         c = cls(**d)
-        check_field_types(c, "speculative_config key")
+        check_field_types(c, "speculative_config key", strings=True)
         if c.method not in ("dspark", "synthetic"):
             raise ConfigError(f"speculative method {c.method!r} is not supported; use \"method\": \"dspark\" "
                               "(or \"synthetic\" for timing studies)")

@@ -50,7 +50,7 @@ def check_config(config, device: torch.device) -> None:
         if size > n:
             raise ConfigError(f"tensor_parallel_size={size} exceeds the {n} CUDA device(s) of this host")
     check_shardable(load_config(model_dir(config.model)), size, "the target")
-    if config.speculative_config:
+    if config.speculative_config is not None:
         from adaspec.config import SpeculativeConfig
         from adaspec.models.drafter import load_drafter_config
         from adaspec.models.registry import DEFAULT_DRAFTERS

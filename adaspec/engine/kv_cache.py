@@ -15,12 +15,14 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_siz
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device) -> int:
+def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device,
+                  lookahead: int = 0) -> int:
     """Blocks to allocate: explicit count, else memory budget (kv_cache_memory, else what
     gpu_memory_utilization leaves on CUDA; CPU ignores it) / block bytes, capped at what
     max_num_seqs full-length requests could ever use. Refuses a cache that cannot hold one
-    full-length request (the scheduler's preemption relies on it)."""
-    per_seq = -(-max_model_len // cfg.block_size)
+    full-length request (the scheduler's preemption relies on it). lookahead: positions a request
+    may write past max_model_len (a speculative draft block)."""
+    per_seq = -(-(max_model_len + lookahead) // cfg.block_size)
     if cfg.num_kv_blocks is not None:
         n = cfg.num_kv_blocks
     else:
@@ -44,7 +46,9 @@ def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, devic
     if n < per_seq:
         raise ConfigError(
             f"the KV cache holds {n} blocks of {cfg.block_size} tokens, fewer than one request of "
-            f"max_model_len={max_model_len} needs ({per_seq}); raise num_kv_blocks / kv_cache_memory "
+            f"max_model_len={max_model_len} needs ({per_seq}"
+            + (f", with its {lookahead}-position draft block" if lookahead else "")
+            + "); raise num_kv_blocks / kv_cache_memory "
             f"or lower max_model_len"
         )
     return int(n)

@@ -129,7 +129,7 @@ class LLMEngine:
         n_kv = tp.local_kv_heads(mc.num_key_value_heads) if tp else mc.num_key_value_heads  # this rank's KV heads
         block_bytes = bytes_per_block(mc.num_hidden_layers, n_kv, mc.head_dim, config.block_size, self.dtype)
         drafter = None
-        if config.speculative_config:
+        if config.speculative_config is not None:  # {} too: the defaults
             from adaspec.spec_decode.step import load_speculative_drafter
 
             drafter = load_speculative_drafter(config, self)
@@ -141,7 +141,7 @@ class LLMEngine:
                                 drafter.spec_cfg.reserve_all_spec_slots if drafter else False)
         # a request's draft block may reach block_size positions past its last token
         lookahead = drafter.drafter_cfg.block_size if drafter else 0
-        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len + lookahead, self.device)
+        self.num_blocks = num_kv_blocks(config, block_bytes, self.max_model_len, self.device, lookahead)
         if tp:
             self.num_blocks = tp.agree_num_blocks(self.num_blocks)
         # one block past the allocator's: the scratch block where CUDA-graph padding writes its K/V

@@ -114,6 +114,9 @@ def test_engine_config_errors(micro_qwen3):
         LLM(str(micro_qwen3), max_model_len=10**6)
     with pytest.raises(ConfigError, match="fewer than one request"):
         LLM(str(micro_qwen3), num_kv_blocks=2, block_size=4)
+    # with speculation: the max_model_len given, the draft block named apart (it read max_model_len=263)
+    with pytest.raises(ConfigError, match=r"max_model_len=256 needs \(17, with its 7-position draft block\)"):
+        LLM("tiny", device="cpu", max_model_len=256, num_kv_blocks=16, speculative_config={"num_speculative_tokens": 7})
     with pytest.raises(ConfigError, match=r"cudagraph_mode must be one of .*'PIECEWISE' \(piecewise graphs are not"):
         LLM(str(micro_qwen3), cudagraph_mode="PIECEWISE")
     assert LLM(str(micro_qwen3), cudagraph_mode="FULL").llm_engine.runner.graphs is None  # graphs need CUDA

@@ -106,10 +106,28 @@ def test_stop_applies_to_accepted_tokens(bigram_pair, tmp_path, plain_greedy):
     ({"method": "eagle3"}, "method 'eagle3' is not supported"),
     ({"draft_sample_method": "beam"}, "draft_sample_method"),
     ({"num_speculative_tokenz": 3}, "unknown speculative_config key"),
+    ({"cost_model_cache_dir": 5, "enable_adaptive_verification": True}, "cost_model_cache_dir must be a string"),
+    ({"method": 5}, "method must be a string"),
 ])
 def test_bad_speculative_configs_are_refused(bigram_pair, cfg, needle):
     with pytest.raises(ConfigError, match=needle):
         LLM(bigram_pair[0], speculative_config={"method": "dspark", "model": bigram_pair[1], **cfg})
+
+
+@pytest.mark.parametrize("value, kind", [([1, 2], "a JSON list"), ("[1, 2]", "a JSON list"), ("7", "a JSON number"),
+                                         ('"abc"', "a JSON string"), (True, "a JSON true/false")])
+def test_a_speculative_config_that_is_no_object_is_refused_by_name(bigram_pair, value, kind):
+    """A list, number or string (JSON text too) was a TypeError traceback, or with [] no speculation."""
+    with pytest.raises(ConfigError, match=f"speculative_config must be a JSON object .*got {kind}"):
+        LLM(bigram_pair[0], speculative_config=value)
+
+
+@pytest.mark.parametrize("empty", [{}, "{}"])
+def test_an_empty_speculative_config_is_the_defaults_not_off(empty):
+    """{} asks for speculation with every default (the shipped drafter), as {"method": "dspark"}
+    does; it was taken for no speculative config at all."""
+    llm = LLM("tiny", device="cpu", speculative_config=empty)
+    assert llm.llm_engine.spec is not None and llm.llm_engine.spec.num_spec_tokens == 7
 
 
 def test_drafter_for_another_target_is_refused(bigram_pair, tmp_path):
