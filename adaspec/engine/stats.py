@@ -87,11 +87,14 @@ class EngineStats:
         accepted = np.minimum(accepted_raw, verify_lens)  # per slot: accepted only where verified
         r = len(verify_lens)
         self.ensure_positions(k)
+        width = k if drafted is None else drafted
         self.num_drafts += r
-        self.num_draft_tokens += (k if drafted is None else drafted) * r
+        self.num_draft_tokens += width * r
         verified_total = int(verify_lens.sum())
         self.num_verified_tokens += verified_total
-        self.num_capped_draft_slots += k * r - int(np.asarray(spec_slots, dtype=np.int64).sum())
+        # of the slots drafted, those the request could not verify (a narrow draft's missing slots
+        # were never proposed: they are no capped slots)
+        self.num_capped_draft_slots += width * r - int(np.minimum(np.asarray(spec_slots, dtype=np.int64), width).sum())
         self.num_accepted_tokens += int(accepted_raw.sum())
         self.num_bonus_tokens += r
         counts = np.bincount(verify_lens)  # l_r -> requests (np.unique sorts: 5x the time at 256 rows)

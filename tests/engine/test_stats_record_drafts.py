@@ -54,3 +54,17 @@ def test_record_drafts_equals_the_loop(step_list):
     assert Counter(got.verify_len_hist) == Counter(want.verify_len_hist)
     assert Counter(got.budget_hist) == Counter(want.budget_hist)
     np.testing.assert_allclose(got.predicted_accept_per_pos, want.predicted_accept_per_pos, rtol=1e-9, atol=1e-9)
+
+
+def test_capped_slots_are_drafted_slots_under_narrow_drafts():
+    """adaptive_draft_width "budget" drafts fewer than k slots: the slots never drafted are no
+    capped slots (they were counted as such, capped ran past drafted - verified and past drafted)."""
+    from adaspec import LLM, SamplingParams
+
+    llm = LLM("tiny", device="cpu", max_num_batched_tokens=5, speculative_config={
+        "method": "dspark", "num_speculative_tokens": 7, "enable_adaptive_verification": True,
+        "adaptive_draft_width": "budget"})
+    llm.generate(["def fib(n):", "import os\n", "x = ["], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    st = llm.llm_engine.stats
+    assert st.num_draft_tokens < 7 * st.num_drafts, "some drafts were meant to be narrow"
+    assert 0 <= st.num_capped_draft_slots <= st.num_draft_tokens - st.num_verified_tokens
