@@ -44,12 +44,11 @@ def num_kv_blocks(cfg: EngineConfig, block_bytes: int, max_model_len: int, devic
             budget = DEFAULT_CPU_KV_BYTES
         n = min(budget // block_bytes, per_seq * cfg.max_num_seqs + 1)
     if n < per_seq:
+        draft = f", with its {lookahead}-position draft block" if lookahead else ""
         raise ConfigError(
             f"the KV cache holds {n} blocks of {cfg.block_size} tokens, fewer than one request of "
-            f"max_model_len={max_model_len} needs ({per_seq}"
-            + (f", with its {lookahead}-position draft block" if lookahead else "")
-            + "); raise num_kv_blocks / kv_cache_memory "
-            f"or lower max_model_len"
+            f"max_model_len={max_model_len} needs ({per_seq}{draft}); raise num_kv_blocks / kv_cache_memory "
+            "or lower max_model_len"
         )
     return int(n)
 
