@@ -329,9 +329,15 @@ def _run_sweep(cfg: SweepConfig) -> dict:
         start_over(out)
     mpath = out / "manifest.json"
     old = json.loads(mpath.read_text()) if mpath.is_file() else None
-    if old is None and any((out / "points").glob("*.json")):
+    measured = any((out / "points").glob("*.json"))
+    if old is None and measured:
         raise BenchError(f"{out / 'points'} holds points but no manifest.json, so their settings are unknown; "
                          "use --force-new or a new --out directory")
+    if old is not None and not measured:
+        # an earlier sweep that measured nothing (its first server failed to start, say): nothing to
+        # resume, so its settings bind nothing; it was refused as "points measured with other settings"
+        cfg.log(f"note: the earlier sweep in {out} measured no point: starting anew with these settings")
+        old = None
     if old is not None and "prompts_sha256_count" not in old:
         # from before: its prompts_sha256 covers its whole pool; this sweep's points hash the same count,
         # so old and new points of one directory compare alike

@@ -428,3 +428,22 @@ def test_random_range_ratio_is_a_recorded_setting(tmp_path, capsys):
     for cmd in (["bench", "serve", "--base-url", "http://127.0.0.1:9"], argv[:2] + ["--model", "m", "--out", "o"]):
         assert main(cmd + ["--random-range-ratio", "1.5"]) == 2
         assert "--random-range-ratio must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_a_sweep_that_measured_nothing_binds_no_settings(tmp_path, capsys):
+    """A sweep whose first server failed to start leaves a manifest and no point: the corrected
+    command in the same --out is a fresh sweep, not refused as "points measured with other settings"."""
+    out = tmp_path / "sweep"
+    with FakeServer({}, default=FAST) as a:
+        argv = ["bench", "sweep", "--model", "fake-model", "--base-url", f"none={a.url}", "--concurrency", "1",
+                "--repeats", "1", "--num-prompts", "2", "--num-warmups", "0", "--dataset", "random", "--tokenizer",
+                "tiny", "--output-len", "8", "--out", str(out), "--disable-tqdm"]
+        assert main(argv) == 0
+        for p in (out / "points").glob("*.json"):  # as if none had been measured
+            p.unlink()
+        other = list(argv)
+        other[other.index("--output-len") + 1] = "16"
+        assert main(other) == 0
+        assert "measured no point: starting anew" in capsys.readouterr().out
+        assert json.loads((out / "manifest.json").read_text())["output_len"] == 16
+        assert json.loads((out / "points" / "none_c1_r0.json").read_text())["complete"]
