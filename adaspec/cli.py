@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except AdaspecError as e:
         print(f"adaspec: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path that cannot be read or written (its message names it): no traceback
+        print(f"adaspec: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

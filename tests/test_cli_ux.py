@@ -323,3 +323,97 @@ def test_eval_drafter_says_what_each_long_step_does(micro_qwen3, tmp_path, capsy
     assert any("the target generates 8 tokens for each of 2 prompts" in line for line in lines)
     assert any("scoring" in line for line in lines)
     assert json.loads(out.read_text())["num_prompts"] == 2
+
+
+def _refused(argv, capsys) -> tuple[int, str]:
+    """main(argv)'s exit code (argparse's SystemExit included) and its stderr."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # output paths that can never be written: refused before the slow part (the results were lost after it)
+    (["profile", "tiny", "--out", "{file}"], "exists and is not a directory"),
+    (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--json", "{dir}"], "is a directory, not a file"),
+    (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--blocks-out", "{file}/x.npz"],
+     "is not a directory"),
+    # numbers the evaluation cannot use (0 and -1 printed tables of NaN; NaN passed)
+    (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--batch-size", "0"], "must be >= 1, got 0"),
+    (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--num-prompts", "-1"], "must be >= 1"),
+    (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--temperature", "nan"], "must be >= 0.0"),
+])
+def test_bad_arguments_are_refused_as_they_are_parsed(argv, needle, tmp_path, capsys):
+    """(parse_args only: a regression fails here at once, instead of running the command.)"""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([a.format(file=tmp_path / "file", dir=tmp_path) for a in argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # a device torch does not know, a backend this machine cannot run (tracebacks before)
+    (["generate", "tiny", "--prompt", "hi", "--device", "foo"], "not a device torch knows"),
+    (["generate", "tiny", "--prompt", "hi", "--device", "cpu", "--attention-backend", "triton"], "runs on CUDA"),
+])
+def test_bad_command_line_input_is_one_clear_error(argv, needle, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rc, err = _refused(argv, capsys)
+    assert rc == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_corpus_splits_that_leave_no_train_split_are_refused(tmp_path):
+    """--val-pct 80 --test-pct 80 built a corpus with an empty train split, and exited 0."""
+    from adaspec.errors import AdaspecError
+    from adaspec.train.corpus import build_corpus
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_text("x = 1\n")
+    for val, test in ((80, 80), (150, 0), (-5, 5)):
+        with pytest.raises(AdaspecError, match="leave the train split"):
+            build_corpus(tmp_path / "c", source=tmp_path / "src", val_pct=val, test_pct=test)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_path_the_system_refuses_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    """An OSError (a path that cannot be made) out of any command is reported as such."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    (tmp_path / "m.py").write_text("x = 1\n")  # a source with a file to take
+    rc, err = _refused(["train", "corpus", "--out", str(blocker / "sub"), "--source", str(tmp_path)], capsys)
+    assert rc == 1 and err.startswith("adaspec: error: [Errno") and str(blocker) in err and "Traceback" not in err
+
+
+def test_a_drain_timeout_of_nan_is_refused():
+    """(Through settings_from_args, not main: a regression must fail here, not start a server.)"""
+    from adaspec.errors import ConfigError
+    from adaspec.serve.cli import settings_from_args
+
+    with pytest.raises(ConfigError, match="--drain-timeout must be >= 0, got nan"):
+        settings_from_args(build_parser().parse_args(["serve", "tiny", "--drain-timeout", "nan"]))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--arms", ""], "--arms is empty"),
+    (["--out", ""], "--out takes a directory"),
+    (["--output-len", "0"], "must be >= 1, got 0"),
+])
+def test_the_demos_options_are_taken_as_given(argv, needle, capsys):
+    """'' and 0 were silently replaced by the defaults (the demo ran). Checked on the sweep the demo
+    would run, not by running it: a regression must fail here, not run the demo."""
+    from adaspec.bench.cli import sweep_config_from_args
+    from adaspec.commands.demo import demo_sweep_args
+    from adaspec.errors import AdaspecError
+
+    opts = build_parser().parse_args(["demo", *argv])
+    try:
+        sweep_config_from_args(demo_sweep_args(opts), log=lambda *a: None)
+    except AdaspecError as e:
+        message = str(e)
+    except SystemExit:  # the sweep's own parser refused it, and printed why
+        message = capsys.readouterr().err
+    else:
+        pytest.fail(f"the demo took {argv}")
+    assert needle in message

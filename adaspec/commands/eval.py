@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from adaspec.commands.options import SHARED_OPTIONS, add_option
+from adaspec.commands.options import SHARED_OPTIONS, add_option, at_least
 from adaspec.commands.writable import OutputPath
 
 DRAFTER_DESCRIPTION = """\
@@ -34,13 +34,13 @@ def add_drafter_eval_args(p, num_prompts: int) -> None:
     add_option(p, SHARED_OPTIONS["drafter"], required=True)
     p.add_argument("--prompts", default="eval-code",
                    help="prompt set: eval-code (packaged), a .jsonl file with a prompt field, or a .npy of token ids")
-    p.add_argument("--num-prompts", type=int, default=num_prompts, help="prompts used (at most)")
-    p.add_argument("--skip-prompts", type=int, default=0,
+    p.add_argument("--num-prompts", type=at_least(1), default=num_prompts, help="prompts used (at most)")
+    p.add_argument("--skip-prompts", type=at_least(0), default=0,
                    help="leave out the set's first N prompts (e.g. calibrate on eval-code prompts the held-out "
                         "`eval drafter` run does not use)")
-    p.add_argument("--max-prompt-len", type=int, default=512, help="prompt tokens kept (the last ones)")
-    p.add_argument("--gen-len", type=int, default=128, help="tokens the target generates per prompt")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per scoring batch")
+    p.add_argument("--max-prompt-len", type=at_least(1), default=512, help="prompt tokens kept (the last ones)")
+    p.add_argument("--gen-len", type=at_least(1), default=128, help="tokens the target generates per prompt")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help="sequences per scoring batch")
     add_option(p, SHARED_OPTIONS["device"], default="auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the target's sampling and the acceptance draws")
 
@@ -51,11 +51,11 @@ def add_parser(subparsers) -> None:
     d = sub.add_parser("drafter", help="per-slot acceptance, tau and confidence calibration of a drafter",
                        description=DRAFTER_DESCRIPTION)
     add_drafter_eval_args(d, num_prompts=100)
-    d.add_argument("--temperature", type=float, action="append",
+    d.add_argument("--temperature", type=at_least(0.0, float), action="append",
                    help="sampling temperature, repeatable (default: 0 and 1)")
-    d.add_argument("--k", type=int, default=None, help="slots evaluated (default: the drafter's block size)")
-    d.add_argument("--json", type=OutputPath(Path), help="write the results here (default: not written)")
-    d.add_argument("--blocks-out", type=OutputPath(Path),
+    d.add_argument("--k", type=at_least(1), default=None, help="slots evaluated (default: the drafter's block size)")
+    d.add_argument("--json", type=OutputPath(Path, "file"), help="write the results here (default: not written)")
+    d.add_argument("--blocks-out", type=OutputPath(Path, "file"),
                    help="write every block decoding's walk reaches (calibrated confidences, accepted drafts) "
                         "to this .npz, for benchmarks/replay_policy.py --blocks (default: not written)")
     d.set_defaults(func=run_drafter)

@@ -15,6 +15,21 @@ from dataclasses import dataclass, fields
 
 from adaspec.config import CUDAGRAPH_MODES
 
+def at_least(low, convert=int):
+    """argparse `type`: a number (`convert`: int or float) >= low; NaN and the like refused too."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if convert is int else 'a number'}: {text!r}") from None
+        if not value >= low:  # (NaN fails this too)
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
 _FLAG_ACTIONS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
                  argparse._AppendConstAction, argparse._CountAction, argparse._HelpAction, argparse._VersionAction)
 _DEFAULT_SUFFIX = re.compile(r"\s*\(default: [^()]*(\([^()]*\)[^()]*)*\)\s*$")

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure the verify/draft step-cost tables of the adaptive policy",
                        description=__doc__)
     add_option(p, ENGINE_OPTIONS["model"])
-    p.add_argument("--out", type=OutputPath(Path), default=Path("profile_out"),
+    p.add_argument("--out", type=OutputPath(Path, "dir"), default=Path("profile_out"),
                    help="folder for cost_model.json and cost_model.png")
     p.add_argument("--fresh", action="store_true", help="ignore the disk cache and profile again")
     add_engine_args(p, speculative_config='{"method": "dspark"}; adaptive verification is always on')

@@ -25,12 +25,35 @@ def refuse_package_path(path: str | Path, what: str, hint: str = "pass a path ou
     return p
 
 
-class OutputPath:
-    """argparse `type` for an output path: refused at parse time when inside the package.
-    `convert` is the option's own type (applied first), e.g. Path."""
+def unwritable(path: str | Path, kind: str) -> str | None:
+    """Why `path` cannot be written as a `kind` ("file" or "dir"), or None: checked before a command
+    spends its time (a profile or an evaluation lost its results to a path that could never be
+    written). The path may not exist yet: its nearest existing ancestor must be a writable directory."""
+    import os
 
-    def __init__(self, convert=str):
+    p = Path(path).expanduser()
+    if p.exists():
+        if kind == "file" and p.is_dir():
+            return f"{path} is a directory, not a file"
+        if kind == "dir" and not p.is_dir():
+            return f"{path} exists and is not a directory"
+        return None if os.access(p if kind == "dir" else p.parent, os.W_OK) else f"{path} is not writable"
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{path} cannot be made: {parent} is not a directory"
+    return None if os.access(parent, os.W_OK) else f"{path} cannot be made: {parent} is not writable"
+
+
+class OutputPath:
+    """argparse `type` for an output path: refused at parse time when inside the package, and with
+    `kind` ("file" or "dir") when it cannot be written as one (unwritable). `convert` is the
+    option's own type (applied first), e.g. Path."""
+
+    def __init__(self, convert=str, kind: str | None = None):
         self.convert = convert
+        self.kind = kind
         self.__name__ = getattr(convert, "__name__", "path")
 
     def __call__(self, text: str):
@@ -39,6 +62,9 @@ class OutputPath:
             refuse_package_path(value, "")  # argparse names the option
         except AdaspecError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+        problem = unwritable(value, self.kind) if self.kind else None
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
         return value
 
 
