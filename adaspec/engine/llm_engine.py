@@ -53,6 +53,9 @@ def choose_attention_backend(name: str, device: torch.device, dtype: torch.dtype
     if name == "varlen" and not (varlen_available(device) and half):
         raise ConfigError("attention_backend 'varlen' needs CUDA, torch.nn.attention.varlen and dtype "
                           "bfloat16/float16; use 'reference'")
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("attention_backend 'triton' runs on CUDA (on the CPU only under TRITON_INTERPRET=1, for "
+                          "tests); use 'reference'")
     if name == "triton" and not triton_available():
         raise ConfigError("attention_backend 'triton' needs the triton package (and CUDA, or TRITON_INTERPRET=1 "
                           "on CPU for tests); use 'reference'")
@@ -65,7 +68,10 @@ def resolve_device(name: str) -> torch.device:
         name = os.environ.get("ADASPEC_DEVICE", "auto")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError) as e:  # "foo", "cuda:x": torch's own words, without its traceback
+        raise ConfigError(f"device {name!r} is not a device torch knows ({e}); use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} was asked for but CUDA is not available; use --device cpu")
     return dev
