@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adaspec.commands.options import ENGINE_OPTIONS
+from adaspec.commands.options import ENGINE_OPTIONS, at_least
 from adaspec.errors import AdaspecError
 
 
@@ -60,7 +60,7 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_request_args(p: argparse.ArgumentParser, output_len: int) -> None:
-    p.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=output_len,
+    p.add_argument("--output-len", "--random-output-len", dest="output_len", type=at_least(1), default=output_len,
                    help="max_tokens of every request (--random-output-len: vLLM's name)")
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="spread each request's max_tokens uniformly over [L(1 - r), L(1 + r)] for L = --output-len, "

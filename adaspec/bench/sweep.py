@@ -447,11 +447,10 @@ def parse_base_urls(items: list[str] | None) -> dict[str, str]:
 
 def arms_for(arms_text: str | None, base_urls: dict[str, str]) -> list[Arm]:
     """Arms to run: from --base-url when given (servers we did not start), else from --arms."""
-    from adaspec.bench.arms import parse_arms
+    from adaspec.bench.arms import parse_arms, refuse_slug_collisions
 
-    from adaspec.bench.arms import refuse_slug_collisions
-
+    # a given '' is refused by name (parse_arms), not run as the default arms
     arms = [external_arm(n) for n in base_urls] if base_urls else \
-        parse_arms(arms_text or "none,fixed:1,fixed:3,fixed:7,adaptive:7")
+        parse_arms("none,fixed:1,fixed:3,fixed:7,adaptive:7" if arms_text is None else arms_text)
     refuse_slug_collisions(a.name for a in arms)
     return arms

@@ -40,7 +40,15 @@ def add_parser(subparsers) -> None:
 
 def out_dir(opts) -> str:
     # --quick measures other settings, so it keeps its own directory (a resume must not mix them).
+    if opts.out == "":
+        raise AdaspecError("--out takes a directory, got ''")
     return opts.out or (DEFAULT_OUT + "-quick" if opts.quick else DEFAULT_OUT)
+
+
+def _given(value, default):
+    """An option's value as given (0 and '' too: the sweep's parser then refuses them by name), else
+    the default; `value or default` ran a given 0 or '' with the default, silently."""
+    return default if value is None else value
 
 
 def demo_sweep_argv(opts) -> list[str]:
@@ -49,7 +57,7 @@ def demo_sweep_argv(opts) -> list[str]:
     from adaspec.bench.dataset import eval_code_path
 
     size = QUICK if opts.quick else DEFAULTS
-    conc_text = opts.concurrency or size["concurrency"]
+    conc_text = _given(opts.concurrency, size["concurrency"])
     try:
         concurrency = [int(c) for c in conc_text.split(",") if c.strip()]
     except ValueError:
@@ -60,9 +68,9 @@ def demo_sweep_argv(opts) -> list[str]:
     argv = ["bench", "sweep", "--model", opts.model]
     if opts.drafter:
         argv += ["--drafter", opts.drafter]
-    argv += ["--arms", opts.arms or DEFAULTS["arms"], "--concurrency", ",".join(map(str, concurrency)),
-             "--repeats", "1", "--num-prompts", str(opts.num_prompts or size["num_prompts"]), "--num-warmups", "1",
-             "--output-len", str(opts.output_len or size["output_len"]), "--ignore-eos",
+    argv += ["--arms", _given(opts.arms, DEFAULTS["arms"]), "--concurrency", ",".join(map(str, concurrency)),
+             "--repeats", "1", "--num-prompts", str(_given(opts.num_prompts, size["num_prompts"])), "--num-warmups", "1",
+             "--output-len", str(_given(opts.output_len, size["output_len"])), "--ignore-eos",
              "--temperature", repr(float(opts.temperature)), "--dataset", dataset]
     if dataset == "random":
         argv += ["--random-input-len", "32"]
