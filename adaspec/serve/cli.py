@@ -160,7 +160,7 @@ def settings_from_args(args: argparse.Namespace):
 
     if args.max_queue is not None and args.max_queue < 1:
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.drain_timeout < 0:
+    if not args.drain_timeout >= 0:  # NaN too
         raise ConfigError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")

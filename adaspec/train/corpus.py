@@ -172,6 +172,9 @@ def build_corpus(
     ``max_source_bytes``: at most about this many bytes of each source (a deterministic sample by
     key hash; a source smaller than that is taken whole)."""
     suffixes = tuple(suffixes)
+    if not (0 <= val_pct and 0 <= test_pct and val_pct + test_pct < 100):
+        raise AdaspecError(f"--val-pct and --test-pct must be >= 0 and leave the train split some of the 100 "
+                           f"hash buckets; got {val_pct} and {test_pct}")
     given = sum(x is not None for x in (source, jsonl, sources))
     if given > 1:
         raise AdaspecError("give --source or --jsonl, not both")
