@@ -344,6 +344,7 @@ def _refused(argv, capsys) -> tuple[int, str]:
     (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--batch-size", "0"], "must be >= 1, got 0"),
     (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--num-prompts", "-1"], "must be >= 1"),
     (["eval", "drafter", "--target", "tiny", "--drafter", "tiny-dspark", "--temperature", "nan"], "must be >= 0.0"),
+    (["train", "target", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--layers", "0"], "must be >= 1, got 0"),
 ])
 def test_bad_arguments_are_refused_as_they_are_parsed(argv, needle, tmp_path, capsys):
     """(parse_args only: a regression fails here at once, instead of running the command.)"""

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from adaspec.commands.options import at_least
 from adaspec.errors import AdaspecError
 
 
@@ -30,25 +31,25 @@ def add_subparser(sub) -> None:
     p.add_argument("--out", type=Path, required=True, help="output model directory")
     g = p.add_argument_group("model shape")
     g.add_argument("--arch", choices=["qwen3", "llama"], default="qwen3")
-    g.add_argument("--layers", type=int, default=6)
-    g.add_argument("--hidden", type=int, default=256)
-    g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--kv-heads", type=int, default=2)
-    g.add_argument("--head-dim", type=int, default=64)
-    g.add_argument("--intermediate", type=int, default=768)
-    g.add_argument("--max-position", type=int, default=2048)
+    g.add_argument("--layers", type=at_least(1), default=6)
+    g.add_argument("--hidden", type=at_least(1), default=256)
+    g.add_argument("--heads", type=at_least(1), default=4)
+    g.add_argument("--kv-heads", type=at_least(1), default=2)
+    g.add_argument("--head-dim", type=at_least(1), default=64)
+    g.add_argument("--intermediate", type=at_least(1), default=768)
+    g.add_argument("--max-position", type=at_least(1), default=2048)
     g.add_argument("--rope-theta", type=float, default=10000.0)
     g.add_argument("--untied", action="store_true", help="separate lm_head (default: tied to embeddings)")
     o = p.add_argument_group("optimization")
-    o.add_argument("--seq-len", type=int, default=512)
-    o.add_argument("--batch-size", type=int, default=64)
+    o.add_argument("--seq-len", type=at_least(1), default=512)
+    o.add_argument("--batch-size", type=at_least(1), default=64)
     o.add_argument("--lr", type=float, default=2e-3)
     o.add_argument("--min-lr-ratio", type=float, default=0.1)
-    o.add_argument("--warmup", type=int, default=200, help="warmup steps")
+    o.add_argument("--warmup", type=at_least(0), default=200, help="warmup steps")
     o.add_argument("--weight-decay", type=float, default=0.1)
     o.add_argument("--grad-clip", type=float, default=1.0)
     length = o.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimizer steps (default 2000)")
+    length.add_argument("--steps", type=at_least(1), help="optimizer steps (default 2000)")
     length.add_argument("--tokens", type=float, help="training tokens; steps = tokens / (batch x seq-len)")
     o.add_argument("--time-budget", type=float,
                    help="seconds: after measuring step time, cut the step count so the run fits (schedule included)")
